@@ -20,7 +20,7 @@ ext = Pybind11Extension(
     native_sources(),
     include_dirs=["native"],
     cxx_std=17,
-    extra_compile_args=["-O3", "-fvisibility=hidden", "-Wall", "-Wno-unused-function"],
+    extra_compile_args=["-O3", "-fvisibility=hidden", "-Wall", "-Wno-unused-function", "-fwrapv"],
     libraries=["z"],
 )
 

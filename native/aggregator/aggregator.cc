@@ -1,0 +1,300 @@
+// The aggregator loop.
+//
+// Each data thread receives a batch of datagrams with recvmmsg, and for each one:
+// decodes and validates the framing (bad packets are dropped and counted by reason,
+// never allowed near a slot), finds the job from the destination QP, checks the key,
+// the rank, dtype, op and slot, then applies the slot state machine of
+// slot_pool.h: a new round resets the slot; a contribution whose rank bit is
+// already set is a duplicate and is never added again (a completed slot answers it
+// with its stored result, by unicast); the N-th contribution completes the slot and
+// its result is fanned out to all N ranks. Results of a whole receive batch leave in
+// one sendmmsg. Payloads are summed straight from the receive buffer into the slot
+// accumulator (16-bit floats widened to float32, rounded once on completion).
+#include "aggregator/aggregator.h"
+
+#include <arpa/inet.h>
+
+#include <cstring>
+
+#include "reduce/dtype.h"
+#include "wire/roce.h"
+
+namespace netreduce {
+namespace {
+
+constexpr size_t kRecvBatch = 64;
+constexpr size_t kRecvBufBytes = 65536;
+constexpr size_t kOutArena = 2048;  // packets built before a forced flush
+
+// Packets waiting to leave, with their headers and trailers kept alive until the
+// batch is sent.
+struct OutBatch {
+  std::vector<OutPacket> pkts;
+  std::vector<uint8_t> headers;   // kHeaderBytes each
+  std::vector<uint8_t> trailers;  // 8 each: pad (<= 3) + ICRC (4)
+  OutBatch() : headers(kOutArena * wire::kHeaderBytes), trailers(kOutArena * 8) {
+    pkts.reserve(kOutArena);
+  }
+  bool full() const { return pkts.size() >= kOutArena; }
+};
+
+inline uint64_t PackPeer(const Endpoint& e) { return (uint64_t(e.ip) << 32) | (uint64_t(e.port) << 16); }
+inline Endpoint UnpackPeer(uint64_t v) { return Endpoint{uint32_t(v >> 32), uint16_t(v >> 16)}; }
+
+}  // namespace
+
+Aggregator::Aggregator(const AggregatorConfig& cfg) : cfg_(cfg) {
+  jobs_.resize(std::min<uint32_t>(cfg_.max_jobs, wire::kMaxJobs - 1) + 1);
+}
+
+Aggregator::~Aggregator() { Stop(); }
+
+Status Aggregator::Start() {
+  if (cfg_.threads == 0 || cfg_.threads > 64) {
+    return InvalidArgument("--threads must be 1..64, got " + std::to_string(cfg_.threads));
+  }
+  if (cfg_.slots == 0 || cfg_.slots > 65536) {
+    return InvalidArgument("--slots must be 1..65536, got " + std::to_string(cfg_.slots));
+  }
+  if (cfg_.payload_bytes < 8 || cfg_.payload_bytes > wire::kMaxPayload || cfg_.payload_bytes % 8) {
+    return InvalidArgument("--payload-bytes must be a multiple of 8 in 8.." +
+                           std::to_string(wire::kMaxPayload) + ", got " +
+                           std::to_string(cfg_.payload_bytes));
+  }
+  for (uint32_t t = 0; t < cfg_.threads; ++t) {
+    UdpOptions o;
+    o.host = cfg_.host;
+    o.port = uint16_t(cfg_.port + t);
+    o.rcvbuf_bytes = 64 << 20;
+    o.sndbuf_bytes = 16 << 20;
+    std::unique_ptr<UdpTransport> s;
+    Status st = UdpTransport::Open(o, &s);
+    if (!st.ok()) {
+      sockets_.clear();
+      return st;
+    }
+    if (t == 0 && cfg_.port == 0) cfg_.port = ntohs(s->local().port);
+    sockets_.push_back(std::move(s));
+  }
+  running_ = true;
+  for (uint32_t t = 0; t < cfg_.threads; ++t) threads_.emplace_back([this, t] { Loop(t); });
+  return Status::Ok();
+}
+
+void Aggregator::Stop() {
+  running_ = false;
+  for (auto& t : threads_) t.join();
+  threads_.clear();
+  sockets_.clear();
+}
+
+Status Aggregator::AddJob(uint32_t size, uint32_t key, uint32_t* index) {
+  if (size == 0 || size > wire::kMaxRanks) {
+    return InvalidArgument("world size " + std::to_string(size) + " out of range 1.." +
+                           std::to_string(wire::kMaxRanks));
+  }
+  const uint64_t need = uint64_t(cfg_.slots) * 2 * cfg_.payload_bytes;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (memory_used_ + need > cfg_.memory_limit) {
+    return Status(Code::kRefused,
+                  "aggregator slot memory exhausted: job needs " + std::to_string(need) +
+                      " bytes (slots x payload x 2), " +
+                      std::to_string(cfg_.memory_limit - memory_used_) + " of " +
+                      std::to_string(cfg_.memory_limit) + " left");
+  }
+  for (uint32_t i = 1; i < jobs_.size(); ++i) {
+    if (!jobs_[i]) {
+      jobs_[i] = std::make_shared<Job>(i, size, key, cfg_.slots, cfg_.payload_bytes);
+      memory_used_ += need;
+      *index = i;
+      return Status::Ok();
+    }
+  }
+  return Status(Code::kRefused, "aggregator full: --max-jobs " + std::to_string(cfg_.max_jobs) +
+                                    " jobs already admitted");
+}
+
+Status Aggregator::RemoveJob(uint32_t index) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (index == 0 || index >= jobs_.size() || !jobs_[index]) {
+    return InvalidArgument("no job with index " + std::to_string(index));
+  }
+  memory_used_ -= jobs_[index]->pool.memory_bytes();
+  jobs_[index].reset();
+  return Status::Ok();
+}
+
+Status Aggregator::JobCounters(uint32_t index, std::map<std::string, uint64_t>* out) const {
+  std::shared_ptr<Job> job = Lookup(index);
+  if (!job) return InvalidArgument("no job with index " + std::to_string(index));
+  *out = job->counters.Snapshot();
+  return Status::Ok();
+}
+
+std::shared_ptr<Job> Aggregator::Lookup(uint32_t index) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (index == 0 || index >= jobs_.size()) return nullptr;
+  return jobs_[index];
+}
+
+void Aggregator::Loop(uint32_t thread_index) {
+  UdpTransport& sock = *sockets_[thread_index];
+  const uint16_t my_port = sock.local().port;
+  std::vector<uint8_t> storage(kRecvBatch * kRecvBufBytes);
+  std::vector<InPacket> in(kRecvBatch);
+  for (size_t i = 0; i < kRecvBatch; ++i) {
+    in[i].buf = storage.data() + i * kRecvBufBytes;
+    in[i].cap = kRecvBufBytes;
+  }
+  OutBatch out;
+
+  auto flush = [&] {
+    if (!out.pkts.empty()) {
+      sock.SendBatch(out.pkts.data(), out.pkts.size());  // a failed send is a loss
+      out.pkts.clear();
+    }
+  };
+
+  // Queue the stored result of (slot, shadow) for `rank`.
+  auto queue_result = [&](Job& job, const wire::Header& round, uint32_t rank, const uint8_t* payload) {
+    if (out.full()) flush();
+    const Endpoint to = UnpackPeer(job.ranks[rank].peer.load(std::memory_order_relaxed));
+    const uint32_t local_ip = job.ranks[rank].local_ip.load(std::memory_order_relaxed);
+    const size_t k = out.pkts.size();
+    uint8_t* hdr = &out.headers[k * wire::kHeaderBytes];
+    uint8_t* trailer = &out.trailers[k * 8];
+    wire::Header h = round;
+    h.dest_qp = wire::MakeQpn(job.index, rank);
+    h.result = true;
+    wire::Encode(h, hdr);
+    std::memset(trailer, 0, 8);
+    uint32_t icrc = 0;
+    if (!h.jumbo) {
+      icrc = wire::ComputeIcrc(local_ip, to.ip, my_port, to.port, hdr, payload, h.length, h.pad);
+    }
+    std::memcpy(trailer + h.pad, &icrc, 4);  // little-endian on the wire, as rxe stores it
+    OutPacket p;
+    p.to = to;
+    p.from_ip = local_ip;
+    p.iov[0] = {hdr, wire::kHeaderBytes};
+    p.iov[1] = {const_cast<uint8_t*>(payload), h.length};
+    p.iov[2] = {trailer, size_t(h.pad) + wire::kIcrcBytes};
+    p.iovcnt = 3;
+    out.pkts.push_back(p);
+    job.counters.Add(job.counters.packets_out);
+    job.counters.Add(job.counters.bytes_out, wire::DatagramBytes(h.length));
+    global_.Add(global_.packets_out);
+    global_.Add(global_.bytes_out, wire::DatagramBytes(h.length));
+  };
+
+  while (running_.load(std::memory_order_relaxed)) {
+    size_t got = 0;
+    for (size_t i = 0; i < kRecvBatch; ++i) in[i].cap = kRecvBufBytes;
+    Status st = sock.RecvBatch(in.data(), kRecvBatch, 100000, &got);
+    if (!st.ok()) continue;
+    for (size_t i = 0; i < got; ++i) {
+      InPacket& pkt = in[i];
+      global_.Add(global_.packets_in);
+      global_.Add(global_.bytes_in, pkt.len);
+      wire::Header h;
+      if (pkt.len > kRecvBufBytes) {
+        global_.AddDrop(Drop::kBadLength);
+        continue;
+      }
+      switch (wire::Decode(pkt.buf, pkt.len, &h)) {
+        case wire::DecodeError::kOk: break;
+        case wire::DecodeError::kTruncated: global_.AddDrop(Drop::kTruncated); continue;
+        case wire::DecodeError::kBadOpcode: global_.AddDrop(Drop::kBadOpcode); continue;
+        case wire::DecodeError::kBadLength: global_.AddDrop(Drop::kBadLength); continue;
+      }
+      std::shared_ptr<Job> jp = Lookup(wire::QpnJob(h.dest_qp));
+      if (!jp) {
+        global_.AddDrop(Drop::kUnknownJob);
+        continue;
+      }
+      Job& job = *jp;
+      Counters& jc = job.counters;
+      jc.Add(jc.packets_in);
+      jc.Add(jc.bytes_in, pkt.len);
+      auto drop = [&](Drop d) {
+        jc.AddDrop(d);
+        global_.AddDrop(d);
+      };
+      const uint32_t rank = wire::QpnRank(h.dest_qp);
+      if (h.key != job.key) { drop(Drop::kBadKey); continue; }
+      if (rank >= job.size) { drop(Drop::kBadRank); continue; }
+      if (h.result) { drop(Drop::kResultFlag); continue; }
+      if (!ValidDType(h.dtype)) { drop(Drop::kBadDtype); continue; }
+      if (!ValidOp(h.op)) { drop(Drop::kBadOp); continue; }
+      if (h.slot >= job.pool.slots() || h.slot % cfg_.threads != thread_index) {
+        drop(Drop::kBadSlot);
+        continue;
+      }
+      const DType dt = DType(h.dtype);
+      const size_t esize = ElementSize(dt);
+      const size_t n = h.length / esize;
+      if (h.length % esize != 0 || n * AccumSize(dt) > job.pool.payload_bytes()) {
+        drop(Drop::kBadLength);
+        continue;
+      }
+      const uint8_t* payload = pkt.buf + wire::kHeaderBytes;
+      if (!h.jumbo) {
+        uint32_t want;
+        std::memcpy(&want, payload + h.length + h.pad, 4);
+        if (wire::ComputeIcrc(pkt.from.ip, pkt.local_ip, pkt.from.port, my_port, pkt.buf,
+                              payload, h.length, h.pad) != want) {
+          drop(Drop::kBadIcrc);
+          continue;
+        }
+      }
+      job.ranks[rank].peer.store(PackPeer(pkt.from), std::memory_order_relaxed);
+      job.ranks[rank].local_ip.store(pkt.local_ip, std::memory_order_relaxed);
+
+      SlotState& s = job.pool.state(h.slot, h.shadow);
+      if (s.psn < 0 || PsnNewer(h.psn, uint32_t(s.psn))) {
+        // A new round: the previous one on this (slot, shadow) is known to all ranks.
+        s.psn = int32_t(h.psn);
+        s.count = 0;
+        s.complete = false;
+        s.dtype = h.dtype;
+        s.op = h.op;
+        s.length = h.length;
+        s.offset = h.offset;
+        s.msg_id = h.msg_id;
+        job.pool.ResetRound(h.slot, h.shadow);
+      } else if (uint32_t(s.psn) != h.psn) {
+        drop(Drop::kStale);
+        continue;
+      } else if (s.dtype != h.dtype || s.op != h.op || s.length != h.length ||
+                 s.offset != h.offset || s.msg_id != h.msg_id) {
+        drop(Drop::kInconsistent);
+        continue;
+      }
+      uint8_t* acc = job.pool.accumulator(h.slot, h.shadow);
+      if (!job.pool.TestAndSet(h.slot, h.shadow, rank)) {
+        jc.Add(jc.duplicates);
+        global_.Add(global_.duplicates);
+        if (s.complete) {
+          jc.Add(jc.retransmitted_results);
+          global_.Add(global_.retransmitted_results);
+          queue_result(job, h, rank, acc);
+        }
+        continue;
+      }
+      Accumulate(dt, Op(h.op), acc, payload, n, s.count == 0);
+      ++s.count;
+      jc.Add(jc.bytes_reduced, h.length);
+      global_.Add(global_.bytes_reduced, h.length);
+      if (s.count == job.size) {
+        Finish(dt, acc, n);
+        s.complete = true;
+        jc.Add(jc.slots_completed);
+        global_.Add(global_.slots_completed);
+        for (uint32_t r = 0; r < job.size; ++r) queue_result(job, h, r, acc);
+      }
+    }
+    flush();
+  }
+}
+
+}  // namespace netreduce

@@ -1,0 +1,80 @@
+// The software aggregator: what the FPGA / switch does in NetReduce. It owns T UDP
+// sockets (ports base..base+T-1); data thread t serves the slots s with s % T == t,
+// so every (job, slot) has exactly one writer and the hot path takes no lock.
+#pragma once
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "aggregator/counters.h"
+#include "aggregator/slot_pool.h"
+#include "common/status.h"
+#include "transport/udp/udp_transport.h"
+
+namespace netreduce {
+
+struct AggregatorConfig {
+  std::string host = "0.0.0.0";
+  uint16_t port = 4791;         // first UDP data port
+  uint32_t slots = 128;         // K, per job
+  uint32_t payload_bytes = 65464;  // P; <= 4096 keeps packets RoCE-sized with ICRC
+  uint32_t max_jobs = 16;
+  uint32_t threads = 1;
+  uint64_t memory_limit = uint64_t(1) << 30;  // bytes of slot memory over all jobs
+};
+
+struct Job {
+  Job(uint32_t index, uint32_t size, uint32_t key, uint32_t slots, uint32_t payload)
+      : index(index), size(size), key(key), pool(slots, payload, size), ranks(size) {}
+  uint32_t index;
+  uint32_t size;
+  uint32_t key;
+  SlotPool pool;
+  Counters counters;
+  // Where each rank's packets come from and which local address they target:
+  // (ip << 32 | port << 16) packed, written by whichever data thread saw it last.
+  struct RankAddr {
+    std::atomic<uint64_t> peer{0};
+    std::atomic<uint32_t> local_ip{0};
+  };
+  std::vector<RankAddr> ranks;
+};
+
+class Aggregator {
+ public:
+  explicit Aggregator(const AggregatorConfig& cfg);
+  ~Aggregator();
+
+  Status Start();
+  void Stop();
+  const AggregatorConfig& config() const { return cfg_; }
+  uint16_t port() const { return cfg_.port; }
+
+  // Admission: a pool for a job of `size` ranks with `key`; refuses cleanly past
+  // max_jobs or the memory limit. Returns the job index (its QPN prefix).
+  Status AddJob(uint32_t size, uint32_t key, uint32_t* index);
+  Status RemoveJob(uint32_t index);
+
+  std::map<std::string, uint64_t> GlobalCounters() const { return global_.Snapshot(); }
+  Status JobCounters(uint32_t index, std::map<std::string, uint64_t>* out) const;
+
+ private:
+  void Loop(uint32_t thread_index);
+  std::shared_ptr<Job> Lookup(uint32_t index) const;
+
+  AggregatorConfig cfg_;
+  std::vector<std::unique_ptr<UdpTransport>> sockets_;
+  std::vector<std::thread> threads_;
+  std::atomic<bool> running_{false};
+  mutable std::mutex mu_;  // guards jobs_ and memory_used_
+  std::vector<std::shared_ptr<Job>> jobs_;  // by index; [0] unused (QP 0/1 are special in IB)
+  uint64_t memory_used_ = 0;
+  Counters global_;
+};
+
+}  // namespace netreduce

@@ -1,0 +1,46 @@
+// Aggregator counters, kept per job and globally. Relaxed atomics: they are
+// statistics, read over the control port, never used for synchronisation.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <string>
+
+namespace netreduce {
+
+enum class Drop : int {
+  kTruncated = 0,   // shorter than the RoCE headers + ICRC
+  kBadOpcode,       // not UC RDMA WRITE Only with Immediate
+  kBadLength,       // DMA length, pad and datagram size disagree, or exceed the slot
+  kUnknownJob,      // destination QP names no admitted job
+  kBadKey,          // R_Key is not the job's key
+  kBadRank,         // rank >= the job's world size
+  kBadDtype,        // dtype code unknown
+  kBadOp,           // op code unknown
+  kBadSlot,         // slot >= the job's pool, or sent to the wrong data port
+  kBadIcrc,         // RoCE-sized packet whose ICRC does not verify
+  kInconsistent,    // a contribution disagrees with the slot's round (offset/length/dtype/op/message)
+  kStale,           // an old round's packet for a slot that has moved on
+  kResultFlag,      // a packet marked as a result sent to the aggregator
+  kCount
+};
+const char* DropName(Drop d);
+
+struct Counters {
+  std::atomic<uint64_t> packets_in{0};
+  std::atomic<uint64_t> packets_out{0};
+  std::atomic<uint64_t> bytes_in{0};
+  std::atomic<uint64_t> bytes_out{0};
+  std::atomic<uint64_t> bytes_reduced{0};     // payload bytes added into slots
+  std::atomic<uint64_t> slots_completed{0};
+  std::atomic<uint64_t> duplicates{0};        // contributions seen before (not added again)
+  std::atomic<uint64_t> retransmitted_results{0};
+  std::atomic<uint64_t> drops[int(Drop::kCount)] = {};
+
+  void Add(std::atomic<uint64_t>& c, uint64_t v = 1) { c.fetch_add(v, std::memory_order_relaxed); }
+  void AddDrop(Drop d) { Add(drops[int(d)]); }
+  std::map<std::string, uint64_t> Snapshot() const;
+};
+
+}  // namespace netreduce

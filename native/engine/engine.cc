@@ -1,0 +1,367 @@
+// The engine loop.
+//
+// A message of `count` elements is cut into chunks of P / accumulator-width
+// elements. Chunk c gets the sequence number seq = base + c; it travels in slot
+// seq % W with shadow bit (seq / W) % 2 and PSN seq mod 2^24. Sequence numbers run on
+// across messages, so consecutive messages never meet the same (slot, shadow) round.
+// Self-clocking: at most one chunk per slot is outstanding; when a slot's result
+// arrives, the result is copied into place and the chunk W further on is sent in
+// the same slot. Each outstanding slot has a deadline; on expiry the very same
+// packet is resent (the aggregator adds a contribution once, so a resend is always
+// safe) with the timeout doubled, up to 1 s. A chunk without a result for
+// timeout_s fails the operation, naming the aggregator, job, rank and slot. After a
+// failure the engine's sequence is out of step with the job, so it refuses further
+// work.
+#include "engine/engine.h"
+
+#include <arpa/inet.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+
+#include "wire/roce.h"
+
+namespace netreduce {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr size_t kRecvBatch = 64;
+constexpr size_t kRecvBufBytes = 65536;
+constexpr int64_t kMaxRtoUs = 1000000;
+
+inline int64_t NowUs() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(Clock::now().time_since_epoch())
+      .count();
+}
+
+struct SlotTrack {
+  int64_t chunk = -1;  // -1 = idle
+  uint64_t seq = 0;
+  int64_t first_send_us = 0;
+  int64_t deadline_us = 0;
+  int64_t rto_us = 0;
+  uint32_t retries = 0;
+  uint8_t header[wire::kHeaderBytes];
+  uint8_t trailer[8];
+  OutPacket pkt;
+};
+
+}  // namespace
+
+Engine::Engine(const EngineConfig& cfg) : cfg_(cfg), rng_(cfg.seed ? cfg.seed : std::random_device{}()) {
+  window_ = (cfg_.window == 0 || cfg_.window > cfg_.slots) ? cfg_.slots : cfg_.window;
+  jumbo_ = cfg_.payload_bytes > wire::kRoceMaxPayload;
+  my_qpn_ = wire::MakeQpn(cfg_.job_index, cfg_.rank);
+}
+
+Status Engine::Create(const EngineConfig& cfg, std::unique_ptr<Engine>* out) {
+  if (cfg.size == 0 || cfg.rank >= cfg.size || cfg.size > wire::kMaxRanks) {
+    return InvalidArgument("rank " + std::to_string(cfg.rank) + " / world size " +
+                           std::to_string(cfg.size) + " out of range (size 1.." +
+                           std::to_string(wire::kMaxRanks) + ")");
+  }
+  if (cfg.slots == 0 || cfg.slots > 65536 || cfg.payload_bytes < 8 ||
+      cfg.payload_bytes > wire::kMaxPayload || cfg.threads == 0) {
+    return InvalidArgument("aggregator granted an unusable pool (slots " +
+                           std::to_string(cfg.slots) + ", payload " +
+                           std::to_string(cfg.payload_bytes) + ")");
+  }
+  if (!(cfg.drop_rate >= 0.0 && cfg.drop_rate < 1.0)) {
+    return InvalidArgument("drop rate must be in [0, 1), got " + std::to_string(cfg.drop_rate));
+  }
+  std::unique_ptr<Engine> e(new Engine(cfg));
+  uint32_t agg_ip = 0;
+  NR_RETURN_IF_ERROR(ResolveIpv4(cfg.host, &agg_ip));
+  e->agg_ = Endpoint{agg_ip, htons(cfg.port)};
+  uint32_t local_ip = 0;
+  NR_RETURN_IF_ERROR(LocalAddressFor(e->agg_, &local_ip));
+  UdpOptions o;
+  char buf[INET_ADDRSTRLEN];
+  in_addr a;
+  a.s_addr = local_ip;
+  inet_ntop(AF_INET, &a, buf, sizeof(buf));
+  o.host = buf;
+  o.port = 0;
+  NR_RETURN_IF_ERROR(UdpTransport::Open(o, &e->sock_));
+  e->thread_ = std::thread([p = e.get()] { p->ThreadMain(); });
+  *out = std::move(e);
+  return Status::Ok();
+}
+
+Engine::~Engine() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  Abort("engine closed");
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+std::string Engine::AggregatorAddress() const { return cfg_.host + ":" + std::to_string(cfg_.port); }
+
+std::string Engine::Where(uint32_t slot) const {
+  return "aggregator " + AggregatorAddress() + ", job '" + cfg_.job + "' (index " +
+         std::to_string(cfg_.job_index) + "), rank " + std::to_string(cfg_.rank) + "/" +
+         std::to_string(cfg_.size) + ", slot " + std::to_string(slot);
+}
+
+std::shared_ptr<Engine::Request> Engine::Submit(const void* src, void* dst, size_t count,
+                                                 DType dt, Op op) {
+  auto r = std::make_shared<Request>();
+  r->src = static_cast<const uint8_t*>(src);
+  r->dst = static_cast<uint8_t*>(dst);
+  r->count = count;
+  r->dtype = dt;
+  r->op = op;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.push_back(r);
+  }
+  cv_.notify_all();
+  return r;
+}
+
+bool Engine::Done(Request& r) {
+  std::lock_guard<std::mutex> lock(r.mu);
+  return r.done;
+}
+
+Status Engine::Wait(Request& r) {
+  std::unique_lock<std::mutex> lock(r.mu);
+  r.cv.wait(lock, [&] { return r.done; });
+  return r.status;
+}
+
+void Engine::Abort(const std::string& reason) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!aborted_) abort_reason_ = reason;
+    aborted_ = true;
+  }
+  cv_.notify_all();
+}
+
+std::map<std::string, uint64_t> Engine::Stats() const {
+  return {{"packets_sent", packets_sent_.load()},     {"packets_received", packets_received_.load()},
+          {"retransmits", retransmits_.load()},       {"dropped_by_knob", dropped_by_knob_.load()},
+          {"ignored_results", ignored_results_.load()}, {"bytes_sent", bytes_sent_.load()},
+          {"messages", messages_.load()}};
+}
+
+void Engine::ThreadMain() {
+  for (;;) {
+    std::shared_ptr<Request> r;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stopping_ || aborted_ || !queue_.empty(); });
+      if (queue_.empty()) {
+        if (stopping_) return;
+        if (aborted_) {
+          cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+          if (queue_.empty()) return;
+        }
+      }
+      r = queue_.front();
+      queue_.pop_front();
+    }
+    Status st;
+    if (aborted_) {
+      std::lock_guard<std::mutex> lock(mu_);
+      st = Aborted(abort_reason_);
+    } else if (!poisoned_.ok()) {
+      st = Status(poisoned_.code(), "engine unusable after an earlier failure: " + poisoned_.message());
+    } else {
+      st = Run(*r);
+      if (!st.ok() && st.code() != Code::kInvalidArgument) poisoned_ = st;
+    }
+    {
+      std::lock_guard<std::mutex> lock(r->mu);
+      r->status = st;
+      r->done = true;
+    }
+    r->cv.notify_all();
+  }
+}
+
+Status Engine::Run(Request& req) {
+  if (!ValidDType(uint8_t(req.dtype)) || !ValidOp(uint8_t(req.op))) {
+    return InvalidArgument("unknown dtype or op code");
+  }
+  if (req.count == 0) return Status::Ok();
+  const size_t esize = ElementSize(req.dtype);
+  const size_t chunk_elems = cfg_.payload_bytes / AccumSize(req.dtype);
+  const int64_t nchunks = int64_t((req.count + chunk_elems - 1) / chunk_elems);
+  if (req.count - 1 > wire::kMaxOffset) {
+    return InvalidArgument("message of " + std::to_string(req.count) +
+                           " elements exceeds the 2^40-element offset field");
+  }
+  const uint32_t msg_id = next_msg_++;
+  const uint64_t base = next_seq_;
+  next_seq_ += uint64_t(nchunks);
+  messages_++;
+
+  std::vector<SlotTrack> slots(window_);
+  std::vector<OutPacket> sendq;
+  sendq.reserve(window_);
+  std::uniform_real_distribution<double> coin(0.0, 1.0);
+  // The first timeout of a chunk: the configured floor, or the measured round trip
+  // (srtt + 4 rttvar) when larger. Under CPU contention a round trip on loopback can
+  // take tens of ms (queues of N workers' windows at the aggregator, and the slowest
+  // rank sets the pace); a fixed short timeout would resend a window's worth of
+  // packets that were never lost.
+  const int64_t rto_floor = int64_t(cfg_.retransmit_ms * 1000.0);
+  auto rto0 = [&]() -> int64_t {
+    const int64_t est = int64_t(srtt_us_ + 4.0 * rttvar_us_);
+    return std::min(std::max(rto_floor, est), kMaxRtoUs);
+  };
+  const int64_t timeout_us = int64_t(cfg_.timeout_s * 1e6);
+  int64_t remaining = nchunks;
+
+  auto queue_send = [&](SlotTrack& t) {
+    if (cfg_.drop_rate > 0.0 && coin(rng_) < cfg_.drop_rate) {
+      dropped_by_knob_++;
+      return;
+    }
+    sendq.push_back(t.pkt);
+    packets_sent_++;
+    bytes_sent_ += t.pkt.iov[1].iov_len;
+  };
+
+  // Build chunk c's packet into slot tracker `t` and queue it.
+  auto start_chunk = [&](SlotTrack& t, int64_t c, int64_t now) {
+    const uint64_t seq = base + uint64_t(c);
+    const uint32_t slot = uint32_t(seq % window_);
+    const size_t first = size_t(c) * chunk_elems;
+    const size_t n = std::min(chunk_elems, req.count - first);
+    wire::Header h;
+    h.jumbo = jumbo_;
+    h.dest_qp = my_qpn_;
+    h.psn = uint32_t(seq & wire::kPsnMask);
+    h.dtype = uint8_t(req.dtype);
+    h.op = uint8_t(req.op);
+    h.shadow = uint8_t((seq / window_) & 1);
+    h.slot = uint16_t(slot);
+    h.offset = first;
+    h.key = cfg_.key;
+    h.length = uint32_t(n * esize);
+    h.pad = uint8_t(wire::PaddedLength(h.length) - h.length);
+    h.msg_id = msg_id;
+    wire::Encode(h, t.header);
+    const uint8_t* payload = req.src + first * esize;
+    std::memset(t.trailer, 0, sizeof(t.trailer));
+    uint32_t icrc = 0;
+    Endpoint to{agg_.ip, htons(uint16_t(cfg_.port + slot % cfg_.threads))};
+    if (!jumbo_) {
+      icrc = wire::ComputeIcrc(sock_->local().ip, to.ip, sock_->local().port, to.port, t.header,
+                               payload, h.length, h.pad);
+    }
+    std::memcpy(t.trailer + h.pad, &icrc, 4);
+    t.chunk = c;
+    t.seq = seq;
+    t.first_send_us = now;
+    t.rto_us = rto0();
+    t.deadline_us = now + t.rto_us;
+    t.retries = 0;
+    t.pkt.to = to;
+    t.pkt.iov[0] = {t.header, wire::kHeaderBytes};
+    t.pkt.iov[1] = {const_cast<uint8_t*>(payload), h.length};
+    t.pkt.iov[2] = {t.trailer, size_t(h.pad) + wire::kIcrcBytes};
+    t.pkt.iovcnt = 3;
+    queue_send(t);
+  };
+
+  int64_t now = NowUs();
+  for (int64_t c = 0; c < std::min<int64_t>(window_, nchunks); ++c) {
+    start_chunk(slots[(base + uint64_t(c)) % window_], c, now);
+  }
+
+  std::vector<uint8_t> storage(kRecvBatch * kRecvBufBytes);
+  std::vector<InPacket> in(kRecvBatch);
+  for (size_t i = 0; i < kRecvBatch; ++i) in[i].buf = storage.data() + i * kRecvBufBytes;
+
+  while (remaining > 0) {
+    if (!sendq.empty()) {
+      NR_RETURN_IF_ERROR(sock_->SendBatch(sendq.data(), sendq.size()));
+      sendq.clear();
+    }
+    if (aborted_) {
+      std::lock_guard<std::mutex> lock(mu_);
+      return Aborted(abort_reason_);
+    }
+    now = NowUs();
+    int64_t wait_us = 50000;
+    for (auto& t : slots) {
+      if (t.chunk >= 0) wait_us = std::min(wait_us, std::max<int64_t>(0, t.deadline_us - now));
+    }
+    for (size_t i = 0; i < kRecvBatch; ++i) in[i].cap = kRecvBufBytes;
+    size_t got = 0;
+    NR_RETURN_IF_ERROR(sock_->RecvBatch(in.data(), kRecvBatch, wait_us, &got));
+    for (size_t i = 0; i < got; ++i) {
+      InPacket& p = in[i];
+      wire::Header h;
+      if (p.len > kRecvBufBytes || wire::Decode(p.buf, p.len, &h) != wire::DecodeError::kOk ||
+          !h.result || h.dest_qp != my_qpn_ || h.key != cfg_.key || h.slot >= window_ ||
+          h.msg_id != msg_id) {
+        ignored_results_++;
+        continue;
+      }
+      SlotTrack& t = slots[h.slot];
+      const size_t first = size_t(t.chunk) * chunk_elems;
+      if (t.chunk < 0 || h.psn != (t.seq & wire::kPsnMask) || h.offset != first ||
+          h.length != std::min(chunk_elems, req.count - first) * esize) {
+        ignored_results_++;  // a duplicate or late result for a chunk already done
+        continue;
+      }
+      const uint8_t* payload = p.buf + wire::kHeaderBytes;
+      if (!h.jumbo) {
+        uint32_t want;
+        std::memcpy(&want, payload + h.length + h.pad, 4);
+        if (wire::ComputeIcrc(p.from.ip, p.local_ip, p.from.port, sock_->local().port, p.buf,
+                              payload, h.length, h.pad) != want) {
+          ignored_results_++;
+          continue;
+        }
+      }
+      packets_received_++;
+      if (t.retries == 0) {  // Karn: only unambiguous samples
+        const double sample = double(NowUs() - t.first_send_us);
+        if (srtt_us_ == 0.0) {
+          srtt_us_ = sample;
+          rttvar_us_ = sample / 2;
+        } else {
+          rttvar_us_ = 0.75 * rttvar_us_ + 0.25 * std::abs(srtt_us_ - sample);
+          srtt_us_ = 0.875 * srtt_us_ + 0.125 * sample;
+        }
+      }
+      std::memcpy(req.dst + first * esize, payload, h.length);
+      --remaining;
+      const int64_t next = t.chunk + int64_t(window_);
+      if (next < nchunks) {
+        start_chunk(t, next, NowUs());
+      } else {
+        t.chunk = -1;
+      }
+    }
+    now = NowUs();
+    for (uint32_t s = 0; s < window_; ++s) {
+      SlotTrack& t = slots[s];
+      if (t.chunk < 0 || t.deadline_us > now) continue;
+      if (now - t.first_send_us >= timeout_us) {
+        return Timeout("no result from the aggregator within " + std::to_string(cfg_.timeout_s) +
+                       " s (" + std::to_string(t.retries) + " retransmissions) at " + Where(s) +
+                       ", chunk " + std::to_string(t.chunk) + " of " + std::to_string(nchunks) +
+                       "; is netreduce-switch running there and are all ranks alive?");
+      }
+      t.rto_us = std::min(t.rto_us * 2, kMaxRtoUs);
+      t.deadline_us = now + t.rto_us;
+      t.retries++;
+      retransmits_++;
+      queue_send(t);
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace netreduce

@@ -1,0 +1,101 @@
+// The worker side of the data plane: streams one contiguous buffer through the
+// aggregator's slot pool and writes the reduced result in place or into another
+// buffer. One engine per (job, rank); it runs on its own thread, so a caller
+// waiting on a request never holds the GIL.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/status.h"
+#include "reduce/dtype.h"
+#include "transport/udp/udp_transport.h"
+
+namespace netreduce {
+
+struct EngineConfig {
+  std::string host = "127.0.0.1";  // aggregator address
+  uint16_t port = 4791;            // first data port
+  uint32_t threads = 1;            // aggregator data ports: slot s goes to port + s % threads
+  std::string job = "job";         // for error messages
+  uint32_t job_index = 1;
+  uint32_t rank = 0;
+  uint32_t size = 1;
+  uint32_t key = 0;
+  uint32_t slots = 128;            // K granted by the aggregator
+  uint32_t payload_bytes = 65464;  // P granted by the aggregator
+  uint32_t window = 0;             // slots this engine uses (same on every rank); 0 = slots
+  double retransmit_ms = 20.0;     // first per-slot timeout; doubles per retry, capped at 1 s
+  double timeout_s = 30.0;         // a chunk with no result for this long fails the operation
+  double drop_rate = 0.0;          // fraction of outgoing packets dropped on purpose (tests)
+  uint64_t seed = 0;
+};
+
+class Engine {
+ public:
+  struct Request {
+    const uint8_t* src = nullptr;
+    uint8_t* dst = nullptr;
+    size_t count = 0;  // elements
+    DType dtype = DType::kF32;
+    Op op = Op::kSum;
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    Status status;
+  };
+
+  static Status Create(const EngineConfig& cfg, std::unique_ptr<Engine>* out);
+  ~Engine();
+
+  // Queues an all-reduce of `count` elements from src into dst (dst may equal src).
+  // Both buffers must stay alive until the request is done.
+  std::shared_ptr<Request> Submit(const void* src, void* dst, size_t count, DType dt, Op op);
+  static bool Done(Request& r);
+  static Status Wait(Request& r);
+  // Fails pending and later requests with `reason`.
+  void Abort(const std::string& reason);
+  std::map<std::string, uint64_t> Stats() const;
+  std::string AggregatorAddress() const;
+
+ private:
+  explicit Engine(const EngineConfig& cfg);
+  void ThreadMain();
+  Status Run(Request& req);
+  std::string Where(uint32_t slot) const;
+
+  EngineConfig cfg_;
+  uint32_t window_;
+  bool jumbo_;
+  std::unique_ptr<UdpTransport> sock_;
+  Endpoint agg_;
+  uint32_t my_qpn_;
+  uint64_t next_seq_ = 0;
+  // RTT estimate (RFC 6298 style, microseconds) from results of chunks sent once.
+  double srtt_us_ = 0.0;
+  double rttvar_us_ = 0.0;
+  uint32_t next_msg_ = 0;
+  std::mt19937_64 rng_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<Request>> queue_;
+  bool stopping_ = false;
+  std::atomic<bool> aborted_{false};
+  std::string abort_reason_;  // guarded by mu_
+  Status poisoned_;           // engine thread only: a failure leaves the job out of step
+  std::thread thread_;
+
+  std::atomic<uint64_t> packets_sent_{0}, packets_received_{0}, retransmits_{0},
+      dropped_by_knob_{0}, ignored_results_{0}, bytes_sent_{0}, messages_{0};
+};
+
+}  // namespace netreduce

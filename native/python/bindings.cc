@@ -1,0 +1,232 @@
+// netreduce._native: the one pybind11 module. Buffers cross by the buffer protocol
+// (zero copies); every wait releases the GIL; native Status becomes a Python
+// exception here and nowhere else.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <memory>
+
+#include "aggregator/aggregator.h"
+#include "engine/engine.h"
+#include "reduce/dtype.h"
+#include "wire/roce.h"
+
+namespace py = pybind11;
+using namespace netreduce;
+
+namespace {
+
+PyObject* g_error = nullptr;          // EngineError(RuntimeError)
+PyObject* g_timeout = nullptr;        // TimeoutError(EngineError)
+PyObject* g_aborted = nullptr;        // AbortedError(EngineError)
+PyObject* g_refused = nullptr;        // RefusedError(EngineError)
+
+void Throw(const Status& st) {
+  switch (st.code()) {
+    case Code::kOk: return;
+    case Code::kInvalidArgument: throw py::value_error(st.message());
+    case Code::kTimeout: PyErr_SetString(g_timeout, st.message().c_str()); break;
+    case Code::kAborted: PyErr_SetString(g_aborted, st.message().c_str()); break;
+    case Code::kRefused: PyErr_SetString(g_refused, st.message().c_str()); break;
+    default: PyErr_SetString(g_error, st.message().c_str()); break;
+  }
+  throw py::error_already_set();
+}
+
+DType CheckDType(int code) {
+  if (!ValidDType(uint8_t(code))) throw py::value_error("unknown dtype code " + std::to_string(code));
+  return DType(code);
+}
+Op CheckOp(int code) {
+  if (!ValidOp(uint8_t(code))) throw py::value_error("unknown op code " + std::to_string(code));
+  return Op(code);
+}
+
+// A buffer view that must be C-contiguous; returns its byte length.
+py::buffer_info Contiguous(py::buffer b, bool writable, const char* what) {
+  py::buffer_info info = b.request(writable);
+  ssize_t expect = info.itemsize;
+  for (ssize_t i = info.ndim - 1; i >= 0; --i) {
+    if (info.shape[i] > 1 && info.strides[i] != expect) {
+      throw py::value_error(std::string(what) + " must be C-contiguous");
+    }
+    expect *= info.shape[i];
+  }
+  return info;
+}
+
+struct PyRequest {
+  std::shared_ptr<Engine::Request> req;
+  py::object keep_src, keep_dst;  // the buffers stay alive while the engine uses them
+  bool Done() const { return Engine::Done(*req); }
+  void Wait() {
+    Status st;
+    {
+      py::gil_scoped_release nogil;
+      st = Engine::Wait(*req);
+    }
+    Throw(st);
+  }
+};
+
+std::shared_ptr<PyRequest> SubmitBuffers(Engine& e, py::buffer src, py::buffer dst, int dtype, int op) {
+  const DType dt = CheckDType(dtype);
+  const Op o = CheckOp(op);
+  py::buffer_info s = Contiguous(src, false, "source buffer");
+  py::buffer_info d = Contiguous(dst, true, "destination buffer");
+  const ssize_t sbytes = s.size * s.itemsize;
+  const ssize_t dbytes = d.size * d.itemsize;
+  if (sbytes != dbytes) {
+    throw py::value_error("source (" + std::to_string(sbytes) + " bytes) and destination (" +
+                          std::to_string(dbytes) + " bytes) differ in size");
+  }
+  const size_t esize = ElementSize(dt);
+  if (size_t(sbytes) % esize != 0) {
+    throw py::value_error("buffer of " + std::to_string(sbytes) + " bytes is not a whole number of " +
+                          DTypeName(dt) + " elements");
+  }
+  auto r = std::make_shared<PyRequest>();
+  r->keep_src = src;
+  r->keep_dst = dst;
+  r->req = e.Submit(s.ptr, d.ptr, size_t(sbytes) / esize, dt, o);
+  return r;
+}
+
+py::dict HeaderToDict(const wire::Header& h) {
+  py::dict d;
+  d["opcode"] = h.opcode; d["pad"] = h.pad; d["jumbo"] = h.jumbo; d["dest_qp"] = h.dest_qp;
+  d["psn"] = h.psn; d["dtype"] = h.dtype; d["op"] = h.op; d["shadow"] = h.shadow;
+  d["result"] = h.result; d["slot"] = h.slot; d["offset"] = h.offset; d["key"] = h.key;
+  d["length"] = h.length; d["msg_id"] = h.msg_id;
+  return d;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_native, m) {
+  m.doc() = "netreduce native data plane: RoCEv2 wire format, aggregator, worker engine";
+  static py::exception<std::runtime_error> error(m, "EngineError", PyExc_RuntimeError);
+  static py::exception<std::runtime_error> timeout(m, "TimeoutError", error.ptr());
+  static py::exception<std::runtime_error> aborted(m, "AbortedError", error.ptr());
+  static py::exception<std::runtime_error> refused(m, "RefusedError", error.ptr());
+  g_error = error.ptr();
+  g_timeout = timeout.ptr();
+  g_aborted = aborted.ptr();
+  g_refused = refused.ptr();
+
+  py::dict dtypes, ops;
+  for (int i = 0; i < kNumDTypes; ++i) dtypes[DTypeName(DType(i))] = i;
+  for (int i = 0; i < kNumOps; ++i) ops[OpName(Op(i))] = i;
+  m.attr("DTYPES") = dtypes;
+  m.attr("OPS") = ops;
+  m.attr("DEFAULT_PORT") = wire::kDefaultPort;
+  m.attr("MAX_PAYLOAD") = wire::kMaxPayload;
+  m.attr("ROCE_MAX_PAYLOAD") = wire::kRoceMaxPayload;
+  m.attr("HEADER_BYTES") = wire::kHeaderBytes;
+  m.attr("MAX_RANKS") = wire::kMaxRanks;
+
+  m.def("build_info", [] {
+    py::dict d;
+    d["simd"] = SimdPath();
+    py::list names;
+    for (int i = 0; i < kNumDTypes; ++i) names.append(DTypeName(DType(i)));
+    d["dtypes"] = names;
+    d["ops"] = py::make_tuple("sum", "min", "max");
+    d["transports"] = py::make_tuple("udp");
+    d["wire"] = "RoCEv2 (UDP, BTH+RETH+ImmDt, ICRC); jumbo software extension";
+    d["max_payload"] = wire::kMaxPayload;
+    d["compiler"] = __VERSION__;
+    return d;
+  });
+
+  py::class_<Aggregator>(m, "Aggregator")
+      .def(py::init([](const std::string& host, uint16_t port, uint32_t slots, uint32_t payload_bytes,
+                       uint32_t max_jobs, uint32_t threads, uint64_t memory_limit) {
+             AggregatorConfig c;
+             c.host = host; c.port = port; c.slots = slots; c.payload_bytes = payload_bytes;
+             c.max_jobs = max_jobs; c.threads = threads; c.memory_limit = memory_limit;
+             return std::make_unique<Aggregator>(c);
+           }),
+           py::arg("host") = "0.0.0.0", py::arg("port") = wire::kDefaultPort, py::arg("slots") = 128,
+           py::arg("payload_bytes") = 65464, py::arg("max_jobs") = 16, py::arg("threads") = 1,
+           py::arg("memory_limit") = uint64_t(1) << 30)
+      .def("start", [](Aggregator& a) { Throw(a.Start()); })
+      .def("stop", [](Aggregator& a) { py::gil_scoped_release nogil; a.Stop(); })
+      .def_property_readonly("port", &Aggregator::port)
+      .def_property_readonly("slots", [](Aggregator& a) { return a.config().slots; })
+      .def_property_readonly("payload_bytes", [](Aggregator& a) { return a.config().payload_bytes; })
+      .def_property_readonly("threads", [](Aggregator& a) { return a.config().threads; })
+      .def("add_job", [](Aggregator& a, uint32_t size, uint32_t key) {
+             uint32_t index = 0;
+             Throw(a.AddJob(size, key, &index));
+             return index;
+           }, py::arg("size"), py::arg("key"))
+      .def("remove_job", [](Aggregator& a, uint32_t index) { Throw(a.RemoveJob(index)); })
+      .def("counters", &Aggregator::GlobalCounters)
+      .def("job_counters", [](Aggregator& a, uint32_t index) {
+             std::map<std::string, uint64_t> out;
+             Throw(a.JobCounters(index, &out));
+             return out;
+           });
+
+  py::class_<PyRequest, std::shared_ptr<PyRequest>>(m, "Request")
+      .def("done", &PyRequest::Done)
+      .def("wait", &PyRequest::Wait);
+
+  py::class_<Engine>(m, "Engine")
+      .def(py::init([](const std::string& host, uint16_t port, uint32_t threads, const std::string& job,
+                       uint32_t job_index, uint32_t rank, uint32_t size, uint32_t key, uint32_t slots,
+                       uint32_t payload_bytes, uint32_t window, double retransmit_ms, double timeout_s,
+                       double drop_rate, uint64_t seed) {
+             EngineConfig c;
+             c.host = host; c.port = port; c.threads = threads; c.job = job; c.job_index = job_index;
+             c.rank = rank; c.size = size; c.key = key; c.slots = slots; c.payload_bytes = payload_bytes;
+             c.window = window; c.retransmit_ms = retransmit_ms; c.timeout_s = timeout_s;
+             c.drop_rate = drop_rate; c.seed = seed;
+             std::unique_ptr<Engine> e;
+             Throw(Engine::Create(c, &e));
+             return e;
+           }),
+           py::arg("host"), py::arg("port"), py::arg("threads"), py::arg("job"), py::arg("job_index"),
+           py::arg("rank"), py::arg("size"), py::arg("key"), py::arg("slots"), py::arg("payload_bytes"),
+           py::arg("window") = 0, py::arg("retransmit_ms") = 20.0, py::arg("timeout_s") = 30.0,
+           py::arg("drop_rate") = 0.0, py::arg("seed") = 0)
+      .def("submit", &SubmitBuffers, py::arg("src"), py::arg("dst"), py::arg("dtype"), py::arg("op"))
+      .def("allreduce", [](Engine& e, py::buffer src, py::buffer dst, int dtype, int op) {
+             SubmitBuffers(e, src, dst, dtype, op)->Wait();
+           }, py::arg("src"), py::arg("dst"), py::arg("dtype"), py::arg("op"))
+      .def("abort", &Engine::Abort)
+      .def("stats", &Engine::Stats)
+      .def_property_readonly("aggregator_address", &Engine::AggregatorAddress);
+
+  // Wire helpers, for tests and tools that craft or inspect packets.
+  m.def("encode_header", [](py::dict f) {
+    wire::Header h;
+    auto get = [&](const char* k, uint64_t dflt) { return f.contains(k) ? f[k].cast<uint64_t>() : dflt; };
+    h.opcode = uint8_t(get("opcode", wire::kOpcodeUcWriteOnlyImm));
+    h.jumbo = get("jumbo", 0) != 0;
+    h.dest_qp = uint32_t(get("dest_qp", 0)); h.psn = uint32_t(get("psn", 0));
+    h.dtype = uint8_t(get("dtype", 0)); h.op = uint8_t(get("op", 0));
+    h.shadow = uint8_t(get("shadow", 0)); h.result = get("result", 0) != 0;
+    h.slot = uint16_t(get("slot", 0)); h.offset = get("offset", 0); h.key = uint32_t(get("key", 0));
+    h.length = uint32_t(get("length", 0)); h.msg_id = uint32_t(get("msg_id", 0));
+    h.pad = uint8_t(get("pad", wire::PaddedLength(h.length) - h.length));
+    uint8_t out[wire::kHeaderBytes];
+    wire::Encode(h, out);
+    return py::bytes(reinterpret_cast<char*>(out), sizeof(out));
+  });
+  m.def("decode_header", [](py::bytes pkt) {
+    std::string s = pkt;
+    wire::Header h;
+    wire::DecodeError e = wire::Decode(reinterpret_cast<const uint8_t*>(s.data()), s.size(), &h);
+    if (e != wire::DecodeError::kOk) throw py::value_error("bad packet: error " + std::to_string(int(e)));
+    return HeaderToDict(h);
+  });
+  m.def("compute_icrc", [](uint32_t src_ip_be, uint32_t dst_ip_be, uint16_t src_port_be,
+                           uint16_t dst_port_be, py::bytes header, py::bytes payload, uint32_t pad) {
+    std::string hd = header, pl = payload;
+    return wire::ComputeIcrc(src_ip_be, dst_ip_be, src_port_be, dst_port_be,
+                             reinterpret_cast<const uint8_t*>(hd.data()),
+                             reinterpret_cast<const uint8_t*>(pl.data()), pl.size(), pad);
+  });
+}

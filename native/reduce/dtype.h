@@ -1,0 +1,44 @@
+// Element types and reduction operators as they travel on the wire (4-bit dtype,
+// 2-bit op in RETH.VA), and the slot arithmetic the aggregator performs.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace netreduce {
+
+enum class DType : uint8_t { kF32 = 0, kF64 = 1, kF16 = 2, kBF16 = 3, kI32 = 4, kI64 = 5 };
+constexpr int kNumDTypes = 6;
+enum class Op : uint8_t { kSum = 0, kMin = 1, kMax = 2 };
+constexpr int kNumOps = 3;
+
+inline bool ValidDType(uint8_t d) { return d < kNumDTypes; }
+inline bool ValidOp(uint8_t o) { return o < kNumOps; }
+
+// Bytes of one element on the wire.
+inline size_t ElementSize(DType d) {
+  switch (d) {
+    case DType::kF64: case DType::kI64: return 8;
+    case DType::kF16: case DType::kBF16: return 2;
+    default: return 4;
+  }
+}
+// Bytes of one element in the slot accumulator: 16-bit floats are summed in float32
+// and rounded once on the way out.
+inline size_t AccumSize(DType d) {
+  return (d == DType::kF16 || d == DType::kBF16) ? 4 : ElementSize(d);
+}
+const char* DTypeName(DType d);
+const char* OpName(Op o);
+
+// acc[i] = in[i] (first contribution, widened for 16-bit floats) or op(acc[i], in[i]).
+// `acc` is in accumulator type, `in` in wire type; n elements.
+void Accumulate(DType d, Op op, void* acc, const void* in, size_t n, bool first);
+// Turn a finished accumulator into wire type, in place (narrowing 16-bit floats into
+// the first half of the buffer; a no-op for the other dtypes).
+void Finish(DType d, void* acc, size_t n);
+
+// Which kernel set runtime dispatch chose ("avx2+f16c" or "generic").
+const char* SimdPath();
+
+}  // namespace netreduce

@@ -1,0 +1,53 @@
+// The seam between the data plane and the wire. The engine and the aggregator see
+// only this interface; transport/udp/ implements it over kernel UDP sockets with
+// sendmmsg/recvmmsg, and a later transport/verbs/ will implement the same file set
+// over RDMA verbs (UC RDMA WRITE with immediate), where the NIC builds the headers
+// that the UDP transport's callers build by hand.
+#pragma once
+
+#include <sys/uio.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "common/status.h"
+
+namespace netreduce {
+
+// An IPv4 endpoint, both fields in network byte order.
+struct Endpoint {
+  uint32_t ip = 0;
+  uint16_t port = 0;
+  bool operator==(const Endpoint& o) const { return ip == o.ip && port == o.port; }
+};
+std::string ToString(const Endpoint& e);
+
+// One datagram to send, gathered from up to three pieces (header, payload, trailer).
+struct OutPacket {
+  Endpoint to;
+  uint32_t from_ip = 0;  // source address to use (network order); 0 = the kernel's choice
+  iovec iov[3];
+  int iovcnt = 0;
+};
+
+// One received datagram: the caller provides `buf`/`cap`; the transport fills the rest.
+struct InPacket {
+  uint8_t* buf = nullptr;
+  size_t cap = 0;
+  size_t len = 0;
+  Endpoint from;
+  uint32_t local_ip = 0;  // the address the sender targeted (network order)
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  // Sends all `n` packets (blocking while the socket buffer is full).
+  virtual Status SendBatch(OutPacket* pkts, size_t n) = 0;
+  // Waits up to `timeout_us` for datagrams, then fills up to `max` of them.
+  virtual Status RecvBatch(InPacket* pkts, size_t max, int64_t timeout_us, size_t* got) = 0;
+  virtual Endpoint local() const = 0;
+};
+
+}  // namespace netreduce

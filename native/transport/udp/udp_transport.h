@@ -1,0 +1,49 @@
+// Transport over one kernel UDP socket: sendmmsg/recvmmsg batches, large socket
+// buffers, DF set (IP_PMTUDISC_DO, which also makes Linux send IPv4 ID 0 on
+// unconnected sockets, as the ICRC assumes), IP_PKTINFO to learn and choose the
+// local address when bound to the wildcard.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include "transport/transport.h"
+
+namespace netreduce {
+
+struct UdpOptions {
+  std::string host = "0.0.0.0";  // local address to bind
+  uint16_t port = 0;             // 0 = ephemeral
+  int rcvbuf_bytes = 32 << 20;
+  int sndbuf_bytes = 8 << 20;
+};
+
+class UdpTransport : public Transport {
+ public:
+  static Status Open(const UdpOptions& opts, std::unique_ptr<UdpTransport>* out);
+  ~UdpTransport() override;
+
+  Status SendBatch(OutPacket* pkts, size_t n) override;
+  Status RecvBatch(InPacket* pkts, size_t max, int64_t timeout_us, size_t* got) override;
+  Endpoint local() const override { return local_; }
+
+ private:
+  UdpTransport(int fd, Endpoint local) : fd_(fd), local_(local) {}
+  int fd_;
+  Endpoint local_;
+  std::vector<mmsghdr> msgs_;
+  std::vector<sockaddr_in> addrs_;
+  std::vector<char> cmsg_;
+  std::vector<iovec> iovs_;
+};
+
+// Resolves "host" (name or dotted quad) to a network-order IPv4 address.
+Status ResolveIpv4(const std::string& host, uint32_t* ip);
+// The local address the kernel would use to reach `peer` (a connected probe socket).
+Status LocalAddressFor(const Endpoint& peer, uint32_t* ip);
+
+}  // namespace netreduce

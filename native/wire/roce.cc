@@ -1,0 +1,103 @@
+#include "wire/roce.h"
+
+#include <zlib.h>
+
+#include <cstring>
+
+namespace netreduce {
+namespace wire {
+namespace {
+
+inline void Put16(uint8_t* p, uint16_t v) { p[0] = v >> 8; p[1] = uint8_t(v); }
+inline void Put24(uint8_t* p, uint32_t v) { p[0] = v >> 16; p[1] = v >> 8; p[2] = uint8_t(v); }
+inline void Put32(uint8_t* p, uint32_t v) {
+  p[0] = v >> 24; p[1] = v >> 16; p[2] = v >> 8; p[3] = uint8_t(v);
+}
+inline void Put64(uint8_t* p, uint64_t v) { Put32(p, uint32_t(v >> 32)); Put32(p + 4, uint32_t(v)); }
+inline uint32_t Get24(const uint8_t* p) { return (uint32_t(p[0]) << 16) | (uint32_t(p[1]) << 8) | p[2]; }
+inline uint32_t Get32(const uint8_t* p) {
+  return (uint32_t(p[0]) << 24) | (uint32_t(p[1]) << 16) | (uint32_t(p[2]) << 8) | p[3];
+}
+inline uint64_t Get64(const uint8_t* p) { return (uint64_t(Get32(p)) << 32) | Get32(p + 4); }
+
+}  // namespace
+
+void Encode(const Header& h, uint8_t* out) {
+  out[0] = h.opcode;
+  out[1] = uint8_t((h.pad & 3) << 4);  // SE=0 M=0 PadCnt TVer=0
+  Put16(out + 2, kDefaultPKey);
+  out[4] = 0;
+  Put24(out + 5, h.dest_qp & 0xFFFFFF);
+  out[8] = h.jumbo ? kExtJumbo : 0;
+  Put24(out + 9, h.psn & kPsnMask);
+  const uint64_t va = (uint64_t(h.dtype & 0xF) << 60) | (uint64_t(h.op & 0x3) << 58) |
+                      (uint64_t(h.shadow & 1) << 57) | (uint64_t(h.result ? 1 : 0) << 56) |
+                      (uint64_t(h.slot) << 40) | (h.offset & kMaxOffset);
+  Put64(out + 12, va);
+  Put32(out + 20, h.key);
+  Put32(out + 24, h.length);
+  Put32(out + 28, h.msg_id);
+}
+
+DecodeError Decode(const uint8_t* pkt, size_t len, Header* h) {
+  if (len < kHeaderBytes + kIcrcBytes) return DecodeError::kTruncated;
+  h->opcode = pkt[0];
+  if (h->opcode != kOpcodeUcWriteOnlyImm) return DecodeError::kBadOpcode;
+  h->pad = (pkt[1] >> 4) & 3;
+  h->dest_qp = Get24(pkt + 5);
+  h->jumbo = (pkt[8] & kExtJumbo) != 0;
+  h->psn = Get24(pkt + 9);
+  const uint64_t va = Get64(pkt + 12);
+  h->dtype = uint8_t(va >> 60);
+  h->op = uint8_t((va >> 58) & 3);
+  h->shadow = uint8_t((va >> 57) & 1);
+  h->result = ((va >> 56) & 1) != 0;
+  h->slot = uint16_t(va >> 40);
+  h->offset = va & kMaxOffset;
+  h->key = Get32(pkt + 20);
+  h->length = Get32(pkt + 24);
+  h->msg_id = Get32(pkt + 28);
+  const size_t limit = h->jumbo ? kMaxPayload : kRoceMaxPayload;
+  if (h->length > limit) return DecodeError::kBadLength;
+  if (PaddedLength(h->length) - h->length != h->pad) return DecodeError::kBadLength;
+  if (DatagramBytes(h->length) != len) return DecodeError::kBadLength;
+  return DecodeError::kOk;
+}
+
+uint32_t ComputeIcrc(uint32_t src_ip_be, uint32_t dst_ip_be, uint16_t src_port_be,
+                     uint16_t dst_port_be, const uint8_t* header, const uint8_t* payload,
+                     size_t payload_len, size_t pad) {
+  // 8 x 0xFF (masked LRH) + IPv4 header (20) + UDP header (8) + BTH (12).
+  uint8_t pseudo[8 + 20 + 8 + kBthBytes];
+  std::memset(pseudo, 0xFF, 8);
+  uint8_t* ip = pseudo + 8;
+  const size_t udp_len = 8 + kHeaderBytes + payload_len + pad + kIcrcBytes;
+  ip[0] = 0x45;             // version 4, IHL 5
+  ip[1] = 0xFF;             // TOS masked
+  Put16(ip + 2, uint16_t(20 + udp_len));
+  Put16(ip + 4, 0);         // ID: 0 for DF datagrams of unconnected sockets
+  Put16(ip + 6, 0x4000);    // DF
+  ip[8] = 0xFF;             // TTL masked
+  ip[9] = 17;               // UDP
+  Put16(ip + 10, 0xFFFF);   // header checksum masked
+  std::memcpy(ip + 12, &src_ip_be, 4);
+  std::memcpy(ip + 16, &dst_ip_be, 4);
+  uint8_t* udp = ip + 20;
+  std::memcpy(udp, &src_port_be, 2);
+  std::memcpy(udp + 2, &dst_port_be, 2);
+  Put16(udp + 4, uint16_t(udp_len));
+  Put16(udp + 6, 0xFFFF);   // UDP checksum masked
+  uint8_t* bth = udp + 8;
+  std::memcpy(bth, header, kBthBytes);
+  bth[4] = 0xFF;            // resv8a masked
+  uLong crc = crc32(0L, Z_NULL, 0);
+  crc = crc32(crc, pseudo, sizeof(pseudo));
+  crc = crc32(crc, header + kBthBytes, kHeaderBytes - kBthBytes);
+  if (payload_len) crc = crc32(crc, payload, uInt(payload_len));
+  static const uint8_t kZeros[4] = {0, 0, 0, 0};
+  if (pad) crc = crc32(crc, kZeros, uInt(pad));
+  return uint32_t(crc);
+}
+
+}  // namespace wire
+}  // namespace netreduce

@@ -1,0 +1,93 @@
+// The netreduce packet: RoCEv2 framing (UDP dst port 4791 by default) carrying an
+// InfiniBand BTH + RETH + ImmDt, the payload padded to 4 bytes, and the ICRC.
+// Every aggregation field sits where a verbs program on a real RDMA NIC can put it
+// (see docs/protocol.md for the byte-level table):
+//   BTH.DestQP = (job_index << 12) | rank   -- assigned at admission
+//   BTH.PSN    = the worker's packet sequence number mod 2^24 (orders its packets)
+//   RETH.VA    = dtype:4 | op:2 | shadow:1 | result:1 | slot:16 | element offset:40
+//   RETH.R_Key = the job's 32-bit key;  RETH.DMALen = payload bytes before padding
+//   ImmDt      = message id
+// A software-only extension (flag kExtJumbo in BTH byte 8's reserved bits) allows
+// payloads beyond RoCE's 4 KiB MTU for loopback speed; such packets carry ICRC = 0.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace netreduce {
+namespace wire {
+
+constexpr uint16_t kDefaultPort = 4791;
+constexpr uint8_t kOpcodeUcWriteOnlyImm = 0x2B;  // UC RDMA WRITE Only with Immediate
+constexpr uint16_t kDefaultPKey = 0xFFFF;
+constexpr size_t kBthBytes = 12;
+constexpr size_t kRethBytes = 16;
+constexpr size_t kImmBytes = 4;
+constexpr size_t kHeaderBytes = kBthBytes + kRethBytes + kImmBytes;  // 32
+constexpr size_t kIcrcBytes = 4;
+constexpr size_t kRoceMaxPayload = 4096;  // the largest RoCE MTU
+// IPv4 (20) + UDP (8) + header (32) + payload + ICRC (4) must fit 65535 bytes;
+// rounded down to a multiple of 8 so every dtype's elements fit whole.
+constexpr size_t kMaxPayload = 65464;
+constexpr uint8_t kAckReqBit = 0x80;  // BTH byte 8
+constexpr uint8_t kExtJumbo = 0x40;   // BTH byte 8, reserved bit: software jumbo payload
+
+constexpr uint32_t kRankBits = 12;
+constexpr uint32_t kMaxRanks = 1u << kRankBits;  // per job
+constexpr uint32_t kMaxJobs = 1u << (24 - kRankBits);
+constexpr uint32_t kPsnMask = 0xFFFFFF;
+constexpr uint64_t kMaxOffset = (uint64_t(1) << 40) - 1;  // elements
+
+inline uint32_t MakeQpn(uint32_t job_index, uint32_t rank) {
+  return (job_index << kRankBits) | rank;
+}
+inline uint32_t QpnJob(uint32_t qpn) { return qpn >> kRankBits; }
+inline uint32_t QpnRank(uint32_t qpn) { return qpn & (kMaxRanks - 1); }
+
+// A decoded header, host byte order.
+struct Header {
+  uint8_t opcode = kOpcodeUcWriteOnlyImm;
+  uint8_t pad = 0;        // BTH PadCnt: bytes after the payload to reach 4-byte alignment
+  bool jumbo = false;     // kExtJumbo set: payload may exceed 4 KiB, ICRC not computed
+  uint32_t dest_qp = 0;   // 24 bits
+  uint32_t psn = 0;       // 24 bits
+  uint8_t dtype = 0;      // 4 bits, reduce/dtype.h codes
+  uint8_t op = 0;         // 2 bits, reduce/dtype.h codes
+  uint8_t shadow = 0;     // 1 bit
+  bool result = false;    // set on the aggregator's answers
+  uint16_t slot = 0;
+  uint64_t offset = 0;    // element offset of this payload inside the message, 40 bits
+  uint32_t key = 0;       // job key (R_Key)
+  uint32_t length = 0;    // payload bytes, unpadded (DMA Length)
+  uint32_t msg_id = 0;    // immediate data
+};
+
+enum class DecodeError : int {
+  kOk = 0,
+  kTruncated,   // shorter than header + ICRC
+  kBadOpcode,   // not UC RDMA WRITE Only with Immediate
+  kBadLength,   // DMA length / pad / datagram size disagree, or payload too large
+};
+
+// Writes the 32-byte header.
+void Encode(const Header& h, uint8_t* out);
+// Parses and validates the framing of a whole datagram of `len` bytes.
+DecodeError Decode(const uint8_t* pkt, size_t len, Header* h);
+
+inline size_t PaddedLength(size_t payload) { return (payload + 3) & ~size_t(3); }
+inline size_t DatagramBytes(size_t payload) {
+  return kHeaderBytes + PaddedLength(payload) + kIcrcBytes;
+}
+
+// The ICRC as RoCEv2 defines it: CRC-32 (IEEE 802.3) over 8 bytes of 0xFF, the IPv4
+// header and UDP header with their variant fields (TOS, TTL, IP checksum, UDP
+// checksum) set to all ones, the BTH with its byte 4 set to 0xFF, the rest of the
+// headers, the payload and the pad. IPv4 ID is 0 and DF is set: netreduce's sockets
+// are unconnected with IP_PMTUDISC_DO, for which Linux sends ID 0. Addresses and
+// ports are in network byte order. Returned as the value to store little-endian.
+uint32_t ComputeIcrc(uint32_t src_ip_be, uint32_t dst_ip_be, uint16_t src_port_be,
+                     uint16_t dst_port_be, const uint8_t* header, const uint8_t* payload,
+                     size_t payload_len, size_t pad);
+
+}  // namespace wire
+}  // namespace netreduce

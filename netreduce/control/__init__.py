@@ -1,0 +1,1 @@
+"""The aggregator's control plane: job admission, counters, negotiation (TCP, JSON lines)."""

@@ -1,0 +1,80 @@
+"""Client side of the aggregator's control port: one JSON object per line each way."""
+from __future__ import annotations
+
+import json
+import socket
+import threading
+from typing import Any, Dict, Optional, Tuple
+
+from netreduce.errors import ControlPlaneError
+
+Address = Tuple[str, int]
+
+
+def format_address(address: Address) -> str:
+    return f"{address[0]}:{address[1]}"
+
+
+def parse_address(text: str, default_port: int = 4791) -> Address:
+    """'host:port' or 'host' -> (host, port)."""
+    host, sep, port = text.rpartition(":")
+    if not sep:
+        return text, default_port
+    try:
+        return host, int(port)
+    except ValueError:
+        raise ValueError(f"bad aggregator address {text!r}: expected host:port") from None
+
+
+class ControlClient:
+    """A persistent connection to an aggregator's control port.
+
+    Calls are serialised by a lock, so one client may be shared by threads. The
+    connection stays open for the client's life: the aggregator takes its closing
+    as the rank having left the job."""
+
+    def __init__(self, address: Address, timeout: float = 30.0) -> None:
+        self.address = (address[0], int(address[1]))
+        self.timeout = timeout
+        self._lock = threading.Lock()
+        try:
+            self._sock = socket.create_connection(self.address, timeout=timeout)
+        except OSError as exc:
+            raise ControlPlaneError(
+                f"cannot reach aggregator control port {format_address(self.address)}: {exc}; "
+                "is netreduce-switch running there (NETREDUCE_SWITCH)?") from None
+        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._file = self._sock.makefile("rb")
+
+    def call(self, cmd: str, timeout: Optional[float] = None, **fields: Any) -> Dict[str, Any]:
+        """Send one request and return the response fields; raise ControlPlaneError on
+        ok=false, a closed connection or a timeout."""
+        request = dict(fields, cmd=cmd)
+        line = (json.dumps(request, separators=(",", ":")) + "\n").encode()
+        where = format_address(self.address)
+        with self._lock:
+            try:
+                self._sock.settimeout(self.timeout if timeout is None else timeout)
+                self._sock.sendall(line)
+                reply = self._file.readline()
+            except OSError as exc:
+                raise ControlPlaneError(f"aggregator {where}: '{cmd}' failed: {exc}") from None
+        if not reply:
+            raise ControlPlaneError(f"aggregator {where} closed the control connection during '{cmd}'")
+        response = json.loads(reply)
+        if not response.pop("ok", False):
+            raise ControlPlaneError(f"aggregator {where}: {response.get('error', 'unknown error')}")
+        return response
+
+    def close(self) -> None:
+        try:
+            self._file.close()
+            self._sock.close()
+        except OSError:
+            pass
+
+    def __enter__(self) -> "ControlClient":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

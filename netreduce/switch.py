@@ -1,0 +1,169 @@
+"""netreduce-switch: the software aggregator daemon.
+
+It stands where the switch would: the native aggregator (netreduce._native)
+receives the workers' RoCEv2 packets on UDP ports PORT..PORT+THREADS-1 and sums
+them slot by slot on its own threads; this Python process only runs the control
+port (TCP PORT): job admission, rank check-in, negotiation and counters."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from typing import List, Optional, Sequence, Tuple
+
+from netreduce.errors import NetReduceError
+
+READY_PREFIX = "netreduce-switch listening on "
+DEFAULT_PORT = 4791
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="netreduce-switch",
+        description="Software in-network aggregator: sums the gradients of N workers slot by "
+                    "slot and returns the sum to all of them (RoCEv2-framed UDP).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--host", default="0.0.0.0",
+                   help="address to listen on, for the TCP control port and the UDP data ports")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT,
+                   help="TCP control port; UDP data ports are PORT..PORT+THREADS-1 "
+                        "(4791 is RoCEv2's port); 0 picks a free one and prints it")
+    p.add_argument("--slots", type=int, default=128,
+                   help="slots per job (K): how many packets each worker may have in flight")
+    p.add_argument("--payload-bytes", type=int, default=65464,
+                   help="payload bytes per slot (P), a multiple of 8; <= 4096 gives standard "
+                        "RoCE-sized packets with a verified ICRC, larger uses the flagged "
+                        "software jumbo extension (loopback speed); 16-bit floats carry P/4 "
+                        "elements since they are summed in float32")
+    p.add_argument("--max-jobs", type=int, default=16,
+                   help="jobs admitted at once; one more is refused with a clear error")
+    p.add_argument("--memory-mb", type=int, default=1024,
+                   help="slot memory for all jobs together, MiB; each job takes "
+                        "slots x payload x 2 (two shadow sets)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="data threads; thread t owns UDP port PORT+t and the slots s with "
+                        "s %% THREADS == t")
+    p.add_argument("--log-level", default="WARNING", help="Python logging level (stderr)")
+    return p
+
+
+def _start_aggregator(native, args) -> Tuple[object, int]:
+    """Start the native aggregator; with --port 0 find a port free for TCP and UDP."""
+    attempts = 20 if args.port == 0 else 1
+    last: Optional[Exception] = None
+    for _ in range(attempts):
+        port = args.port
+        if port == 0:
+            probe = socket.socket()
+            probe.bind((args.host, 0))
+            port = probe.getsockname()[1]
+            probe.close()
+        agg = native.Aggregator(args.host, port, args.slots, args.payload_bytes, args.max_jobs,
+                                args.threads, args.memory_mb << 20)
+        try:
+            agg.start()
+            return agg, port
+        except Exception as exc:  # port taken: try another when picking
+            last = exc
+    raise NetReduceError(f"netreduce-switch: cannot start on {args.host}:{args.port}: {last}")
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                        format="netreduce-switch %(levelname)s %(message)s")
+    from netreduce import _native
+    from netreduce.control import server as control
+
+    try:
+        agg, port = _start_aggregator(_native, args)
+        srv = control.ControlServer(args.host, port, agg)
+    except (NetReduceError, OSError, ValueError) as exc:
+        print(f"netreduce-switch: {exc}", file=sys.stderr)
+        return 2
+    try:  # negotiation handlers register themselves on import (communicator layer)
+        importlib.import_module("netreduce.control.negotiation")
+    except ImportError:
+        pass
+
+    stop = threading.Event()
+
+    def on_signal(signum, frame):  # SIGTERM / SIGINT: stop cleanly
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    thread = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
+    thread.start()
+    print(f"{READY_PREFIX}{args.host}:{port} (udp {port}..{port + args.threads - 1}, "
+          f"{args.slots} slots x {args.payload_bytes} B, max {args.max_jobs} jobs)", flush=True)
+    while not stop.wait(0.2):
+        pass
+    srv.shutdown()
+    srv.server_close()
+    agg.stop()
+    return 0
+
+
+class SwitchProcess:
+    """A netreduce-switch daemon started as a child process (the embedded default)."""
+
+    def __init__(self, proc: subprocess.Popen, address: Tuple[str, int]) -> None:
+        self.proc = proc
+        self.address = address
+
+    def stop(self, timeout: float = 5.0) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self.proc.stdout:
+            self.proc.stdout.close()
+
+    def __enter__(self) -> "SwitchProcess":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def spawn(host: str = "127.0.0.1", port: int = 0, timeout: float = 30.0,
+          extra_args: Sequence[str] = (), **opts: object) -> SwitchProcess:
+    """Start netreduce-switch and wait until it listens. ``opts`` become flags
+    (payload_bytes=4096 -> --payload-bytes 4096)."""
+    cmd: List[str] = [sys.executable, "-m", "netreduce.switch", "--host", host, "--port", str(port)]
+    for k, v in opts.items():
+        cmd += ["--" + k.replace("_", "-"), str(v)]
+    cmd += list(extra_args)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + timeout
+    assert proc.stdout is not None
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([proc.stdout], [], [], 0.2)
+        if ready:
+            line = proc.stdout.readline()
+            if line.startswith(READY_PREFIX):
+                addr = line[len(READY_PREFIX):].split()[0]
+                h, _, p = addr.rpartition(":")
+                return SwitchProcess(proc, ("127.0.0.1" if h == "0.0.0.0" else h, int(p)))
+        if proc.poll() is not None:
+            break
+    proc.kill()
+    proc.wait()
+    raise NetReduceError(f"netreduce-switch did not start on {host}:{port} within {timeout} s "
+                         f"(exit code {proc.returncode}); command: {' '.join(cmd)}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
