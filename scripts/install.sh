@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Install netreduce and what its examples (main) or its test suite (test) need,
+# on a fresh Debian machine. Idempotent: what is there already is skipped.
+#   bash scripts/install.sh main    # the package + PyTorch (CPU)
+#   bash scripts/install.sh test    # + test tools, tshark, Open MPI, nftables, iproute2
+set -euo pipefail
+what=${1:-main}
+cd "$(dirname "$0")/.."
+
+apt_pkgs=()
+need() { command -v "$1" >/dev/null 2>&1 || apt_pkgs+=("$2"); }
+if [ "$what" = test ]; then
+  need tshark tshark
+  need mpirun openmpi-bin
+  [ -e /usr/include/x86_64-linux-gnu/mpi.h ] || [ -e /usr/lib/x86_64-linux-gnu/openmpi/include/mpi.h ] || apt_pkgs+=(libopenmpi-dev)
+  need nft nftables
+  need ip iproute2
+  need tc iproute2
+  need iperf3 iperf3
+fi
+[ -e /usr/include/zlib.h ] || apt_pkgs+=(zlib1g-dev)
+if [ ${#apt_pkgs[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "install.sh: apt-get install ${apt_pkgs[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq && apt-get install -y -qq "${apt_pkgs[@]}" >/dev/null
+  else
+    echo "install.sh: missing ${apt_pkgs[*]} (not root: tests that need them will be skipped)" >&2
+  fi
+fi
+
+py=${PYTHON:-python3}
+# torch is pinned: the CPU wheel for 2.13.0; a looser pin pulls a multi-GB CUDA build.
+$py -m pip install -q "torch==2.13.0" "pybind11>=2.12" "setuptools>=64" wheel
+extras=torch
+[ "$what" = test ] && extras="torch,test,bench"
+$py -m pip install -q --no-build-isolation -e ".[$extras]"
