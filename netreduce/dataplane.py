@@ -9,7 +9,7 @@ from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 
-from netreduce import _native
+from netreduce import _native, config
 from netreduce.control.client import ControlClient, format_address
 from netreduce.errors import AdmissionError, ControlPlaneError, DataPlaneError
 
@@ -77,8 +77,14 @@ class Connection:
     """Rank ``rank`` of ``size`` in job ``job`` on the aggregator at ``address``."""
 
     def __init__(self, address: Tuple[str, int], job: str, rank: int, size: int, *,
-                 timeout: float = 30.0, retransmit_ms: float = 20.0, drop_rate: float = 0.0,
-                 window: int = 0, seed: int = 0) -> None:
+                 timeout: Optional[float] = None, retransmit_ms: Optional[float] = None,
+                 drop_rate: Optional[float] = None, window: Optional[int] = None,
+                 seed: int = 0) -> None:
+        # Unset arguments take the NETREDUCE_* knobs (declared in netreduce.config).
+        timeout = config.get("NETREDUCE_TIMEOUT") if timeout is None else timeout
+        retransmit_ms = config.get("NETREDUCE_RETRANSMIT_MS") if retransmit_ms is None else retransmit_ms
+        drop_rate = config.get("NETREDUCE_DROP_RATE") if drop_rate is None else drop_rate
+        window = config.get("NETREDUCE_WINDOW") if window is None else window
         self.address = (address[0], int(address[1]))
         self.job, self.rank, self.size = job, rank, size
         self._control = ControlClient(self.address, timeout=timeout)

@@ -36,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=DEFAULT_PORT,
                    help="TCP control port; UDP data ports are PORT..PORT+THREADS-1 "
                         "(4791 is RoCEv2's port); 0 picks a free one and prints it")
-    p.add_argument("--slots", type=int, default=128,
+    p.add_argument("--slots", type=int, default=32,
                    help="slots per job (K): how many packets each worker may have in flight")
     p.add_argument("--payload-bytes", type=int, default=65464,
                    help="payload bytes per slot (P), a multiple of 8; <= 4096 gives standard "

@@ -21,7 +21,7 @@ namespace netreduce {
 struct AggregatorConfig {
   std::string host = "0.0.0.0";
   uint16_t port = 4791;         // first UDP data port
-  uint32_t slots = 128;         // K, per job
+  uint32_t slots = 32;          // K, per job
   uint32_t payload_bytes = 65464;  // P; <= 4096 keeps packets RoCE-sized with ICRC
   uint32_t max_jobs = 16;
   uint32_t threads = 1;

@@ -29,6 +29,7 @@ using Clock = std::chrono::steady_clock;
 constexpr size_t kRecvBatch = 64;
 constexpr size_t kRecvBufBytes = 65536;
 constexpr int64_t kMaxRtoUs = 1000000;
+constexpr uint32_t kFastRetransmitAfter = 3;
 
 inline int64_t NowUs() {
   return std::chrono::duration_cast<std::chrono::microseconds>(Clock::now().time_since_epoch())
@@ -42,6 +43,7 @@ struct SlotTrack {
   int64_t deadline_us = 0;
   int64_t rto_us = 0;
   uint32_t retries = 0;
+  uint32_t overtaken = 0;  // later chunks answered while this one waits
   uint8_t header[wire::kHeaderBytes];
   uint8_t trailer[8];
   OutPacket pkt;
@@ -147,7 +149,8 @@ std::map<std::string, uint64_t> Engine::Stats() const {
   return {{"packets_sent", packets_sent_.load()},     {"packets_received", packets_received_.load()},
           {"retransmits", retransmits_.load()},       {"dropped_by_knob", dropped_by_knob_.load()},
           {"ignored_results", ignored_results_.load()}, {"bytes_sent", bytes_sent_.load()},
-          {"messages", messages_.load()}};
+          {"messages", messages_.load()},
+          {"fast_retransmits", fast_retransmits_.load()}};
 }
 
 void Engine::ThreadMain() {
@@ -203,8 +206,18 @@ Status Engine::Run(Request& req) {
   messages_++;
 
   std::vector<SlotTrack> slots(window_);
-  std::vector<OutPacket> sendq;
-  sendq.reserve(window_);
+  // Packets waiting for the next sendmmsg own copies of their header and trailer: a
+  // slot's buffers are rewritten when its result arrives and the next chunk starts,
+  // possibly before a queued (re)transmission of the old chunk has left.
+  struct Queued {
+    OutPacket pkt;
+    uint8_t header[wire::kHeaderBytes];
+    uint8_t trailer[8];
+  };
+  std::vector<Queued> sendq;
+  std::vector<OutPacket> batch;
+  sendq.reserve(size_t(window_) * 2);
+  batch.reserve(size_t(window_) * 2);
   std::uniform_real_distribution<double> coin(0.0, 1.0);
   // The first timeout of a chunk: the configured floor, or the measured round trip
   // (srtt + 4 rttvar) when larger. Under CPU contention a round trip on loopback can
@@ -224,7 +237,11 @@ Status Engine::Run(Request& req) {
       dropped_by_knob_++;
       return;
     }
-    sendq.push_back(t.pkt);
+    sendq.emplace_back();
+    Queued& q = sendq.back();
+    std::memcpy(q.header, t.header, sizeof(q.header));
+    std::memcpy(q.trailer, t.trailer, sizeof(q.trailer));
+    q.pkt = t.pkt;
     packets_sent_++;
     bytes_sent_ += t.pkt.iov[1].iov_len;
   };
@@ -264,6 +281,7 @@ Status Engine::Run(Request& req) {
     t.rto_us = rto0();
     t.deadline_us = now + t.rto_us;
     t.retries = 0;
+    t.overtaken = 0;
     t.pkt.to = to;
     t.pkt.iov[0] = {t.header, wire::kHeaderBytes};
     t.pkt.iov[1] = {const_cast<uint8_t*>(payload), h.length};
@@ -280,10 +298,18 @@ Status Engine::Run(Request& req) {
   std::vector<uint8_t> storage(kRecvBatch * kRecvBufBytes);
   std::vector<InPacket> in(kRecvBatch);
   for (size_t i = 0; i < kRecvBatch; ++i) in[i].buf = storage.data() + i * kRecvBufBytes;
+  uint8_t peek[wire::kHeaderBytes];
+  uint8_t trailer[8];
 
   while (remaining > 0) {
     if (!sendq.empty()) {
-      NR_RETURN_IF_ERROR(sock_->SendBatch(sendq.data(), sendq.size()));
+      batch.clear();
+      for (Queued& q : sendq) {
+        batch.push_back(q.pkt);
+        batch.back().iov[0].iov_base = q.header;
+        batch.back().iov[2].iov_base = q.trailer;
+      }
+      NR_RETURN_IF_ERROR(sock_->SendBatch(batch.data(), batch.size()));
       sendq.clear();
     }
     if (aborted_) {
@@ -295,38 +321,28 @@ Status Engine::Run(Request& req) {
     for (auto& t : slots) {
       if (t.chunk >= 0) wait_us = std::min(wait_us, std::max<int64_t>(0, t.deadline_us - now));
     }
-    for (size_t i = 0; i < kRecvBatch; ++i) in[i].cap = kRecvBufBytes;
-    size_t got = 0;
-    NR_RETURN_IF_ERROR(sock_->RecvBatch(in.data(), kRecvBatch, wait_us, &got));
-    for (size_t i = 0; i < got; ++i) {
-      InPacket& p = in[i];
-      wire::Header h;
-      if (p.len > kRecvBufBytes || wire::Decode(p.buf, p.len, &h) != wire::DecodeError::kOk ||
-          !h.result || h.dest_qp != my_qpn_ || h.key != cfg_.key || h.slot >= window_ ||
+    // The chunk outstanding in the result's slot, if the result is for it.
+    auto match = [&](const wire::Header& h) -> SlotTrack* {
+      if (!h.result || h.dest_qp != my_qpn_ || h.key != cfg_.key || h.slot >= window_ ||
           h.msg_id != msg_id) {
-        ignored_results_++;
-        continue;
+        return nullptr;
       }
       SlotTrack& t = slots[h.slot];
+      if (t.chunk < 0) return nullptr;
       const size_t first = size_t(t.chunk) * chunk_elems;
-      if (t.chunk < 0 || h.psn != (t.seq & wire::kPsnMask) || h.offset != first ||
+      if (h.psn != (t.seq & wire::kPsnMask) || h.offset != first ||
           h.length != std::min(chunk_elems, req.count - first) * esize) {
-        ignored_results_++;  // a duplicate or late result for a chunk already done
-        continue;
+        return nullptr;  // a duplicate or late result for a chunk already done
       }
-      const uint8_t* payload = p.buf + wire::kHeaderBytes;
-      if (!h.jumbo) {
-        uint32_t want;
-        std::memcpy(&want, payload + h.length + h.pad, 4);
-        if (wire::ComputeIcrc(p.from.ip, p.local_ip, p.from.port, sock_->local().port, p.buf,
-                              payload, h.length, h.pad) != want) {
-          ignored_results_++;
-          continue;
-        }
-      }
+      return &t;
+    };
+    // The result of `t` is in place: sample the round trip, fast-retransmit chunks
+    // overtaken by it, move the slot on.
+    auto complete = [&](SlotTrack& t) {
       packets_received_++;
+      const int64_t t_now = NowUs();
       if (t.retries == 0) {  // Karn: only unambiguous samples
-        const double sample = double(NowUs() - t.first_send_us);
+        const double sample = double(t_now - t.first_send_us);
         if (srtt_us_ == 0.0) {
           srtt_us_ = sample;
           rttvar_us_ = sample / 2;
@@ -335,13 +351,81 @@ Status Engine::Run(Request& req) {
           srtt_us_ = 0.875 * srtt_us_ + 0.125 * sample;
         }
       }
-      std::memcpy(req.dst + first * esize, payload, h.length);
+      // Every rank sends in sequence order and each aggregator thread answers in
+      // arrival order, so a chunk still unanswered after kFastRetransmitAfter later chunks
+      // were answered was almost surely lost: resend it now rather than at its timer.
+      // Only chunks served by the same aggregator thread (data port) keep that order.
+      const uint64_t lane = t.seq % window_ % cfg_.threads;
+      for (auto& o : slots) {
+        if (o.chunk >= 0 && o.seq < t.seq && o.seq % window_ % cfg_.threads == lane &&
+            ++o.overtaken == kFastRetransmitAfter) {
+          o.retries++;
+          retransmits_++;
+          fast_retransmits_++;
+          o.deadline_us = t_now + o.rto_us;
+          queue_send(o);
+        }
+      }
       --remaining;
       const int64_t next = t.chunk + int64_t(window_);
       if (next < nchunks) {
-        start_chunk(t, next, NowUs());
+        start_chunk(t, next, t_now);
       } else {
         t.chunk = -1;
+      }
+    };
+
+    if (jumbo_) {
+      // Zero-copy path: peek at the header, then receive the payload straight into
+      // its place in the destination buffer.
+      for (size_t k = 0; k < kRecvBatch; ++k) {
+        size_t len = 0;
+        Endpoint from;
+        NR_RETURN_IF_ERROR(sock_->PeekHeader(peek, wire::kHeaderBytes, k == 0 ? wait_us : 0, &len, &from));
+        if (len == 0) break;
+        wire::Header h;
+        SlotTrack* t = nullptr;
+        if (len <= kRecvBufBytes && wire::Decode(peek, len, &h) == wire::DecodeError::kOk && h.jumbo) {
+          t = match(h);
+        }
+        size_t got_len = 0;
+        if (t != nullptr) {
+          iovec iov[3] = {{peek, wire::kHeaderBytes},
+                          {req.dst + size_t(t->chunk) * chunk_elems * esize, h.length},
+                          {trailer, size_t(h.pad) + wire::kIcrcBytes}};
+          NR_RETURN_IF_ERROR(sock_->RecvScatter(iov, 3, &got_len));
+          complete(*t);
+        } else {
+          iovec iov = {storage.data(), kRecvBufBytes};
+          NR_RETURN_IF_ERROR(sock_->RecvScatter(&iov, 1, &got_len));
+          ignored_results_++;
+        }
+      }
+    } else {
+      for (size_t i = 0; i < kRecvBatch; ++i) in[i].cap = kRecvBufBytes;
+      size_t got = 0;
+      NR_RETURN_IF_ERROR(sock_->RecvBatch(in.data(), kRecvBatch, wait_us, &got));
+      for (size_t i = 0; i < got; ++i) {
+        InPacket& p = in[i];
+        wire::Header h;
+        SlotTrack* t = nullptr;
+        if (p.len <= kRecvBufBytes && wire::Decode(p.buf, p.len, &h) == wire::DecodeError::kOk) {
+          t = match(h);
+        }
+        if (t == nullptr) {
+          ignored_results_++;
+          continue;
+        }
+        const uint8_t* payload = p.buf + wire::kHeaderBytes;
+        uint32_t want;
+        std::memcpy(&want, payload + h.length + h.pad, 4);
+        if (!h.jumbo && wire::ComputeIcrc(p.from.ip, p.local_ip, p.from.port, sock_->local().port,
+                                          p.buf, payload, h.length, h.pad) != want) {
+          ignored_results_++;
+          continue;
+        }
+        std::memcpy(req.dst + size_t(t->chunk) * chunk_elems * esize, payload, h.length);
+        complete(*t);
       }
     }
     now = NowUs();

@@ -30,10 +30,10 @@ struct EngineConfig {
   uint32_t rank = 0;
   uint32_t size = 1;
   uint32_t key = 0;
-  uint32_t slots = 128;            // K granted by the aggregator
+  uint32_t slots = 32;             // K granted by the aggregator
   uint32_t payload_bytes = 65464;  // P granted by the aggregator
   uint32_t window = 0;             // slots this engine uses (same on every rank); 0 = slots
-  double retransmit_ms = 20.0;     // first per-slot timeout; doubles per retry, capped at 1 s
+  double retransmit_ms = 50.0;     // floor of the per-slot timeout (RTT raises it); doubles per retry, capped at 1 s
   double timeout_s = 30.0;         // a chunk with no result for this long fails the operation
   double drop_rate = 0.0;          // fraction of outgoing packets dropped on purpose (tests)
   uint64_t seed = 0;
@@ -95,7 +95,7 @@ class Engine {
   std::thread thread_;
 
   std::atomic<uint64_t> packets_sent_{0}, packets_received_{0}, retransmits_{0},
-      dropped_by_knob_{0}, ignored_results_{0}, bytes_sent_{0}, messages_{0};
+      dropped_by_knob_{0}, ignored_results_{0}, bytes_sent_{0}, messages_{0}, fast_retransmits_{0};
 };
 
 }  // namespace netreduce

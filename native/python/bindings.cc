@@ -147,7 +147,7 @@ PYBIND11_MODULE(_native, m) {
              c.max_jobs = max_jobs; c.threads = threads; c.memory_limit = memory_limit;
              return std::make_unique<Aggregator>(c);
            }),
-           py::arg("host") = "0.0.0.0", py::arg("port") = wire::kDefaultPort, py::arg("slots") = 128,
+           py::arg("host") = "0.0.0.0", py::arg("port") = wire::kDefaultPort, py::arg("slots") = 32,
            py::arg("payload_bytes") = 65464, py::arg("max_jobs") = 16, py::arg("threads") = 1,
            py::arg("memory_limit") = uint64_t(1) << 30)
       .def("start", [](Aggregator& a) { Throw(a.Start()); })
@@ -189,7 +189,7 @@ PYBIND11_MODULE(_native, m) {
            }),
            py::arg("host"), py::arg("port"), py::arg("threads"), py::arg("job"), py::arg("job_index"),
            py::arg("rank"), py::arg("size"), py::arg("key"), py::arg("slots"), py::arg("payload_bytes"),
-           py::arg("window") = 0, py::arg("retransmit_ms") = 20.0, py::arg("timeout_s") = 30.0,
+           py::arg("window") = 0, py::arg("retransmit_ms") = 50.0, py::arg("timeout_s") = 30.0,
            py::arg("drop_rate") = 0.0, py::arg("seed") = 0)
       .def("submit", &SubmitBuffers, py::arg("src"), py::arg("dst"), py::arg("dtype"), py::arg("op"))
       .def("allreduce", [](Engine& e, py::buffer src, py::buffer dst, int dtype, int op) {

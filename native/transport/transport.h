@@ -47,6 +47,13 @@ class Transport {
   virtual Status SendBatch(OutPacket* pkts, size_t n) = 0;
   // Waits up to `timeout_us` for datagrams, then fills up to `max` of them.
   virtual Status RecvBatch(InPacket* pkts, size_t max, int64_t timeout_us, size_t* got) = 0;
+  // Zero-copy receive in two steps: look at the first `n` bytes of the next datagram
+  // (waiting up to `timeout_us`), learning its full length and sender, then receive it
+  // scattered straight into the caller's memory (header, destination, trailer).
+  // PeekHeader returns with *len = 0 when nothing arrived.
+  virtual Status PeekHeader(uint8_t* buf, size_t n, int64_t timeout_us, size_t* len,
+                            Endpoint* from) = 0;
+  virtual Status RecvScatter(iovec* iov, int iovcnt, size_t* len) = 0;
   virtual Endpoint local() const = 0;
 };
 

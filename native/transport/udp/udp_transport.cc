@@ -212,4 +212,42 @@ Status UdpTransport::RecvBatch(InPacket* pkts, size_t max, int64_t timeout_us, s
   return Status::Ok();
 }
 
+Status UdpTransport::PeekHeader(uint8_t* buf, size_t n, int64_t timeout_us, size_t* len,
+                                Endpoint* from) {
+  *len = 0;
+  sockaddr_in sa{};
+  socklen_t salen = sizeof(sa);
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    ssize_t rc = recvfrom(fd_, buf, n, MSG_PEEK | MSG_TRUNC | MSG_DONTWAIT,
+                          reinterpret_cast<sockaddr*>(&sa), &salen);
+    if (rc >= 0) {
+      *len = size_t(rc);  // MSG_TRUNC: the datagram's full length
+      *from = Endpoint{sa.sin_addr.s_addr, sa.sin_port};
+      return Status::Ok();
+    }
+    if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR && errno != ECONNREFUSED) {
+      return IoError(Errno("recvfrom(MSG_PEEK)"));
+    }
+    if (attempt == 1 || timeout_us <= 0) break;
+    pollfd pfd{fd_, POLLIN, 0};
+    timespec ts{time_t(timeout_us / 1000000), long((timeout_us % 1000000) * 1000)};
+    if (ppoll(&pfd, 1, &ts, nullptr) <= 0) break;
+  }
+  return Status::Ok();
+}
+
+Status UdpTransport::RecvScatter(iovec* iov, int iovcnt, size_t* len) {
+  msghdr h{};
+  h.msg_iov = iov;
+  h.msg_iovlen = iovcnt;
+  ssize_t rc = recvmsg(fd_, &h, MSG_DONTWAIT);
+  if (rc < 0) {
+    *len = 0;
+    if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return Status::Ok();
+    return IoError(Errno("recvmsg"));
+  }
+  *len = size_t(rc);
+  return Status::Ok();
+}
+
 }  // namespace netreduce

@@ -29,6 +29,9 @@ class UdpTransport : public Transport {
 
   Status SendBatch(OutPacket* pkts, size_t n) override;
   Status RecvBatch(InPacket* pkts, size_t max, int64_t timeout_us, size_t* got) override;
+  Status PeekHeader(uint8_t* buf, size_t n, int64_t timeout_us, size_t* len,
+                    Endpoint* from) override;
+  Status RecvScatter(iovec* iov, int iovcnt, size_t* len) override;
   Endpoint local() const override { return local_; }
 
  private:
