@@ -103,7 +103,8 @@ class Connection:
             self._engine = _native.Engine(
                 self.address[0], self.data_port, self.threads, job, self.job_index, rank, size,
                 self.key, self.slots, self.payload_bytes, window=window,
-                retransmit_ms=retransmit_ms, timeout_s=timeout, drop_rate=drop_rate, seed=seed)
+                retransmit_ms=retransmit_ms, timeout_s=timeout, drop_rate=drop_rate, seed=seed,
+                group=str(grant.get("group", "")), group_port=int(grant.get("group_port", 0)))
         except Exception as exc:
             self._control.close()
             raise _translate(exc, self._where()) from None

@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
-import os
 import select
 import signal
 import socket
@@ -51,6 +50,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=1,
                    help="data threads; thread t owns UDP port PORT+t and the slots s with "
                         "s %% THREADS == t")
+    p.add_argument("--fanout", choices=("unicast", "multicast"), default="unicast",
+                   help="how a finished slot reaches the workers: 'unicast' sends one "
+                        "standard RoCE packet per rank; 'multicast' sends one packet to the "
+                        "job's IPv4 multicast group and lets the network replicate it, as a "
+                        "switch would (software extension; workers must share an L2 "
+                        "segment or the same host)")
+    p.add_argument("--multicast-base", default="239.78.0.0",
+                   help="job J's results go to group BASE+J, UDP port PORT+THREADS")
     p.add_argument("--log-level", default="WARNING", help="Python logging level (stderr)")
     return p
 
@@ -67,7 +74,8 @@ def _start_aggregator(native, args) -> Tuple[object, int]:
             port = probe.getsockname()[1]
             probe.close()
         agg = native.Aggregator(args.host, port, args.slots, args.payload_bytes, args.max_jobs,
-                                args.threads, args.memory_mb << 20)
+                                args.threads, args.memory_mb << 20,
+                                args.fanout == "multicast", args.multicast_base)
         try:
             agg.start()
             return agg, port
@@ -104,7 +112,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     thread = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
     thread.start()
     print(f"{READY_PREFIX}{args.host}:{port} (udp {port}..{port + args.threads - 1}, "
-          f"{args.slots} slots x {args.payload_bytes} B, max {args.max_jobs} jobs)", flush=True)
+          f"{args.slots} slots x {args.payload_bytes} B, max {args.max_jobs} jobs, "
+          f"{args.fanout} fan-out)", flush=True)
     while not stop.wait(0.2):
         pass
     srv.shutdown()

@@ -89,9 +89,9 @@ void Aggregator::Stop() {
 }
 
 Status Aggregator::AddJob(uint32_t size, uint32_t key, uint32_t* index) {
-  if (size == 0 || size > wire::kMaxRanks) {
+  if (size == 0 || size >= wire::kMaxRanks) {
     return InvalidArgument("world size " + std::to_string(size) + " out of range 1.." +
-                           std::to_string(wire::kMaxRanks));
+                           std::to_string(wire::kMaxRanks - 1));
   }
   const uint64_t need = uint64_t(cfg_.slots) * 2 * cfg_.payload_bytes;
   std::lock_guard<std::mutex> lock(mu_);
@@ -105,6 +105,11 @@ Status Aggregator::AddJob(uint32_t size, uint32_t key, uint32_t* index) {
   for (uint32_t i = 1; i < jobs_.size(); ++i) {
     if (!jobs_[i]) {
       jobs_[i] = std::make_shared<Job>(i, size, key, cfg_.slots, cfg_.payload_bytes);
+      if (cfg_.multicast) {
+        uint32_t base = 0;
+        NR_RETURN_IF_ERROR(ResolveIpv4(cfg_.group_base, &base));
+        jobs_[i]->group = Endpoint{htonl(ntohl(base) + i), htons(uint16_t(cfg_.port + cfg_.threads))};
+      }
       memory_used_ += need;
       *index = i;
       return Status::Ok();
@@ -131,6 +136,13 @@ Status Aggregator::JobCounters(uint32_t index, std::map<std::string, uint64_t>* 
   return Status::Ok();
 }
 
+std::pair<std::string, uint16_t> Aggregator::Group(uint32_t index) const {
+  std::shared_ptr<Job> job = Lookup(index);
+  if (!job || job->group.ip == 0) return {"", 0};
+  std::string s = ToString(job->group);
+  return {s.substr(0, s.rfind(':')), ntohs(job->group.port)};
+}
+
 std::shared_ptr<Job> Aggregator::Lookup(uint32_t index) const {
   std::lock_guard<std::mutex> lock(mu_);
   if (index == 0 || index >= jobs_.size()) return nullptr;
@@ -155,11 +167,13 @@ void Aggregator::Loop(uint32_t thread_index) {
     }
   };
 
-  // Queue the stored result of (slot, shadow) for `rank`.
+  // Queue the stored result of a round for `rank`, or for the whole job's multicast
+  // group when rank == kGroupRank.
   auto queue_result = [&](Job& job, const wire::Header& round, uint32_t rank, const uint8_t* payload) {
     if (out.full()) flush();
-    const Endpoint to = UnpackPeer(job.ranks[rank].peer.load(std::memory_order_relaxed));
-    const uint32_t local_ip = job.ranks[rank].local_ip.load(std::memory_order_relaxed);
+    const bool group = rank == wire::kGroupRank;
+    const Endpoint to = group ? job.group : UnpackPeer(job.ranks[rank].peer.load(std::memory_order_relaxed));
+    const uint32_t local_ip = job.ranks[group ? 0 : rank].local_ip.load(std::memory_order_relaxed);
     const size_t k = out.pkts.size();
     uint8_t* hdr = &out.headers[k * wire::kHeaderBytes];
     uint8_t* trailer = &out.trailers[k * 8];
@@ -290,7 +304,11 @@ void Aggregator::Loop(uint32_t thread_index) {
         s.complete = true;
         jc.Add(jc.slots_completed);
         global_.Add(global_.slots_completed);
-        for (uint32_t r = 0; r < job.size; ++r) queue_result(job, h, r, acc);
+        if (job.group.ip != 0) {
+          queue_result(job, h, wire::kGroupRank, acc);
+        } else {
+          for (uint32_t r = 0; r < job.size; ++r) queue_result(job, h, r, acc);
+        }
       }
     }
     flush();

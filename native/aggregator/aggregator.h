@@ -26,6 +26,12 @@ struct AggregatorConfig {
   uint32_t max_jobs = 16;
   uint32_t threads = 1;
   uint64_t memory_limit = uint64_t(1) << 30;  // bytes of slot memory over all jobs
+  // Fan-out: false = one unicast result per rank (standard RoCE, UC WRITE to each
+  // rank's QP); true = one multicast result per slot to the job's group
+  // group_base + job_index, UDP port `port + threads` (software extension: the
+  // network, not the aggregator, replicates the packet, as a switch would).
+  bool multicast = false;
+  std::string group_base = "239.78.0.0";
 };
 
 struct Job {
@@ -43,6 +49,7 @@ struct Job {
     std::atomic<uint32_t> local_ip{0};
   };
   std::vector<RankAddr> ranks;
+  Endpoint group;  // multicast destination of results; ip 0 = unicast fan-out
 };
 
 class Aggregator {
@@ -59,6 +66,8 @@ class Aggregator {
   // max_jobs or the memory limit. Returns the job index (its QPN prefix).
   Status AddJob(uint32_t size, uint32_t key, uint32_t* index);
   Status RemoveJob(uint32_t index);
+  // The job's multicast group as "a.b.c.d" and its port, or ("", 0) for unicast.
+  std::pair<std::string, uint16_t> Group(uint32_t index) const;
 
   std::map<std::string, uint64_t> GlobalCounters() const { return global_.Snapshot(); }
   Status JobCounters(uint32_t index, std::map<std::string, uint64_t>* out) const;

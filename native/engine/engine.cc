@@ -55,13 +55,14 @@ Engine::Engine(const EngineConfig& cfg) : cfg_(cfg), rng_(cfg.seed ? cfg.seed : 
   window_ = (cfg_.window == 0 || cfg_.window > cfg_.slots) ? cfg_.slots : cfg_.window;
   jumbo_ = cfg_.payload_bytes > wire::kRoceMaxPayload;
   my_qpn_ = wire::MakeQpn(cfg_.job_index, cfg_.rank);
+  group_qpn_ = wire::MakeGroupQpn(cfg_.job_index);
 }
 
 Status Engine::Create(const EngineConfig& cfg, std::unique_ptr<Engine>* out) {
-  if (cfg.size == 0 || cfg.rank >= cfg.size || cfg.size > wire::kMaxRanks) {
+  if (cfg.size == 0 || cfg.rank >= cfg.size || cfg.size >= wire::kMaxRanks) {
     return InvalidArgument("rank " + std::to_string(cfg.rank) + " / world size " +
                            std::to_string(cfg.size) + " out of range (size 1.." +
-                           std::to_string(wire::kMaxRanks) + ")");
+                           std::to_string(wire::kMaxRanks - 1) + ")");
   }
   if (cfg.slots == 0 || cfg.slots > 65536 || cfg.payload_bytes < 8 ||
       cfg.payload_bytes > wire::kMaxPayload || cfg.threads == 0) {
@@ -86,6 +87,13 @@ Status Engine::Create(const EngineConfig& cfg, std::unique_ptr<Engine>* out) {
   o.host = buf;
   o.port = 0;
   NR_RETURN_IF_ERROR(UdpTransport::Open(o, &e->sock_));
+  if (!cfg.group.empty()) {
+    UdpOptions g;
+    g.join_group = cfg.group;
+    g.group_iface = buf;
+    g.port = cfg.group_port;
+    NR_RETURN_IF_ERROR(UdpTransport::Open(g, &e->group_));
+  }
   e->thread_ = std::thread([p = e.get()] { p->ThreadMain(); });
   *out = std::move(e);
   return Status::Ok();
@@ -323,7 +331,7 @@ Status Engine::Run(Request& req) {
     }
     // The chunk outstanding in the result's slot, if the result is for it.
     auto match = [&](const wire::Header& h) -> SlotTrack* {
-      if (!h.result || h.dest_qp != my_qpn_ || h.key != cfg_.key || h.slot >= window_ ||
+      if (!h.result || (h.dest_qp != my_qpn_ && h.dest_qp != group_qpn_) || h.key != cfg_.key || h.slot >= window_ ||
           h.msg_id != msg_id) {
         return nullptr;
       }
@@ -375,36 +383,39 @@ Status Engine::Run(Request& req) {
       }
     };
 
-    if (jumbo_) {
-      // Zero-copy path: peek at the header, then receive the payload straight into
-      // its place in the destination buffer.
-      for (size_t k = 0; k < kRecvBatch; ++k) {
-        size_t len = 0;
-        Endpoint from;
-        NR_RETURN_IF_ERROR(sock_->PeekHeader(peek, wire::kHeaderBytes, k == 0 ? wait_us : 0, &len, &from));
-        if (len == 0) break;
-        wire::Header h;
-        SlotTrack* t = nullptr;
-        if (len <= kRecvBufBytes && wire::Decode(peek, len, &h) == wire::DecodeError::kOk && h.jumbo) {
-          t = match(h);
+    // Drain what one socket (unicast, or the job's multicast group) holds.
+    auto drain = [&](Transport& sock) -> Status {
+      if (jumbo_) {
+        // Zero-copy path: peek at the header, then receive the payload straight into
+        // its place in the destination buffer.
+        for (size_t k = 0; k < kRecvBatch; ++k) {
+          size_t len = 0;
+          Endpoint from;
+          NR_RETURN_IF_ERROR(sock.PeekHeader(peek, wire::kHeaderBytes, 0, &len, &from));
+          if (len == 0) break;
+          wire::Header h;
+          SlotTrack* t = nullptr;
+          if (len <= kRecvBufBytes && wire::Decode(peek, len, &h) == wire::DecodeError::kOk && h.jumbo) {
+            t = match(h);
+          }
+          size_t got_len = 0;
+          if (t != nullptr) {
+            iovec iov[3] = {{peek, wire::kHeaderBytes},
+                            {req.dst + size_t(t->chunk) * chunk_elems * esize, h.length},
+                            {trailer, size_t(h.pad) + wire::kIcrcBytes}};
+            NR_RETURN_IF_ERROR(sock.RecvScatter(iov, 3, &got_len));
+            complete(*t);
+          } else {
+            iovec iov = {storage.data(), kRecvBufBytes};
+            NR_RETURN_IF_ERROR(sock.RecvScatter(&iov, 1, &got_len));
+            ignored_results_++;
+          }
         }
-        size_t got_len = 0;
-        if (t != nullptr) {
-          iovec iov[3] = {{peek, wire::kHeaderBytes},
-                          {req.dst + size_t(t->chunk) * chunk_elems * esize, h.length},
-                          {trailer, size_t(h.pad) + wire::kIcrcBytes}};
-          NR_RETURN_IF_ERROR(sock_->RecvScatter(iov, 3, &got_len));
-          complete(*t);
-        } else {
-          iovec iov = {storage.data(), kRecvBufBytes};
-          NR_RETURN_IF_ERROR(sock_->RecvScatter(&iov, 1, &got_len));
-          ignored_results_++;
-        }
+        return Status::Ok();
       }
-    } else {
       for (size_t i = 0; i < kRecvBatch; ++i) in[i].cap = kRecvBufBytes;
       size_t got = 0;
-      NR_RETURN_IF_ERROR(sock_->RecvBatch(in.data(), kRecvBatch, wait_us, &got));
+      NR_RETURN_IF_ERROR(sock.RecvBatch(in.data(), kRecvBatch, 0, &got));
       for (size_t i = 0; i < got; ++i) {
         InPacket& p = in[i];
         wire::Header h;
@@ -419,7 +430,7 @@ Status Engine::Run(Request& req) {
         const uint8_t* payload = p.buf + wire::kHeaderBytes;
         uint32_t want;
         std::memcpy(&want, payload + h.length + h.pad, 4);
-        if (!h.jumbo && wire::ComputeIcrc(p.from.ip, p.local_ip, p.from.port, sock_->local().port,
+        if (!h.jumbo && wire::ComputeIcrc(p.from.ip, p.local_ip, p.from.port, sock.local().port,
                                           p.buf, payload, h.length, h.pad) != want) {
           ignored_results_++;
           continue;
@@ -427,7 +438,12 @@ Status Engine::Run(Request& req) {
         std::memcpy(req.dst + size_t(t->chunk) * chunk_elems * esize, payload, h.length);
         complete(*t);
       }
-    }
+      return Status::Ok();
+    };
+    Transport* socks[2] = {sock_.get(), group_.get()};
+    const size_t nsocks = group_ ? 2 : 1;
+    NR_RETURN_IF_ERROR(WaitReadable(socks, nsocks, wait_us));
+    for (size_t i = 0; i < nsocks; ++i) NR_RETURN_IF_ERROR(drain(*socks[i]));
     now = NowUs();
     for (uint32_t s = 0; s < window_; ++s) {
       SlotTrack& t = slots[s];

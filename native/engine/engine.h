@@ -37,6 +37,8 @@ struct EngineConfig {
   double timeout_s = 30.0;         // a chunk with no result for this long fails the operation
   double drop_rate = 0.0;          // fraction of outgoing packets dropped on purpose (tests)
   uint64_t seed = 0;
+  std::string group;               // multicast group of results ("" = unicast only)
+  uint16_t group_port = 0;
 };
 
 class Engine {
@@ -76,8 +78,10 @@ class Engine {
   uint32_t window_;
   bool jumbo_;
   std::unique_ptr<UdpTransport> sock_;
+  std::unique_ptr<UdpTransport> group_;  // joined multicast group, when the job has one
   Endpoint agg_;
   uint32_t my_qpn_;
+  uint32_t group_qpn_;
   uint64_t next_seq_ = 0;
   // RTT estimate (RFC 6298 style, microseconds) from results of chunks sent once.
   double srtt_us_ = 0.0;

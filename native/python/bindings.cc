@@ -141,15 +141,18 @@ PYBIND11_MODULE(_native, m) {
 
   py::class_<Aggregator>(m, "Aggregator")
       .def(py::init([](const std::string& host, uint16_t port, uint32_t slots, uint32_t payload_bytes,
-                       uint32_t max_jobs, uint32_t threads, uint64_t memory_limit) {
+                       uint32_t max_jobs, uint32_t threads, uint64_t memory_limit, bool multicast,
+                       const std::string& group_base) {
              AggregatorConfig c;
              c.host = host; c.port = port; c.slots = slots; c.payload_bytes = payload_bytes;
              c.max_jobs = max_jobs; c.threads = threads; c.memory_limit = memory_limit;
+             c.multicast = multicast; c.group_base = group_base;
              return std::make_unique<Aggregator>(c);
            }),
            py::arg("host") = "0.0.0.0", py::arg("port") = wire::kDefaultPort, py::arg("slots") = 32,
            py::arg("payload_bytes") = 65464, py::arg("max_jobs") = 16, py::arg("threads") = 1,
-           py::arg("memory_limit") = uint64_t(1) << 30)
+           py::arg("memory_limit") = uint64_t(1) << 30, py::arg("multicast") = false,
+           py::arg("group_base") = "239.78.0.0")
       .def("start", [](Aggregator& a) { Throw(a.Start()); })
       .def("stop", [](Aggregator& a) { py::gil_scoped_release nogil; a.Stop(); })
       .def_property_readonly("port", &Aggregator::port)
@@ -162,6 +165,7 @@ PYBIND11_MODULE(_native, m) {
              return index;
            }, py::arg("size"), py::arg("key"))
       .def("remove_job", [](Aggregator& a, uint32_t index) { Throw(a.RemoveJob(index)); })
+      .def("group", &Aggregator::Group, py::arg("index"))
       .def("counters", &Aggregator::GlobalCounters)
       .def("job_counters", [](Aggregator& a, uint32_t index) {
              std::map<std::string, uint64_t> out;
@@ -177,12 +181,12 @@ PYBIND11_MODULE(_native, m) {
       .def(py::init([](const std::string& host, uint16_t port, uint32_t threads, const std::string& job,
                        uint32_t job_index, uint32_t rank, uint32_t size, uint32_t key, uint32_t slots,
                        uint32_t payload_bytes, uint32_t window, double retransmit_ms, double timeout_s,
-                       double drop_rate, uint64_t seed) {
+                       double drop_rate, uint64_t seed, const std::string& group, uint16_t group_port) {
              EngineConfig c;
              c.host = host; c.port = port; c.threads = threads; c.job = job; c.job_index = job_index;
              c.rank = rank; c.size = size; c.key = key; c.slots = slots; c.payload_bytes = payload_bytes;
              c.window = window; c.retransmit_ms = retransmit_ms; c.timeout_s = timeout_s;
-             c.drop_rate = drop_rate; c.seed = seed;
+             c.drop_rate = drop_rate; c.seed = seed; c.group = group; c.group_port = group_port;
              std::unique_ptr<Engine> e;
              Throw(Engine::Create(c, &e));
              return e;
@@ -190,7 +194,8 @@ PYBIND11_MODULE(_native, m) {
            py::arg("host"), py::arg("port"), py::arg("threads"), py::arg("job"), py::arg("job_index"),
            py::arg("rank"), py::arg("size"), py::arg("key"), py::arg("slots"), py::arg("payload_bytes"),
            py::arg("window") = 0, py::arg("retransmit_ms") = 50.0, py::arg("timeout_s") = 30.0,
-           py::arg("drop_rate") = 0.0, py::arg("seed") = 0)
+           py::arg("drop_rate") = 0.0, py::arg("seed") = 0, py::arg("group") = "",
+           py::arg("group_port") = 0)
       .def("submit", &SubmitBuffers, py::arg("src"), py::arg("dst"), py::arg("dtype"), py::arg("op"))
       .def("allreduce", [](Engine& e, py::buffer src, py::buffer dst, int dtype, int op) {
              SubmitBuffers(e, src, dst, dtype, op)->Wait();

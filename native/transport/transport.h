@@ -55,6 +55,12 @@ class Transport {
                             Endpoint* from) = 0;
   virtual Status RecvScatter(iovec* iov, int iovcnt, size_t* len) = 0;
   virtual Endpoint local() const = 0;
+  // A descriptor that polls readable when datagrams wait (a verbs transport would
+  // give its completion channel's).
+  virtual int PollFd() const = 0;
 };
+
+// Waits up to `timeout_us` until any of `n` transports has something to read.
+Status WaitReadable(Transport* const* transports, size_t n, int64_t timeout_us);
 
 }  // namespace netreduce

@@ -41,6 +41,11 @@ constexpr uint64_t kMaxOffset = (uint64_t(1) << 40) - 1;  // elements
 inline uint32_t MakeQpn(uint32_t job_index, uint32_t rank) {
   return (job_index << kRankBits) | rank;
 }
+// The rank field value that addresses every rank of a job at once: a result sent
+// by multicast (software extension, aggregator --fanout multicast). IB multicast
+// uses the all-ones QPN the same way.
+constexpr uint32_t kGroupRank = kMaxRanks - 1;
+inline uint32_t MakeGroupQpn(uint32_t job_index) { return MakeQpn(job_index, kGroupRank); }
 inline uint32_t QpnJob(uint32_t qpn) { return qpn >> kRankBits; }
 inline uint32_t QpnRank(uint32_t qpn) { return qpn & (kMaxRanks - 1); }
 

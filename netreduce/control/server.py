@@ -94,8 +94,10 @@ class ControlServer(socketserver.ThreadingTCPServer):
             job.ranks[rank] = sess
             sess.job, sess.rank = name, rank
         agg = self.aggregator
+        group, group_port = agg.group(job.index)
         return {"job_index": job.index, "key": job.key, "slots": agg.slots,
-                "payload_bytes": agg.payload_bytes, "data_port": agg.port, "threads": agg.threads}
+                "payload_bytes": agg.payload_bytes, "data_port": agg.port, "threads": agg.threads,
+                "group": group, "group_port": group_port}
 
     def release(self, sess: Session) -> None:
         """Drop the session's rank from its job; the last rank out frees the pool."""

@@ -72,15 +72,35 @@ static void SetBuffer(int fd, int force_opt, int opt, int bytes) {
 
 Status UdpTransport::Open(const UdpOptions& opts, std::unique_ptr<UdpTransport>* out) {
   uint32_t ip = 0;
-  NR_RETURN_IF_ERROR(ResolveIpv4(opts.host, &ip));
+  NR_RETURN_IF_ERROR(ResolveIpv4(opts.join_group.empty() ? opts.host : opts.join_group, &ip));
   int fd = socket(AF_INET, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) return IoError(Errno("socket"));
   SetBuffer(fd, SO_RCVBUFFORCE, SO_RCVBUF, opts.rcvbuf_bytes);
   SetBuffer(fd, SO_SNDBUFFORCE, SO_SNDBUF, opts.sndbuf_bytes);
   int pmtu = IP_PMTUDISC_DO;
   setsockopt(fd, IPPROTO_IP, IP_MTU_DISCOVER, &pmtu, sizeof(pmtu));
-  int one = 1;
+  int one = 1, zero = 0;
   setsockopt(fd, IPPROTO_IP, IP_PKTINFO, &one, sizeof(one));
+  // Only groups this very socket joined: another rank's membership on this host must
+  // not leak multicast into a unicast socket.
+  setsockopt(fd, IPPROTO_IP, IP_MULTICAST_ALL, &zero, sizeof(zero));
+  setsockopt(fd, IPPROTO_IP, IP_MULTICAST_LOOP, &one, sizeof(one));
+  setsockopt(fd, IPPROTO_IP, IP_MULTICAST_TTL, &opts.multicast_ttl, sizeof(opts.multicast_ttl));
+  if (!opts.join_group.empty()) {
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    uint32_t iface = 0;
+    Status st = ResolveIpv4(opts.group_iface, &iface);
+    ip_mreq mreq{};
+    mreq.imr_multiaddr.s_addr = ip;
+    mreq.imr_interface.s_addr = iface;
+    if (!st.ok() || setsockopt(fd, IPPROTO_IP, IP_ADD_MEMBERSHIP, &mreq, sizeof(mreq)) != 0) {
+      Status err = st.ok() ? IoError(Errno(("join multicast group " + opts.join_group + " on " +
+                                            opts.group_iface).c_str()))
+                           : st;
+      close(fd);
+      return err;
+    }
+  }
   sockaddr_in sa{};
   sa.sin_family = AF_INET;
   sa.sin_addr.s_addr = ip;
@@ -209,6 +229,15 @@ Status UdpTransport::RecvBatch(InPacket* pkts, size_t max, int64_t timeout_us, s
     }
   }
   *got = size_t(rc);
+  return Status::Ok();
+}
+
+Status WaitReadable(Transport* const* transports, size_t n, int64_t timeout_us) {
+  pollfd pfds[4];
+  n = std::min<size_t>(n, 4);
+  for (size_t i = 0; i < n; ++i) pfds[i] = pollfd{transports[i]->PollFd(), POLLIN, 0};
+  timespec ts{time_t(timeout_us / 1000000), long((timeout_us % 1000000) * 1000)};
+  if (ppoll(pfds, n, &ts, nullptr) < 0 && errno != EINTR) return IoError(Errno("ppoll"));
   return Status::Ok();
 }
 

@@ -20,6 +20,11 @@ struct UdpOptions {
   uint16_t port = 0;             // 0 = ephemeral
   int rcvbuf_bytes = 32 << 20;
   int sndbuf_bytes = 8 << 20;
+  // Receive a multicast group: bind to (group, port) with SO_REUSEADDR, so that every
+  // rank on a host can, and join the group on the interface holding `group_iface`.
+  std::string join_group;
+  std::string group_iface;
+  int multicast_ttl = 1;  // for multicast this socket sends (IP_MULTICAST_TTL)
 };
 
 class UdpTransport : public Transport {
@@ -33,6 +38,7 @@ class UdpTransport : public Transport {
                     Endpoint* from) override;
   Status RecvScatter(iovec* iov, int iovcnt, size_t* len) override;
   Endpoint local() const override { return local_; }
+  int PollFd() const override { return fd_; }
 
  private:
   UdpTransport(int fd, Endpoint local) : fd_(fd), local_(local) {}
