@@ -1,4 +1,29 @@
-"""netreduce: in-network aggregation all-reduce for distributed DNN training."""
+"""netreduce: in-network aggregation all-reduce for distributed DNN training.
+
+    import netreduce as nr
+    nr.init()
+    avg = nr.allreduce(grad)                 # Average over all ranks, via the aggregator
+    h = nr.allreduce_async(grad, name="w")   # ... nr.synchronize(h)
+    nr.shutdown()
+"""
 __version__ = "0.1.0"
 
 from netreduce.errors import NetReduceError  # noqa: F401
+from netreduce.ops import (Adasum, Average, Max, Min, Product, ReduceOp,  # noqa: F401
+                           Sum)
+from netreduce.api import (allgather_object, allreduce, allreduce_,  # noqa: F401
+                           allreduce_async, barrier, broadcast, broadcast_,
+                           broadcast_async, broadcast_object, grouped_allreduce,
+                           grouped_allreduce_, grouped_allreduce_async, init,
+                           is_initialized, local_rank, local_size, poll, rank, shutdown,
+                           size, synchronize)
+from netreduce.communicator import Handle  # noqa: F401
+
+__all__ = [
+    "__version__", "NetReduceError", "ReduceOp", "Average", "Sum", "Min", "Max",
+    "Product", "Adasum", "Handle", "init", "shutdown", "is_initialized", "rank", "size",
+    "local_rank", "local_size", "allreduce", "allreduce_", "allreduce_async",
+    "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async", "broadcast",
+    "broadcast_", "broadcast_async", "broadcast_object", "allgather_object", "barrier",
+    "poll", "synchronize",
+]

@@ -43,13 +43,49 @@ declare("NETREDUCE_SWITCH", str, "",
         "aggregator control address host:port; empty = the launcher's embedded one")
 declare("NETREDUCE_TIMEOUT", float, 30.0,
         "seconds an operation may wait (aggregator silence, missing ranks) before failing")
-declare("NETREDUCE_RETRANSMIT_MS", float, 20.0,
-        "first per-slot retransmission timeout in ms; doubles on each retry (capped at 1 s)")
+declare("NETREDUCE_RETRANSMIT_MS", float, 50.0,
+        "floor of the per-slot retransmission timeout in ms (the measured round trip raises it); doubles per retry, capped at 1 s")
 declare("NETREDUCE_DROP_RATE", float, 0.0,
         "fraction [0,1) of outgoing data packets the engine drops on purpose (loss tests)")
 declare("NETREDUCE_WINDOW", int, 0,
         "slots a worker keeps outstanding; 0 = all the slots the aggregator grants")
 
+
+def _bytes(text: str) -> int:
+    """Byte count with an optional K/M/G suffix (powers of 1024): '64M', '1048576'."""
+    low = text.strip().lower().rstrip("b").rstrip("i")
+    scale = 1
+    if low and low[-1] in "kmg":
+        scale = 1024 ** ("kmg".index(low[-1]) + 1)
+        low = low[:-1]
+    return int(float(low) * scale)
+
+
+_bytes.__name__ = "bytes"
+
+# --- communicator -------------------------------------------------------------
+declare("NETREDUCE_CYCLE_TIME", float, 1.0,
+        "ms the background thread waits after a submission to batch more into one negotiation")
+declare("NETREDUCE_FUSION_THRESHOLD", _bytes, 64 * 1024 * 1024,
+        "bytes of the fusion buffer (allocated once); same-dtype tensors up to this size go as one")
+declare("NETREDUCE_CACHE_CAPACITY", int, 1024,
+        "tensor names the response cache remembers; a cached name costs an int per step, "
+        "not a request")
+declare("NETREDUCE_STALL_TIMEOUT", float, 60.0,
+        "seconds before a warning names a tensor and the ranks that have not submitted it")
+declare("NETREDUCE_START_TIMEOUT", float, 120.0,
+        "seconds init() waits for every rank of the job to join before failing")
+declare("NETREDUCE_TIMELINE", str, "",
+        "Chrome trace (chrome://tracing, Perfetto) of every tensor's phases, written by rank 0; "
+        "a {rank} in the path gives one file per rank; empty = off")
+
+# --- rank discovery (netreduce-run sets these; other launchers' variables also work) --
+declare("NETREDUCE_JOB", str, "",
+        "job name shared by all ranks at the aggregator; empty = derived from the launcher")
+declare("NETREDUCE_RANK", int, -1, "this process's rank; -1 = discover from the launcher")
+declare("NETREDUCE_SIZE", int, -1, "number of ranks; -1 = discover from the launcher")
+declare("NETREDUCE_LOCAL_RANK", int, -1, "rank among the processes on this host; -1 = discover")
+declare("NETREDUCE_LOCAL_SIZE", int, -1, "processes of the job on this host; -1 = discover")
 
 def get(name: str) -> Any:
     """Current value of knob ``name``: the environment if set, else its default."""

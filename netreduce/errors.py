@@ -18,3 +18,20 @@ class AdmissionError(NetReduceError):
 
 class ControlPlaneError(NetReduceError):
     """The aggregator's control port failed or answered with an error."""
+
+
+class RankFailedError(NetReduceError):
+    """Another rank of the job died, disconnected or called shutdown() while this
+    rank's operations still needed it. ``rank`` is that rank's number."""
+
+    def __init__(self, message: str, rank: int = -1) -> None:
+        super().__init__(message)
+        self.rank = rank
+
+
+class NegotiationError(NetReduceError):
+    """The ranks disagreed about a tensor (shape, dtype, op, scale factor, root)."""
+
+
+class ShutdownError(NetReduceError):
+    """The operation was pending when this process called shutdown()."""

@@ -61,6 +61,9 @@ def register_disconnect_hook(fn: DisconnectHook) -> None:
 class ControlServer(socketserver.ThreadingTCPServer):
     daemon_threads = True
     allow_reuse_address = True
+    # Every rank opens several control connections at start-up; socketserver's default
+    # backlog of 5 would drop some of a large job's and cost each a 1 s SYN retry.
+    request_queue_size = 128
 
     def __init__(self, host: str, port: int, aggregator: Any) -> None:
         self.aggregator = aggregator

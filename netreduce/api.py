@@ -1,0 +1,316 @@
+"""The public, Horovod-shaped API (re-exported by ``netreduce``): one communicator
+per process, created by init(), used by every call, released by shutdown()."""
+from __future__ import annotations
+
+import atexit
+import itertools
+import pickle
+import threading
+from typing import Any, Callable, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from netreduce import config, environment
+from netreduce.communicator import Communicator, Handle, Tensor
+from netreduce.errors import NetReduceError
+from netreduce.ops import ReduceOp, as_op, check_array, dtype_name
+
+
+class _Global:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.comm: Optional[Communicator] = None
+        self.topology: Optional[environment.Topology] = None
+        self.switch: Any = None  # the embedded aggregator of a single-process run
+        self.atexit_registered = False
+
+
+_g = _Global()
+# A thread may carry its own communicator: unit tests run several ranks as threads of
+# one process through this very API (environment.discover is per process).
+_tls = threading.local()
+
+# Seams for tests that run without the native module: replaced by fakes there.
+_connect: Optional[Callable[..., Any]] = None
+_spawn_switch: Optional[Callable[..., Any]] = None
+
+
+def _parse_address(text: str) -> Tuple[str, int]:
+    host, sep, port = text.strip().rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"NETREDUCE_SWITCH={text!r} is not host:port")
+    return (host.strip("[]") or "127.0.0.1", int(port))
+
+
+def init() -> None:
+    """Join the job: discover rank and size from the launcher's environment, connect to
+    the aggregator (NETREDUCE_SWITCH, else an embedded local one for a single process),
+    and wait until every rank has joined. Calling it again is a no-op."""
+    with _g.lock:
+        if _g.comm is not None:
+            return
+        knobs = config.snapshot()
+        topo = environment.discover()
+        switch_proc = None
+        if knobs["NETREDUCE_SWITCH"]:
+            address = _parse_address(knobs["NETREDUCE_SWITCH"])
+        elif topo.size == 1:
+            spawn = _spawn_switch
+            if spawn is None:
+                from netreduce.switch import spawn
+            switch_proc = spawn(host="127.0.0.1", port=0, fanout="multicast")
+            address = tuple(switch_proc.address)
+        else:
+            raise NetReduceError(
+                f"rank {topo.rank} of {topo.size} (from {topo.launcher}) has no aggregator: "
+                "start one (netreduce-switch --host H --port P) and export "
+                "NETREDUCE_SWITCH=H:P on every rank, or launch with netreduce-run")
+        connect = _connect
+        if connect is None:
+            from netreduce.dataplane import connect
+        dp = None
+        try:
+            dp = connect(address, job=topo.job, rank=topo.rank, size=topo.size,
+                         timeout=knobs["NETREDUCE_TIMEOUT"],
+                         retransmit_ms=knobs["NETREDUCE_RETRANSMIT_MS"],
+                         drop_rate=knobs["NETREDUCE_DROP_RATE"], window=knobs["NETREDUCE_WINDOW"])
+            comm = Communicator(rank=topo.rank, size=topo.size, job=topo.job, address=address,
+                                dataplane=dp, knobs=knobs)
+        except BaseException:
+            if dp is not None:
+                dp.close()
+            if switch_proc is not None:
+                switch_proc.stop()
+            raise
+        comm.topology = topo
+        _g.comm, _g.topology, _g.switch = comm, topo, switch_proc
+        if not _g.atexit_registered:
+            # A script that never calls shutdown() must still say goodbye (else the
+            # other ranks see a crash) and must not leave its embedded aggregator.
+            atexit.register(shutdown)
+            _g.atexit_registered = True
+
+
+def shutdown() -> None:
+    """Leave the job. Operations still being negotiated fail with ShutdownError; the
+    other ranks' operations that needed this rank fail with an error naming it."""
+    with _g.lock:
+        comm, switch_proc = _g.comm, _g.switch
+        _g.comm, _g.switch = None, None
+    if comm is None:
+        return
+    try:
+        comm.shutdown()
+    finally:
+        try:
+            comm.dp.close()
+        finally:
+            if switch_proc is not None:
+                switch_proc.stop()
+
+
+def is_initialized() -> bool:
+    return _g.comm is not None
+
+
+def _comm() -> Communicator:
+    comm = getattr(_tls, "comm", None) or _g.comm
+    if comm is None:
+        raise NetReduceError("netreduce has not been initialized; call netreduce.init() first")
+    return comm
+
+
+def rank() -> int:
+    return _comm().rank
+
+
+def size() -> int:
+    return _comm().size
+
+
+def local_rank() -> int:
+    return _comm().topology.local_rank
+
+
+def local_size() -> int:
+    return _comm().topology.local_size
+
+
+def _auto_name(kind: str) -> str:
+    # Every rank calls in the same program order, so counters agree across ranks.
+    counters = _comm().name_counters
+    n = counters.get(kind, 0)
+    counters[kind] = n + 1
+    return f"{kind}.noname.{n}"
+
+
+def _submit(kind: str, arrays: Sequence[np.ndarray], outputs: Sequence[np.ndarray],
+            names: Sequence[str], op: Optional[ReduceOp], pre: float, post: float,
+            root: int, dtype: Optional[str], cacheable: bool, grouped: bool) -> Handle:
+    comm = _comm()
+    handle = Handle(list(outputs), grouped)
+    tensors = []
+    for array, output, name in zip(arrays, outputs, names):
+        dt = dtype_name(array, dtype)
+        sig = (kind, dt, tuple(int(d) for d in array.shape), op.value if op else "",
+               float(pre), float(post), int(root))
+        tensors.append(Tensor(name, sig, cacheable, op, array, output, handle))
+    comm.submit(tensors)
+    return handle
+
+
+def _names(name: Optional[str], count: int, kind: str, grouped: bool) -> Tuple[List[str], bool]:
+    if name is None:
+        base = _auto_name(kind)
+        # auto names are unique per call: caching them would only fill the cache
+        return ([f"{base}.{i}" for i in range(count)] if grouped else [base]), False
+    return ([f"{name}.{i}" for i in range(count)] if grouped else [name]), True
+
+
+def _allreduce_async(arrays: Sequence[np.ndarray], op: Any, name: Optional[str],
+                     prescale_factor: float, postscale_factor: float, inplace: bool,
+                     grouped: bool, dtype: Optional[str]) -> Handle:
+    op = as_op(op)
+    arrays = [check_array(a) for a in arrays]
+    outputs = arrays if inplace else [np.empty_like(a) for a in arrays]
+    names, cacheable = _names(name, len(arrays), "allreduce", grouped)
+    return _submit("allreduce", arrays, outputs, names, op, prescale_factor, postscale_factor,
+                   -1, dtype, cacheable, grouped)
+
+
+def allreduce_async(array: np.ndarray, op: ReduceOp = ReduceOp.Average,
+                    name: Optional[str] = None, prescale_factor: float = 1.0,
+                    postscale_factor: float = 1.0, *, inplace: bool = False,
+                    dtype: Optional[str] = None) -> Handle:
+    """Start an all-reduce; ``synchronize(handle)`` returns the result (a new array, or
+    ``array`` itself with inplace=True). ``dtype='bfloat16'`` marks a uint16 array
+    holding bfloat16 bit patterns."""
+    return _allreduce_async([array], op, name, prescale_factor, postscale_factor,
+                            inplace, False, dtype)
+
+
+def allreduce(array: np.ndarray, op: ReduceOp = ReduceOp.Average, name: Optional[str] = None,
+              prescale_factor: float = 1.0, postscale_factor: float = 1.0, *,
+              dtype: Optional[str] = None) -> np.ndarray:
+    """All-reduce ``array`` across ranks; returns a new array."""
+    return allreduce_async(array, op, name, prescale_factor, postscale_factor,
+                           dtype=dtype).wait()
+
+
+def allreduce_(array: np.ndarray, op: ReduceOp = ReduceOp.Average, name: Optional[str] = None,
+               prescale_factor: float = 1.0, postscale_factor: float = 1.0, *,
+               dtype: Optional[str] = None) -> np.ndarray:
+    """All-reduce ``array`` in place; returns it."""
+    return allreduce_async(array, op, name, prescale_factor, postscale_factor,
+                           inplace=True, dtype=dtype).wait()
+
+
+def grouped_allreduce_async(arrays: Sequence[np.ndarray], op: ReduceOp = ReduceOp.Average,
+                            name: Optional[str] = None, prescale_factor: float = 1.0,
+                            postscale_factor: float = 1.0, *, inplace: bool = False,
+                            dtype: Optional[str] = None) -> Handle:
+    """Start all-reduces of several arrays submitted together (so negotiated and
+    fused together); synchronize returns the list of results."""
+    return _allreduce_async(list(arrays), op, name, prescale_factor, postscale_factor,
+                            inplace, True, dtype)
+
+
+def grouped_allreduce(arrays: Sequence[np.ndarray], op: ReduceOp = ReduceOp.Average,
+                      name: Optional[str] = None, prescale_factor: float = 1.0,
+                      postscale_factor: float = 1.0, *, inplace: bool = False,
+                      dtype: Optional[str] = None) -> List[np.ndarray]:
+    return grouped_allreduce_async(arrays, op, name, prescale_factor, postscale_factor,
+                                   inplace=inplace, dtype=dtype).wait()
+
+
+def grouped_allreduce_(arrays: Sequence[np.ndarray], op: ReduceOp = ReduceOp.Average,
+                       name: Optional[str] = None, prescale_factor: float = 1.0,
+                       postscale_factor: float = 1.0, *,
+                       dtype: Optional[str] = None) -> List[np.ndarray]:
+    return grouped_allreduce(arrays, op, name, prescale_factor, postscale_factor,
+                             inplace=True, dtype=dtype)
+
+
+def broadcast_async(array: np.ndarray, root_rank: int, name: Optional[str] = None, *,
+                    inplace: bool = False, dtype: Optional[str] = None) -> Handle:
+    """Start a broadcast of root_rank's ``array``; it travels through the aggregator as
+    a sum to which the other ranks contribute zeros."""
+    array = check_array(array)
+    if not 0 <= root_rank < size():
+        raise ValueError(f"root_rank {root_rank} is outside [0, {size()})")
+    output = array if inplace else np.empty_like(array)
+    names, cacheable = _names(name, 1, "broadcast", False)
+    return _submit("broadcast", [array], [output], names, None, 1.0, 1.0, root_rank,
+                   dtype, cacheable, False)
+
+
+def broadcast(array: np.ndarray, root_rank: int, name: Optional[str] = None, *,
+              dtype: Optional[str] = None) -> np.ndarray:
+    return broadcast_async(array, root_rank, name, dtype=dtype).wait()
+
+
+def broadcast_(array: np.ndarray, root_rank: int, name: Optional[str] = None, *,
+               dtype: Optional[str] = None) -> np.ndarray:
+    return broadcast_async(array, root_rank, name, inplace=True, dtype=dtype).wait()
+
+
+def poll(handle: Handle) -> bool:
+    """True once the operation behind ``handle`` has finished (or failed)."""
+    return handle.done()
+
+
+def synchronize(handle: Handle) -> Any:
+    """Wait for ``handle``; return its result or raise its error."""
+    return handle.wait()
+
+
+def barrier() -> None:
+    """Return once every rank has called barrier() (negotiation only, no data)."""
+    _submit("barrier", [np.empty(0, np.float32)], [np.empty(0, np.float32)],
+            ["__barrier__"], None, 1.0, 1.0, -1, None, True, False).wait()
+
+
+def _bytes_as_int32(payload: bytes, total: int) -> np.ndarray:
+    # int32 because the data plane sums integers exactly: only one rank writes each
+    # word, so the sum is that rank's bytes.
+    words = np.zeros((total + 3) // 4, dtype=np.int32)
+    words.view(np.uint8)[:len(payload)] = np.frombuffer(payload, dtype=np.uint8)
+    return words
+
+
+def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None) -> Any:
+    """Pickle ``obj`` on root_rank and return it on every rank."""
+    base, cacheable = name or _auto_name("broadcast_object"), name is not None
+    payload = pickle.dumps(obj) if rank() == root_rank else b""
+    length = np.array([len(payload)], dtype=np.int64)
+    _submit("broadcast", [length], [length], [f"{base}.len"], None, 1.0, 1.0, root_rank,
+            None, cacheable, False).wait()
+    words = _bytes_as_int32(payload, int(length[0]))
+    _submit("broadcast", [words], [words], [f"{base}.data"], None, 1.0, 1.0, root_rank,
+            None, False, False).wait()
+    return obj if rank() == root_rank else pickle.loads(words.view(np.uint8)[:int(length[0])])
+
+
+def allgather_object(obj: Any, name: Optional[str] = None) -> List[Any]:
+    """Every rank's ``obj``, in rank order, on every rank."""
+    base, cacheable = name or _auto_name("allgather_object"), name is not None
+    payload = pickle.dumps(obj)
+    lengths = np.zeros(size(), dtype=np.int64)
+    lengths[rank()] = len(payload)
+    _submit("allreduce", [lengths], [lengths], [f"{base}.len"], ReduceOp.Sum, 1.0, 1.0, -1,
+            None, cacheable, False).wait()
+    starts = [0] + list(itertools.accumulate(int((n + 3) // 4) * 4 for n in lengths))
+    mine = np.zeros(starts[-1] // 4, dtype=np.int32)
+    mine.view(np.uint8)[starts[rank()]:starts[rank()] + len(payload)] = \
+        np.frombuffer(payload, dtype=np.uint8)
+    # payload sizes change from call to call: never cache the data tensor's name
+    _submit("allreduce", [mine], [mine], [f"{base}.data"], ReduceOp.Sum, 1.0, 1.0, -1,
+            None, False, False).wait()
+    everything = mine.view(np.uint8)
+    return [pickle.loads(everything[starts[r]:starts[r] + int(lengths[r])])
+            for r in range(size())]
+
+
+def _communicator() -> Communicator:
+    """The live communicator (tests and adapters read its counters)."""
+    return _comm()

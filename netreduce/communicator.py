@@ -1,0 +1,447 @@
+"""The communicator: one per process, two threads.
+
+* The negotiation thread owns the coordinator connections. It batches what the
+  user submitted during one cycle (NETREDUCE_CYCLE_TIME), sends it, and waits with
+  select() on the long-poll socket and on a wake-up pipe; each log entry it receives
+  is one fusion group, handed to the executor in log order.
+* The executor thread runs the groups strictly in log order — the order is what
+  keeps every rank's data-plane messages aligned — through the fusion buffer and the
+  data plane, then completes the handles.
+
+Splitting the two lets negotiation of step k+1's tensors overlap the data-plane
+transfer of step k's (the transfer releases the GIL).
+
+Failure: when the coordinator reports that a rank died or shut down, tensors still
+being negotiated fail at once; groups already in the log run only if the departed
+rank executed them too (``after``), otherwise the data-plane connection is aborted so
+that a transfer waiting for the dead rank fails now, not at the data-plane timeout.
+"""
+from __future__ import annotations
+
+import copy
+import logging
+import os
+import queue
+import select
+import threading
+import time
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+import numpy as np
+
+from netreduce import timeline as tl
+from netreduce.errors import (ControlPlaneError, NegotiationError, NetReduceError,
+                              RankFailedError, ShutdownError)
+from netreduce.fusion import FusionBuffer
+from netreduce.negotiation import NegotiationClient, ResponseCache
+from netreduce.ops import STORAGE, WIRE_DTYPE, ReduceOp, scale_into
+
+log = logging.getLogger("netreduce")
+
+
+class Handle:
+    """What the *_async calls return; pass it to netreduce.poll / synchronize."""
+
+    def __init__(self, outputs: List[np.ndarray], grouped: bool) -> None:
+        self._outputs = outputs
+        self._grouped = grouped
+        self._remaining = len(outputs)
+        self._error: Optional[BaseException] = None
+        self._event = threading.Event()
+        self._lock = threading.Lock()
+        if not outputs:
+            self._event.set()
+
+    def _finish_one(self, error: Optional[BaseException] = None) -> None:
+        with self._lock:
+            if error is not None and self._error is None:
+                self._error = error
+            self._remaining -= 1
+            if self._remaining == 0:
+                self._event.set()
+
+    def done(self) -> bool:
+        return self._event.is_set()
+
+    def wait(self, timeout: Optional[float] = None) -> Any:
+        if not self._event.wait(timeout):
+            raise TimeoutError("operation still in flight")
+        if self._error is not None:
+            raise self._error
+        return list(self._outputs) if self._grouped else self._outputs[0]
+
+
+class Tensor:
+    """One tensor of one submission, from submit to completion."""
+
+    __slots__ = ("name", "sig", "cacheable", "op", "array", "output", "handle",
+                 "t_submit", "t_sent", "seq")
+
+    def __init__(self, name: str, sig: tuple, cacheable: bool, op: Optional[ReduceOp],
+                 array: Optional[np.ndarray], output: Optional[np.ndarray], handle: Handle):
+        self.name, self.sig, self.cacheable, self.op = name, sig, cacheable, op
+        self.array, self.output, self.handle = array, output, handle
+        self.t_submit = tl.now_us()
+        self.t_sent = 0.0
+        self.seq = -1  # log position once negotiated
+
+    @property
+    def kind(self) -> str:
+        return self.sig[0]
+
+    @property
+    def dtype(self) -> str:
+        return self.sig[1]
+
+
+class Communicator:
+    def __init__(self, *, rank: int, size: int, job: str, address, dataplane: Any,
+                 knobs: Dict[str, Any],
+                 client_factory: Callable[..., NegotiationClient] = NegotiationClient) -> None:
+        self.rank, self.size, self.job, self.address = rank, size, job, address
+        self.dp = dataplane
+        self.cycle_s = float(knobs["NETREDUCE_CYCLE_TIME"]) / 1000.0
+        self.stall_s = float(knobs["NETREDUCE_STALL_TIMEOUT"])
+        self.timeout_s = float(knobs["NETREDUCE_TIMEOUT"])
+        self._poll_wait_s = min(1.0, self.stall_s / 2)  # long-poll wait at the aggregator
+        self.fusion = FusionBuffer(int(knobs["NETREDUCE_FUSION_THRESHOLD"]))
+        self.timeline = tl.Timeline.from_config(knobs["NETREDUCE_TIMELINE"], rank)
+        self.cache = ResponseCache()
+        self.neg = client_factory(address, job, rank, size,
+                                  threshold=self.fusion.capacity,
+                                  capacity=int(knobs["NETREDUCE_CACHE_CAPACITY"]),
+                                  start_timeout=float(knobs["NETREDUCE_START_TIMEOUT"]),
+                                  timeout=float(knobs["NETREDUCE_TIMEOUT"]))
+        self._lock = threading.Lock()
+        self._inflight: Dict[str, Tensor] = {}
+        self._new: List[Tensor] = []
+        self._failure: Optional[NetReduceError] = None
+        self._fail_after: Optional[int] = None   # log entries <= this may still run
+        self._executing: Optional[int] = None    # seq the executor is running
+        self._done_seq = -1                      # last seq the executor finished
+        self._stopping = False
+        self._poll_out = False
+        self._wake_r, self._wake_w = os.pipe()
+        self._exec_q: "queue.Queue[Optional[tuple]]" = queue.Queue()
+        self.groups_executed = 0
+        self.name_counters: Dict[str, int] = {}  # auto-generated tensor names
+        self.topology: Any = None  # environment.Topology, set by netreduce.init()
+        self._neg_thread = threading.Thread(target=self._negotiate_loop,
+                                            name="netreduce-negotiation", daemon=True)
+        self._exec_thread = threading.Thread(target=self._execute_loop,
+                                             name="netreduce-executor", daemon=True)
+        self._watch_thread = threading.Thread(target=self._watch_loop,
+                                              name="netreduce-watch", daemon=True)
+        self._neg_thread.start()
+        self._exec_thread.start()
+        self._watch_thread.start()
+
+    # --- submission (user threads) -------------------------------------------------
+    def submit(self, tensors: Sequence[Tensor]) -> None:
+        with self._lock:
+            if self._failure is not None:
+                raise copy.copy(self._failure)  # a fresh traceback; keeps .rank
+            if self._stopping:
+                raise ShutdownError("netreduce has been shut down; call netreduce.init() again")
+            names = [t.name for t in tensors]
+            for name in names:
+                if name in self._inflight or names.count(name) > 1:
+                    raise ValueError(f"a tensor named '{name}' is already being reduced: "
+                                     "names must be unique among in-flight operations "
+                                     "(wait for the first with synchronize())")
+            for t in tensors:
+                self._inflight[t.name] = t
+            self._new.extend(tensors)
+        os.write(self._wake_w, b"x")
+
+    # --- negotiation thread --------------------------------------------------------
+    def _negotiate_loop(self) -> None:
+        try:
+            while True:
+                with self._lock:
+                    if self._stopping:
+                        return
+                    new, self._new = self._new, []
+                    # Poll only while something awaits its log entry: tensors already
+                    # handed to the executor need nothing more from the coordinator
+                    # (failures come through the watch), so a steady step costs one
+                    # request, not one plus an idle re-poll.
+                    busy = any(t.seq < 0 for t in self._inflight.values())
+                    # After a clean departure, entries up to ``after`` still run here:
+                    # keep reading the log until we have them all.
+                    catching_up = self._failure is not None and self._fail_after is not None \
+                        and self.neg.next_seq <= self._fail_after
+                if new:
+                    self._send(new)
+                elif busy and not self._poll_out and (self._failure is None or catching_up):
+                    self._send([])
+                fds = [self._wake_r] + ([self.neg.poll_conn] if self._poll_out else [])
+                if self._poll_out and self.neg.poll_conn.pending():
+                    ready = [self.neg.poll_conn]
+                else:
+                    # A long-poll answers within its wait (<= 1 s); an aggregator silent
+                    # for NETREDUCE_TIMEOUT beyond that is hung or unreachable.
+                    limit = self._poll_wait_s + self.timeout_s if self._poll_out else None
+                    ready, _, _ = select.select(fds, [], [], limit)
+                    if not ready:
+                        raise ControlPlaneError(
+                            f"the aggregator at {self.address[0]}:{self.address[1]} did not "
+                            f"answer a negotiation request within {limit:.0f} s")
+                if self.neg.poll_conn in ready:
+                    self._poll_out = False
+                    self._on_reply(self.neg.recv_poll())
+                if self._wake_r in ready:
+                    os.read(self._wake_r, 4096)
+                    # One cycle lets the rest of a burst (a backward pass) arrive,
+                    # so that it is negotiated and fused as one.
+                    time.sleep(self.cycle_s)
+        except NetReduceError as exc:
+            self._fail(exc, None, abort=True)
+        except Exception as exc:  # a bug here must not leave users hanging
+            log.exception("netreduce negotiation thread failed")
+            self._fail(NetReduceError(f"negotiation thread failed: {exc!r}"), None, abort=True)
+
+    def _send(self, tensors: List[Tensor]) -> None:
+        reqs = [self.cache.encode(t.name, t.sig, t.cacheable) for t in tensors]
+        if self._poll_out:
+            self.neg.submit(reqs)
+        else:
+            self.neg.send_poll(reqs, 1000.0 * self._poll_wait_s, self.stall_s)
+            self._poll_out = True
+        now = tl.now_us()
+        for t in tensors:
+            t.t_sent = now
+            if self.timeline:
+                self.timeline.span(t.name, "negotiate", t.t_submit, now)
+
+    def _on_reply(self, reply: Dict[str, Any]) -> None:
+        now = tl.now_us()
+        for entry in reply.get("e", []):
+            self.neg.next_seq = entry["seq"] + 1
+            with self._lock:
+                if "a" in entry:
+                    self.cache.learn(entry["a"], {n: self._inflight[n].sig for n in entry["a"]
+                                                  if n in self._inflight})
+                group = [self._inflight.get(self.cache.resolve(ref)) for ref in entry["t"]]
+                if None in group:
+                    if self._failure is not None:
+                        continue  # failed locally meanwhile; the entry can no longer run
+                    raise NetReduceError(f"coordinator log entry {entry['seq']} names a tensor "
+                                         "this rank never submitted (protocol bug)")
+                for t in group:  # under the lock: _fail must see them as negotiated
+                    t.seq = entry["seq"]
+            for t in group:
+                if self.timeline:
+                    self.timeline.span(t.name, "wait_for_ranks", t.t_sent, now)
+            if "err" in entry:
+                self._complete(group, NegotiationError(entry["err"]))
+            else:
+                self._exec_q.put((entry["seq"], group))
+        for stall in reply.get("s", []):
+            log.warning("netreduce rank %d: tensor '%s' has waited %.0f s for rank(s) %s, which "
+                        "have not submitted it (stalled ranks, or a name only some ranks use)",
+                        self.rank, stall["n"], stall.get("age", self.stall_s),
+                        ", ".join(map(str, stall["missing"])))
+        if reply.get("f"):
+            f = reply["f"]
+            self._fail(RankFailedError(f["msg"], int(f.get("rank", -1))), f.get("after"),
+                       abort=True)
+        elif self._failure is not None:
+            self._fail(self._failure, self._fail_after, abort=False)  # caught up yet?
+
+    # --- failure ---------------------------------------------------------------------
+    def _watch_loop(self) -> None:
+        try:
+            reply = self.neg.watch()
+        except (NetReduceError, OSError, ValueError) as exc:
+            if not self._stopping:  # our own shutdown closes the connection
+                self._fail(exc if isinstance(exc, NetReduceError) else ControlPlaneError(
+                    f"watch connection to {self.address[0]}:{self.address[1]} failed: {exc}"),
+                    None, abort=True)
+            return
+        f = reply.get("f")
+        if f and not self._stopping:
+            self._fail(RankFailedError(f["msg"], int(f.get("rank", -1))), f.get("after"),
+                       abort=True)
+
+    def _fail(self, error: NetReduceError, after: Optional[int], abort: bool) -> None:
+        """Record the first failure; fail what can no longer complete.
+
+        A rank that left cleanly (``after`` = the last log entry it executed) may have
+        completed entries that this rank has not read yet — a final barrier, say,
+        whose reply is still in our socket while the watch reports the departure.
+        Those must still run, so tensors without an entry fail only once this rank
+        has read the log past ``after``; _on_reply calls back here as it reads."""
+        with self._lock:
+            if self._failure is None:
+                self._failure, self._fail_after = error, after
+            error, after = self._failure, self._fail_after
+            caught_up = after is None or self.neg.next_seq > after
+            doomed = [t for t in self._inflight.values() if t.seq < 0] if caught_up else []
+            if caught_up:
+                self._new = []
+            running = self._executing
+        if not caught_up:
+            os.write(self._wake_w, b"x")  # the negotiation thread polls for the rest
+        self._complete(doomed, error)
+        if abort and running is not None and (after is None or running > after):
+            try:
+                self.dp.abort(str(error))
+            except Exception:  # already closed: nothing left to unblock
+                pass
+
+    def _complete(self, tensors: List[Tensor], error: Optional[BaseException] = None) -> None:
+        """Finish each tensor exactly once (failure paths may race with the executor);
+        identity, not name, decides: the name may already belong to a resubmission."""
+        finished = []
+        with self._lock:
+            for t in tensors:
+                if self._inflight.get(t.name) is t:
+                    del self._inflight[t.name]
+                    finished.append(t)
+        for t in finished:
+            t.handle._finish_one(error)
+
+    # --- executor thread ---------------------------------------------------------------
+    def _execute_loop(self) -> None:
+        while True:
+            item = self._exec_q.get()
+            if item is None:
+                return
+            seq, group = item
+            with self._lock:
+                failure, after = self._failure, self._fail_after
+                runnable = failure is None or (after is not None and seq <= after)
+                if runnable:
+                    self._executing = seq
+            if not runnable:
+                self._complete(group, failure)
+                continue
+            try:
+                self._execute(group)
+                self._complete(group)
+            except NetReduceError as exc:
+                with self._lock:
+                    remote = self._failure
+                self._complete(group, remote or exc)
+                if remote is None:
+                    self._report_local_failure(exc)
+            except Exception as exc:
+                # The other ranks ran (or wait in) this message: we are out of step
+                # with them from here on, so this is fatal for the job, not the group.
+                log.exception("netreduce executor failed on %s", [t.name for t in group])
+                error = NetReduceError(f"rank {self.rank} failed to reduce "
+                                       f"{[t.name for t in group][:5]}: {exc!r}")
+                self._complete(group, error)
+                self._report_local_failure(error)
+            finally:
+                with self._lock:
+                    self._executing = None
+                    self._done_seq = max(self._done_seq, seq)
+                self.groups_executed += 1
+
+    def _report_local_failure(self, exc: NetReduceError) -> None:
+        # Our data plane broke (timeout, aggregator gone): tell the others so that
+        # they fail now rather than at their own timeout, then fail ourselves.
+        try:
+            self.neg.abort(str(exc))
+        except NetReduceError:
+            pass
+        self._fail(exc, None, abort=False)
+
+    def _execute(self, group: List[Tensor]) -> None:
+        first = group[0]
+        if first.kind == "barrier":
+            return
+        wire = WIRE_DTYPE[first.dtype]
+        storage = STORAGE[wire]
+        wire_op = "sum" if first.kind == "broadcast" or first.op is ReduceOp.Average \
+            else first.op.wire
+        dp_dtype = "bfloat16" if wire == "bfloat16" else None
+        counts = [t.output.size for t in group]
+        total = sum(counts)
+        t0 = tl.now_us()
+        if len(group) == 1 and storage == first.output.dtype and \
+                (first.kind == "broadcast" or first.sig[4] == 1.0):
+            # One tensor in its own dtype: reduce straight into the output, no copies.
+            out = first.output
+            contributes = first.kind == "allreduce" or self.rank == first.sig[6]
+            if not contributes:
+                out.fill(0)  # a broadcast's non-root sends zeros: the sum is the root's data
+            src = first.array if contributes else out
+            t1 = tl.now_us()
+            if total:
+                self.dp.allreduce(src, None if src is out else out, op=wire_op, dtype=dp_dtype)
+            t2 = tl.now_us()
+            self._copy_out(first, out)
+        else:
+            if total * storage.itemsize <= self.fusion.capacity:
+                buf = self.fusion.view(storage, total)
+            else:  # lone tensor bigger than the fusion buffer, carried in a wider type
+                buf = np.empty(total, dtype=storage)
+            spans = FusionBuffer.offsets(counts)
+            for t, (a, b) in zip(group, spans):
+                self._copy_in(t, buf[a:b])
+            t1 = tl.now_us()
+            if total:
+                self.dp.allreduce(buf, None, op=wire_op, dtype=dp_dtype)
+            t2 = tl.now_us()
+            for t, (a, b) in zip(group, spans):
+                self._copy_out(t, buf[a:b])
+        t3 = tl.now_us()
+        if self.timeline:
+            args = {"fused": len(group), "bytes": int(total * storage.itemsize)}
+            for t in group:
+                self.timeline.span(t.name, "copy_in", t0, t1, args)
+                self.timeline.span(t.name, "allreduce", t1, t2, args)
+                self.timeline.span(t.name, "copy_out", t2, t3, args)
+
+    def _copy_in(self, t: Tensor, dst: np.ndarray) -> None:
+        """dst (wire-typed, flat or the output itself) = this rank's contribution."""
+        flat_dst = dst.reshape(-1)
+        if t.kind == "broadcast":
+            if self.rank == t.sig[6]:
+                if dst is not t.array:
+                    np.copyto(flat_dst, t.array.reshape(-1), casting="unsafe")
+            else:
+                flat_dst.fill(0)  # non-roots contribute zeros: the sum is the root's data
+            return
+        if dst is t.array and t.sig[4] == 1.0:
+            return
+        scale_into(flat_dst, t.array.reshape(-1), t.sig[4], t.dtype, WIRE_DTYPE[t.dtype])
+
+    def _copy_out(self, t: Tensor, src: np.ndarray) -> None:
+        factor = 1.0
+        if t.kind == "allreduce":
+            factor = t.sig[5] / self.size if t.op is ReduceOp.Average else t.sig[5]
+        if src is t.output and factor == 1.0:
+            return
+        scale_into(t.output.reshape(-1), src.reshape(-1), factor, t.dtype, WIRE_DTYPE[t.dtype])
+
+    # --- shutdown -------------------------------------------------------------------
+    def failure(self) -> Optional[NetReduceError]:
+        return self._failure
+
+    def shutdown(self, timeout: float = 30.0) -> None:
+        """Stop negotiating, run the groups already agreed (the other ranks run them
+        too), fail what was still being negotiated, say goodbye, release everything."""
+        with self._lock:
+            self._stopping = True
+        os.write(self._wake_w, b"x")
+        self._neg_thread.join(timeout)
+        with self._lock:
+            doomed = [t for t in self._inflight.values() if t.seq < 0]
+        self._complete(doomed, ShutdownError(
+            "netreduce was shut down before every rank submitted this tensor"))
+        self._exec_q.put(None)
+        self._exec_thread.join(timeout)
+        try:
+            self.neg.bye(self._done_seq)
+        except NetReduceError:
+            pass  # the aggregator is gone; nobody is left to tell
+        self.neg.close()
+        self._watch_thread.join(timeout)
+        for fd in (self._wake_r, self._wake_w):
+            os.close(fd)
+        if self.timeline:
+            self.timeline.close()

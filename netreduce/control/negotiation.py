@@ -1,0 +1,427 @@
+"""The negotiation coordinator: the aggregator-side half of Horovod's controller.
+
+Ranks submit tensors in any order; the data plane needs every rank to issue the same
+all-reduces, of the same sizes, in the same order. This module turns the first into
+the second. Per job it keeps
+
+* ``pending``: name -> the signature each rank submitted so far;
+* a ``log`` of responses, one global sequence: when the last rank submits a name, the
+  name is checked (mismatches become an error entry that names both values and the
+  ranks) and becomes "ready"; at the end of each request the ready names are cut into
+  fusion groups (fusion.plan, so every rank cuts identically) and appended. Every
+  rank reads the same log from its own cursor, hence the same order;
+* a response cache: a name that was negotiated before with the same signature gets a
+  small integer id, and ranks send the id instead of the request. A steady training
+  step therefore costs each rank one message of a few ints per cycle.
+
+Each rank holds three connections: ``poll`` (submit + long-poll for new log entries,
+the rank's background thread), ``submit`` (submissions made while the poll is
+blocked; shutdown; abort) and ``watch`` (one request, answered only when the job
+fails). A connection that closes without ``negotiate_bye`` means the rank died: the
+job fails, and every other rank's pending operations fail with an error naming that
+rank (their watch and their long-poll wake at once).
+
+Handlers run on the control server's per-connection threads and may block; each
+job has its own Condition, so one job's long-polls never wait on another's lock.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
+
+from netreduce import fusion
+from netreduce.ops import STORAGE, WIRE_DTYPE
+
+# Signature fields, in the order mismatches are reported (Horovod checks the
+# operation first: a shape comparison between an allreduce and a broadcast is moot).
+FIELDS = ("kind", "dtype", "shape", "op", "prescale", "postscale", "root")
+Sig = Tuple[str, str, Tuple[int, ...], str, float, float, int]
+
+
+class RequestError(Exception):
+    """Fallback when the lead's control server is not importable (unit tests); the
+    real server's RequestError replaces it in ``install``."""
+
+
+def sig_of(req: Dict[str, Any]) -> Sig:
+    return (str(req["k"]), str(req["d"]), tuple(int(x) for x in req["s"]), str(req["o"]),
+            float(req.get("pre", 1.0)), float(req.get("post", 1.0)), int(req.get("r", -1)))
+
+
+def _article(kind: str) -> str:
+    return ("an " if kind[:1] in "aeiou" else "a ") + kind
+
+
+def _fmt(field: str, value: Any) -> str:
+    return str(list(value)) if field == "shape" else str(value)
+
+
+def mismatch_message(name: str, sigs: Dict[int, Sig]) -> Optional[str]:
+    """Horovod's wording for the first field on which the ranks disagree, plus the
+    tensor name and which ranks sent which value; None when all agree."""
+    for i, field in enumerate(FIELDS):
+        by_value: Dict[Any, List[int]] = {}
+        for rank in sorted(sigs):
+            by_value.setdefault(sigs[rank][i], []).append(rank)
+        if len(by_value) < 2:
+            continue
+        (a, ranks_a), (b, ranks_b) = list(by_value.items())[:2]
+        fa, fb = _fmt(field, a), _fmt(field, b)
+        kind = sigs[min(sigs)][0]
+        head = {
+            "kind": f"Mismatched operations: One rank did {_article(fa)}, "
+                    f"but another rank did {_article(fb)}.",
+            "dtype": f"Mismatched data types: One rank had type {fa}, "
+                     f"but another rank had type {fb}.",
+            "shape": f"Mismatched {kind} tensor shapes: One rank sent a tensor of shape {fa}, "
+                     f"but another rank sent a tensor of shape {fb}.",
+            "op": f"Mismatched {kind} reduction ops: One rank sent op {fa}, "
+                  f"but another rank sent op {fb}.",
+            "prescale": f"Mismatched prescale factors: One rank sent factor {fa}, "
+                        f"but another rank sent factor {fb}.",
+            "postscale": f"Mismatched postscale factors: One rank sent factor {fa}, "
+                         f"but another rank sent factor {fb}.",
+            "root": f"Mismatched broadcast root ranks: One rank specified root rank {fa}, "
+                    f"but another rank specified root rank {fb}.",
+        }[field]
+        detail = "; ".join(f"rank{'s' if len(r) > 1 else ''} {', '.join(map(str, r))} "
+                           f"sent {_fmt(field, v)}" for v, r in by_value.items())
+        return f"{head} Tensor '{name}': {detail}."
+    return None
+
+
+def fusion_key(sig: Sig) -> Optional[Tuple[str, str]]:
+    """Tensors with equal keys may share a data-plane message: same wire dtype and wire
+    op. Average and broadcast are sums on the wire (broadcast: non-roots send zeros)."""
+    kind, dtype, _, op = sig[:4]
+    if kind == "barrier":
+        return None
+    wire_op = "sum" if kind == "broadcast" or op == "average" else op
+    return (WIRE_DTYPE.get(dtype, dtype), wire_op)
+
+
+def nbytes(sig: Sig) -> int:
+    if sig[0] == "barrier":
+        return 0
+    count = int(np.prod(sig[2], dtype=np.int64)) if sig[2] else 1
+    return count * STORAGE[WIRE_DTYPE[sig[1]]].itemsize
+
+
+class _Pending:
+    __slots__ = ("sigs", "first", "warned", "cacheable")
+
+    def __init__(self, now: float) -> None:
+        self.sigs: Dict[int, Sig] = {}
+        self.first = now
+        self.warned: set = set()
+        self.cacheable = True
+
+
+class JobState:
+    """Negotiation state of one job. Every method runs under ``cond``."""
+
+    def __init__(self, name: str, size: int, threshold: int, capacity: int) -> None:
+        self.name, self.size = name, size
+        self.threshold, self.capacity = threshold, capacity
+        self.cond = threading.Condition()
+        self.joined: set = set()
+        self.conns: Dict[int, set] = {}          # rank -> roles connected now
+        self.left: Dict[int, str] = {}           # rank -> why it left
+        self.failure: Optional[Dict[str, Any]] = None
+        self.pending: Dict[str, _Pending] = {}   # insertion order = first submission
+        self.ready: List[Tuple[str, _Pending]] = []
+        self.by_id: Dict[int, Tuple[str, Sig]] = {}
+        self.id_of: Dict[str, Tuple[int, Sig]] = {}
+        self.next_id = 0
+        self.log: List[Dict[str, Any]] = []
+        self.base = 0                            # seq of log[0]
+        self.acked: Dict[int, int] = {}          # rank -> next seq it expects
+        self.messages = 0                        # negotiation requests served (tests)
+
+    # --- submissions -----------------------------------------------------------
+    def submit(self, rank: int, reqs: List[Any]) -> None:
+        if self.failure is not None:
+            return  # the rank learns the failure from its poll; nothing more will run
+        now = time.monotonic()
+        for req in reqs:
+            if isinstance(req, int):
+                if req not in self.by_id:
+                    raise RequestError(f"rank {rank} of job '{self.name}' referred to "
+                                       f"unknown cached tensor id {req}")
+                name, sig = self.by_id[req]
+                cacheable = True
+            else:
+                name, sig, cacheable = str(req["n"]), sig_of(req), bool(req.get("c", 1))
+            entry = self.pending.get(name)
+            if entry is None:
+                entry = self.pending[name] = _Pending(now)
+            if rank in entry.sigs:
+                raise RequestError(f"rank {rank} submitted tensor '{name}' twice")
+            entry.sigs[rank] = sig
+            entry.cacheable &= cacheable
+            if len(entry.sigs) == self.size:
+                del self.pending[name]
+                self.ready.append((name, entry))
+        self._flush()
+        self.cond.notify_all()
+
+    def _ref(self, name: str, sig: Sig, cacheable: bool, assign: Dict[str, int]) -> Any:
+        """How a log entry names a tensor: its cache id when it has one (assigning one
+        if there is room), else the name itself."""
+        known = self.id_of.get(name)
+        if known is not None and known[1] == sig:
+            return known[0]
+        if not cacheable or len(self.by_id) >= self.capacity:
+            return name
+        if known is not None:
+            del self.by_id[known[0]]  # same name, new signature: old id is dead
+        new_id = self.next_id  # never reused: a rank may still hold a dead id's name
+        self.next_id += 1
+        self.by_id[new_id] = (name, sig)
+        self.id_of[name] = (new_id, sig)
+        assign[name] = new_id
+        return new_id
+
+    def _append(self, entry: Dict[str, Any]) -> None:
+        entry["seq"] = self.base + len(self.log)
+        self.log.append(entry)
+
+    def _flush(self) -> None:
+        if not self.ready:
+            return
+        good: List[Tuple[str, _Pending]] = []
+        for name, entry in self.ready:
+            err = mismatch_message(name, entry.sigs)
+            if err:
+                self._append({"t": [name], "err": err})
+            else:
+                good.append((name, entry))
+        self.ready = []
+        items = []
+        for name, entry in good:
+            sig = entry.sigs[0]
+            items.append((name, fusion_key(sig), nbytes(sig)))
+        for group in fusion.plan(items, self.threshold):
+            assign: Dict[str, int] = {}
+            refs = []
+            for i in group:
+                name, entry = good[i]
+                refs.append(self._ref(name, entry.sigs[0], entry.cacheable, assign))
+            record: Dict[str, Any] = {"t": refs}
+            if assign:
+                record["a"] = assign
+            self._append(record)
+
+    # --- reading the log -------------------------------------------------------
+    def ack(self, rank: int, seq: int) -> None:
+        self.acked[rank] = max(self.acked.get(rank, 0), seq)
+        live = [self.acked.get(r, 0) for r in self.joined if r not in self.left]
+        low = min(live) if live else self.base + len(self.log)
+        if low > self.base:
+            del self.log[:low - self.base]
+            self.base = low
+
+    def since(self, seq: int) -> List[Dict[str, Any]]:
+        return self.log[max(0, seq - self.base):]
+
+    def stalls(self, rank: int, stall_s: float) -> List[Dict[str, Any]]:
+        now, found = time.monotonic(), []
+        for name, entry in self.pending.items():
+            if rank in entry.sigs and rank not in entry.warned and now - entry.first >= stall_s:
+                entry.warned.add(rank)
+                found.append({"n": name, "missing": sorted(set(range(self.size)) - set(entry.sigs)),
+                              "age": round(now - entry.first, 1)})
+        return found
+
+    def fail(self, message: str, rank: int, after: Optional[int]) -> None:
+        if self.failure is None:
+            self.failure = {"msg": message, "rank": rank, "after": after}
+            self.cond.notify_all()
+
+
+# --- handlers -------------------------------------------------------------------
+_registry_lock = threading.Lock()
+
+
+def _jobs(srv: Any) -> Dict[str, JobState]:
+    # Our own table on the server object rather than JobRecord.extra: negotiation
+    # state must exist before the data plane registers and outlive its release.
+    with _registry_lock:
+        table = getattr(srv, "_nr_negotiation", None)
+        if table is None:
+            table = {}
+            setattr(srv, "_nr_negotiation", table)
+        return table
+
+
+def _session(srv: Any, sess: Any) -> Tuple[JobState, int]:
+    bound = sess.state.get("negotiation")
+    if bound is None:
+        raise RequestError("negotiate_hello must come first on this connection")
+    job, rank, _ = bound
+    state = _jobs(srv).get(job)
+    if state is None:
+        raise RequestError(f"job '{job}' is gone from the aggregator")
+    return state, rank
+
+
+def handle_hello(srv: Any, sess: Any, msg: Dict[str, Any]) -> Dict[str, Any]:
+    job, rank, size = str(msg["job"]), int(msg["rank"]), int(msg["size"])
+    role = str(msg.get("role", "poll"))
+    if not (0 <= rank < size):
+        raise RequestError(f"rank {rank} is outside [0, {size}) for job '{job}'")
+    table = _jobs(srv)
+    with _registry_lock:
+        state = table.get(job)
+        if state is None:
+            state = table[job] = JobState(job, size, int(msg.get("threshold", 64 << 20)),
+                                          int(msg.get("capacity", 1024)))
+    with state.cond:
+        if state.size != size:
+            raise RequestError(f"job '{job}' has {state.size} ranks at the aggregator, "
+                               f"but rank {rank} says {size}")
+        roles = state.conns.setdefault(rank, set())
+        if role in roles or rank in state.left:
+            raise RequestError(f"rank {rank} of job '{job}' is already connected (two "
+                               "processes with the same rank, or a stale job name?)")
+        roles.add(role)
+        sess.state["negotiation"] = (job, rank, role)
+        if role != "poll":
+            return {"size": size}
+        state.joined.add(rank)
+        state.acked.setdefault(rank, state.base)
+        state.cond.notify_all()
+        deadline = time.monotonic() + float(msg.get("timeout", 120.0))
+        while len(state.joined) < size and state.failure is None:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                missing = sorted(set(range(size)) - state.joined)
+                raise RequestError(f"rank{'s' if len(missing) > 1 else ''} "
+                                   f"{', '.join(map(str, missing))} of job '{job}' did not "
+                                   f"join within {msg.get('timeout', 120.0)} s")
+            state.cond.wait(remaining)
+        if state.failure is not None:
+            raise RequestError(state.failure["msg"])
+        return {"size": size, "seq": state.base + len(state.log)}
+
+
+def handle_negotiate(srv: Any, sess: Any, msg: Dict[str, Any]) -> Dict[str, Any]:
+    state, rank = _session(srv, sess)
+    wait_s = min(float(msg.get("wait_ms", 0.0)) / 1000.0, 30.0)
+    stall_s = float(msg.get("stall_s", 60.0))
+    with state.cond:
+        state.messages += 1
+        if msg.get("reqs"):
+            state.submit(rank, msg["reqs"])
+        ack = int(msg.get("ack", 0))
+        state.ack(rank, ack)
+        deadline = time.monotonic() + wait_s
+        while True:
+            entries, stalls = state.since(ack), state.stalls(rank, stall_s)
+            remaining = deadline - time.monotonic()
+            if entries or stalls or state.failure is not None or remaining <= 0:
+                break
+            # wake no later than the next stall deadline among this rank's tensors
+            state.cond.wait(min(remaining, max(stall_s / 4, 0.01)))
+        reply: Dict[str, Any] = {"e": entries}
+        if stalls:
+            reply["s"] = stalls
+        if state.failure is not None:
+            reply["f"] = state.failure
+        return reply
+
+
+def handle_submit(srv: Any, sess: Any, msg: Dict[str, Any]) -> Dict[str, Any]:
+    state, rank = _session(srv, sess)
+    with state.cond:
+        state.messages += 1
+        state.submit(rank, msg.get("reqs") or [])
+    return {}
+
+
+def handle_watch(srv: Any, sess: Any, msg: Dict[str, Any]) -> Dict[str, Any]:
+    """Answered only when the job fails (or this rank leaves): the one request that
+    tells a rank, at once, that another rank is gone — even while it is busy in the
+    data plane and has no negotiation outstanding."""
+    state, rank = _session(srv, sess)
+    with state.cond:
+        while state.failure is None and rank not in state.left:
+            state.cond.wait(1.0)
+        return {"f": state.failure} if state.failure is not None else {}
+
+
+def handle_bye(srv: Any, sess: Any, msg: Dict[str, Any]) -> Dict[str, Any]:
+    """Clean shutdown of a rank: entries up to ``done`` were executed by it, so other
+    ranks may finish those; anything later can never complete."""
+    state, rank = _session(srv, sess)
+    with state.cond:
+        state.left.setdefault(rank, "shutdown")
+        state.cond.notify_all()  # releases this rank's own watch
+        if len(state.left) < state.size:
+            state.fail(f"rank {rank} called shutdown() while this rank still had "
+                       "operations that need it", rank, int(msg.get("done", -1)))
+    return {}
+
+
+def handle_abort(srv: Any, sess: Any, msg: Dict[str, Any]) -> Dict[str, Any]:
+    state, rank = _session(srv, sess)
+    with state.cond:
+        state.fail(f"rank {rank} failed: {msg.get('reason', 'unknown error')}", rank, None)
+    return {}
+
+
+def on_disconnect(srv: Any, sess: Any) -> None:
+    bound = getattr(sess, "state", {}).get("negotiation")
+    if bound is None:
+        return
+    job, rank, role = bound
+    table = _jobs(srv)
+    state = table.get(job)
+    if state is None:
+        return
+    with state.cond:
+        state.conns.get(rank, set()).discard(role)
+        if rank not in state.left:
+            state.left[rank] = "disconnected"
+            state.fail(f"rank {rank} disconnected from the aggregator without calling "
+                       "shutdown() (the process died or was killed)", rank, None)
+        gone = all(not state.conns.get(r) for r in state.conns)
+    if gone:
+        with _registry_lock:
+            if table.get(job) is state:
+                del table[job]  # job name free for the next launch
+
+
+HANDLERS = {
+    "negotiate_hello": handle_hello,
+    "negotiate": handle_negotiate,
+    "negotiate_submit": handle_submit,
+    "negotiate_watch": handle_watch,
+    "negotiate_bye": handle_bye,
+    "negotiate_abort": handle_abort,
+}
+
+
+def install(server_module: Any) -> None:
+    """Register the handlers with the control server (done at import when the lead's
+    server module is importable: the server imports this module at start-up)."""
+    global RequestError
+    RequestError = server_module.RequestError  # noqa: F811 — answer ok=false the server's way
+    for name, fn in HANDLERS.items():
+        server_module.register_handler(name, fn)
+    server_module.register_disconnect_hook(on_disconnect)
+
+
+def _auto_install() -> None:
+    try:
+        from netreduce.control import server as _server
+    except ImportError:
+        return
+    if hasattr(_server, "register_handler") and hasattr(_server, "RequestError"):
+        install(_server)
+
+
+_auto_install()

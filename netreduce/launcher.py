@@ -1,0 +1,216 @@
+"""netreduce-run: start N ranks on this host, with an aggregator unless one is given.
+
+    netreduce-run -np 4 python train.py
+    netreduce-run -np 4 --switch 10.0.0.5:4791 -- python train.py --lr 0.1
+
+Across hosts use the launcher you already have (mpirun, srun, torchrun) with
+NETREDUCE_SWITCH=host:port; netreduce reads their rank variables (environment.py).
+
+Guarantees, because a training job that half-dies is worse than one that dies:
+every rank runs in its own session (process group), so that stopping a rank also
+stops whatever it started; each child also gets PR_SET_PDEATHSIG, so even a SIGKILL
+of the launcher takes the ranks with it. When a rank exits non-zero, the others get
+SIGTERM, then SIGKILL after a grace period, and netreduce-run exits with that rank's
+code. SIGINT/SIGTERM sent to netreduce-run are forwarded the same way.
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import IO, List, Optional, Sequence
+
+from netreduce import config
+
+GRACE_S = 3.0  # SIGTERM -> SIGKILL; keeps "a failing rank stops the job" under 10 s
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="netreduce-run",
+        description="Run N netreduce ranks on this host. Starts a local aggregator "
+                    "(netreduce-switch) unless --switch or NETREDUCE_SWITCH names one.",
+        usage="netreduce-run -np N [--switch HOST:PORT] [--] COMMAND [ARGS...]")
+    p.add_argument("-np", "--num-proc", dest="np", type=int, required=True,
+                   help="number of ranks to start on this host")
+    p.add_argument("--switch", default=None,
+                   help="aggregator control address HOST:PORT (default: NETREDUCE_SWITCH, "
+                        "else start one on 127.0.0.1)")
+    p.add_argument("--job", default=None,
+                   help="job name at the aggregator (default: unique per run)")
+    p.add_argument("--switch-arg", action="append", default=[], metavar="ARG",
+                   help="extra argument for the embedded netreduce-switch (repeatable), "
+                        "e.g. --switch-arg=--threads=2")
+    p.add_argument("--no-prefix", action="store_true",
+                   help="do not prefix output lines with [rank]")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="the program every rank runs")
+    return p
+
+
+def _pdeathsig() -> None:
+    """In the child, before exec: new session, and SIGTERM when the launcher dies."""
+    os.setsid()
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass  # not Linux: the process-group kill on exit still applies
+
+
+def _pump(stream: IO[bytes], out: IO[bytes], prefix: bytes, lock: threading.Lock) -> None:
+    for line in iter(stream.readline, b""):
+        if not line.endswith(b"\n"):
+            line += b"\n"
+        with lock:
+            out.write(prefix + line)
+            out.flush()
+    stream.close()
+
+
+class LaunchError(Exception):
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class Job:
+    def __init__(self, command: Sequence[str], np_: int, env: dict, prefix: bool) -> None:
+        self.procs: List[subprocess.Popen] = []
+        self.pumps: List[threading.Thread] = []
+        lock = threading.Lock()
+        for rank in range(np_):
+            rank_env = dict(env, NETREDUCE_RANK=str(rank), NETREDUCE_LOCAL_RANK=str(rank))
+            try:
+                proc = subprocess.Popen(list(command), env=rank_env, preexec_fn=_pdeathsig,
+                                        stdin=subprocess.DEVNULL,
+                                        stdout=subprocess.PIPE if prefix else None,
+                                        stderr=subprocess.PIPE if prefix else None)
+            except OSError as exc:
+                self.stop(signal.SIGKILL)
+                raise LaunchError(f"cannot start rank {rank}: {command[0]}: {exc.strerror}",
+                                  127 if isinstance(exc, FileNotFoundError) else 126) from None
+            self.procs.append(proc)
+        # Readers start only after the last fork: preexec_fn in a process that already
+        # runs threads can deadlock on a lock a thread held at fork time.
+        for rank, proc in enumerate(self.procs if prefix else []):
+            for stream, out in ((proc.stdout, sys.stdout.buffer), (proc.stderr, sys.stderr.buffer)):
+                t = threading.Thread(target=_pump, daemon=True,
+                                     args=(stream, out, f"[{rank}] ".encode(), lock))
+                t.start()
+                self.pumps.append(t)
+
+    def signal_all(self, signum: int) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signum)  # the rank and anything it started
+                except ProcessLookupError:
+                    pass
+
+    def stop(self, first: int = signal.SIGTERM) -> None:
+        """first signal, then SIGKILL for whatever is left after the grace period;
+        the process groups are killed even when the leader already exited."""
+        self.signal_all(first)
+        deadline = time.monotonic() + GRACE_S
+        while time.monotonic() < deadline and any(p.poll() is None for p in self.procs):
+            time.sleep(0.02)
+        for proc in self.procs:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            proc.wait()
+
+    def finish_output(self) -> None:
+        for t in self.pumps:
+            t.join(2.0)
+
+
+def _exit_code(returncode: int) -> int:
+    return returncode if returncode > 0 else 128 - returncode
+
+
+def run(argv: Optional[Sequence[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        parser.error("no command given")
+    if args.np < 1:
+        parser.error("-np must be at least 1")
+
+    switch_proc = None
+    address = args.switch or config.get("NETREDUCE_SWITCH")
+    if not address:
+        from netreduce.switch import spawn
+        extra = []
+        for arg in args.switch_arg:
+            extra += arg.split("=", 1) if arg.startswith("--") and "=" in arg else [arg]
+        # All ranks share this host: one multicast result per slot beats N copies.
+        switch_proc = spawn(host="127.0.0.1", port=0, fanout="multicast", extra_args=extra)
+        address = f"{switch_proc.address[0]}:{switch_proc.address[1]}"
+
+    job_name = args.job or config.get("NETREDUCE_JOB") or \
+        f"run-{os.getpid()}-{secrets.token_hex(4)}"
+    env = dict(os.environ, NETREDUCE_SWITCH=address, NETREDUCE_JOB=job_name,
+               NETREDUCE_SIZE=str(args.np), NETREDUCE_LOCAL_SIZE=str(args.np),
+               PYTHONUNBUFFERED="1")  # ranks' lines reach the prefixer as they are printed
+
+    received: List[int] = []
+
+    def on_signal(signum: int, frame: object) -> None:
+        received.append(signum)
+
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    job = None
+    code = 0
+    try:
+        try:
+            job = Job(command, args.np, env, not args.no_prefix)
+        except LaunchError as exc:
+            print(f"netreduce-run: {exc}", file=sys.stderr)
+            return exc.code
+        while True:
+            if received:
+                job.stop(received[0])
+                code = 128 + received[0]
+                break
+            codes = [p.poll() for p in job.procs]
+            failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
+            if failed:
+                rank, rc = failed[0]
+                print(f"netreduce-run: rank {rank} exited with code {rc}; stopping the other "
+                      f"{sum(c is None for c in codes)} rank(s)", file=sys.stderr, flush=True)
+                job.stop(signal.SIGTERM)
+                code = _exit_code(rc)
+                break
+            if all(c == 0 for c in codes):
+                job.stop(signal.SIGTERM)  # reap strays the ranks left in their groups
+                break
+            time.sleep(0.05)
+    finally:
+        if job is not None:
+            if any(p.poll() is None for p in job.procs):
+                job.stop(signal.SIGKILL)
+            job.finish_output()
+        if switch_proc is not None:
+            switch_proc.stop()
+        for s, handler in old.items():
+            signal.signal(s, handler)
+    return code
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    sys.exit(run(argv))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,197 @@
+"""Rank side of negotiation: requests, the response cache, and the two connections to
+the coordinator (netreduce/control/negotiation.py has the protocol essay).
+
+The ``poll`` connection carries one outstanding ``negotiate`` request at a time — it
+submits what this rank has and blocks at the aggregator until the global log has
+something new. The background thread waits on that socket and on its own wake-up
+pipe with select(), so a submission made while the poll is blocked goes out at once
+on the ``submit`` connection instead of waiting for the poll to time out. The
+``watch`` connection holds one request that the coordinator answers only when the
+job fails, so failures arrive even when no negotiation is outstanding.
+"""
+from __future__ import annotations
+
+import json
+import socket
+import threading
+from typing import Any, Dict, List, Optional, Tuple
+
+from netreduce.errors import ControlPlaneError
+
+Sig = Tuple[str, str, Tuple[int, ...], str, float, float, int]
+
+
+class LineConnection:
+    """One persistent TCP connection speaking the control server's JSON lines. Keeps
+    its own socket (not ControlClient) because the coordinator binds a connection to
+    a rank: the session is the unit of liveness."""
+
+    def __init__(self, address: Tuple[str, int], timeout: float) -> None:
+        self.address = address
+        try:
+            self.sock = socket.create_connection(address, timeout=timeout)
+        except OSError as exc:
+            raise ControlPlaneError(f"cannot reach the aggregator's control port at "
+                                    f"{address[0]}:{address[1]}: {exc}") from None
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.sock.settimeout(None)
+        self._buf = b""
+        self.lock = threading.Lock()
+
+    def where(self) -> str:
+        return f"{self.address[0]}:{self.address[1]}"
+
+    def send(self, cmd: str, **fields: Any) -> None:
+        fields["cmd"] = cmd
+        data = (json.dumps(fields, separators=(",", ":")) + "\n").encode()
+        try:
+            self.sock.sendall(data)
+        except OSError as exc:
+            raise ControlPlaneError(f"lost the connection to the aggregator at "
+                                    f"{self.where()}: {exc}") from None
+
+    def pending(self) -> bool:
+        """True when a whole reply is already buffered (select would not see it)."""
+        return b"\n" in self._buf
+
+    def recv(self, timeout: Optional[float] = None) -> Dict[str, Any]:
+        self.sock.settimeout(timeout)
+        try:
+            while b"\n" not in self._buf:
+                chunk = self.sock.recv(1 << 16)
+                if not chunk:
+                    raise ControlPlaneError(f"the aggregator at {self.where()} closed the "
+                                            "control connection (did it exit?)")
+                self._buf += chunk
+        except socket.timeout:
+            raise ControlPlaneError(f"the aggregator at {self.where()} did not answer "
+                                    f"within {timeout} s") from None
+        except OSError as exc:
+            raise ControlPlaneError(f"lost the connection to the aggregator at "
+                                    f"{self.where()}: {exc}") from None
+        finally:
+            try:
+                self.sock.settimeout(None)
+            except OSError:
+                pass  # closed meanwhile by shutdown(); the error above says enough
+        line, self._buf = self._buf.split(b"\n", 1)
+        reply = json.loads(line)
+        if not reply.get("ok", False):
+            raise ControlPlaneError(f"aggregator {self.where()}: "
+                                    f"{reply.get('error', 'request refused')}")
+        return reply
+
+    def call(self, cmd: str, reply_within: Optional[float] = None,
+             **fields: Any) -> Dict[str, Any]:
+        with self.lock:
+            self.send(cmd, **fields)
+            return self.recv(reply_within)
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+def wire_request(name: str, sig: Sig, cacheable: bool) -> Dict[str, Any]:
+    kind, dtype, shape, op, pre, post, root = sig
+    req: Dict[str, Any] = {"n": name, "k": kind, "d": dtype, "s": list(shape), "o": op}
+    if pre != 1.0:
+        req["pre"] = pre
+    if post != 1.0:
+        req["post"] = post
+    if root >= 0:
+        req["r"] = root
+    if not cacheable:
+        req["c"] = 0
+    return req
+
+
+class ResponseCache:
+    """name <-> id as the coordinator assigned them. A name goes out as its id only
+    when this rank's signature equals the one the id was assigned for."""
+
+    def __init__(self) -> None:
+        self.id_of: Dict[str, Tuple[int, Sig]] = {}
+        self.name_of: Dict[int, str] = {}
+        self.hits = 0
+
+    def encode(self, name: str, sig: Sig, cacheable: bool) -> Any:
+        known = self.id_of.get(name)
+        if known is not None and known[1] == sig:
+            self.hits += 1
+            return known[0]
+        return wire_request(name, sig, cacheable)
+
+    def learn(self, assign: Dict[str, int], sigs: Dict[str, Sig]) -> None:
+        for name, new_id in assign.items():
+            old = self.id_of.get(name)
+            if old is not None:
+                self.name_of.pop(old[0], None)
+            self.id_of[name] = (new_id, sigs[name])
+            self.name_of[new_id] = name
+
+    def resolve(self, ref: Any) -> str:
+        return self.name_of[ref] if isinstance(ref, int) else ref
+
+
+class NegotiationClient:
+    """The two connections of one rank, after the hello handshake (which returns
+    once every rank of the job has joined, or fails naming the missing ranks)."""
+
+    def __init__(self, address: Tuple[str, int], job: str, rank: int, size: int, *,
+                 threshold: int, capacity: int, start_timeout: float,
+                 timeout: float = 30.0) -> None:
+        self.address, self.job, self.rank, self.size = address, job, rank, size
+        self.timeout = timeout  # NETREDUCE_TIMEOUT: how long a short request may take
+        hello = dict(job=job, rank=rank, size=size, threshold=threshold, capacity=capacity,
+                     timeout=start_timeout)
+        self.submit_conn = LineConnection(address, timeout=start_timeout)
+        self.poll_conn = LineConnection(address, timeout=start_timeout)
+        self.watch_conn = LineConnection(address, timeout=start_timeout)
+        self.requests = 0  # negotiation requests sent (steady state: one per cycle)
+        try:
+            self.submit_conn.call("negotiate_hello", role="submit",
+                                  reply_within=start_timeout + 10, **hello)
+            self.watch_conn.call("negotiate_hello", role="watch",
+                                 reply_within=start_timeout + 10, **hello)
+            reply = self.poll_conn.call("negotiate_hello", role="poll",
+                                        reply_within=start_timeout + 10, **hello)
+        except Exception:
+            self.close()
+            raise
+        self.next_seq = int(reply.get("seq", 0))
+
+    def send_poll(self, reqs: List[Any], wait_ms: float, stall_s: float) -> None:
+        self.requests += 1
+        self.poll_conn.send("negotiate", reqs=reqs, ack=self.next_seq, wait_ms=wait_ms,
+                            stall_s=stall_s)
+
+    def recv_poll(self) -> Dict[str, Any]:
+        return self.poll_conn.recv()
+
+    def submit(self, reqs: List[Any]) -> None:
+        self.requests += 1
+        self.submit_conn.call("negotiate_submit", reqs=reqs, reply_within=self.timeout)
+
+    def watch(self) -> Dict[str, Any]:
+        """Blocks until the coordinator reports the job failed (or this rank left)."""
+        self.watch_conn.send("negotiate_watch")
+        return self.watch_conn.recv()
+
+    def bye(self, done: int) -> None:
+        self.submit_conn.call("negotiate_bye", done=done, reply_within=min(self.timeout, 10.0))
+
+    def abort(self, reason: str) -> None:
+        self.submit_conn.call("negotiate_abort", reason=reason,
+                              reply_within=min(self.timeout, 10.0))
+
+    def close(self) -> None:
+        for conn in (getattr(self, "poll_conn", None), getattr(self, "submit_conn", None),
+                     getattr(self, "watch_conn", None)):
+            if conn is not None:
+                conn.close()

@@ -1,0 +1,129 @@
+"""Reduction ops, dtypes and the element-wise work around the wire all-reduce.
+
+The data plane only sums, mins and maxes (DESIGN.md: "Average is a post-scale on the
+worker"). Everything else a user asks for is done here, on the worker, in Horovod's
+way: prescale before the sum, postscale (and 1/size for Average) after it; integers
+are scaled in float64 and cast back, float16 and bfloat16 in float32.
+"""
+from __future__ import annotations
+
+import enum
+from typing import Optional
+
+import numpy as np
+
+
+class ReduceOp(enum.Enum):
+    """What all-reduce computes across ranks (Horovod's names)."""
+
+    Average = "average"
+    Sum = "sum"
+    Min = "min"
+    Max = "max"
+    Product = "product"
+    Adasum = "adasum"
+
+    @property
+    def wire(self) -> str:
+        """The data-plane op: Average is a Sum followed by a division on the worker."""
+        if self in (ReduceOp.Product, ReduceOp.Adasum):
+            raise NotImplementedError(
+                f"ReduceOp.{self.name} is not supported by netreduce: the aggregator "
+                "implements sum, min and max (Average = sum / size)")
+        return "sum" if self is ReduceOp.Average else self.value
+
+
+Average, Sum, Min, Max = ReduceOp.Average, ReduceOp.Sum, ReduceOp.Min, ReduceOp.Max
+Product, Adasum = ReduceOp.Product, ReduceOp.Adasum
+
+
+def as_op(op) -> ReduceOp:
+    """ReduceOp from a ReduceOp or its name ('sum', 'Average', ...)."""
+    if isinstance(op, ReduceOp):
+        result = op
+    elif isinstance(op, str):
+        try:
+            result = ReduceOp(op.lower())
+        except ValueError:
+            raise ValueError(f"unknown reduce op {op!r}; use one of "
+                             f"{[o.name for o in ReduceOp]}") from None
+    else:
+        raise TypeError(f"op must be a netreduce.ReduceOp, got {type(op).__name__}")
+    result.wire  # raises NotImplementedError for Product / Adasum
+    return result
+
+
+# dtype name -> dtype the data plane carries it in. The native engine handles the
+# first six; small integer types ride in a wider exact integer type so that a sum of
+# up to 2**24 ranks cannot overflow on the wire (the result is cast back, wrapping
+# like numpy does).
+WIRE_DTYPE = {
+    "float32": "float32", "float64": "float64", "float16": "float16",
+    "bfloat16": "bfloat16", "int32": "int32", "int64": "int64",
+    "int8": "int32", "uint8": "int32", "int16": "int32", "uint16": "int32",
+    "uint32": "int64",
+}
+# numpy storage of each wire dtype (bfloat16 travels as its uint16 bit pattern)
+STORAGE = {name: np.dtype("uint16" if name == "bfloat16" else name) for name in WIRE_DTYPE}
+
+
+def dtype_name(array: np.ndarray, dtype: Optional[str] = None) -> str:
+    """The netreduce dtype of ``array``; ``dtype='bfloat16'`` marks a uint16 array
+    that holds bfloat16 bit patterns (what a framework adapter hands over)."""
+    if dtype is not None:
+        if dtype not in WIRE_DTYPE:
+            raise TypeError(f"unsupported dtype {dtype!r}; supported: {sorted(WIRE_DTYPE)}")
+        if STORAGE[dtype].itemsize != array.dtype.itemsize:
+            raise TypeError(f"dtype {dtype!r} needs {STORAGE[dtype].itemsize}-byte elements, "
+                            f"the array has {array.dtype}")
+        return dtype
+    name = array.dtype.name
+    if name not in WIRE_DTYPE:
+        raise TypeError(f"netreduce cannot all-reduce dtype {name}; supported: "
+                        f"{sorted(WIRE_DTYPE)}")
+    return name
+
+
+def check_array(array) -> np.ndarray:
+    if not isinstance(array, np.ndarray):
+        raise TypeError(f"expected a numpy.ndarray, got {type(array).__name__} "
+                        "(framework tensors go through netreduce.torch etc.)")
+    if not array.flags.c_contiguous:
+        raise ValueError("netreduce needs C-contiguous arrays (the data plane reads one flat "
+                         f"buffer); got strides {array.strides} for shape {array.shape}: "
+                         "pass numpy.ascontiguousarray(x)")
+    return array
+
+
+def _bf16_to_f32(bits: np.ndarray) -> np.ndarray:
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+def _f32_to_bf16(values: np.ndarray, out: np.ndarray) -> None:
+    """Round to nearest even, the way the aggregator rounds (NaN stays NaN)."""
+    b = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
+    rounded = ((b + np.uint32(0x7FFF) + ((b >> 16) & np.uint32(1))) >> 16).astype(np.uint16)
+    nan = np.isnan(values)
+    if nan.any():
+        rounded[nan] = 0x7FC0
+    out[...] = rounded.reshape(out.shape)
+
+
+def scale_into(dst: np.ndarray, src: np.ndarray, factor: float, dtype: str,
+               wire: Optional[str] = None) -> None:
+    """dst = src * factor with Horovod's arithmetic. ``dtype`` is the tensor's dtype
+    name, ``wire`` the dtype of ``dst`` when it differs (src→wire on the way in,
+    wire→dtype on the way out); both arrays are flat or of equal shape."""
+    if factor == 1.0:
+        np.copyto(dst, src, casting="unsafe")
+        return
+    kinds = {dtype, wire or dtype}
+    if "bfloat16" in kinds:
+        _f32_to_bf16(_bf16_to_f32(src) * np.float32(factor), dst)
+    elif kinds & {"float16"}:
+        np.copyto(dst, src.astype(np.float32) * np.float32(factor), casting="unsafe")
+    elif np.dtype(STORAGE[dtype]).kind in "iu":
+        # float64 then truncate toward zero, as Horovod's static_cast<T>(x * factor)
+        np.copyto(dst, src.astype(np.float64) * factor, casting="unsafe")
+    else:
+        np.multiply(src, factor, out=dst, casting="unsafe")

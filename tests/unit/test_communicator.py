@@ -1,0 +1,397 @@
+"""The public API end to end, ranks as threads, on the fake server and fabric
+(the same scenarios run as processes on the real data plane in tests/parallel)."""
+import json
+import logging
+import random
+
+import numpy as np
+import pytest
+
+import netreduce as nr
+from netreduce import api
+from netreduce.errors import NegotiationError, RankFailedError, ShutdownError
+from tests.unit.harness import Ranks
+
+
+@pytest.fixture
+def ranks():
+    made = []
+
+    def make(size, **knobs):
+        r = Ranks(size, knobs)
+        made.append(r)
+        return r
+
+    yield make
+    for r in made:
+        r.close()
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 4])
+def test_rank_r_contributes_r(ranks, size):
+    def fn(r):
+        out = [nr.allreduce(np.full(n, r, np.float32), op=nr.Sum, name=f"t{n}")
+               for n in (0, 1, 1000, 70000)]
+        avg = nr.allreduce(np.full(7, r, np.float64))
+        return out, avg
+    for out, avg in ranks(size).run(fn):
+        for a in out:
+            assert (a == size * (size - 1) / 2).all()
+        assert np.allclose(avg, (size - 1) / 2)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "int32", "int64", "int8",
+                                   "uint8"])
+def test_random_data_against_numpy(ranks, dtype):
+    size = 3
+    data = [np.random.default_rng(r).integers(-20, 20, (5, 33)).astype(dtype)
+            for r in range(size)]
+
+    def fn(r):
+        return (nr.allreduce(data[r], op=nr.Sum, name="s"),
+                nr.allreduce(data[r], op=nr.Min, name="mn"),
+                nr.allreduce(data[r], op=nr.Max, name="mx"))
+    for s, mn, mx in ranks(size).run(fn):
+        np.testing.assert_array_equal(s, np.sum(data, axis=0).astype(dtype))
+        np.testing.assert_array_equal(mn, np.min(data, axis=0))
+        np.testing.assert_array_equal(mx, np.max(data, axis=0))
+        assert s.dtype == np.dtype(dtype)
+
+
+def test_bfloat16_through_uint16(ranks):
+    vals = np.array([1.0, 2.0, -0.5], np.float32)
+    bits = (vals.view(np.uint32) >> 16).astype(np.uint16)
+
+    def fn(r):
+        return nr.allreduce(bits, op=nr.Average, name="bf", dtype="bfloat16")
+    for out in ranks(2).run(fn):
+        assert ((out.astype(np.uint32) << 16).view(np.float32) == vals).all()
+
+
+def test_fifty_tensors_in_a_different_random_order_per_rank(ranks):
+    size = 4
+    shapes = {f"g{i}": (i % 7 + 1, 3) for i in range(50)}
+
+    def fn(r):
+        names = list(shapes)
+        random.Random(r).shuffle(names)
+        handles = {n: nr.allreduce_async(np.full(shapes[n], r + int(n[1:]), np.float32),
+                                         op=nr.Sum, name=n) for n in names}
+        return {n: nr.synchronize(h) for n, h in handles.items()}
+    R = ranks(size)
+    for got in R.run(fn):
+        for n, arr in got.items():
+            assert (arr == sum(r + int(n[1:]) for r in range(size))).all(), n
+
+
+def test_prescale_postscale_average(ranks):
+    def fn(r):
+        a = nr.allreduce(np.full(4, r + 1, np.float32), name="a", prescale_factor=2.0,
+                         postscale_factor=0.5)
+        b = nr.allreduce(np.full(4, r + 1, np.int32), op=nr.Sum, name="b", prescale_factor=0.5)
+        g = nr.grouped_allreduce([np.ones(3, np.float32) * r, np.ones(5, np.float32)], op=nr.Sum,
+                                 name="g", postscale_factor=10.0)
+        return a, b, g
+    for a, b, g in ranks(2).run(fn):
+        assert (a == 1.5).all()            # ((1+2)*2/2)*0.5 = 1.5
+        assert (b == 0 + 1).all()          # int(1*0.5)=0, int(2*0.5)=1
+        assert (g[0] == 10).all() and (g[1] == 20).all()
+
+
+def test_in_place_and_broadcast_and_objects(ranks):
+    def fn(r):
+        x = np.full(6, r, np.float32)
+        y = nr.allreduce_(x, op=nr.Sum, name="x")
+        b = nr.broadcast(np.arange(5) * (r + 1), root_rank=1, name="b")
+        c = np.full(3, r, np.float64)
+        nr.broadcast_(c, root_rank=2)
+        obj = nr.broadcast_object({"from": r}, root_rank=1)
+        everyone = nr.allgather_object(("r", r, "x" * r))
+        nr.barrier()
+        return y is x, x, b, c, obj, everyone
+    for same, x, b, c, obj, everyone in ranks(3).run(fn):
+        assert same and (x == 3).all()
+        assert (b == np.arange(5) * 2).all() and (c == 2).all()
+        assert obj == {"from": 1}
+        assert everyone == [("r", r, "x" * r) for r in range(3)]
+
+
+def test_mismatched_shapes_fail_on_every_rank(ranks):
+    def fn(r):
+        with pytest.raises(NegotiationError) as info:
+            nr.allreduce(np.zeros((2, 3) if r == 0 else (3,), np.float32), name="bad")
+        # the communicator keeps working afterwards
+        return str(info.value), nr.allreduce(np.ones(2, np.float32), op=nr.Sum, name="ok")
+    for msg, ok in ranks(2).run(fn):
+        assert "Mismatched allreduce tensor shapes: One rank sent a tensor of shape [2, 3], " \
+               "but another rank sent a tensor of shape [3]" in msg
+        assert "'bad'" in msg and "rank 0" in msg and "rank 1" in msg
+        assert (ok == 2).all()
+
+
+def test_mismatched_dtype_and_op(ranks):
+    def fn(r):
+        with pytest.raises(nr.NetReduceError, match="Mismatched data types"):
+            nr.allreduce(np.zeros(3, np.float32 if r else np.float64), name="d")
+        with pytest.raises(nr.NetReduceError, match="Mismatched allreduce reduction ops"):
+            nr.allreduce(np.zeros(3), op=nr.Sum if r else nr.Max, name="o")
+    ranks(2).run(fn)
+
+
+def test_duplicate_in_flight_name_is_a_value_error(ranks):
+    def fn(r):
+        h = nr.allreduce_async(np.ones(3, np.float32), name="dup")
+        with pytest.raises(ValueError, match="'dup' is already being reduced"):
+            nr.allreduce_async(np.ones(3, np.float32), name="dup")
+        nr.synchronize(h)
+        nr.synchronize(nr.allreduce_async(np.ones(3, np.float32), name="dup"))  # fine now
+        with pytest.raises(ValueError, match="already being reduced"):
+            nr.grouped_allreduce_async([np.ones(1)], name="same") and \
+                nr.grouped_allreduce_async([np.ones(1), np.ones(1)], name="same")
+    ranks(1).run(fn)
+
+
+def test_bad_arguments(ranks):
+    def fn(r):
+        with pytest.raises(ValueError, match="C-contiguous"):
+            nr.allreduce(np.zeros((3, 3), np.float32).T, name="t")
+        with pytest.raises(NotImplementedError):
+            nr.allreduce(np.zeros(3), op=nr.ReduceOp.Adasum)
+        with pytest.raises(ValueError, match="root_rank 5"):
+            nr.broadcast(np.zeros(3), root_rank=5)
+        with pytest.raises(TypeError, match="cannot all-reduce dtype"):
+            nr.allreduce(np.zeros(3, np.complex64))
+    ranks(1).run(fn)
+
+
+def test_not_initialized():
+    assert not nr.is_initialized()
+    with pytest.raises(nr.NetReduceError, match="not been initialized"):
+        nr.allreduce(np.zeros(1))
+    with pytest.raises(nr.NetReduceError, match="not been initialized"):
+        nr.rank()
+
+
+def test_stall_warning_names_missing_ranks(ranks, caplog):
+    def fn(r):
+        if r == 0:
+            h = nr.allreduce_async(np.ones(2, np.float32), name="only-rank-0")
+            import time
+            time.sleep(0.8)
+            return h
+        import time
+        time.sleep(0.8)
+        return None
+    R = ranks(3, NETREDUCE_STALL_TIMEOUT=0.2)
+    with caplog.at_level(logging.WARNING, logger="netreduce"):
+        R.run(fn, shutdown=False)
+    text = caplog.text
+    assert "'only-rank-0'" in text and "rank(s) 1, 2" in text
+    for c in R.comms:
+        c.shutdown()
+
+
+def test_rank_shutdown_fails_others_naming_it(ranks):
+    import threading
+    gate = threading.Event()
+
+    def fn(r):
+        nr.allreduce(np.ones(2, np.float32), name="warmup")
+        if r == 1:
+            api._tls.comm.shutdown()
+            gate.set()
+            return None
+        h = nr.allreduce_async(np.ones(2, np.float32), name="needs-rank-1")
+        gate.wait(5)
+        with pytest.raises(RankFailedError, match="rank 1 called shutdown") as info:
+            nr.synchronize(h)
+        assert info.value.rank == 1
+        with pytest.raises(RankFailedError, match="rank 1"):
+            nr.allreduce(np.ones(2, np.float32), name="later")
+        return True
+    R = ranks(3)
+    R.run(fn, shutdown=False)
+    for r in (0, 2):
+        R.comms[r].shutdown()
+
+
+def test_rank_death_fails_others_naming_it(ranks):
+    def fn(r):
+        nr.allreduce(np.ones(2, np.float32), name="warmup")
+        if r == 1:
+            # what a killed process leaves behind: its connections close, nothing else
+            api._tls.comm.neg.close()
+            return None
+        with pytest.raises(RankFailedError, match="rank 1 disconnected"):
+            nr.allreduce(np.ones(2, np.float32), name="needs-rank-1")
+        return True
+    R = ranks(2)
+    R.run(fn, shutdown=False)
+    R.comms[0].shutdown()
+
+
+def test_pending_ops_fail_on_own_shutdown(ranks):
+    def fn(r):
+        h = nr.allreduce_async(np.ones(2, np.float32), name="never")
+        api._tls.comm.shutdown()
+        with pytest.raises(ShutdownError):
+            nr.synchronize(h)
+        with pytest.raises(ShutdownError):
+            nr.allreduce(np.ones(2, np.float32), name="after")
+    ranks(2).run(fn, shutdown=False)
+
+
+def test_fusion_buffer_allocated_once_and_cache_makes_steps_cheap(ranks):
+    shapes = [(64, 3, 3), (64,), (128, 64), (128,), (10, 128), (10,)]
+
+    def fn(r):
+        comm = api._tls.comm
+        for step in range(6):
+            if step == 1:
+                first = comm.neg.requests
+            handles = [nr.allreduce_async(np.full(s, r, np.float32), op=nr.Sum, name=f"p{i}")
+                       for i, s in enumerate(shapes)]
+            for h in handles:
+                nr.synchronize(h)
+        return (comm.fusion.allocations, comm.cache.hits, comm.groups_executed,
+                (comm.neg.requests - first) / 5)
+    R = ranks(2, NETREDUCE_CYCLE_TIME=5)
+    for allocations, hits, groups, requests_per_step in R.run(fn):
+        assert allocations == 1
+        assert hits >= 5 * len(shapes)           # after step 0 every name is an id
+        assert groups <= 6 * 2                   # ≤ 2 fused messages per step, not 6
+        assert requests_per_step == 1            # one small negotiation message per step
+    sizes = {c[2] for c in R.fabric.calls}
+    assert sum(int(np.prod(s)) for s in shapes) in sizes  # one fused message per step
+
+
+def test_timeline_has_every_phase(ranks, tmp_path):
+    path = tmp_path / "trace.json"
+
+    def fn(r):
+        for step in range(2):
+            nr.grouped_allreduce([np.ones(10, np.float32), np.ones(3, np.float32)], name="g")
+    ranks(2, NETREDUCE_TIMELINE=str(path)).run(fn)
+    events = json.loads(path.read_text())
+    phases = {e["name"] for e in events if e["ph"] == "X"}
+    assert phases == {"negotiate", "wait_for_ranks", "copy_in", "allreduce", "copy_out"}
+    rows = {e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert rows == {"g.0", "g.1"}
+    assert all(e["dur"] >= 0 and e["pid"] == 0 for e in events if e["ph"] == "X")
+
+
+def test_single_process_init_spawns_an_embedded_aggregator(monkeypatch):
+    from tests.unit.fakes import FakeFabric, FakeSwitchProcess
+    spawned = []
+
+    def spawn(host, port, **opts):
+        spawned.append(FakeSwitchProcess())
+        return spawned[-1]
+    fabric = FakeFabric()
+    monkeypatch.setattr(api, "_spawn_switch", spawn)
+    monkeypatch.setattr(api, "_connect", fabric.connect)
+    for var in ("NETREDUCE_SWITCH", "NETREDUCE_RANK", "NETREDUCE_SIZE", "OMPI_COMM_WORLD_RANK",
+                "RANK", "PMI_RANK", "HOROVOD_RANK", "SLURM_STEP_ID"):
+        monkeypatch.delenv(var, raising=False)
+    nr.init()
+    try:
+        nr.init()  # idempotent
+        assert nr.is_initialized() and (nr.rank(), nr.size()) == (0, 1)
+        assert (nr.local_rank(), nr.local_size()) == (0, 1)
+        assert (nr.allreduce(np.arange(4.0)) == np.arange(4.0)).all()
+    finally:
+        nr.shutdown()
+    assert not nr.is_initialized() and len(spawned) == 1 and spawned[0].stopped
+
+
+def test_multi_rank_without_switch_is_a_clear_error(monkeypatch):
+    monkeypatch.delenv("NETREDUCE_SWITCH", raising=False)
+    monkeypatch.setenv("NETREDUCE_RANK", "0")
+    monkeypatch.setenv("NETREDUCE_SIZE", "2")
+    with pytest.raises(nr.NetReduceError, match="NETREDUCE_SWITCH=H:P"):
+        nr.init()
+
+
+def test_silent_aggregator_fails_within_the_timeout(ranks, monkeypatch):
+    import threading
+    import time
+    from netreduce.control import negotiation as coord
+    from netreduce.errors import ControlPlaneError
+    release = threading.Event()
+    R = ranks(1, NETREDUCE_TIMEOUT=0.5)
+
+    def fn(r):
+        nr.allreduce(np.ones(2, np.float32), name="fine")
+        # from now on the aggregator accepts requests and never answers them
+        for cmd in ("negotiate", "negotiate_submit"):
+            monkeypatch.setitem(coord.HANDLERS, cmd,
+                                lambda *a, real=coord.HANDLERS[cmd]: release.wait(30) and real(*a))
+        t0 = time.monotonic()
+        with pytest.raises(ControlPlaneError,
+                           match=r"aggregator at 127\.0\.0\.1:\d+ did not answer"):
+            nr.allreduce(np.ones(2, np.float32), name="hangs")
+        assert time.monotonic() - t0 < 5
+    try:
+        R.run(fn)
+    finally:
+        release.set()
+
+
+def test_last_barrier_survives_a_fast_peer_shutdown(ranks, monkeypatch):
+    """Rank 0 finishes the final barrier and shuts down at once; rank 1 hears of the
+    departure (watch) before it reads the barrier's log entry. The barrier must still
+    complete on rank 1: rank 0 executed it."""
+    import time
+    from netreduce.communicator import Communicator
+    real = Communicator._on_reply
+
+    def late_reply(self, reply):
+        if self.rank == 1 and reply.get("e"):
+            time.sleep(0.3)  # let the watch deliver rank 0's departure first
+        return real(self, reply)
+    monkeypatch.setattr(Communicator, "_on_reply", late_reply)
+
+    def fn(r):
+        nr.allreduce(np.ones(2, np.float32), name="last-step")
+        nr.barrier()
+        if r == 0:
+            api._tls.comm.shutdown()
+        return True
+    R = ranks(2)
+    assert R.run(fn, shutdown=False) == [True, True]
+    R.comms[1].shutdown()
+
+
+def test_in_flight_transfer_is_aborted_when_a_peer_dies(ranks, monkeypatch):
+    from netreduce.errors import DataPlaneError
+    from tests.unit.fakes import FakeConn
+    real = FakeConn.allreduce
+
+    def dies_instead(self, src, dst=None, op="sum", dtype=None):
+        if self.rank == 1 and self.count == 1:
+            self.fabric.comm_of_rank1.neg.close()  # "dies" mid-transfer: sockets close
+            import time
+            time.sleep(2.0)  # a dead process never contributes
+            raise DataPlaneError("rank 1 is dead")
+        return real(self, src, dst, op, dtype)
+    monkeypatch.setattr(FakeConn, "allreduce", dies_instead)
+
+    def fn(r):
+        if r == 1:
+            R.fabric.comm_of_rank1 = api._tls.comm
+        nr.allreduce(np.ones(2, np.float32), name="warmup")
+        if r == 1:
+            nr.allreduce_async(np.ones(2, np.float32), name="transfer")
+            import time
+            time.sleep(1.0)
+            return None
+        with pytest.raises(RankFailedError, match="rank 1 disconnected") as info:
+            nr.allreduce(np.ones(2, np.float32), name="transfer")
+        assert info.value.rank == 1
+        return True
+    R = ranks(2, NETREDUCE_TIMEOUT=30)
+    import time
+    t0 = time.monotonic()
+    R.run(fn, shutdown=False)
+    assert time.monotonic() - t0 < 10  # aborted, not left to the 30 s data-plane timeout
+    R.comms[0].shutdown()

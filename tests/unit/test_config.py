@@ -1,0 +1,56 @@
+"""Knobs: declared once, typed, with a source; nothing else reads NETREDUCE_*."""
+import pathlib
+import re
+
+import pytest
+
+from netreduce import config
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def test_every_communicator_knob_is_declared():
+    for name in ("NETREDUCE_CYCLE_TIME", "NETREDUCE_FUSION_THRESHOLD", "NETREDUCE_STALL_TIMEOUT",
+                 "NETREDUCE_TIMELINE", "NETREDUCE_CACHE_CAPACITY", "NETREDUCE_RANK",
+                 "NETREDUCE_SIZE", "NETREDUCE_JOB", "NETREDUCE_SWITCH", "NETREDUCE_TIMEOUT"):
+        assert name in config.KNOBS and config.KNOBS[name].help
+
+
+def test_defaults_and_environment(monkeypatch):
+    monkeypatch.delenv("NETREDUCE_CYCLE_TIME", raising=False)
+    assert config.get("NETREDUCE_CYCLE_TIME") == 1.0
+    assert config.source("NETREDUCE_CYCLE_TIME") == "default"
+    assert config.get("NETREDUCE_FUSION_THRESHOLD") == 64 * 1024 * 1024
+    monkeypatch.setenv("NETREDUCE_CYCLE_TIME", "2.5")
+    assert config.get("NETREDUCE_CYCLE_TIME") == 2.5
+    assert config.source("NETREDUCE_CYCLE_TIME") == "environment"
+
+
+@pytest.mark.parametrize("text,value", [("1048576", 1 << 20), ("64M", 64 << 20),
+                                        ("64MiB", 64 << 20),
+                                        ("1k", 1024), ("2G", 2 << 30), ("0", 0)])
+def test_byte_sizes(monkeypatch, text, value):
+    monkeypatch.setenv("NETREDUCE_FUSION_THRESHOLD", text)
+    assert config.get("NETREDUCE_FUSION_THRESHOLD") == value
+
+
+def test_invalid_value_names_the_knob(monkeypatch):
+    monkeypatch.setenv("NETREDUCE_CACHE_CAPACITY", "lots")
+    with pytest.raises(ValueError, match="NETREDUCE_CACHE_CAPACITY='lots'"):
+        config.get("NETREDUCE_CACHE_CAPACITY")
+
+
+def test_declaring_twice_is_an_error():
+    with pytest.raises(RuntimeError, match="declared twice"):
+        config.declare("NETREDUCE_TIMEOUT", float, 1.0, "again")
+
+
+def test_no_other_module_reads_netreduce_variables():
+    # STYLE.md: no scattered getenv. environment.py reads other launchers' variables
+    # (OMPI_*, SLURM_*...), which are not knobs; NETREDUCE_* only via config.
+    for path in (ROOT / "netreduce").rglob("*.py"):
+        if path.name == "config.py":
+            continue
+        text = path.read_text()
+        assert not re.search(r"environ(\.get)?\s*[\[(]\s*['\"]NETREDUCE_", text), path
+        assert not re.search(r"getenv\(\s*['\"]NETREDUCE_", text), path

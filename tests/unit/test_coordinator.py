@@ -1,0 +1,173 @@
+"""The aggregator-side coordinator, driven in-process through its handlers."""
+import threading
+import time
+
+import pytest
+
+from netreduce.control import negotiation as coord
+
+
+class Srv:
+    pass
+
+
+class Sess:
+    def __init__(self):
+        self.state = {}
+
+
+def req(name, shape=(4,), dtype="float32", kind="allreduce", op="sum", root=-1, **extra):
+    r = {"n": name, "k": kind, "d": dtype, "s": list(shape), "o": op, "r": root}
+    r.update(extra)
+    return r
+
+
+@pytest.fixture
+def job():
+    """Two ranks joined (hello runs concurrently: it waits for everyone)."""
+    srv = Srv()
+    sessions = [Sess() for _ in range(2)]
+    submit = [Sess() for _ in range(2)]
+
+    def hello(r):
+        coord.handle_hello(srv, submit[r], {"job": "j", "rank": r, "size": 2, "role": "submit",
+                                            "threshold": 1000})
+        coord.handle_hello(srv, sessions[r], {"job": "j", "rank": r, "size": 2, "role": "poll",
+                                              "threshold": 1000, "timeout": 5})
+
+    ts = [threading.Thread(target=hello, args=(r,)) for r in range(2)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    return srv, sessions, submit
+
+
+def neg(srv, sess, reqs=(), ack=0, wait_ms=0, stall_s=60.0):
+    return coord.handle_negotiate(srv, sess, {"reqs": list(reqs), "ack": ack, "wait_ms": wait_ms,
+                                              "stall_s": stall_s})
+
+
+def test_one_order_for_any_submission_order(job):
+    srv, s, _ = job
+    assert neg(srv, s[0], [req("a"), req("b"), req("c", dtype="float64")])["e"] == []
+    reply = neg(srv, s[1], [req("c", dtype="float64"), req("b"), req("a")])
+    # readiness order is rank 1's order; same-dtype tensors fuse in that order
+    groups = [e["t"] for e in reply["e"]]
+    names = {v: k for k, v in reply["e"][0].get("a", {}).items()}
+    for e in reply["e"][1:]:
+        names.update({v: k for k, v in e.get("a", {}).items()})
+    assert [[names[x] for x in g] for g in groups] == [["c"], ["b", "a"]]
+    assert [e["seq"] for e in reply["e"]] == [0, 1]
+    # rank 0 reads the very same entries
+    assert neg(srv, s[0], ack=0)["e"] == reply["e"]
+
+
+def test_cached_ids_replace_requests(job):
+    srv, s, _ = job
+    neg(srv, s[0], [req("w")])
+    first = neg(srv, s[1], [req("w")])["e"][0]
+    wid = first["a"]["w"]
+    neg(srv, s[0], [wid], ack=1)
+    again = neg(srv, s[1], [wid], ack=1)["e"]
+    assert again == [{"t": [wid], "seq": 1}]  # no assignment, no name: a few bytes
+
+
+def test_shape_mismatch_is_reported_with_values_and_ranks(job):
+    srv, s, _ = job
+    neg(srv, s[0], [req("x", shape=(2, 3))])
+    entry = neg(srv, s[1], [req("x", shape=(3,))])["e"][0]
+    assert entry["err"].startswith(
+        "Mismatched allreduce tensor shapes: One rank sent a tensor of shape [2, 3], "
+        "but another rank sent a tensor of shape [3].")
+    assert "Tensor 'x': rank 0 sent [2, 3]; rank 1 sent [3]." in entry["err"]
+
+
+@pytest.mark.parametrize("a,b,expected", [
+    (req("x", dtype="float32"), req("x", dtype="float64"),
+     "Mismatched data types: One rank had type float32, but another rank had type float64."),
+    (req("x", op="sum"), req("x", op="max"),
+     "Mismatched allreduce reduction ops: One rank sent op sum, but another rank sent op max."),
+    (req("x"), req("x", kind="broadcast", root=0),
+     "Mismatched operations: One rank did an allreduce, but another rank did a broadcast."),
+    (req("x", kind="broadcast", root=0), req("x", kind="broadcast", root=1),
+     "Mismatched broadcast root ranks: One rank specified root rank 0, but another rank "
+     "specified root rank 1."),
+    (req("x", pre=2.0), req("x"),
+     "Mismatched prescale factors: One rank sent factor 2.0, but another rank sent factor 1.0."),
+    (req("x", post=2.0), req("x"),
+     "Mismatched postscale factors: One rank sent factor 2.0, but another rank sent factor 1.0."),
+])
+def test_every_mismatch_kind(job, a, b, expected):
+    srv, s, _ = job
+    neg(srv, s[0], [a])
+    assert neg(srv, s[1], [b])["e"][0]["err"].startswith(expected)
+
+
+def test_stall_report_names_missing_ranks(job):
+    srv, s, _ = job
+    neg(srv, s[0], [req("lonely")])
+    time.sleep(0.06)
+    reply = neg(srv, s[0], ack=0, stall_s=0.05)
+    assert reply["s"][0]["n"] == "lonely" and reply["s"][0]["missing"] == [1]
+    assert "s" not in neg(srv, s[0], stall_s=0.05)  # warned once
+
+
+def test_long_poll_wakes_when_the_last_rank_submits(job):
+    srv, s, sub = job
+    neg(srv, s[0], [req("a")])
+    got = {}
+    t = threading.Thread(target=lambda: got.update(neg(srv, s[0], wait_ms=5000)))
+    t0 = time.monotonic()
+    t.start()
+    time.sleep(0.05)
+    coord.handle_submit(srv, sub[1], {"reqs": [req("a")]})
+    t.join(5)
+    assert got["e"] and time.monotonic() - t0 < 2
+
+
+def test_disconnect_fails_the_job_naming_the_rank(job):
+    srv, s, sub = job
+    neg(srv, s[0], [req("a")])
+    coord.on_disconnect(srv, s[1])
+    reply = neg(srv, s[0])
+    assert reply["f"]["rank"] == 1 and "rank 1 disconnected" in reply["f"]["msg"]
+    assert reply["f"]["after"] is None
+
+
+def test_bye_lets_entries_it_executed_finish(job):
+    srv, s, sub = job
+    neg(srv, s[0], [req("a")])
+    neg(srv, s[1], [req("a")])  # seq 0 in the log, executed by rank 1
+    coord.handle_bye(srv, sub[1], {"done": 0})
+    f = neg(srv, s[0])["f"]
+    assert f["after"] == 0 and "rank 1 called shutdown()" in f["msg"]
+
+
+def test_job_is_forgotten_when_everyone_left(job):
+    srv, s, sub = job
+    for conn in s + sub:
+        coord.on_disconnect(srv, conn)
+    assert "j" not in coord._jobs(srv)
+
+
+def test_hello_times_out_naming_missing_ranks():
+    srv = Srv()
+    with pytest.raises(coord.RequestError, match="ranks 1, 2 of job 'lone' did not join"):
+        coord.handle_hello(srv, Sess(), {"job": "lone", "rank": 0, "size": 3, "timeout": 0.1})
+
+
+def test_same_rank_twice_is_refused(job):
+    srv, _, _ = job
+    with pytest.raises(coord.RequestError, match="rank 0 of job 'j' is already connected"):
+        coord.handle_hello(srv, Sess(), {"job": "j", "rank": 0, "size": 2, "role": "poll"})
+
+
+def test_log_is_trimmed_once_everyone_read_it(job):
+    srv, s, _ = job
+    neg(srv, s[0], [req("a")])
+    neg(srv, s[1], [req("a")])
+    neg(srv, s[0], ack=1)
+    neg(srv, s[1], ack=1)
+    state = coord._jobs(srv)["j"]
+    assert state.log == [] and state.base == 1

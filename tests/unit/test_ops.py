@@ -1,0 +1,73 @@
+"""Reduce ops, dtypes and Horovod's scaling arithmetic."""
+import numpy as np
+import pytest
+
+import netreduce as nr
+from netreduce import ops
+
+
+def test_public_op_names():
+    assert nr.Average is nr.ReduceOp.Average and nr.Sum is nr.ReduceOp.Sum
+    assert nr.Min is nr.ReduceOp.Min and nr.Max is nr.ReduceOp.Max
+    assert ops.as_op("sum") is nr.Sum and ops.as_op("Average") is nr.Average
+    assert nr.Average.wire == "sum" and nr.Max.wire == "max"
+
+
+@pytest.mark.parametrize("op", [nr.ReduceOp.Product, nr.ReduceOp.Adasum, "product"])
+def test_unsupported_ops_raise_not_implemented(op):
+    with pytest.raises(NotImplementedError, match="not supported"):
+        ops.as_op(op)
+
+
+def test_unknown_op():
+    with pytest.raises(ValueError, match="unknown reduce op"):
+        ops.as_op("median")
+    with pytest.raises(TypeError):
+        ops.as_op(3)
+
+
+def test_dtype_names():
+    assert ops.dtype_name(np.zeros(2, np.float32)) == "float32"
+    assert ops.dtype_name(np.zeros(2, np.uint16), "bfloat16") == "bfloat16"
+    assert ops.dtype_name(np.zeros(2, np.int8)) == "int8"
+    with pytest.raises(TypeError, match="cannot all-reduce dtype complex64"):
+        ops.dtype_name(np.zeros(2, np.complex64))
+    with pytest.raises(TypeError, match="2-byte elements"):
+        ops.dtype_name(np.zeros(2, np.float32), "bfloat16")
+
+
+def test_non_contiguous_is_a_value_error():
+    with pytest.raises(ValueError, match="C-contiguous"):
+        ops.check_array(np.zeros((4, 4), np.float32)[:, 1])
+    with pytest.raises(TypeError, match="numpy.ndarray"):
+        ops.check_array([1, 2])
+
+
+def test_integer_scaling_goes_through_float64_and_truncates():
+    dst = np.empty(3, np.int32)
+    ops.scale_into(dst, np.array([3, -3, 7], np.int32), 0.5, "int32")
+    assert dst.tolist() == [1, -1, 3]
+
+
+def test_float16_scaling_in_float32():
+    src = np.array([60000.0], np.float16)  # *2 overflows float16 but the /4 brings it back
+    dst = np.empty(1, np.float16)
+    ops.scale_into(dst, src, 0.25, "float16")
+    assert dst[0] == np.float16(15000.0)
+
+
+def test_bfloat16_round_trip_and_scale():
+    values = np.array([1.0, -2.5, 3.0e38, 0.0], np.float32)
+    bits = (values.view(np.uint32) >> 16).astype(np.uint16)
+    out = np.empty_like(bits)
+    ops.scale_into(out, bits, 0.5, "bfloat16")
+    back = (out.astype(np.uint32) << 16).view(np.float32)
+    assert back.tolist()[:2] == [0.5, -1.25] and back[3] == 0.0
+    assert abs(back[2] - 1.5e38) / 1.5e38 < 1e-2
+
+
+def test_small_ints_ride_wider_wire_types():
+    assert ops.WIRE_DTYPE["int8"] == "int32" and ops.WIRE_DTYPE["uint32"] == "int64"
+    wire = np.empty(2, np.int32)
+    ops.scale_into(wire, np.array([-1, 100], np.int8), 1.0, "int8", "int32")
+    assert wire.tolist() == [-1, 100]
