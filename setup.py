@@ -5,9 +5,14 @@ import glob
 import os
 
 from pybind11.setup_helpers import Pybind11Extension, build_ext
-from setuptools import setup
+from setuptools import find_packages, setup
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+# frameworks/<name> is installed as netreduce.<name> (DESIGN.md: thin adapters).
+FRAMEWORKS = {"netreduce.torch": "frameworks/torch"}
+ADAPTERS = [n for n, p in FRAMEWORKS.items() if os.path.exists(os.path.join(HERE, p, "__init__.py"))]
 
 
 def native_sources():
@@ -29,8 +34,8 @@ setup(
     version="0.1.0",
     description="In-network aggregation all-reduce for distributed deep-learning training",
     python_requires=">=3.9",
-    packages=["netreduce", "netreduce.control", "netreduce.testbed", "netreduce.torch"],
-    package_dir={"netreduce.torch": "frameworks/torch"},
+    packages=find_packages(include=["netreduce", "netreduce.*"]) + ADAPTERS,
+    package_dir={name: path for name, path in FRAMEWORKS.items() if name in ADAPTERS},
     ext_modules=[ext],
     cmdclass={"build_ext": build_ext},
     install_requires=["numpy>=1.21"],
