@@ -1,0 +1,278 @@
+"""Helpers shared by the benchmarks: sizes, nccl-tests arithmetic, CPU and wire
+counters, machine description, JSON records."""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import re
+import resource
+import shlex
+import subprocess
+import sys
+from typing import Dict, Iterable, List, Optional
+
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "kb": 1 << 10, "m": 1 << 20, "mib": 1 << 20,
+          "mb": 1 << 20, "g": 1 << 30, "gib": 1 << 30, "gb": 1 << 30}
+
+
+def parse_size(text: str) -> int:
+    """'64M', '256KiB', '4096' -> bytes (binary units, like nccl-tests' -b/-e)."""
+    m = re.fullmatch(r"\s*([0-9]+)\s*([a-zA-Z]*)\s*", text)
+    if not m or m.group(2).lower() not in _UNITS:
+        raise ValueError(f"cannot parse size {text!r}; write it like 4K, 64M, 256MiB")
+    return int(m.group(1)) * _UNITS[m.group(2).lower()]
+
+
+def size_range(lo: int, hi: int, factor: int = 4) -> List[int]:
+    out, s = [], lo
+    while s <= hi:
+        out.append(s)
+        s *= factor
+    return out
+
+
+def fmt_size(n: float) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            v = n / scale
+            return f"{v:.0f} {unit}" if v == int(v) else f"{v:.1f} {unit}"
+    return f"{n:.0f} B"
+
+
+def iterations(size: int, target_bytes: int, lo: int, hi: int) -> int:
+    """Timed iterations for one size: enough to move ~target_bytes, within [lo, hi].
+    Derived from the size alone so that every rank agrees without talking."""
+    return max(lo, min(hi, target_bytes // max(size, 1)))
+
+
+def algbw(size: int, seconds: float) -> float:
+    """nccl-tests algbw in GB/s (10^9): message bytes over time."""
+    return size / seconds / 1e9 if seconds > 0 else 0.0
+
+
+def busbw(size: int, seconds: float, n: int) -> float:
+    """nccl-tests busbw for all-reduce: algbw x 2(n-1)/n, the per-link rate a ring
+    needs; comparable across world sizes (and with the link rate)."""
+    return algbw(size, seconds) * (2 * (n - 1) / n if n > 1 else 1.0)
+
+
+# --- CPU ------------------------------------------------------------------------
+def self_cpu_seconds() -> float:
+    """user+system CPU of this process, all threads (the engine's included)."""
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
+
+
+def pid_cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def machine_cpu() -> tuple:
+    """(busy, total) jiffies of the whole machine, from /proc/stat; busy includes
+    softirq time, where much of the emulated network's work happens."""
+    with open("/proc/stat") as f:
+        vals = [int(v) for v in f.readline().split()[1:]]
+    idle = vals[3] + (vals[4] if len(vals) > 4 else 0)
+    total = sum(vals[:8])
+    return total - idle, total
+
+
+def machine_busy_fraction(before: tuple, after: tuple) -> float:
+    busy = after[0] - before[0]
+    total = after[1] - before[1]
+    return busy / total if total > 0 else 0.0
+
+
+# --- wire -----------------------------------------------------------------------
+def wire_counters(ifname: Optional[str]) -> Optional[Dict[str, int]]:
+    """tx/rx bytes of `ifname` as this process's network namespace sees it (inside a
+    testbed host, `eth0` is that host's link)."""
+    if not ifname:
+        return None
+    base = f"/sys/class/net/{ifname}/statistics/"
+    try:
+        with open(base + "tx_bytes") as f:
+            tx = int(f.read())
+        with open(base + "rx_bytes") as f:
+            rx = int(f.read())
+    except OSError:
+        return None
+    return {"tx": tx, "rx": rx}
+
+
+# --- description ----------------------------------------------------------------
+def _version(module: str) -> Optional[str]:
+    try:
+        mod = __import__(module)
+        return getattr(mod, "__version__", "?")
+    except Exception:
+        return None
+
+
+def machine_description() -> Dict[str, object]:
+    cpu = "?"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    mem_gib = None
+    try:
+        with open("/proc/meminfo") as f:
+            mem_gib = round(int(f.readline().split()[1]) / (1 << 20), 1)
+    except OSError:
+        pass
+    mpi = None
+    try:
+        out = subprocess.run(["mpirun", "--version"], capture_output=True, text=True, timeout=10).stdout
+        mpi = out.splitlines()[0].strip() if out else None
+    except Exception:
+        pass
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "memory_gib": mem_gib,
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "numpy": _version("numpy"),
+        "torch": _version("torch"),
+        "horovod": _version("horovod"),
+        "mpi": mpi,
+    }
+
+
+def command_line() -> str:
+    return shlex.join([os.path.relpath(sys.argv[0]) if os.path.exists(sys.argv[0]) else sys.argv[0],
+                       *sys.argv[1:]])
+
+
+def utc_now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def write_json(path: str, meta: dict, records: Iterable[dict]) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump({"meta": meta, "records": list(records)}, f, indent=1)
+    os.replace(tmp, path)
+
+
+# --- reporting (records of benchmarks/allreduce.py) ----------------------------
+def print_tables(records: List[dict], impls: List[str], file=sys.stdout) -> None:
+    for n in sorted({r["np"] for r in records}):
+        rows = {(r["impl"], r["size"]): r for r in records if r["np"] == n}
+        sizes = sorted({r["size"] for r in records if r["np"] == n})
+        present = [i for i in impls if any((i, s) in rows for s in sizes)]
+        print(f"\n# N = {n}   (time in ms; algbw, busbw in GB/s; ratio = netreduce time / other time)",
+              file=file)
+        head = f"{'size':>10} {'count':>11} {'type':>7}"
+        for i in present:
+            head += f" | {i[:9]:>9} {'algbw':>6} {'busbw':>6}"
+        others = [i for i in present if i != "netreduce"] if "netreduce" in present else []
+        for o in others:
+            head += f" | {'nr/' + o[:5]:>8}"
+        print(head, file=file)
+        for s in sizes:
+            line = f"{s:>10} {s // 4:>11} {'float':>7}"
+            for i in present:
+                r = rows.get((i, s))
+                if r:
+                    flag = "" if r["correct"] else "!"
+                    line += f" | {r['time_s'] * 1e3:>8.2f}{flag or ' '} {r['algbw_GBps']:>6.3f} {r['busbw_GBps']:>6.3f}"
+                else:
+                    line += f" | {'-':>9} {'-':>6} {'-':>6}"
+            nr = rows.get(("netreduce", s))
+            for o in others:
+                ratio = nr.get(f"ratio_vs_{o}") if nr else None
+                line += f" | {ratio:>8.3f}" if ratio else f" | {'-':>8}"
+            print(line, file=file)
+        if any("wire_tx_per_host" in r for r in rows.values()):
+            print(f"\n# N = {n}: wire bytes per host per all-reduce (each way, / S), CPU "
+                  f"(worker mean/max, aggregator, whole machine), netreduce retransmitted packets",
+                  file=file)
+            print(f"{'size':>10} {'impl':>10} {'tx/S':>6} {'rx/S':>6} {'txmax/S':>8} "
+                  f"{'cpu':>5} {'cpumax':>6} {'switch':>6} {'machine':>7} {'retx':>6}", file=file)
+            for s in sizes:
+                for i in present:
+                    r = rows.get((i, s))
+                    if not r or "wire_tx_per_host" not in r:
+                        continue
+                    sw = f"{r['cpu_switch']:>6.0%}" if "cpu_switch" in r else f"{'-':>6}"
+                    pk = r.get("packets_per_rank")
+                    retx = f"{r['retransmits_per_rank'] / pk:>6.1%}" if pk else f"{'-':>6}"
+                    print(f"{s:>10} {i:>10} {r['wire_tx_per_host'] / s:>6.3f} "
+                          f"{r['wire_rx_per_host'] / s:>6.3f} {r['wire_tx_max'] / s:>8.3f} "
+                          f"{r['cpu_worker_mean']:>5.0%} {r['cpu_worker_max']:>6.0%} {sw} "
+                          f"{r.get('machine_busy', 0):>7.0%} {retx}", file=file)
+
+
+def markdown(meta: dict, records: List[dict], impls: List[str]) -> str:
+    """The run as a BENCHMARKS.md section: how it was taken, then nccl-tests tables."""
+    m = meta["machine"]
+    out = [f"### all-reduce, {meta['mode']}" + (f", {meta['rate']} per host" if meta.get("rate") else "")
+           + f" ({meta['date']})", "",
+           f"- command: `{meta['command']}`",
+           f"- machine: {m['cpu']} x{m['cores']} cores, {m['memory_gib']} GiB, kernel {m['kernel']}; "
+           f"Python {m['python']}, numpy {m['numpy']}, torch {m['torch']}, horovod {m['horovod']}, {m['mpi']}",
+           f"- load average at start/end: {'/'.join(f'{x:.1f}' for x in meta['loadavg_at_start'])} / "
+           f"{'/'.join(f'{x:.1f}' for x in meta['loadavg_at_end'])} (2 cores shared with other work)",
+           f"- float32 sum; time = slowest rank's mean over the timed iterations after one verified "
+           f"warm-up; algbw = S/t, busbw = algbw x 2(N-1)/N in GB/s (10^9 B/s)"]
+    if meta.get("switch_args") or any(meta.get("netreduce_connect", {}).values()):
+        out.append(f"- netreduce options: switch `{meta.get('switch_args') or '(testbed default)'}`, "
+                   f"connect {meta.get('netreduce_connect')}")
+    if meta.get("queue_drops"):
+        out.append(f"- packets dropped at the shapers' queues (whole sweep): "
+                   + ", ".join(f"{k}: {v}" for k, v in meta["queue_drops"].items()))
+    if meta.get("errors"):
+        out.append(f"- errors: {'; '.join(meta['errors'])}")
+    for n in sorted({r["np"] for r in records}):
+        rows = {(r["impl"], r["size"]): r for r in records if r["np"] == n}
+        sizes = sorted({r["size"] for r in records if r["np"] == n})
+        present = [i for i in impls if any((i, sz) in rows for sz in sizes)]
+        others = [i for i in present if i != "netreduce"] if "netreduce" in present else []
+        out += ["", f"N = {n}: time (ms) and busbw (GB/s); ratio = netreduce time / other time", ""]
+        head = "| size |" + "".join(f" {i} ms | {i} busbw |" for i in present) + "".join(
+            f" nr/{o} |" for o in others)
+        out += [head, "|" + "---|" * (1 + 2 * len(present) + len(others))]
+        for sz in sizes:
+            line = f"| {fmt_size(sz)} |"
+            for i in present:
+                r = rows.get((i, sz))
+                line += (f" {r['time_s'] * 1e3:.2f}{'' if r['correct'] else ' (WRONG)'} | {r['busbw_GBps']:.3f} |"
+                         if r else " - | - |")
+            nr = rows.get(("netreduce", sz))
+            for o in others:
+                ratio = nr.get(f"ratio_vs_{o}") if nr else None
+                line += f" {ratio:.3f} |" if ratio else " - |"
+            out.append(line)
+        if rows:
+            wire = any("wire_tx_per_host" in r for r in rows.values())
+            out += ["", f"N = {n}: " + ("wire bytes per host per all-reduce, each way, over S (veth counters); "
+                                         if wire else "(loopback: no wire counters) ")
+                    + "CPU as a fraction of one core (worker mean / max, aggregator); whole-machine busy "
+                      "fraction; netreduce packets retransmitted", "",
+                    "| size | impl | tx/S | rx/S | worker CPU | max | aggregator CPU | machine busy | retx |",
+                    "|---|---|---|---|---|---|---|---|---|"]
+            for sz in sizes:
+                for i in present:
+                    r = rows.get((i, sz))
+                    if not r:
+                        continue
+                    pk = r.get("packets_per_rank")
+                    tx = f"{r['wire_tx_per_host'] / sz:.3f}" if "wire_tx_per_host" in r else "-"
+                    rx = f"{r['wire_rx_per_host'] / sz:.3f}" if "wire_rx_per_host" in r else "-"
+                    out.append(
+                        f"| {fmt_size(sz)} | {i} | {tx} | {rx} | "
+                        f"{r['cpu_worker_mean']:.0%} | {r['cpu_worker_max']:.0%} | "
+                        + (f"{r['cpu_switch']:.0%}" if "cpu_switch" in r else "-")
+                        + f" | {r.get('machine_busy', 0):.0%} | "
+                        + (f"{r['retransmits_per_rank'] / pk:.1%}" if pk else "-") + " |")
+    return "\n".join(out) + "\n"
