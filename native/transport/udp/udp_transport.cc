@@ -171,6 +171,14 @@ Status UdpTransport::SendBatch(OutPacket* pkts, size_t n) {
         done += 1;
         continue;
       }
+      if (errno == EMSGSIZE) {
+        size_t bytes = 0;
+        for (int k = 0; k < pkts[done].iovcnt; ++k) bytes += pkts[done].iov[k].iov_len;
+        return IoError("a " + std::to_string(bytes) + "-byte datagram to " + ToString(pkts[done].to) +
+                       " exceeds the path MTU (netreduce sets DF, so the kernel does not fragment); "
+                       "start netreduce-switch with --payload-bytes at most the link MTU - 64 "
+                       "(e.g. 8192 for MTU 9000, 4096 for RoCE's 4200)");
+      }
       return IoError(Errno(("sendmmsg to " + ToString(pkts[done].to)).c_str()));
     }
     done += size_t(rc);
