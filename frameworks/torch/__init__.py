@@ -1,0 +1,32 @@
+"""netreduce.torch: PyTorch on netreduce.
+
+Two ways in, each a one-line change:
+
+* Horovod users: ``import netreduce.torch as hvd`` instead of ``import horovod.torch as
+  hvd`` — same names, arguments, defaults and error types as horovod.torch 0.28.
+* torch.distributed users: ``dist.init_process_group("netreduce")`` instead of
+  ``"gloo"`` — importing this package registers the backend — or keep gloo and
+  ``ddp_model.register_comm_hook(None, netreduce.torch.allreduce_hook)``.
+
+This package only converts tensors to numpy buffers and handles to futures; the
+communicator (negotiation, fusion, data plane) is ``netreduce`` itself.
+"""
+import torch.distributed as _dist
+
+from .compression import Compression  # noqa: F401
+from .functions import (allgather_object, broadcast_object, broadcast_optimizer_state,  # noqa: F401
+                        broadcast_parameters)
+from .mpi_ops import (  # noqa: F401
+    Adasum, Average, HorovodInternalError, Max, Min, NetReduceError, Product, ReduceOp, Sum,
+    allgather, allgather_async, allreduce, allreduce_, allreduce_async, allreduce_async_,
+    barrier, broadcast, broadcast_, broadcast_async, broadcast_async_, cross_rank, cross_size,
+    cuda_built, global_process_set, gloo_built, grouped_allreduce, grouped_allreduce_,
+    grouped_allreduce_async, grouped_allreduce_async_, init, is_homogeneous, is_initialized,
+    join, local_rank, local_size, mpi_built, nccl_built, poll, rank, rocm_built, shutdown, size,
+    synchronize)
+from .optimizer import DistributedOptimizer  # noqa: F401
+
+if _dist.is_available():  # torch builds without distributed support lack both seams
+    from .ddp_hook import allreduce_hook  # noqa: F401
+    from .process_group import ProcessGroupNetReduce, register as _register_backend  # noqa: F401
+    _register_backend()

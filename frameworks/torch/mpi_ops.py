@@ -1,0 +1,502 @@
+"""Tensor collectives with horovod.torch 0.28's names, arguments and errors.
+
+The only work done here is turning tensors into numpy buffers and netreduce
+handles into Horovod-style integer handles. A contiguous CPU tensor is handed
+to the core as ``tensor.numpy()``, which shares its memory (no copy); bfloat16
+crosses as its 16-bit pattern; a CUDA tensor is staged through a pinned host
+copy because the data plane reads host memory.
+"""
+from __future__ import annotations
+
+import inspect
+import itertools
+import threading
+import time
+import warnings
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+import numpy as np
+import torch
+
+import netreduce as _nr
+
+from .compression import Compression
+
+Average = _nr.Average
+Sum = _nr.Sum
+Min = _nr.Min
+Max = _nr.Max
+# Horovod names them; using them raises the core's NotImplementedError, which says why.
+Adasum = _nr.Adasum
+Product = _nr.Product
+ReduceOp = _nr.ReduceOp
+NetReduceError = _nr.NetReduceError
+# Horovod code catches this name; netreduce raises NetReduceError (a RuntimeError).
+HorovodInternalError = NetReduceError
+
+
+class _ProcessSet:
+    """Horovod 0.28 takes ``process_set=``; netreduce has one: the whole job."""
+
+    def included(self) -> bool:
+        return True
+
+    def __repr__(self) -> str:
+        return "global_process_set"
+
+
+global_process_set = _ProcessSet()
+
+# dtypes netreduce reduces (bfloat16 as a 16-bit pattern; the core carries the
+# narrow integer types in int32 on the wire).
+_REDUCIBLE = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
+              torch.float16, torch.float32, torch.float64, torch.bfloat16)
+# Broadcast and allgather only move bits (every rank but one contributes zeros),
+# so bool can travel widened to int32 and come back exact.
+_MOVABLE = _REDUCIBLE + (torch.bool,)
+_WIDEN = (torch.bool,)
+
+
+def _accepts(fn: Callable, arg: str) -> bool:
+    try:
+        return arg in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+# The core takes a uint16 buffer with dtype="bfloat16" when it supports it;
+# otherwise bfloat16 goes through a float32 copy.
+_CORE_BF16 = _accepts(getattr(_nr, "allreduce_async", None), "dtype")
+
+
+# --- lifecycle -----------------------------------------------------------------
+def init(comm: Any = None, process_sets: Any = None) -> None:
+    """Start netreduce (rank, size and aggregator come from the launcher)."""
+    if comm is not None:
+        raise ValueError("netreduce.torch.init(): comm= (an MPI communicator) is not "
+                         "supported; netreduce always spans the launched job")
+    if process_sets not in (None, [], [global_process_set]):
+        raise NotImplementedError("netreduce.torch.init(): process sets other than the "
+                                  "global one are not supported")
+    _nr.init()
+
+
+def shutdown() -> None:
+    _nr.shutdown()
+
+
+def is_initialized() -> bool:
+    return _nr.is_initialized()
+
+
+def rank() -> int:
+    return _nr.rank()
+
+
+def size() -> int:
+    return _nr.size()
+
+
+def local_rank() -> int:
+    return _nr.local_rank()
+
+
+def local_size() -> int:
+    return _nr.local_size()
+
+
+def cross_rank() -> int:
+    return rank() // local_size()
+
+
+def cross_size() -> int:
+    return (size() + local_size() - 1) // local_size()
+
+
+def is_homogeneous() -> bool:
+    return True
+
+
+def mpi_built() -> bool:
+    return False
+
+
+def gloo_built() -> bool:
+    return False
+
+
+def nccl_built() -> int:
+    return 0
+
+
+def cuda_built() -> bool:
+    return torch.cuda.is_available()
+
+
+def rocm_built() -> bool:
+    return False
+
+
+# --- handles ---------------------------------------------------------------------
+class _Pending:
+    """One in-flight operation: how to poll it, wait for it, and build its result."""
+
+    __slots__ = ("poll", "wait", "finish")
+
+    def __init__(self, poll: Callable[[], bool], wait: Callable[[], Any],
+                 finish: Callable[[Any], Any]):
+        self.poll, self.wait, self.finish = poll, wait, finish
+
+
+_handles: Dict[int, _Pending] = {}
+_handle_ids = itertools.count(1)
+_handles_lock = threading.Lock()
+
+
+def _register(pending: _Pending) -> int:
+    with _handles_lock:
+        handle = next(_handle_ids)
+        _handles[handle] = pending
+    return handle
+
+
+def _core_handle(inner: Any, finish: Callable[[Any], Any]) -> int:
+    return _register(_Pending(lambda: _nr.poll(inner), lambda: _nr.synchronize(inner), finish))
+
+
+def poll(handle: int) -> bool:
+    """True when the operation behind ``handle`` has finished (never blocks)."""
+    with _handles_lock:
+        pending = _handles.get(handle)
+    if pending is None:
+        raise ValueError(f"poll(): unknown handle {handle!r} (already synchronized?)")
+    return bool(pending.poll())
+
+
+def synchronize(handle: int) -> Any:
+    """Wait for ``handle`` and return its output tensor (list for grouped ops)."""
+    with _handles_lock:
+        pending = _handles.pop(handle, None)
+    if pending is None:
+        return None  # as Horovod: synchronizing twice is a no-op
+    return pending.finish(pending.wait())
+
+
+# --- tensor <-> buffer ---------------------------------------------------------------
+class _Buf:
+    """A tensor and the host numpy array that the core reads (and maybe writes)."""
+
+    __slots__ = ("tensor", "host", "array", "kwargs")
+
+    def __init__(self, tensor: torch.Tensor, what: str, name: Optional[str],
+                 allowed: Sequence[torch.dtype]):
+        if not isinstance(tensor, torch.Tensor):
+            raise ValueError(f"{what}: expected a torch.Tensor, got {type(tensor).__name__}")
+        label = f"tensor {name!r}" if name else "tensor"
+        if tensor.dtype not in allowed:
+            names = ", ".join(str(d).replace("torch.", "") for d in allowed)
+            raise ValueError(f"{what}: {label} has unsupported dtype "
+                             f"{str(tensor.dtype).replace('torch.', '')}; supported: {names}")
+        if not tensor.is_contiguous():
+            raise ValueError(f"{what}: {label} of shape {list(tensor.shape)} is not "
+                             "contiguous; pass tensor.contiguous()")
+        if tensor.device.type not in ("cpu", "cuda"):
+            raise ValueError(f"{what}: {label} is on {tensor.device}; netreduce takes CPU "
+                             "or CUDA tensors")
+        self.tensor = tensor
+        host = tensor.detach()
+        if host.device.type == "cuda":
+            staged = torch.empty(host.shape, dtype=host.dtype, pin_memory=True)
+            staged.copy_(host)  # synchronous: the data must be on the host before dispatch
+            host = staged
+        self.kwargs: Dict[str, Any] = {}
+        if host.dtype == torch.bfloat16:
+            if _CORE_BF16:
+                self.array = host.view(torch.uint16).numpy()
+                self.kwargs["dtype"] = "bfloat16"
+            else:
+                host = host.float()
+                self.array = host.numpy()
+        elif host.dtype in _WIDEN:
+            host = host.to(torch.int32)
+            self.array = host.numpy()
+        else:
+            self.array = host.numpy()
+        self.host = host
+
+    def shares_host(self, result: np.ndarray) -> bool:
+        # bounds only (np.shares_memory would solve exactly): the core either returns
+        # the very array it reduced in place or a fresh one
+        return isinstance(result, np.ndarray) and np.may_share_memory(result, self.array)
+
+    def to_tensor(self, result: np.ndarray) -> torch.Tensor:
+        """The core's result array as a tensor shaped, typed and placed like the input."""
+        out = torch.from_numpy(np.ascontiguousarray(result))
+        dtype = self.tensor.dtype
+        if dtype == torch.bfloat16 and _CORE_BF16:
+            out = out.view(torch.bfloat16)
+        elif out.dtype != dtype:
+            out = out.to(dtype)
+        out = out.reshape(self.tensor.shape)
+        if self.tensor.device.type != "cpu":
+            out = out.to(self.tensor.device)
+        return out
+
+    def write_back(self, result: np.ndarray) -> torch.Tensor:
+        """Make the input tensor hold ``result`` (in-place ops); a no-op when the core
+        already reduced in the tensor's own memory."""
+        if self.tensor.device.type == "cpu" and self.host.data_ptr() == self.tensor.data_ptr() \
+                and self.shares_host(result):
+            return self.tensor
+        with torch.no_grad():
+            self.tensor.copy_(self.to_tensor(result))
+        return self.tensor
+
+
+def handle_average_backwards_compatibility(op: Any, average: Optional[bool]) -> Any:
+    if op is not None:
+        if average is not None:
+            raise ValueError("The op parameter supersedes average. "
+                             "Please provide only one of them.")
+        return op
+    if average is not None:
+        warnings.warn("Parameter `average` has been replaced with `op` and will be removed "
+                      "in v1.0", DeprecationWarning, stacklevel=3)
+        return Average if average else Sum
+    return Average
+
+
+def _check_process_set(process_set: Any) -> None:
+    if process_set is not global_process_set:
+        raise NotImplementedError("netreduce supports only the global process set")
+
+
+def _scales(prescale_factor: float, postscale_factor: float) -> Dict[str, float]:
+    return {"prescale_factor": float(prescale_factor), "postscale_factor": float(postscale_factor)}
+
+
+# --- allreduce ---------------------------------------------------------------------
+def _allreduce_async(tensor: torch.Tensor, name: Optional[str], op: Any, prescale_factor: float,
+                     postscale_factor: float, inplace: bool) -> int:
+    what = "allreduce_async_" if inplace else "allreduce_async"
+    buf = _Buf(tensor, what, name, _REDUCIBLE)
+    inner = _nr.allreduce_async(buf.array, op=op, name=name, inplace=inplace,
+                                **_scales(prescale_factor, postscale_factor), **buf.kwargs)
+    return _core_handle(inner, buf.write_back if inplace else buf.to_tensor)
+
+
+def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+                    postscale_factor=1.0, process_set=global_process_set) -> int:
+    """Start an all-reduce into a new tensor; returns a handle for poll/synchronize."""
+    _check_process_set(process_set)
+    op = handle_average_backwards_compatibility(op, average)
+    return _allreduce_async(tensor, name, op, prescale_factor, postscale_factor, inplace=False)
+
+
+def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+                     postscale_factor=1.0, process_set=global_process_set) -> int:
+    """Start an in-place all-reduce of ``tensor``; returns a handle."""
+    _check_process_set(process_set)
+    op = handle_average_backwards_compatibility(op, average)
+    return _allreduce_async(tensor, name, op, prescale_factor, postscale_factor, inplace=True)
+
+
+class HorovodAllreduce(torch.autograd.Function):
+    """All-reduce whose gradient is the all-reduce (same op and scales) of the gradient."""
+
+    @staticmethod
+    def forward(ctx, tensor, name, op, prescale_factor, postscale_factor):
+        ctx.op, ctx.scales = op, (prescale_factor, postscale_factor)
+        return synchronize(_allreduce_async(tensor, name, op, prescale_factor,
+                                            postscale_factor, inplace=False))
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        reduced = synchronize(_allreduce_async(grad_output.contiguous(), None, ctx.op,
+                                               *ctx.scales, inplace=False))
+        return reduced, None, None, None, None
+
+
+def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None,
+              prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
+    """All-reduce ``tensor`` across ranks into a new tensor (autograd-aware)."""
+    _check_process_set(process_set)
+    op = handle_average_backwards_compatibility(op, average)
+    compressed, ctx = compression.compress(tensor)
+    reduced = HorovodAllreduce.apply(compressed, name, op, prescale_factor, postscale_factor)
+    return compression.decompress(reduced, ctx)
+
+
+def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+               postscale_factor=1.0, process_set=global_process_set):
+    """All-reduce ``tensor`` in place and return it."""
+    return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor,
+                                        postscale_factor, process_set))
+
+
+# --- grouped allreduce -----------------------------------------------------------------
+def _grouped_async(tensors, name, op, prescale_factor, postscale_factor, inplace) -> int:
+    what = "grouped_allreduce_async_" if inplace else "grouped_allreduce_async"
+    tensors = list(tensors)
+    if not tensors:
+        raise ValueError(f"{what}: empty list of tensors")
+    bufs = [_Buf(t, what, name, _REDUCIBLE) for t in tensors]
+    extra = bufs[0].kwargs if all(b.kwargs == bufs[0].kwargs for b in bufs) else None
+    if extra is None:  # a bfloat16 tensor mixed with others: the core takes one dtype hint
+        raise ValueError(f"{what}: bfloat16 tensors must be grouped on their own")
+    inner = _nr.grouped_allreduce_async([b.array for b in bufs], op=op, name=name,
+                                        inplace=inplace,
+                                        **_scales(prescale_factor, postscale_factor), **extra)
+
+    def finish(results):
+        if inplace:
+            return [b.write_back(r) for b, r in zip(bufs, results)]
+        return [b.to_tensor(r) for b, r in zip(bufs, results)]
+    return _core_handle(inner, finish)
+
+
+def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                            postscale_factor=1.0, process_set=global_process_set) -> int:
+    _check_process_set(process_set)
+    op = handle_average_backwards_compatibility(op, average)
+    return _grouped_async(tensors, name, op, prescale_factor, postscale_factor, inplace=False)
+
+
+def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                             postscale_factor=1.0, process_set=global_process_set) -> int:
+    _check_process_set(process_set)
+    op = handle_average_backwards_compatibility(op, average)
+    return _grouped_async(tensors, name, op, prescale_factor, postscale_factor, inplace=True)
+
+
+class HorovodGroupedAllreduce(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, name, op, prescale_factor, postscale_factor, *tensors):
+        ctx.op, ctx.scales = op, (prescale_factor, postscale_factor)
+        return tuple(synchronize(_grouped_async(tensors, name, op, prescale_factor,
+                                                postscale_factor, inplace=False)))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        grads = [g.contiguous() for g in grads]
+        reduced = synchronize(_grouped_async(grads, None, ctx.op, *ctx.scales, inplace=False))
+        return (None, None, None, None, *reduced)
+
+
+def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None,
+                      prescale_factor=1.0, postscale_factor=1.0,
+                      process_set=global_process_set) -> List[torch.Tensor]:
+    """All-reduce a list of tensors as one fused operation (autograd-aware)."""
+    _check_process_set(process_set)
+    op = handle_average_backwards_compatibility(op, average)
+    pairs = [compression.compress(t) for t in tensors]
+    reduced = HorovodGroupedAllreduce.apply(name, op, prescale_factor, postscale_factor,
+                                            *[p[0] for p in pairs])
+    return [compression.decompress(t, ctx) for t, (_, ctx) in zip(reduced, pairs)]
+
+
+def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                       postscale_factor=1.0, process_set=global_process_set):
+    return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
+                                                postscale_factor, process_set))
+
+
+# --- broadcast --------------------------------------------------------------------------
+def _broadcast_async(tensor, root_rank, name, inplace) -> int:
+    what = "broadcast_async_" if inplace else "broadcast_async"
+    buf = _Buf(tensor, what, name, _MOVABLE)
+    if not inplace:  # the root's data lands in a copy, never in the caller's tensor
+        buf = _Buf(tensor.detach().clone(), what, name, _MOVABLE)
+    inner = _nr.broadcast_async(buf.array, root_rank, name, inplace=True, **buf.kwargs)
+    return _core_handle(inner, buf.write_back)
+
+
+def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set) -> int:
+    _check_process_set(process_set)
+    return _broadcast_async(tensor, root_rank, name, inplace=False)
+
+
+def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set) -> int:
+    _check_process_set(process_set)
+    return _broadcast_async(tensor, root_rank, name, inplace=True)
+
+
+class HorovodBroadcast(torch.autograd.Function):
+    """Broadcast whose gradient is the averaged gradient on the root, zero elsewhere."""
+
+    @staticmethod
+    def forward(ctx, tensor, root_rank, name):
+        ctx.root_rank = root_rank
+        return synchronize(_broadcast_async(tensor, root_rank, name, inplace=False))
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        reduced = synchronize(_allreduce_async(grad_output.contiguous(), None, Average,
+                                               1.0, 1.0, inplace=False))
+        if rank() != ctx.root_rank:
+            reduced = reduced * 0
+        return reduced, None, None
+
+
+def broadcast(tensor, root_rank, name=None, process_set=global_process_set) -> torch.Tensor:
+    """Return root_rank's ``tensor`` on every rank (autograd-aware)."""
+    _check_process_set(process_set)
+    return HorovodBroadcast.apply(tensor, root_rank, name)
+
+
+def broadcast_(tensor, root_rank, name=None, process_set=global_process_set) -> torch.Tensor:
+    """Overwrite ``tensor`` with root_rank's values in place."""
+    return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
+
+
+# --- allgather (not in the issue's list, but Horovod users call it) --------------------
+def allgather_async(tensor, name=None, process_set=global_process_set) -> int:
+    """Concatenate every rank's tensor along dim 0 (first dims may differ).
+
+    Goes through the aggregator: each rank writes its rows into its own stretch of a
+    zero buffer and the buffers are summed, which moves bits exactly."""
+    _check_process_set(process_set)
+    _Buf(tensor, "allgather_async", name, _MOVABLE)  # validate before any communication
+    rows = tensor.shape[0] if tensor.dim() else 1
+    counts = _nr.allgather_object((rows, tuple(tensor.shape[1:]), str(tensor.dtype)))
+    if len(set(c[1:] for c in counts)) != 1:
+        raise NetReduceError(f"Mismatched allgather tensor shapes or dtypes for {name!r}: "
+                             + ", ".join(f"rank {r}: {c}" for r, c in enumerate(counts)))
+    inner_shape = tuple(tensor.shape[1:]) if tensor.dim() else ()
+    total = sum(c[0] for c in counts)
+    start = sum(c[0] for c in counts[:rank()])
+    padded = torch.zeros((total,) + inner_shape, dtype=tensor.dtype, device=tensor.device)
+    padded[start:start + rows] = tensor.detach().reshape((rows,) + inner_shape)
+    return _exact_sum_async_(padded, name)
+
+
+def _exact_sum_async_(tensor: torch.Tensor, name: Optional[str]) -> int:
+    """In-place Sum of a buffer in which at most one rank holds non-zeros per element:
+    delivers every value exactly, for every movable dtype (x + 0 is exact, and 16-bit
+    floats are summed in float32); the one change is that -0.0 arrives as +0.0."""
+    buf = _Buf(tensor, "allgather", name, _MOVABLE)
+    inner = _nr.allreduce_async(buf.array, op=Sum, name=name, inplace=True, **buf.kwargs)
+    return _core_handle(inner, buf.write_back)
+
+
+def allgather(tensor, name=None, process_set=global_process_set) -> torch.Tensor:
+    return synchronize(allgather_async(tensor, name, process_set))
+
+
+# --- barrier, join -------------------------------------------------------------------------
+def barrier(process_set=global_process_set) -> None:
+    _check_process_set(process_set)
+    _nr.barrier()
+
+
+def join(device: int = -1) -> int:
+    """Wait for every rank to join; returns the rank that joined last.
+
+    With a core that implements ``join`` (joined ranks contribute zeros to the others'
+    collectives, Horovod's uneven-input semantics) it is used. Otherwise every rank must
+    reach join() with no collective outstanding, and the last arrival is found from the
+    ranks' wall clocks."""
+    if hasattr(_nr, "join"):
+        return int(_nr.join())
+    arrivals = _nr.allgather_object(time.time())
+    return int(max(range(len(arrivals)), key=lambda r: arrivals[r]))

@@ -1,0 +1,186 @@
+"""DistributedOptimizer: all-reduce each gradient as soon as backward produces it.
+
+Same contract as horovod.torch.DistributedOptimizer 0.28: a hook per parameter starts
+an asynchronous in-place all-reduce when the parameter's gradient has been accumulated
+``backward_passes_per_step`` times, so communication overlaps the rest of backward;
+``step()`` (or ``synchronize()``) waits for all of them. Gradients are summed locally
+across the passes (not divided), then averaged across ranks.
+"""
+from __future__ import annotations
+
+import warnings
+from contextlib import contextmanager
+from typing import Any, Dict, Optional, Tuple
+
+import torch
+
+from .compression import Compression
+from .mpi_ops import (Average, allreduce_async_, global_process_set, size, synchronize,
+                      _check_process_set)
+
+
+class _DistributedOptimizer(torch.optim.Optimizer):
+    def __init__(self, params, named_parameters, compression, backward_passes_per_step=1,
+                 op=Average, gradient_predivide_factor=1.0):
+        super(self.__class__, self).__init__(params)
+        self._compression = compression
+
+        if named_parameters is not None:
+            named_parameters = list(named_parameters)
+        else:
+            named_parameters = [(f"allreduce.noname.{gi}.{i}", v)
+                                for gi, group in enumerate(self.param_groups)
+                                for i, v in enumerate(group["params"])]
+        if any(not isinstance(p, tuple) for p in named_parameters):
+            raise ValueError("named_parameters should be a sequence of tuples (name, parameter), "
+                             "usually produced by model.named_parameters().")
+        names = [k for k, _ in named_parameters]
+        dups = sorted({k for k in names if names.count(k) > 1})
+        if dups:
+            raise ValueError("Parameter names in named_parameters must be unique. "
+                             f"Found duplicates: {', '.join(dups)}")
+        all_ids = {id(v) for group in self.param_groups for v in group["params"]}
+        unnamed = all_ids - {id(v) for _, v in named_parameters}
+        if unnamed:
+            raise ValueError("named_parameters was specified, but one or more model parameters "
+                             f"were not named. Python object ids: {', '.join(map(str, unnamed))}")
+
+        self._parameter_names = {v: k for k, v in sorted(named_parameters, key=lambda kv: kv[0])}
+        self.backward_passes_per_step = backward_passes_per_step
+        self._allreduce_delay = {v: backward_passes_per_step for _, v in named_parameters}
+        self.op = op
+        self.gradient_predivide_factor = gradient_predivide_factor
+        self._handles: Dict[torch.Tensor, Tuple[Optional[int], Any]] = {}
+        self._hook_handles = []
+        self._requires_update = set()
+        self._synchronized = False
+        self._should_synchronize = True
+        if size() > 1:
+            self._register_hooks()
+
+    def load_state_dict(self, *args, **kwargs):
+        self._handles = {}
+        self._synchronized = False
+        self._should_synchronize = True
+        for p in self._allreduce_delay:
+            self._allreduce_delay[p] = self.backward_passes_per_step
+        super(self.__class__, self).load_state_dict(*args, **kwargs)
+
+    def set_backward_passes_per_step(self, passes: int) -> None:
+        self.backward_passes_per_step = passes
+        for p in self._allreduce_delay:
+            self._allreduce_delay[p] = passes
+
+    def _register_hooks(self) -> None:
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.requires_grad:
+                    self._requires_update.add(p)
+                    self._hook_handles.append(
+                        p.register_post_accumulate_grad_hook(self._make_hook(p)))
+
+    def _allreduce_grad_async(self, p: torch.Tensor) -> Tuple[int, Any]:
+        if p.grad is None:
+            # This rank's forward did not use p, another rank's may have: every rank
+            # must still submit the tensor, so contribute zeros.
+            p.grad = torch.zeros_like(p)
+        compressed, ctx = self._compression.compress(p.grad)
+        if self.op == Average:
+            # Split the average: divide by the factor before the sum, multiply after;
+            # the core divides by size() on top of postscale for Average.
+            factor = self.gradient_predivide_factor
+            prescale, postscale = 1.0 / factor, factor
+        else:
+            prescale, postscale = 1.0, 1.0
+        handle = allreduce_async_(compressed, name=self._parameter_names.get(p), op=self.op,
+                                  prescale_factor=prescale, postscale_factor=postscale)
+        return handle, ctx
+
+    def _make_hook(self, p: torch.Tensor):
+        def hook(*ignore):
+            if p in self._handles and self._handles[p][0] is not None:
+                if self._allreduce_delay[p] <= 0:
+                    raise AssertionError(
+                        "Gradients were computed more than backward_passes_per_step times "
+                        "before call to step(). Increase backward_passes_per_step to "
+                        "accumulate gradients locally.")
+            assert not p.grad.requires_grad
+            assert self._allreduce_delay[p] > 0
+            handle, ctx = None, None
+            self._allreduce_delay[p] -= 1
+            if self._allreduce_delay[p] == 0:
+                handle, ctx = self._allreduce_grad_async(p)
+            self._handles[p] = (handle, ctx)
+        return hook
+
+    def synchronize(self) -> None:
+        """Wait for every gradient's all-reduce (starting those whose hook has not fired)."""
+        for p in self._requires_update - set(self._handles):
+            self._handles[p] = self._allreduce_grad_async(p)
+        for p, (handle, ctx) in list(self._handles.items()):
+            if handle is None:
+                self._handles[p] = self._allreduce_grad_async(p)
+        for p, (handle, ctx) in self._handles.items():
+            output = synchronize(handle)
+            self._allreduce_delay[p] = self.backward_passes_per_step
+            decompressed = self._compression.decompress(output, ctx)
+            if decompressed.data_ptr() != p.grad.data_ptr():
+                p.grad.copy_(decompressed)
+        self._handles.clear()
+        self._synchronized = True
+
+    @contextmanager
+    def skip_synchronize(self):
+        """Use after an explicit synchronize() (e.g. gradient clipping) around step()."""
+        self._should_synchronize = False
+        try:
+            yield
+        finally:
+            self._should_synchronize = True
+
+    def step(self, closure=None):
+        if self._should_synchronize:
+            if self._synchronized:
+                warnings.warn("optimizer.step() called without optimizer.skip_synchronize() "
+                              "context after optimizer.synchronize(). This can cause training "
+                              "slowdown. You may want to consider using "
+                              "optimizer.skip_synchronize() context if you use "
+                              "optimizer.synchronize() in your code.")
+            self.synchronize()
+        self._synchronized = False
+        return super(self.__class__, self).step(closure)
+
+    def _netreduce_base_step(self, closure=None):
+        """The wrapped optimizer's step without any all-reduce (state initialisation)."""
+        return super(self.__class__, self).step(closure)
+
+    def zero_grad(self, *args, **kwargs):
+        if self._handles:
+            raise AssertionError("optimizer.zero_grad() was called after loss.backward() but "
+                                 "before optimizer.step() or optimizer.synchronize(). This is "
+                                 "prohibited as it can cause a race condition.")
+        return super(self.__class__, self).zero_grad(*args, **kwargs)
+
+
+def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None,
+                         compression=Compression.none, backward_passes_per_step: int = 1,
+                         op=Average, gradient_predivide_factor: float = 1.0,
+                         num_groups: int = 0, groups=None, sparse_as_dense: bool = False,
+                         process_set=global_process_set):
+    """Wrap ``optimizer`` so that step() applies gradients averaged over all ranks.
+
+    Returns an instance of a subclass of ``optimizer``'s own class (as Horovod does),
+    so isinstance checks and learning-rate schedulers keep working."""
+    _check_process_set(process_set)
+    if gradient_predivide_factor != 1.0 and op != Average:
+        raise ValueError("gradient_predivide_factor not supported with op != Average")
+    if num_groups or groups is not None:
+        # Grouping only changes how Horovod batches negotiation; netreduce's
+        # communicator fuses whatever is ready in a cycle, so it is accepted and ignored.
+        pass
+    if sparse_as_dense:
+        raise NotImplementedError("sparse gradients are not supported by netreduce")
+    cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
+               dict(_DistributedOptimizer.__dict__))
+    return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step,
+               op, gradient_predivide_factor)

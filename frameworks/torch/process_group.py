@@ -1,0 +1,246 @@
+"""The "netreduce" torch.distributed backend.
+
+``import netreduce.torch`` registers it, so ``dist.init_process_group("netreduce")``
+(under netreduce-run, torchrun or any launcher netreduce reads) gives a process group
+whose collectives go through the aggregator. Every collective is issued asynchronously
+and returns a ``Work`` backed by a torch future, which DDP's reducer needs to overlap
+gradient communication with backward.
+
+Supported: allreduce (SUM, AVG, MIN, MAX), allreduce_coalesced, broadcast, allgather,
+all_gather_into_tensor, reduce (as an allreduce), barrier. Everything else raises
+NotImplementedError naming the collective; create a gloo group for those.
+
+Without MASTER_ADDR/MASTER_PORT in the environment, pass ``init_method="netreduce://"``:
+rank 0 opens a TCPStore and netreduce tells the other ranks where it is. Under torchrun
+without NETREDUCE_SWITCH, rank 0 starts an aggregator and publishes its address in
+torch's store.
+"""
+from __future__ import annotations
+
+import atexit
+import datetime
+import os
+import socket
+from typing import Any, List
+
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import _create_work_from_future
+
+import netreduce as _nr
+from netreduce import config, environment
+
+from . import mpi_ops
+from .futures import completer, cuda_devices
+
+BACKEND_NAME = "netreduce"
+
+
+def _core_op(op: Any, collective: str):
+    """torch ReduceOp -> netreduce op; anything else is refused by name."""
+    op = getattr(op, "reduceOp", op)
+    for torch_op, core_op in ((dist.ReduceOp.SUM, mpi_ops.Sum),
+                              (dist.ReduceOp.AVG, mpi_ops.Average),
+                              (dist.ReduceOp.MIN, mpi_ops.Min),
+                              (dist.ReduceOp.MAX, mpi_ops.Max)):
+        if op == torch_op:
+            return core_op
+    name = str(getattr(op, "op", op)).rpartition(".")[2]  # ReduceOp.op is a RedOpType
+    raise NotImplementedError(f"netreduce process group: {collective} with reduce op {name} is "
+                              "not supported (SUM, AVG, MIN and MAX are)")
+
+
+def _done_work(result: Any) -> Any:
+    future = torch.futures.Future()
+    future.set_result(result)
+    return _create_work_from_future(future)
+
+
+class ProcessGroupNetReduce(dist.ProcessGroup):
+    """A torch ProcessGroup whose collectives are netreduce operations."""
+
+    def __init__(self, store: Any, rank: int, size: int, timeout: datetime.timedelta):
+        super().__init__(rank, size)
+        if not mpi_ops.is_initialized():
+            mpi_ops.init()
+        if (rank, size) != (mpi_ops.rank(), mpi_ops.size()):
+            raise ValueError(
+                f"netreduce process group: torch asked for rank {rank} of {size}, but netreduce "
+                f"runs as rank {mpi_ops.rank()} of {mpi_ops.size()}; the netreduce backend "
+                "spans the whole job only (use a gloo group for sub-groups)")
+        self._rank, self._size = rank, size
+        self._store = store
+        self._timeout = timeout
+        # Collectives go without names: every rank issues them in the same order, which
+        # is the case of the core's automatic names (a per-kind call counter); those also
+        # stay out of the response cache, where one-off names would only evict the names
+        # that repeat every step (DDP hook buckets, Horovod-API tensor names).
+
+    def _work(self, handles: List[int], result: Any, tensors: List[torch.Tensor]):
+        return _create_work_from_future(
+            completer.submit(handles, lambda _: result, cuda_devices(tensors)))
+
+    # --- identity -------------------------------------------------------------------
+    def getBackendName(self) -> str:
+        return BACKEND_NAME
+
+    def getRank(self) -> int:
+        return self._rank
+
+    def getSize(self) -> int:
+        return self._size
+
+    def __repr__(self) -> str:
+        return f"ProcessGroupNetReduce(rank={self._rank}, size={self._size})"
+
+    # --- collectives ------------------------------------------------------------------
+    def allreduce(self, tensors, opts=None):
+        op = _core_op(opts if opts is not None else dist.ReduceOp.SUM, "allreduce")
+        handles = [mpi_ops.allreduce_async_(t, op=op) for t in tensors]
+        return self._work(handles, tensors, tensors)
+
+    def allreduce_coalesced(self, tensors, opts=None):
+        op = _core_op(opts if opts is not None else dist.ReduceOp.SUM, "allreduce_coalesced")
+        handle = mpi_ops.grouped_allreduce_async_(list(tensors), op=op)
+        return self._work([handle], tensors, tensors)
+
+    def reduce(self, tensors, opts=None):
+        # Every rank ends with the result; torch only promises it on the root.
+        op = _core_op(opts if opts is not None else dist.ReduceOp.SUM, "reduce")
+        handles = [mpi_ops.allreduce_async_(t, op=op) for t in tensors]
+        return self._work(handles, tensors, tensors)
+
+    def broadcast(self, tensors, opts=None):
+        root = opts.rootRank if opts is not None else 0
+        handles = [mpi_ops.broadcast_async_(t, root) for t in tensors]
+        return self._work(handles, tensors, tensors)
+
+    def _gather_into(self, flat_out: torch.Tensor, tensor: torch.Tensor) -> int:
+        """Start an allgather of ``tensor`` into ``flat_out`` (size * numel elements):
+        each rank writes its stretch of a zeroed buffer and the buffers are summed."""
+        numel = tensor.numel()
+        with torch.no_grad():
+            flat_out.zero_()
+            flat_out[self._rank * numel:(self._rank + 1) * numel].copy_(tensor.reshape(-1))
+        return mpi_ops._exact_sum_async_(flat_out, None)
+
+    def allgather(self, output_tensors, input_tensors, opts=None):
+        handles, flats = [], []
+        for outputs, tensor in zip(output_tensors, input_tensors):
+            if len(outputs) != self._size or any(o.numel() != tensor.numel() for o in outputs):
+                raise ValueError("netreduce allgather: need one output tensor per rank, each "
+                                 f"with {tensor.numel()} elements")
+            flat = torch.empty(self._size * tensor.numel(), dtype=tensor.dtype,
+                               device=tensor.device)
+            handles.append(self._gather_into(flat, tensor))
+            flats.append(flat)
+
+        def finish(_):
+            with torch.no_grad():
+                for outputs, flat in zip(output_tensors, flats):
+                    for r, out in enumerate(outputs):
+                        out.copy_(flat.view(self._size, -1)[r].view_as(out))
+            return output_tensors
+        future = completer.submit(handles, finish, cuda_devices(list(input_tensors)))
+        return _create_work_from_future(future)
+
+    def all_gather_single(self, output, input, opts=None):
+        if output.numel() != self._size * input.numel() or not output.is_contiguous():
+            raise ValueError("netreduce all_gather_into_tensor: output must be contiguous with "
+                             f"size * {input.numel()} elements")
+        handle = self._gather_into(output.view(-1), input)
+        return self._work([handle], [output], [output])
+
+    _allgather_base = all_gather_single
+
+    def barrier(self, opts=None):
+        _nr.barrier()
+        return _done_work(None)
+
+    def shutdown(self) -> None:
+        pass  # netreduce outlives its process groups; hvd-style shutdown() ends it
+
+    def abort(self) -> None:
+        pass
+
+
+def _unsupported(collective: str):
+    def method(self, *args, **kwargs):
+        raise NotImplementedError(
+            f"the netreduce process group does not implement {collective}; it supports "
+            "allreduce, allreduce_coalesced, broadcast, allgather, all_gather_into_tensor, "
+            "reduce and barrier. Use a gloo group for the rest: "
+            "dist.new_group(backend='gloo')")
+    method.__name__ = collective
+    return method
+
+
+for _collective in ("gather", "scatter", "reduce_scatter", "reduce_scatter_single",
+                    "_reduce_scatter_base", "reduce_scatter_tensor_coalesced",
+                    "reduce_scatter_single_coalesced", "alltoall", "alltoall_base",
+                    "all_to_all_single", "send", "recv", "recv_anysource", "allgather_coalesced",
+                    "allgather_into_tensor_coalesced", "all_gather_single_coalesced",
+                    "monitored_barrier"):
+    setattr(ProcessGroupNetReduce, _collective, _unsupported(_collective))
+
+
+_embedded_switch = None
+
+
+def _ensure_aggregator(store: Any, rank: int, size: int) -> None:
+    """Under a launcher that starts no aggregator (torchrun) and without
+    NETREDUCE_SWITCH, rank 0 starts one and tells the others its address through
+    torch's own store, the rendezvous every rank already shares."""
+    global _embedded_switch
+    if mpi_ops.is_initialized() or size == 1 or config.get("NETREDUCE_SWITCH"):
+        return
+    key = "netreduce/switch"
+    if rank == 0:
+        from netreduce.switch import spawn
+        single_host = environment.discover().local_size == size
+        _embedded_switch = spawn(host="127.0.0.1" if single_host else "0.0.0.0", port=0)
+        atexit.register(_embedded_switch.stop)
+        host = "127.0.0.1" if single_host else (os.environ.get("MASTER_ADDR")
+                                                 or socket.getfqdn())
+        address = f"{host}:{_embedded_switch.address[1]}"
+        store.set(key, address)
+    else:
+        address = store.get(key).decode()
+    # netreduce.init() reads the aggregator address from its configuration
+    os.environ["NETREDUCE_SWITCH"] = address
+
+
+def _create(store, rank, size, timeout):
+    _ensure_aggregator(store, rank, size)
+    return ProcessGroupNetReduce(store, rank, size, timeout)
+
+
+def _rendezvous(url: str, timeout: datetime.timedelta = datetime.timedelta(minutes=5),
+                **kwargs):
+    """init_method="netreduce://": rank and size from netreduce, a TCPStore on rank 0."""
+    if not mpi_ops.is_initialized():
+        mpi_ops.init()
+    rank, size = mpi_ops.rank(), mpi_ops.size()
+    if rank == 0:
+        store = dist.TCPStore("0.0.0.0", 0, size, True, timeout, wait_for_workers=False)
+        host = "127.0.0.1"
+        if mpi_ops.local_size() != size:  # ranks on other hosts must reach this one
+            try:
+                host = socket.gethostbyname(socket.getfqdn())
+            except OSError:
+                host = socket.gethostname()
+        address = (host, store.port)
+        _nr.broadcast_object(address, 0)
+    else:
+        host, port = _nr.broadcast_object(None, 0)
+        store = dist.TCPStore(host, port, size, False, timeout)
+    yield store, rank, size
+    raise RuntimeError("netreduce:// rendezvous does not support re-rendezvous")
+
+
+def register() -> None:
+    """Make "netreduce" a torch.distributed backend (idempotent)."""
+    if not dist.is_available() or BACKEND_NAME in dist.Backend.backend_list:
+        return
+    dist.Backend.register_backend(BACKEND_NAME, _create, devices=["cpu", "cuda"])
+    dist.register_rendezvous_handler("netreduce", _rendezvous)

@@ -1,0 +1,334 @@
+"""netreduce.torch's Horovod-compatible API, checked the way Horovod's own
+test/parallel/test_torch.py checks horovod.torch.
+
+These tests run on every rank at once (``netreduce-run -np N -- python -m pytest
+tests/parallel/test_torch.py``); tests/parallel/test_torch_launch.py starts them with
+2 and 3 ranks. Run directly without a launcher they are skipped.
+"""
+import itertools
+import warnings
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from netreduce.environment import discover  # noqa: E402
+
+LAUNCHED = discover().size > 1
+pytestmark = pytest.mark.skipif(
+    not LAUNCHED, reason="multi-rank test: run by tests/parallel/test_torch_launch.py "
+                         "under netreduce-run")
+
+if LAUNCHED:
+    import netreduce.torch as hvd
+
+DTYPES = [torch.int32, torch.int64, torch.float16, torch.float32, torch.float64]
+DIMS = [1, 2, 3]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def initialized():
+    hvd.init()
+    yield
+    hvd.barrier()
+
+
+def _random(dim, dtype, seed=1234):
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(-100, 100, [17] * dim, generator=gen).to(dtype)
+
+
+def _close(actual, expected, dtype, size):
+    if dtype in (torch.int32, torch.int64):
+        return torch.equal(actual, expected)
+    tol = 1e-3 * size if dtype == torch.float16 else 1e-6
+    return torch.allclose(actual.double(), expected.double(), rtol=tol, atol=tol)
+
+
+# --- allreduce ---------------------------------------------------------------------
+def test_allreduce_sum():
+    size = hvd.size()
+    for dtype, dim in itertools.product(DTYPES, DIMS):
+        tensor = _random(dim, dtype)
+        summed = hvd.allreduce(tensor, op=hvd.Sum)
+        assert summed.dtype == dtype and summed.shape == tensor.shape
+        assert _close(summed, tensor * size, dtype, size), (dtype, dim)
+
+
+def test_allreduce_average():
+    for dtype, dim in itertools.product(DTYPES, DIMS):
+        tensor = _random(dim, dtype)
+        averaged = hvd.allreduce(tensor)  # Average is the default
+        assert _close(averaged, tensor, dtype, hvd.size()), (dtype, dim)
+
+
+@pytest.mark.parametrize("op,fn", [("Min", torch.min), ("Max", torch.max)])
+def test_allreduce_min_max(op, fn):
+    size, rank = hvd.size(), hvd.rank()
+    for dtype, dim in itertools.product(DTYPES, DIMS):
+        every = torch.stack([_random(dim, dtype, seed=100 + r) for r in range(size)])
+        result = hvd.allreduce(every[rank].clone(), op=getattr(hvd, op))
+        assert torch.equal(result, fn(every, dim=0).values), (op, dtype, dim)
+
+
+def test_allreduce_inplace():
+    size = hvd.size()
+    for dtype, dim in itertools.product(DTYPES, DIMS):
+        tensor = _random(dim, dtype)
+        expected = tensor * size
+        out = hvd.allreduce_(tensor, op=hvd.Sum)
+        assert out is tensor
+        assert _close(tensor, expected, dtype, size), (dtype, dim)
+
+
+def test_allreduce_cpu_is_zero_copy():
+    """The in-place path reduces in the tensor's own storage."""
+    tensor = torch.ones(1000)
+    ptr = tensor.data_ptr()
+    hvd.allreduce_(tensor, op=hvd.Sum)
+    assert tensor.data_ptr() == ptr and torch.all(tensor == hvd.size())
+
+
+def test_allreduce_async_fused():
+    size = hvd.size()
+    pending, polled_false = [], False
+    for dtype, dim in itertools.product(DTYPES, DIMS):
+        tensor = _random(dim, dtype)
+        handle = hvd.allreduce_async(tensor, op=hvd.Sum)
+        if not hvd.poll(handle):
+            polled_false = True
+        pending.append((dtype, tensor * size, handle))
+    assert polled_false, "hvd.poll() always returned True: not an asynchronous op?"
+    for dtype, expected, handle in pending:
+        assert _close(hvd.synchronize(handle), expected, dtype, size), dtype
+
+
+@pytest.mark.parametrize("where", ["prescale_factor", "postscale_factor"])
+def test_allreduce_scale_factors(where):
+    size = hvd.size()
+    factor = float(np.random.RandomState(7).uniform())  # same on every rank
+    for dtype, dim in itertools.product(DTYPES, DIMS):
+        tensor = _random(dim, dtype)
+        result = hvd.allreduce(tensor, op=hvd.Sum, **{where: factor})
+        if dtype in (torch.int32, torch.int64):
+            # integers are scaled in float64 and truncated (Horovod's static_cast)
+            if where == "prescale_factor":
+                expected = (tensor.double() * factor).trunc().to(dtype) * size
+            else:
+                expected = (tensor.double() * size * factor).trunc().to(dtype)
+        else:
+            expected = tensor.double() * size * factor
+        assert _close(result, expected, dtype, size), (where, dtype, dim)
+
+
+def test_allreduce_bfloat16():
+    tensor = torch.arange(100, dtype=torch.float32).bfloat16()
+    summed = hvd.allreduce(tensor, op=hvd.Sum)
+    assert summed.dtype == torch.bfloat16
+    assert torch.equal(summed, (tensor.float() * hvd.size()).bfloat16())
+
+
+def test_allreduce_shape_mismatch_raises_runtime_error():
+    rank = hvd.rank()
+    tensor = torch.zeros([17 + rank] * 3)
+    with pytest.raises(RuntimeError) as info:
+        hvd.allreduce(tensor, name="mismatch.shape")
+    assert isinstance(info.value, hvd.NetReduceError)
+    assert "mismatch" in str(info.value).lower()
+    # same number of elements, different rank
+    tensor = torch.zeros([17, 23 * 57] if rank == 0 else [17, 23, 57])
+    with pytest.raises(RuntimeError):
+        hvd.allreduce(tensor, name="mismatch.rank")
+
+
+def test_allreduce_dtype_mismatch_raises_runtime_error():
+    dtype = torch.int32 if hvd.rank() % 2 == 0 else torch.float32
+    with pytest.raises(RuntimeError) as info:
+        hvd.allreduce(torch.zeros([17] * 3, dtype=dtype), name="mismatch.dtype")
+    assert "mismatch" in str(info.value).lower()
+
+
+def test_allreduce_duplicate_name_raises_value_error():
+    tensor = torch.ones(17)
+    handle = hvd.allreduce_async(tensor, name="duplicate_name", op=hvd.Sum)
+    with pytest.raises(ValueError):
+        for _ in range(10):
+            hvd.allreduce_async(tensor, name="duplicate_name")
+    assert torch.all(hvd.synchronize(handle) == hvd.size())
+
+
+def test_allreduce_rejects_bad_tensors_locally():
+    with pytest.raises(ValueError, match="dtype"):
+        hvd.allreduce(torch.zeros(4, dtype=torch.complex64))
+    with pytest.raises(ValueError, match="contiguous"):
+        hvd.allreduce(torch.zeros(4, 4).t())
+    with pytest.raises(ValueError, match="contiguous"):
+        hvd.allreduce_(torch.zeros(4, 4)[:, 1])
+
+
+def test_average_argument_is_deprecated():
+    tensor = torch.ones(5)
+    with pytest.warns(DeprecationWarning):
+        result = hvd.allreduce(tensor, average=False)
+    assert torch.all(result == hvd.size())
+    with pytest.warns(DeprecationWarning):
+        result = hvd.allreduce(tensor, average=True)
+    assert torch.all(result == 1)
+    with pytest.raises(ValueError):
+        hvd.allreduce(tensor, average=True, op=hvd.Sum)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        hvd.allreduce(tensor, op=hvd.Average)
+
+
+@pytest.mark.parametrize("op,expected", [("Sum", "size"), ("Average", 1)])
+def test_allreduce_grad(op, expected):
+    size = hvd.size()
+    for dtype, dim in itertools.product([torch.float32, torch.float64], DIMS):
+        tensor = _random(dim, dtype).requires_grad_()
+        reduced = hvd.allreduce(tensor, op=getattr(hvd, op))
+        reduced.backward(torch.ones([17] * dim, dtype=dtype))
+        want = np.ones([17] * dim) * (size if expected == "size" else 1)
+        assert np.linalg.norm(want - tensor.grad.numpy()) < 1e-8
+
+
+def test_allreduce_fp16_compression():
+    tensor = torch.linspace(-1, 1, 301, dtype=torch.float32)
+    result = hvd.allreduce(tensor, op=hvd.Sum, compression=hvd.Compression.fp16)
+    assert result.dtype == torch.float32
+    assert torch.allclose(result, tensor * hvd.size(), atol=2e-3 * hvd.size())
+
+
+# --- grouped allreduce ---------------------------------------------------------------
+def test_grouped_allreduce():
+    size = hvd.size()
+    for dtype, dim in itertools.product(DTYPES, DIMS):
+        tensors = [_random(dim, dtype, seed=s) for s in range(5)]
+        summed = hvd.grouped_allreduce(tensors, op=hvd.Sum)
+        for t, s in zip(tensors, summed):
+            assert _close(s, t * size, dtype, size), (dtype, dim)
+        averaged = hvd.grouped_allreduce(tensors)
+        for t, a in zip(tensors, averaged):
+            assert _close(a, t, dtype, size), (dtype, dim)
+
+
+def test_grouped_allreduce_inplace_and_async():
+    size = hvd.size()
+    tensors = [_random(2, torch.float32, seed=s) for s in range(4)]
+    expected = [t * size for t in tensors]
+    handle = hvd.grouped_allreduce_async_(tensors, op=hvd.Sum)
+    outputs = hvd.synchronize(handle)
+    for t, out, e in zip(tensors, outputs, expected):
+        assert out is t and torch.equal(t, e)
+    outputs = hvd.grouped_allreduce_(tensors, op=hvd.Average)
+    for t, e in zip(outputs, expected):
+        assert torch.equal(t, e)
+
+
+def test_grouped_allreduce_mismatch_raises():
+    rank = hvd.rank()
+    tensors = [torch.zeros(17), torch.zeros([17 + rank] * 2)]
+    with pytest.raises(RuntimeError):
+        hvd.grouped_allreduce(tensors, name="grouped.mismatch")
+
+
+def test_grouped_allreduce_grad():
+    size = hvd.size()
+    tensors = [_random(d, torch.float32, seed=d).requires_grad_() for d in DIMS]
+    summed = hvd.grouped_allreduce(tensors, op=hvd.Sum)
+    for s in summed:
+        s.backward(torch.ones_like(s))
+    for t in tensors:
+        assert torch.all(t.grad == size)
+
+
+# --- broadcast -------------------------------------------------------------------------
+BCAST_DTYPES = [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
+                torch.float16, torch.float32, torch.float64, torch.bfloat16, torch.bool]
+
+
+def test_broadcast():
+    rank, size = hvd.rank(), hvd.size()
+    for dtype, dim, root in itertools.product(BCAST_DTYPES, DIMS, range(size)):
+        tensor = torch.ones([17] * dim).mul_(rank).to(dtype)
+        root_tensor = torch.ones([17] * dim).mul_(root).to(dtype)
+        before = tensor.clone()
+        out = hvd.broadcast(tensor, root)
+        assert torch.equal(tensor, before), "broadcast modified its input"
+        assert torch.equal(out, root_tensor), (dtype, dim, root)
+
+
+def test_broadcast_inplace():
+    rank, size = hvd.rank(), hvd.size()
+    for dtype, root in itertools.product(BCAST_DTYPES, range(size)):
+        tensor = torch.ones([5, 7]).mul_(rank).to(dtype)
+        out = hvd.broadcast_(tensor, root)
+        assert out is tensor
+        assert torch.equal(tensor, torch.ones([5, 7]).mul_(root).to(dtype)), (dtype, root)
+
+
+def test_broadcast_async_polls():
+    rank = hvd.rank()
+    handles = [hvd.broadcast_async(torch.full((100,), float(rank + i)), 0, name=f"bcast.{i}")
+               for i in range(6)]
+    outs = [hvd.synchronize(h) for h in handles]
+    for i, out in enumerate(outs):
+        assert torch.all(out == float(i))
+
+
+def test_broadcast_mismatch_raises():
+    rank = hvd.rank()
+    with pytest.raises(RuntimeError):
+        hvd.broadcast(torch.zeros([17 + rank] * 3), 0, name="bcast.shape")
+    with pytest.raises(RuntimeError):
+        dtype = torch.int32 if rank % 2 == 0 else torch.float32
+        hvd.broadcast(torch.zeros(17, dtype=dtype), 0, name="bcast.dtype")
+
+
+def test_broadcast_grad():
+    rank, size = hvd.rank(), hvd.size()
+    for root in range(size):
+        tensor = torch.ones(17, 17).mul_(rank).requires_grad_()
+        out = hvd.broadcast(tensor, root)
+        out.backward(torch.ones(17, 17))
+        expected = 1.0 if rank == root else 0.0
+        assert torch.all(tensor.grad == expected), root
+
+
+# --- objects, barrier, join ---------------------------------------------------------------
+def test_broadcast_and_allgather_object():
+    rank, size = hvd.rank(), hvd.size()
+    obj = {"rank": rank, "tensor": torch.arange(3) * rank, "text": "x" * rank}
+    got = hvd.broadcast_object(obj, root_rank=size - 1)
+    assert got["rank"] == size - 1 and torch.equal(got["tensor"], torch.arange(3) * (size - 1))
+    gathered = hvd.allgather_object(obj)
+    assert [g["rank"] for g in gathered] == list(range(size))
+
+
+def test_allgather_uneven_first_dim():
+    rank, size = hvd.rank(), hvd.size()
+    tensor = torch.full((rank + 1, 3), rank, dtype=torch.int64)
+    out = hvd.allgather(tensor)
+    expected = torch.cat([torch.full((r + 1, 3), r, dtype=torch.int64) for r in range(size)])
+    assert torch.equal(out, expected)
+
+
+def test_barrier_and_join():
+    hvd.barrier()
+    last = hvd.join()
+    assert isinstance(last, int) and 0 <= last < hvd.size()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(),
+                    reason="no CUDA device on this host: the pinned-memory staging path "
+                           "for CUDA tensors needs a GPU")
+def test_allreduce_cuda():
+    device = torch.device("cuda", hvd.local_rank() % torch.cuda.device_count())
+    for dtype in (torch.float16, torch.float32, torch.int64):
+        tensor = torch.ones(1000, dtype=dtype, device=device)
+        out = hvd.allreduce(tensor, op=hvd.Sum)
+        assert out.device == device and torch.all(out == hvd.size())
+        hvd.allreduce_(tensor, op=hvd.Sum)
+        assert torch.all(tensor == hvd.size())
+        assert torch.all(hvd.broadcast(tensor * hvd.rank(), 0) == 0)

@@ -1,0 +1,155 @@
+"""The "netreduce" torch.distributed backend and the DDP communication hook, on every
+rank at once (started by tests/parallel/test_torch_launch.py with 2 and 3 ranks)."""
+import copy
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch")
+dist = pytest.importorskip("torch.distributed")
+
+from netreduce.environment import discover  # noqa: E402
+
+LAUNCHED = discover().size > 1
+pytestmark = pytest.mark.skipif(
+    not LAUNCHED, reason="multi-rank test: run by tests/parallel/test_torch_launch.py "
+                         "under netreduce-run")
+
+if LAUNCHED:
+    import netreduce.torch as nrt
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+@pytest.fixture(scope="module", autouse=True)
+def process_group():
+    # torchrun-style variables when the launcher exports them, else netreduce's own
+    # rendezvous (rank 0 opens a TCPStore, netreduce broadcasts its address).
+    init = "env://" if "MASTER_ADDR" in os.environ else "netreduce://"
+    if not dist.is_initialized():
+        dist.init_process_group("netreduce", init_method=init,
+                                rank=discover().rank, world_size=discover().size)
+    assert dist.get_backend() == "netreduce"
+    yield
+    dist.barrier()
+
+
+def test_allreduce_ops():
+    rank, size = dist.get_rank(), dist.get_world_size()
+    cases = [(dist.ReduceOp.SUM, sum(range(size))), (dist.ReduceOp.AVG, sum(range(size)) / size),
+             (dist.ReduceOp.MIN, 0), (dist.ReduceOp.MAX, size - 1)]
+    for dtype in (torch.float32, torch.float64, torch.int64):
+        for op, expected in cases:
+            if op == dist.ReduceOp.AVG and not dtype.is_floating_point:
+                continue
+            tensor = torch.full((33,), rank, dtype=dtype)
+            dist.all_reduce(tensor, op=op)
+            assert torch.all(tensor == expected), (dtype, op)
+
+
+def test_async_work_and_future():
+    rank, size = dist.get_rank(), dist.get_world_size()
+    tensors = [torch.full((1000,), float(rank + i)) for i in range(4)]
+    works = [dist.all_reduce(t, async_op=True) for t in tensors]
+    futures = [w.get_future() for w in works]
+    for i, (t, w, f) in enumerate(zip(tensors, works, futures)):
+        w.wait()
+        value = f.wait()
+        expected = sum(r + i for r in range(size))
+        assert torch.all(t == expected) and torch.all(value[0] == expected)
+
+
+def test_broadcast_and_allgather():
+    rank, size = dist.get_rank(), dist.get_world_size()
+    for root in range(size):
+        tensor = torch.full((7, 3), float(rank))
+        dist.broadcast(tensor, src=root)
+        assert torch.all(tensor == root)
+    outputs = [torch.empty(5, dtype=torch.int64) for _ in range(size)]
+    dist.all_gather(outputs, torch.full((5,), rank, dtype=torch.int64))
+    assert [int(o[0]) for o in outputs] == list(range(size))
+    flat = torch.empty(size * 4)
+    dist.all_gather_into_tensor(flat, torch.full((4,), float(rank)))
+    assert torch.equal(flat, torch.arange(size).repeat_interleave(4).float())
+
+
+def test_object_collectives_and_barrier():
+    rank, size = dist.get_rank(), dist.get_world_size()
+    gathered = [None] * size
+    dist.all_gather_object(gathered, {"rank": rank})
+    assert [g["rank"] for g in gathered] == list(range(size))
+    objs = [f"from {rank}"]
+    dist.broadcast_object_list(objs, src=size - 1)
+    assert objs == [f"from {size - 1}"]
+    dist.barrier()
+
+
+def test_unsupported_collectives_name_themselves():
+    size = dist.get_world_size()
+    with pytest.raises(NotImplementedError, match="reduce_scatter"):
+        dist.reduce_scatter(torch.empty(2), [torch.ones(2)] * size)
+    with pytest.raises(NotImplementedError, match="all_to_all_single|alltoall"):
+        dist.all_to_all_single(torch.empty(size), torch.ones(size))
+    with pytest.raises(NotImplementedError, match="PRODUCT|reduce op"):
+        dist.all_reduce(torch.ones(2), op=dist.ReduceOp.PRODUCT)
+
+
+def _model():
+    torch.manual_seed(3)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+
+
+def _batch(rank, step):
+    gen = torch.Generator().manual_seed(100 * step + rank)
+    return torch.randn(6, 8, generator=gen), torch.randn(6, 4, generator=gen)
+
+
+def _reference(model, steps, size, lr):
+    """Single-process SGD on the mean of every rank's gradient."""
+    ref = copy.deepcopy(model)
+    opt = torch.optim.SGD(ref.parameters(), lr=lr)
+    for step in range(steps):
+        opt.zero_grad()
+        for r in range(size):
+            x, y = _batch(r, step)
+            (torch.nn.functional.mse_loss(ref(x), y) / size).backward()
+        opt.step()
+    return ref
+
+
+def _train(ddp, rank, steps, lr):
+    opt = torch.optim.SGD(ddp.parameters(), lr=lr)
+    for step in range(steps):
+        opt.zero_grad()
+        x, y = _batch(rank, step)
+        torch.nn.functional.mse_loss(ddp(x), y).backward()
+        opt.step()
+
+
+def _check(ddp, reference):
+    for p, q in zip(ddp.module.parameters(), reference.parameters()):
+        assert torch.allclose(p, q, atol=1e-5)
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, [p.detach() for p in ddp.module.parameters()])
+    for other in gathered[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(gathered[0], other))
+
+
+def test_ddp_on_netreduce_backend():
+    rank, size = dist.get_rank(), dist.get_world_size()
+    model = _model()
+    reference = _reference(model, 4, size, 0.1)
+    ddp = DDP(copy.deepcopy(model), bucket_cap_mb=0.001)  # several buckets
+    _train(ddp, rank, 4, 0.1)
+    _check(ddp, reference)
+
+
+def test_allreduce_hook_on_gloo_group():
+    rank, size = dist.get_rank(), dist.get_world_size()
+    gloo = dist.new_group(backend="gloo")
+    model = _model()
+    reference = _reference(model, 4, size, 0.1)
+    ddp = DDP(copy.deepcopy(model), process_group=gloo, bucket_cap_mb=0.001)
+    ddp.register_comm_hook("hooked", nrt.allreduce_hook)
+    _train(ddp, rank, 4, 0.1)
+    _check(ddp, reference)
+    dist.destroy_process_group(gloo)
