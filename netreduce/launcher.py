@@ -16,7 +16,6 @@ code. SIGINT/SIGTERM sent to netreduce-run are forwarded the same way.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import os
 import secrets
 import signal
@@ -27,6 +26,7 @@ import time
 from typing import IO, List, Optional, Sequence
 
 from netreduce import config
+from netreduce.process import detach_and_die_with_parent, free_tcp_port
 
 GRACE_S = 3.0  # SIGTERM -> SIGKILL; keeps "a failing rank stops the job" under 10 s
 
@@ -53,16 +53,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _pdeathsig() -> None:
-    """In the child, before exec: new session, and SIGTERM when the launcher dies."""
-    os.setsid()
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass  # not Linux: the process-group kill on exit still applies
-
-
 def _pump(stream: IO[bytes], out: IO[bytes], prefix: bytes, lock: threading.Lock) -> None:
     for line in iter(stream.readline, b""):
         if not line.endswith(b"\n"):
@@ -85,9 +75,13 @@ class Job:
         self.pumps: List[threading.Thread] = []
         lock = threading.Lock()
         for rank in range(np_):
-            rank_env = dict(env, NETREDUCE_RANK=str(rank), NETREDUCE_LOCAL_RANK=str(rank))
+            # torch.distributed's variables too, so init_process_group("netreduce" or
+            # "gloo") works unchanged under netreduce-run.
+            rank_env = dict(env, NETREDUCE_RANK=str(rank), NETREDUCE_LOCAL_RANK=str(rank),
+                            RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(np_),
+                            LOCAL_WORLD_SIZE=str(np_))
             try:
-                proc = subprocess.Popen(list(command), env=rank_env, preexec_fn=_pdeathsig,
+                proc = subprocess.Popen(list(command), env=rank_env, preexec_fn=detach_and_die_with_parent,
                                         stdin=subprocess.DEVNULL,
                                         stdout=subprocess.PIPE if prefix else None,
                                         stderr=subprocess.PIPE if prefix else None)
@@ -163,6 +157,8 @@ def run(argv: Optional[Sequence[str]] = None) -> int:
     env = dict(os.environ, NETREDUCE_SWITCH=address, NETREDUCE_JOB=job_name,
                NETREDUCE_SIZE=str(args.np), NETREDUCE_LOCAL_SIZE=str(args.np),
                PYTHONUNBUFFERED="1")  # ranks' lines reach the prefixer as they are printed
+    env.setdefault("MASTER_ADDR", "127.0.0.1")
+    env.setdefault("MASTER_PORT", str(free_tcp_port()))
 
     received: List[int] = []
 

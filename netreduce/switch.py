@@ -19,6 +19,7 @@ import time
 from typing import List, Optional, Sequence, Tuple
 
 from netreduce.errors import NetReduceError
+from netreduce.process import detach_and_die_with_parent
 
 READY_PREFIX = "netreduce-switch listening on "
 DEFAULT_PORT = 4791
@@ -155,7 +156,8 @@ def spawn(host: str = "127.0.0.1", port: int = 0, timeout: float = 30.0,
     for k, v in opts.items():
         cmd += ["--" + k.replace("_", "-"), str(v)]
     cmd += list(extra_args)
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True,
+                            preexec_fn=detach_and_die_with_parent)
     deadline = time.monotonic() + timeout
     assert proc.stdout is not None
     while time.monotonic() < deadline:

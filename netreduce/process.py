@@ -1,0 +1,25 @@
+"""Child-process plumbing shared by the launcher and the embedded aggregator."""
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import socket
+
+
+def detach_and_die_with_parent() -> None:
+    """For ``preexec_fn``, in the child before exec: a new session (so signals to the
+    parent's terminal group do not reach it twice), and SIGTERM when the parent dies,
+    so that a killed launcher or rank 0 leaves no orphan behind."""
+    os.setsid()
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass  # not Linux: the explicit stop on exit still applies
+
+
+def free_tcp_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
