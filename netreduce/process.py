@@ -5,6 +5,7 @@ import ctypes
 import os
 import signal
 import socket
+import subprocess
 
 
 def detach_and_die_with_parent() -> None:
@@ -23,3 +24,14 @@ def free_tcp_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+def terminate(proc: "subprocess.Popen", timeout: float = 5.0) -> None:
+    """SIGTERM, then SIGKILL if it has not exited within ``timeout`` seconds."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

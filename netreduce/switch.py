@@ -19,7 +19,7 @@ import time
 from typing import List, Optional, Sequence, Tuple
 
 from netreduce.errors import NetReduceError
-from netreduce.process import detach_and_die_with_parent
+from netreduce.process import detach_and_die_with_parent, terminate
 
 READY_PREFIX = "netreduce-switch listening on "
 DEFAULT_PORT = 4791
@@ -131,13 +131,7 @@ class SwitchProcess:
         self.address = address
 
     def stop(self, timeout: float = 5.0) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        terminate(self.proc, timeout)
         if self.proc.stdout:
             self.proc.stdout.close()
 

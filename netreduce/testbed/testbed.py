@@ -34,6 +34,7 @@ import threading
 import time
 from typing import Dict, List, Optional, Sequence
 
+from netreduce.process import terminate
 from netreduce.testbed import sh
 from netreduce.testbed.plan import (NS_IFNAME, Node, Plan, TestbedError, format_rate, make_plan,
                                     tbf_burst_bytes, tbf_limit_bytes)
@@ -147,13 +148,7 @@ class SwitchHandle:
         return process_cpu_seconds(self.pid)
 
     def stop(self, timeout: float = 5.0) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        terminate(self.proc, timeout)
 
 
 def process_cpu_seconds(pid: int) -> float:
