@@ -15,7 +15,7 @@ from netreduce.api import (allgather_object, allreduce, allreduce_,  # noqa: F40
                            allreduce_async, barrier, broadcast, broadcast_,
                            broadcast_async, broadcast_object, grouped_allreduce,
                            grouped_allreduce_, grouped_allreduce_async, init,
-                           is_initialized, local_rank, local_size, poll, rank, shutdown,
+                           is_initialized, join, local_rank, local_size, poll, rank, shutdown,
                            size, synchronize)
 from netreduce.communicator import Handle  # noqa: F401
 
@@ -24,6 +24,6 @@ __all__ = [
     "Product", "Adasum", "Handle", "init", "shutdown", "is_initialized", "rank", "size",
     "local_rank", "local_size", "allreduce", "allreduce_", "allreduce_async",
     "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async", "broadcast",
-    "broadcast_", "broadcast_async", "broadcast_object", "allgather_object", "barrier",
+    "broadcast_", "broadcast_async", "broadcast_object", "allgather_object", "barrier", "join",
     "poll", "synchronize",
 ]

@@ -270,6 +270,21 @@ def barrier() -> None:
             ["__barrier__"], None, 1.0, 1.0, -1, None, True, False).wait()
 
 
+def join() -> int:
+    """Horovod's ``join``: this rank has no more data. Until every rank has joined it
+    keeps taking part in the other ranks' all-reduces (grouped ones too) by
+    contributing zeros of the right dtype and shape — Average still divides by the
+    full size(), as in Horovod — and barriers. A broadcast, broadcast_object or
+    allgather_object that other ranks start meanwhile fails on those ranks with
+    "... is not supported with Join at this time" (Horovod's error). Returns the rank
+    that joined last, the same on every rank. join() may be called again later (say,
+    every epoch)."""
+    out = np.full(1, -1, dtype=np.int64)
+    handle = _submit("join", [out], [out], ["__join__"], None, 1.0, 1.0, -1, None,
+                     False, False)
+    return int(handle.wait()[0])
+
+
 def _bytes_as_int32(payload: bytes, total: int) -> np.ndarray:
     # int32 because the data plane sums integers exactly: only one rank writes each
     # word, so the sum is that rank's bytes.
@@ -297,14 +312,14 @@ def allgather_object(obj: Any, name: Optional[str] = None) -> List[Any]:
     payload = pickle.dumps(obj)
     lengths = np.zeros(size(), dtype=np.int64)
     lengths[rank()] = len(payload)
-    _submit("allreduce", [lengths], [lengths], [f"{base}.len"], ReduceOp.Sum, 1.0, 1.0, -1,
+    _submit("allgather", [lengths], [lengths], [f"{base}.len"], ReduceOp.Sum, 1.0, 1.0, -1,
             None, cacheable, False).wait()
     starts = [0] + list(itertools.accumulate(int((n + 3) // 4) * 4 for n in lengths))
     mine = np.zeros(starts[-1] // 4, dtype=np.int32)
     mine.view(np.uint8)[starts[rank()]:starts[rank()] + len(payload)] = \
         np.frombuffer(payload, dtype=np.uint8)
     # payload sizes change from call to call: never cache the data tensor's name
-    _submit("allreduce", [mine], [mine], [f"{base}.data"], ReduceOp.Sum, 1.0, 1.0, -1,
+    _submit("allgather", [mine], [mine], [f"{base}.data"], ReduceOp.Sum, 1.0, 1.0, -1,
             None, False, False).wait()
     everything = mine.view(np.uint8)
     return [pickle.loads(everything[starts[r]:starts[r] + int(lengths[r])])

@@ -22,6 +22,7 @@ import copy
 import logging
 import os
 import queue
+import re
 import select
 import threading
 import time
@@ -33,7 +34,7 @@ from netreduce import timeline as tl
 from netreduce.errors import (ControlPlaneError, NegotiationError, NetReduceError,
                               RankFailedError, ShutdownError)
 from netreduce.fusion import FusionBuffer
-from netreduce.negotiation import NegotiationClient, ResponseCache
+from netreduce.negotiation import NegotiationClient, ResponseCache, sig_of
 from netreduce.ops import STORAGE, WIRE_DTYPE, ReduceOp, scale_into
 
 log = logging.getLogger("netreduce")
@@ -92,6 +93,20 @@ class Tensor:
     @property
     def dtype(self) -> str:
         return self.sig[1]
+
+
+_AUTO_NAME = re.compile(r"^(\w+)\.noname\.(\d+)(?:\.|$)")  # api._auto_name's names
+
+
+def _zero_tensor(name: str, req: Dict[str, Any]) -> Tensor:
+    """A joined rank's stand-in for a tensor the others submitted: zeros of the same
+    dtype and shape (its own handle, which nobody waits on)."""
+    sig = sig_of(req)
+    output = np.zeros(sig[2], dtype=np.uint16 if sig[1] == "bfloat16" else np.dtype(sig[1]))
+    op = ReduceOp(sig[3]) if sig[3] else None
+    t = Tensor(name, sig, False, op, output, output, Handle([output], False))
+    t.t_sent = t.t_submit  # never negotiated by this rank: no wait to show
+    return t
 
 
 class Communicator:
@@ -219,17 +234,35 @@ class Communicator:
         for entry in reply.get("e", []):
             self.neg.next_seq = entry["seq"] + 1
             with self._lock:
+                # Tensors this rank never submitted because it has joined (Horovod's
+                # join): the entry says what they are, and this rank sends zeros.
+                zeros = {z["n"]: z for z in entry.get("z", ()) if z}
                 if "a" in entry:
-                    self.cache.learn(entry["a"], {n: self._inflight[n].sig for n in entry["a"]
-                                                  if n in self._inflight})
-                group = [self._inflight.get(self.cache.resolve(ref)) for ref in entry["t"]]
+                    sigs = {n: self._inflight[n].sig for n in entry["a"] if n in self._inflight}
+                    sigs.update({n: sig_of(zeros[n]) for n in entry["a"]
+                                 if n not in sigs and n in zeros})
+                    self.cache.learn({n: i for n, i in entry["a"].items() if n in sigs}, sigs)
+                group = []
+                for i, ref in enumerate(entry["t"]):
+                    z = entry["z"][i] if "z" in entry else 0
+                    name = z["n"] if z else self.cache.resolve(ref)
+                    t = self._inflight.get(name)
+                    if t is None and (z or "err" in entry):
+                        self._skip_auto_name(name)
+                    if t is None and z and "err" not in entry:
+                        t = _zero_tensor(name, z)
+                    group.append(t)
                 if None in group:
-                    if self._failure is not None:
-                        continue  # failed locally meanwhile; the entry can no longer run
+                    if self._failure is not None or "err" in entry:
+                        # failed locally meanwhile; or an error for tensors that only
+                        # the other ranks submitted while this rank was joined
+                        continue
                     raise NetReduceError(f"coordinator log entry {entry['seq']} names a tensor "
                                          "this rank never submitted (protocol bug)")
                 for t in group:  # under the lock: _fail must see them as negotiated
                     t.seq = entry["seq"]
+                if "last" in entry:
+                    group[0].output[...] = entry["last"]  # join(): the rank that joined last
             for t in group:
                 if self.timeline:
                     self.timeline.span(t.name, "wait_for_ranks", t.t_sent, now)
@@ -248,6 +281,16 @@ class Communicator:
                        abort=True)
         elif self._failure is not None:
             self._fail(self._failure, self._fail_after, abort=False)  # caught up yet?
+
+    def _skip_auto_name(self, name: str) -> None:
+        """A joined rank sees the others' collectives go by: keep its counters of
+        auto-generated names ("allreduce.noname.7") in step with theirs, so that
+        unnamed calls still pair up across ranks after the join."""
+        m = _AUTO_NAME.match(name)
+        if m:
+            kind, n = m.group(1), int(m.group(2))
+            if self.name_counters.get(kind, 0) <= n:
+                self.name_counters[kind] = n + 1
 
     # --- failure ---------------------------------------------------------------------
     def _watch_loop(self) -> None:
@@ -351,7 +394,7 @@ class Communicator:
 
     def _execute(self, group: List[Tensor]) -> None:
         first = group[0]
-        if first.kind == "barrier":
+        if first.kind in ("barrier", "join"):
             return
         wire = WIRE_DTYPE[first.dtype]
         storage = STORAGE[wire]
@@ -365,7 +408,7 @@ class Communicator:
                 (first.kind == "broadcast" or first.sig[4] == 1.0):
             # One tensor in its own dtype: reduce straight into the output, no copies.
             out = first.output
-            contributes = first.kind == "allreduce" or self.rank == first.sig[6]
+            contributes = first.kind != "broadcast" or self.rank == first.sig[6]
             if not contributes:
                 out.fill(0)  # a broadcast's non-root sends zeros: the sum is the root's data
             src = first.array if contributes else out

@@ -111,6 +111,12 @@ def wire_request(name: str, sig: Sig, cacheable: bool) -> Dict[str, Any]:
     return req
 
 
+def sig_of(req: Dict[str, Any]) -> Sig:
+    """The signature a request dict describes (inverse of wire_request)."""
+    return (str(req["k"]), str(req["d"]), tuple(int(x) for x in req["s"]), str(req["o"]),
+            float(req.get("pre", 1.0)), float(req.get("post", 1.0)), int(req.get("r", -1)))
+
+
 class ResponseCache:
     """name <-> id as the coordinator assigned them. A name goes out as its id only
     when this rank's signature equals the one the id was assigned for."""

@@ -21,6 +21,13 @@ fails). A connection that closes without ``negotiate_bye`` means the rank died: 
 job fails, and every other rank's pending operations fail with an error naming that
 rank (their watch and their long-poll wake at once).
 
+Horovod's ``join``: a rank out of data submits ``__join__`` (kind "join"). Until every
+rank has, a joined rank counts as having submitted every other tensor; a log entry
+that it did not submit carries ``z`` (per tensor: the request it stands for, or 0) so
+that it all-reduces zeros of that dtype and shape. Broadcasts and allgathers cannot
+take zeros and get Horovod's error instead. When the last rank joins, the join entry
+says which rank that was (``last``) and the join state resets.
+
 Handlers run on the control server's per-connection threads and may block; each
 job has its own Condition, so one job's long-polls never wait on another's lock.
 """
@@ -97,27 +104,50 @@ def fusion_key(sig: Sig) -> Optional[Tuple[str, str]]:
     """Tensors with equal keys may share a data-plane message: same wire dtype and wire
     op. Average and broadcast are sums on the wire (broadcast: non-roots send zeros)."""
     kind, dtype, _, op = sig[:4]
-    if kind == "barrier":
+    if kind in ("barrier", "join"):
         return None
     wire_op = "sum" if kind == "broadcast" or op == "average" else op
     return (WIRE_DTYPE.get(dtype, dtype), wire_op)
 
 
 def nbytes(sig: Sig) -> int:
-    if sig[0] == "barrier":
+    if sig[0] in ("barrier", "join"):
         return 0
     count = int(np.prod(sig[2], dtype=np.int64)) if sig[2] else 1
     return count * STORAGE[WIRE_DTYPE[sig[1]]].itemsize
 
 
+def sig_request(name: str, sig: Sig) -> Dict[str, Any]:
+    """A signature as a request dict (what ``sig_of`` reads back): how a log entry
+    tells a joined rank the tensors it contributes zeros to."""
+    req: Dict[str, Any] = {"n": name, "k": sig[0], "d": sig[1], "s": list(sig[2]),
+                           "o": sig[3]}
+    if sig[4] != 1.0:
+        req["pre"] = sig[4]
+    if sig[5] != 1.0:
+        req["post"] = sig[5]
+    if sig[6] >= 0:
+        req["r"] = sig[6]
+    return req
+
+
+# What Horovod's controller answers for collectives that cannot take zeros from a
+# joined rank (controller.cc: "... is not supported with Join at this time").
+JOIN_UNSUPPORTED = {
+    "broadcast": "Broadcast is not supported with Join at this time.",
+    "allgather": "Allgather is not supported with Join at this time.",
+}
+
+
 class _Pending:
-    __slots__ = ("sigs", "first", "warned", "cacheable")
+    __slots__ = ("sigs", "first", "warned", "cacheable", "last")
 
     def __init__(self, now: float) -> None:
         self.sigs: Dict[int, Sig] = {}
         self.first = now
         self.warned: set = set()
         self.cacheable = True
+        self.last = -1  # a join: the rank that joined last
 
 
 class JobState:
@@ -140,6 +170,10 @@ class JobState:
         self.base = 0                            # seq of log[0]
         self.acked: Dict[int, int] = {}          # rank -> next seq it expects
         self.messages = 0                        # negotiation requests served (tests)
+        # Horovod's join: ranks that called join() and count as having submitted
+        # every other tensor (they contribute zeros) until all ranks have joined.
+        self.join_ranks: set = set()
+        self.last_join = -1
 
     # --- submissions -----------------------------------------------------------
     def submit(self, rank: int, reqs: List[Any]) -> None:
@@ -162,11 +196,38 @@ class JobState:
                 raise RequestError(f"rank {rank} submitted tensor '{name}' twice")
             entry.sigs[rank] = sig
             entry.cacheable &= cacheable
-            if len(entry.sigs) == self.size:
+            if sig[0] == "join":
+                self._join(rank, name, entry)
+            elif self._complete(entry):
                 del self.pending[name]
                 self.ready.append((name, entry))
         self._flush()
         self.cond.notify_all()
+
+    def _complete(self, entry: _Pending) -> bool:
+        """Every rank submitted it, or has joined (and will contribute zeros)."""
+        if len(entry.sigs) == self.size:
+            return True
+        if not self.join_ranks or next(iter(entry.sigs.values()))[0] == "join":
+            return False
+        return len(self.join_ranks.union(entry.sigs)) == self.size
+
+    def _join(self, rank: int, name: str, entry: _Pending) -> None:
+        """``rank`` called join(): what only waited for it becomes ready now (before
+        the join itself, so a rank's earlier submissions complete before join()
+        returns); the join is ready once every rank has joined."""
+        self.join_ranks.add(rank)
+        self.last_join = rank
+        for other, pend in list(self.pending.items()):
+            if other != name and self._complete(pend):
+                del self.pending[other]
+                self.ready.append((other, pend))
+        if len(entry.sigs) == self.size:
+            del self.pending[name]
+            entry.last = self.last_join
+            self.ready.append((name, entry))
+            self.join_ranks = set()
+            self.last_join = -1
 
     def _ref(self, name: str, sig: Sig, cacheable: bool, assign: Dict[str, int]) -> Any:
         """How a log entry names a tensor: its cache id when it has one (assigning one
@@ -195,6 +256,11 @@ class JobState:
         good: List[Tuple[str, _Pending]] = []
         for name, entry in self.ready:
             err = mismatch_message(name, entry.sigs)
+            kind = next(iter(entry.sigs.values()))[0]
+            if not err and len(entry.sigs) < self.size and kind in JOIN_UNSUPPORTED:
+                err = (f"{JOIN_UNSUPPORTED[kind]} Tensor '{name}': rank(s) "
+                       f"{', '.join(map(str, sorted(set(range(self.size)) - set(entry.sigs))))}"
+                       " have joined.")
             if err:
                 self._append({"t": [name], "err": err})
             else:
@@ -202,17 +268,25 @@ class JobState:
         self.ready = []
         items = []
         for name, entry in good:
-            sig = entry.sigs[0]
+            sig = next(iter(entry.sigs.values()))
             items.append((name, fusion_key(sig), nbytes(sig)))
         for group in fusion.plan(items, self.threshold):
             assign: Dict[str, int] = {}
             refs = []
+            zeros: List[Any] = []
             for i in group:
                 name, entry = good[i]
-                refs.append(self._ref(name, entry.sigs[0], entry.cacheable, assign))
+                sig = next(iter(entry.sigs.values()))
+                refs.append(self._ref(name, sig, entry.cacheable, assign))
+                # joined ranks never submitted it: tell them what to send zeros for
+                zeros.append(sig_request(name, sig) if len(entry.sigs) < self.size else 0)
             record: Dict[str, Any] = {"t": refs}
             if assign:
                 record["a"] = assign
+            if any(zeros):
+                record["z"] = zeros
+            if entry.last >= 0:  # a join (never fused): who joined last
+                record["last"] = entry.last
             self._append(record)
 
     # --- reading the log -------------------------------------------------------
@@ -230,9 +304,12 @@ class JobState:
     def stalls(self, rank: int, stall_s: float) -> List[Dict[str, Any]]:
         now, found = time.monotonic(), []
         for name, entry in self.pending.items():
+            if next(iter(entry.sigs.values()))[0] == "join":
+                continue  # a joined rank waiting for the others is no stall
             if rank in entry.sigs and rank not in entry.warned and now - entry.first >= stall_s:
                 entry.warned.add(rank)
-                found.append({"n": name, "missing": sorted(set(range(self.size)) - set(entry.sigs)),
+                found.append({"n": name, "missing": sorted(set(range(self.size)) - set(entry.sigs)
+                                                           - self.join_ranks),
                               "age": round(now - entry.first, 1)})
         return found
 

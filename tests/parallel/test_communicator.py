@@ -149,6 +149,27 @@ def scenario_switch_dies(nr) -> None:
     nr.shutdown()
 
 
+def scenario_join(nr) -> None:
+    """Uneven inputs (Horovod's join): rank r runs r+1 steps, then joins; the joined
+    ranks contribute zeros, and join() returns the last rank to join on every rank."""
+    r, n = nr.rank(), nr.size()
+    for step in range(r + 1):
+        want = sum(q + 1 for q in range(n) if q >= step)  # ranks still submitting
+        s = nr.allreduce(np.full(70_000, r + 1, np.float32), op=nr.Sum, name="big")
+        assert (s == want).all(), (step, s[:3], want)
+        a = nr.allreduce(np.full(5, r + 1, np.float64), name="avg")
+        assert np.allclose(a, want / n), (step, a, want)  # Average divides by size()
+        g = nr.grouped_allreduce([np.full(7, r + 1, np.int64), np.full(3, 2, np.int32)],
+                                 op=nr.Sum, name="grp")
+        live = sum(1 for q in range(n) if q >= step)
+        assert (g[0] == want).all() and (g[1] == 2 * live).all(), (step, g)
+    last = nr.join()
+    assert last == n - 1, last
+    assert nr.allgather_object(last) == [n - 1] * n  # everything is normal again
+    out = nr.allreduce(np.ones(3, np.float32), op=nr.Sum, name="after-join")
+    assert (out == n).all(), out
+
+
 def worker(name: str) -> None:
     import netreduce as nr
     nr.init()
@@ -181,6 +202,14 @@ import pytest  # noqa: E402  (the worker half above must not need pytest)
 @pytest.mark.parametrize("size", [1, 2, 3, 4])
 def test_basic(size):
     proc = launch(size, "basic")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert ok_ranks(proc) == list(range(size))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("size", [2, 3])
+def test_join_with_uneven_steps(size):
+    proc = launch(size, "join")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert ok_ranks(proc) == list(range(size))
 

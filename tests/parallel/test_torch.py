@@ -320,6 +320,59 @@ def test_barrier_and_join():
     assert isinstance(last, int) and 0 <= last < hvd.size()
 
 
+def test_horovod_join_allreduce():
+    """Horovod's test_horovod_join_allreduce: one rank joins at once, the others
+    all-reduce two tensors (fused) with Average and then join; the joined rank's zeros
+    count, Average still divides by size(), and join() returns the same rank (not the
+    first to join) everywhere. Half the runs first cache the tensor names."""
+    rank, size = hvd.rank(), hvd.size()
+    integral = (torch.int32, torch.int64)
+    for dtype, dim, first_join_rank, caching in itertools.product(
+            [torch.int32, torch.int64, torch.float32, torch.float64], DIMS, [0, 1],
+            [False, True]):
+        gen = torch.Generator().manual_seed(1234)
+        tensor_a = torch.randint(-100, 100, [5] * dim, generator=gen).to(dtype)
+        tensor_b = torch.randint(-100, 100, [17] * dim, generator=gen).to(dtype)
+        if caching:
+            handle_a = hvd.allreduce_async(tensor_a, name="tensor_a", op=hvd.Average)
+            handle_b = hvd.allreduce_async(tensor_b, name="tensor_b", op=hvd.Average)
+            hvd.synchronize(handle_a)
+            hvd.synchronize(handle_b)
+        if rank == first_join_rank:
+            ret = hvd.join()
+        else:
+            handle_a = hvd.allreduce_async(tensor_a, name="tensor_a", op=hvd.Average)
+            handle_b = hvd.allreduce_async(tensor_b, name="tensor_b", op=hvd.Average)
+            averaged_a = hvd.synchronize(handle_a)
+            averaged_b = hvd.synchronize(handle_b)
+            ret = hvd.join()
+            for averaged, tensor in ((averaged_a, tensor_a), (averaged_b, tensor_b)):
+                if dtype in integral:  # Horovod's static_cast: truncation toward zero
+                    expected = torch.div(tensor * (size - 1), size, rounding_mode="trunc")
+                else:
+                    expected = tensor * (size - 1) / size
+                assert averaged.dtype == dtype
+                assert _close(averaged, expected, dtype, size), (dtype, dim, first_join_rank)
+        assert ret != first_join_rank, "hvd.join() returned the rank that joined first"
+        assert hvd.allgather_object(ret) == [ret] * size, \
+            "hvd.join() did not return the same value on each rank"
+
+
+def test_horovod_join_allgather_and_broadcast_raise():
+    """Horovod's test_horovod_join_allgather / _broadcast: while a rank is joined,
+    allgather and broadcast fail on the others with a RuntimeError."""
+    rank = hvd.rank()
+    tensor = torch.ones([17] * 3)
+    if rank == 0:
+        hvd.join()
+        return
+    with pytest.raises(RuntimeError, match="Allgather is not supported with Join"):
+        hvd.allgather(tensor)
+    with pytest.raises(RuntimeError, match="Broadcast is not supported with Join"):
+        hvd.broadcast(tensor, 1)
+    hvd.join()
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(),
                     reason="no CUDA device on this host: the pinned-memory staging path "
                            "for CUDA tensors needs a GPU")

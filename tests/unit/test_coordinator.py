@@ -171,3 +171,54 @@ def test_log_is_trimmed_once_everyone_read_it(job):
     neg(srv, s[1], ack=1)
     state = coord._jobs(srv)["j"]
     assert state.log == [] and state.base == 1
+
+
+# --- join (Horovod's uneven inputs) ------------------------------------------------------
+def join_req():
+    return {"n": "__join__", "k": "join", "d": "int64", "s": [1], "o": "", "c": 0}
+
+
+def test_joined_rank_counts_as_submitting_and_gets_the_signature(job):
+    srv, s, _ = job
+    assert neg(srv, s[0], [join_req()])["e"] == []
+    reply = neg(srv, s[1], [req("a", shape=(2, 3), op="average"), req("b", dtype="int32")])
+    entries = reply["e"]
+    # both tensors ready without rank 0; rank 0 learns from "z" what to send zeros for
+    assert len(entries) == 2
+    zs = [z for e in entries for z in e["z"]]
+    assert {(z["n"], z["d"], tuple(z["s"]), z["o"]) for z in zs} == \
+        {("a", "float32", (2, 3), "average"), ("b", "int32", (4,), "sum")}
+    assert neg(srv, s[0], ack=0)["e"] == entries  # the same log for the joined rank
+    # rank 1 joins last: the join entry names it, and the join state resets
+    last = neg(srv, s[1], [join_req()], ack=2)["e"]
+    assert last == [{"t": ["__join__"], "last": 1, "seq": 2}]
+    state = coord._jobs(srv)["j"]
+    assert state.join_ranks == set()
+    neg(srv, s[0], [req("c")], ack=3)
+    assert "z" not in neg(srv, s[1], [req("c")], ack=3)["e"][0]  # normal again
+
+
+def test_join_releases_what_only_waited_for_the_joining_rank(job):
+    srv, s, _ = job
+    neg(srv, s[1], [req("x"), req("y")])
+    neg(srv, s[0], [req("x")])  # x ready; y waits for rank 0
+    entries = neg(srv, s[0], [join_req()], ack=1)["e"]
+    assert entries[-1]["z"][0]["n"] == "y"  # y released by rank 0's join, before the join
+
+
+def test_broadcast_and_allgather_fail_while_a_rank_is_joined(job):
+    srv, s, _ = job
+    neg(srv, s[0], [join_req()])
+    entries = neg(srv, s[1], [req("bc", kind="broadcast", root=1),
+                              req("ag", kind="allgather")])["e"]
+    errs = {e["t"][0]: e["err"] for e in entries}
+    assert errs["bc"].startswith("Broadcast is not supported with Join at this time.")
+    assert errs["ag"].startswith("Allgather is not supported with Join at this time.")
+    assert "rank(s) 0 have joined" in errs["bc"]
+
+
+def test_joined_rank_is_not_reported_as_stalled(job):
+    srv, s, _ = job
+    neg(srv, s[0], [join_req()])
+    time.sleep(0.06)
+    assert "s" not in neg(srv, s[0], stall_s=0.05)
