@@ -38,6 +38,8 @@ from netreduce.negotiation import NegotiationClient, ResponseCache, sig_of
 from netreduce.ops import STORAGE, WIRE_DTYPE, ReduceOp, scale_into
 
 log = logging.getLogger("netreduce")
+# Seconds a transfer under way may still finish after a rank died without shutdown().
+ABORT_GRACE_S = 1.0
 
 
 class Handle:
@@ -328,10 +330,24 @@ class Communicator:
             os.write(self._wake_w, b"x")  # the negotiation thread polls for the rest
         self._complete(doomed, error)
         if abort and running is not None and (after is None or running > after):
-            try:
-                self.dp.abort(str(error))
-            except Exception:  # already closed: nothing left to unblock
-                pass
+            if after is None:
+                # Died unannounced: it may have contributed to the running entry just
+                # before dying (its results are then already on their way here), so
+                # the transfer gets a moment to finish before it is cut.
+                timer = threading.Timer(ABORT_GRACE_S, self._abort_if_running, (running, error))
+                timer.daemon = True
+                timer.start()
+            else:
+                self._abort_if_running(running, error)
+
+    def _abort_if_running(self, seq: int, error: NetReduceError) -> None:
+        with self._lock:
+            if self._executing != seq:
+                return  # it finished meanwhile
+        try:
+            self.dp.abort(str(error))
+        except Exception:  # already closed: nothing left to unblock
+            pass
 
     def _complete(self, tensors: List[Tensor], error: Optional[BaseException] = None) -> None:
         """Finish each tensor exactly once (failure paths may race with the executor);

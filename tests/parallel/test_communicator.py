@@ -119,8 +119,8 @@ def scenario_shutdown(nr) -> None:
     if r == 1:
         nr.shutdown()
         return
-    h = nr.allreduce_async(np.ones(10, np.float32), name="needs-rank-1")
-    try:
+    try:  # fails at submission if rank 1's departure is already known, else on wait
+        h = nr.allreduce_async(np.ones(10, np.float32), name="needs-rank-1")
         nr.synchronize(h)
         raise AssertionError("operation succeeded without rank 1")
     except RankFailedError as exc:
