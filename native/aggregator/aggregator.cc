@@ -185,12 +185,7 @@ void Aggregator::Loop(uint32_t thread_index) {
     h.dest_qp = wire::MakeQpn(job.index, rank);
     h.result = true;
     wire::Encode(h, hdr);
-    std::memset(trailer, 0, 8);
-    uint32_t icrc = 0;
-    if (!h.jumbo) {
-      icrc = wire::ComputeIcrc(local_ip, to.ip, my_port, to.port, hdr, payload, h.length, h.pad);
-    }
-    std::memcpy(trailer + h.pad, &icrc, 4);  // little-endian on the wire, as rxe stores it
+    wire::WriteTrailer(h, local_ip, to.ip, my_port, to.port, hdr, payload, trailer);
     OutPacket p;
     p.to = to;
     p.from_ip = local_ip;
@@ -256,14 +251,9 @@ void Aggregator::Loop(uint32_t thread_index) {
         continue;
       }
       const uint8_t* payload = pkt.buf + wire::kHeaderBytes;
-      if (!h.jumbo) {
-        uint32_t want;
-        std::memcpy(&want, payload + h.length + h.pad, 4);
-        if (wire::ComputeIcrc(pkt.from.ip, pkt.local_ip, pkt.from.port, my_port, pkt.buf,
-                              payload, h.length, h.pad) != want) {
-          drop(Drop::kBadIcrc);
-          continue;
-        }
+      if (!wire::IcrcValid(h, pkt.from.ip, pkt.local_ip, pkt.from.port, my_port, pkt.buf)) {
+        drop(Drop::kBadIcrc);
+        continue;
       }
       job.ranks[rank].peer.store(PackPeer(pkt.from), std::memory_order_relaxed);
       job.ranks[rank].local_ip.store(pkt.local_ip, std::memory_order_relaxed);

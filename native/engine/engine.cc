@@ -275,14 +275,9 @@ Status Engine::Run(Request& req) {
     h.msg_id = msg_id;
     wire::Encode(h, t.header);
     const uint8_t* payload = req.src + first * esize;
-    std::memset(t.trailer, 0, sizeof(t.trailer));
-    uint32_t icrc = 0;
     Endpoint to{agg_.ip, htons(uint16_t(cfg_.port + slot % cfg_.threads))};
-    if (!jumbo_) {
-      icrc = wire::ComputeIcrc(sock_->local().ip, to.ip, sock_->local().port, to.port, t.header,
-                               payload, h.length, h.pad);
-    }
-    std::memcpy(t.trailer + h.pad, &icrc, 4);
+    wire::WriteTrailer(h, sock_->local().ip, to.ip, sock_->local().port, to.port, t.header,
+                       payload, t.trailer);
     t.chunk = c;
     t.seq = seq;
     t.first_send_us = now;
@@ -427,15 +422,12 @@ Status Engine::Run(Request& req) {
           ignored_results_++;
           continue;
         }
-        const uint8_t* payload = p.buf + wire::kHeaderBytes;
-        uint32_t want;
-        std::memcpy(&want, payload + h.length + h.pad, 4);
-        if (!h.jumbo && wire::ComputeIcrc(p.from.ip, p.local_ip, p.from.port, sock.local().port,
-                                          p.buf, payload, h.length, h.pad) != want) {
+        if (!wire::IcrcValid(h, p.from.ip, p.local_ip, p.from.port, sock.local().port, p.buf)) {
           ignored_results_++;
           continue;
         }
-        std::memcpy(req.dst + size_t(t->chunk) * chunk_elems * esize, payload, h.length);
+        std::memcpy(req.dst + size_t(t->chunk) * chunk_elems * esize, p.buf + wire::kHeaderBytes,
+                    h.length);
         complete(*t);
       }
       return Status::Ok();

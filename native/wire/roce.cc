@@ -99,5 +99,27 @@ uint32_t ComputeIcrc(uint32_t src_ip_be, uint32_t dst_ip_be, uint16_t src_port_b
   return uint32_t(crc);
 }
 
+void WriteTrailer(const Header& h, uint32_t src_ip_be, uint32_t dst_ip_be, uint16_t src_port_be,
+                  uint16_t dst_port_be, const uint8_t* header, const uint8_t* payload,
+                  uint8_t* trailer) {
+  std::memset(trailer, 0, h.pad);
+  uint32_t icrc = 0;
+  if (!h.jumbo) {
+    icrc = ComputeIcrc(src_ip_be, dst_ip_be, src_port_be, dst_port_be, header, payload, h.length,
+                       h.pad);
+  }
+  std::memcpy(trailer + h.pad, &icrc, 4);  // little-endian on the wire, as rxe stores it
+}
+
+bool IcrcValid(const Header& h, uint32_t src_ip_be, uint32_t dst_ip_be, uint16_t src_port_be,
+               uint16_t dst_port_be, const uint8_t* pkt) {
+  if (h.jumbo) return true;
+  const uint8_t* payload = pkt + kHeaderBytes;
+  uint32_t want;
+  std::memcpy(&want, payload + h.length + h.pad, 4);
+  return ComputeIcrc(src_ip_be, dst_ip_be, src_port_be, dst_port_be, pkt, payload, h.length,
+                     h.pad) == want;
+}
+
 }  // namespace wire
 }  // namespace netreduce

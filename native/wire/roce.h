@@ -94,5 +94,15 @@ uint32_t ComputeIcrc(uint32_t src_ip_be, uint32_t dst_ip_be, uint16_t src_port_b
                      uint16_t dst_port_be, const uint8_t* header, const uint8_t* payload,
                      size_t payload_len, size_t pad);
 
+// Writes the trailer of a packet with header `h`: the pad's zero bytes, then the ICRC
+// (0 on jumbo packets); `trailer` holds at least 8 bytes. Endpoints in network order.
+void WriteTrailer(const Header& h, uint32_t src_ip_be, uint32_t dst_ip_be, uint16_t src_port_be,
+                  uint16_t dst_port_be, const uint8_t* header, const uint8_t* payload,
+                  uint8_t* trailer);
+// Whether a received datagram `pkt` (already decoded into `h`) carries the ICRC its
+// addresses and ports call for; jumbo packets carry none and always pass.
+bool IcrcValid(const Header& h, uint32_t src_ip_be, uint32_t dst_ip_be, uint16_t src_port_be,
+               uint16_t dst_port_be, const uint8_t* pkt);
+
 }  // namespace wire
 }  // namespace netreduce
