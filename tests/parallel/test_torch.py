@@ -13,12 +13,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from netreduce.environment import discover  # noqa: E402
+from tests.parallel.launched import LAUNCHED, only_when_launched  # noqa: E402
 
-LAUNCHED = discover().size > 1
-pytestmark = pytest.mark.skipif(
-    not LAUNCHED, reason="multi-rank test: run by tests/parallel/test_torch_launch.py "
-                         "under netreduce-run")
+pytestmark = only_when_launched
 
 if LAUNCHED:
     import netreduce.torch as hvd

@@ -9,11 +9,9 @@ torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
 
 from netreduce.environment import discover  # noqa: E402
+from tests.parallel.launched import LAUNCHED, only_when_launched  # noqa: E402
 
-LAUNCHED = discover().size > 1
-pytestmark = pytest.mark.skipif(
-    not LAUNCHED, reason="multi-rank test: run by tests/parallel/test_torch_launch.py "
-                         "under netreduce-run")
+pytestmark = only_when_launched
 
 if LAUNCHED:
     import netreduce.torch as nrt
