@@ -223,13 +223,13 @@ def markdown(meta: dict, records: List[dict], impls: List[str]) -> str:
            f"Python {m['python']}, numpy {m['numpy']}, torch {m['torch']}, horovod {m['horovod']}, {m['mpi']}",
            f"- load average at start/end: {'/'.join(f'{x:.1f}' for x in meta['loadavg_at_start'])} / "
            f"{'/'.join(f'{x:.1f}' for x in meta['loadavg_at_end'])} (2 cores shared with other work)",
-           f"- float32 sum; time = slowest rank's mean over the timed iterations after one verified "
-           f"warm-up; algbw = S/t, busbw = algbw x 2(N-1)/N in GB/s (10^9 B/s)"]
+           "- float32 sum; time = slowest rank's mean over the timed iterations after one verified "
+           "warm-up; algbw = S/t, busbw = algbw x 2(N-1)/N in GB/s (10^9 B/s)"]
     if meta.get("switch_args") or any(meta.get("netreduce_connect", {}).values()):
         out.append(f"- netreduce options: switch `{meta.get('switch_args') or '(testbed default)'}`, "
                    f"connect {meta.get('netreduce_connect')}")
     if meta.get("queue_drops"):
-        out.append(f"- packets dropped at the shapers' queues (whole sweep): "
+        out.append("- packets dropped at the shapers' queues (whole sweep): "
                    + ", ".join(f"{k}: {v}" for k, v in meta["queue_drops"].items()))
     if meta.get("errors"):
         out.append(f"- errors: {'; '.join(meta['errors'])}")

@@ -1,13 +1,15 @@
-"""The one place that reads NETREDUCE_* environment variables.
+"""The one place that reads the environment.
 
-Each knob is declared once: name, type, default, one line of help. ``netreduce
-info`` prints them all with their current values and where each came from.
-Nothing else in netreduce reads the environment."""
+Each NETREDUCE_* knob is declared once: name, type, default, one line of help.
+``netreduce info`` prints them all with their current values and where each came
+from. Other launchers' variables (Open MPI, Slurm, torchrun, ...) are read here
+too, as one read-only view that rank discovery interprets. Nothing else in
+netreduce reads or writes the environment."""
 from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Mapping, Optional
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,3 +109,39 @@ def snapshot(overrides: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     values = {name: get(name) for name in KNOBS}
     values.update(overrides or {})
     return values
+
+
+def _declared(name: str) -> Knob:
+    if name not in KNOBS:
+        raise KeyError(f"{name} is not a netreduce knob (`netreduce info` lists them)")
+    return KNOBS[name]
+
+
+def set_for_process(name: str, value: Any) -> None:
+    """Sets knob ``name`` for this process and the processes it starts (the torch
+    backend hands rank 0's embedded aggregator address to init() this way)."""
+    _declared(name)
+    os.environ[name] = str(value)
+
+
+def child_environment(**knobs: Any) -> Dict[str, str]:
+    """This process's environment with the given knobs set: what a launcher gives
+    the processes it starts."""
+    env = dict(os.environ)
+    for name, value in knobs.items():
+        _declared(name)
+        env[name] = str(value)
+    return env
+
+
+# Other launchers' variables that rank discovery understands (netreduce/environment.py).
+LAUNCHER_PREFIXES = ("OMPI_COMM_WORLD_", "PMIX_", "PMI_", "MPI_LOCAL", "SLURM_",
+                     "HOROVOD_", "TORCHELASTIC_")
+LAUNCHER_NAMES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+                  "MASTER_ADDR", "MASTER_PORT")
+
+
+def launcher_environment() -> Mapping[str, str]:
+    """The launcher variables of this process, as a read-only copy."""
+    return {k: v for k, v in os.environ.items()
+            if k in LAUNCHER_NAMES or k.startswith(LAUNCHER_PREFIXES)}

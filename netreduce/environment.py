@@ -22,7 +22,6 @@ module reads them directly; every NETREDUCE_* variable still goes through config
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
 from typing import List, Mapping, Optional
 
@@ -95,9 +94,9 @@ def _job_name(env: Mapping[str, str], launcher: str) -> str:
 
 
 def discover(env: Optional[Mapping[str, str]] = None) -> Topology:
-    """The topology of this process. ``env`` defaults to os.environ (tests pass a dict
-    for the foreign families; NETREDUCE_* always come from config)."""
-    env = os.environ if env is None else env
+    """The topology of this process. ``env`` defaults to the launcher variables
+    config reads (tests pass a dict); NETREDUCE_* always come from config."""
+    env = config.launcher_environment() if env is None else env
     found = None
     r, n = config.get("NETREDUCE_RANK"), config.get("NETREDUCE_SIZE")
     if r >= 0 and n > 0:

@@ -154,9 +154,9 @@ def run(argv: Optional[Sequence[str]] = None) -> int:
 
     job_name = args.job or config.get("NETREDUCE_JOB") or \
         f"run-{os.getpid()}-{secrets.token_hex(4)}"
-    env = dict(os.environ, NETREDUCE_SWITCH=address, NETREDUCE_JOB=job_name,
-               NETREDUCE_SIZE=str(args.np), NETREDUCE_LOCAL_SIZE=str(args.np),
-               PYTHONUNBUFFERED="1")  # ranks' lines reach the prefixer as they are printed
+    env = config.child_environment(NETREDUCE_SWITCH=address, NETREDUCE_JOB=job_name,
+                                   NETREDUCE_SIZE=args.np, NETREDUCE_LOCAL_SIZE=args.np)
+    env["PYTHONUNBUFFERED"] = "1"  # ranks' lines reach the prefixer as they are printed
     env.setdefault("MASTER_ADDR", "127.0.0.1")
     env.setdefault("MASTER_PORT", str(free_tcp_port()))
 

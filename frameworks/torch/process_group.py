@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import atexit
 import datetime
-import os
 import socket
 from typing import Any, List
 
@@ -200,14 +199,14 @@ def _ensure_aggregator(store: Any, rank: int, size: int) -> None:
         single_host = environment.discover().local_size == size
         _embedded_switch = spawn(host="127.0.0.1" if single_host else "0.0.0.0", port=0)
         atexit.register(_embedded_switch.stop)
-        host = "127.0.0.1" if single_host else (os.environ.get("MASTER_ADDR")
+        host = "127.0.0.1" if single_host else (config.launcher_environment().get("MASTER_ADDR")
                                                  or socket.getfqdn())
         address = f"{host}:{_embedded_switch.address[1]}"
         store.set(key, address)
     else:
         address = store.get(key).decode()
     # netreduce.init() reads the aggregator address from its configuration
-    os.environ["NETREDUCE_SWITCH"] = address
+    config.set_for_process("NETREDUCE_SWITCH", address)
 
 
 def _create(store, rank, size, timeout):
