@@ -13,6 +13,7 @@ import uuid
 import pytest
 
 from netreduce.testbed import Testbed, why_unusable
+from tests.root import scratch_testbed_name
 
 REASON = why_unusable()
 pytestmark = [pytest.mark.root, pytest.mark.skipif(REASON is not None, reason=REASON or "")]
@@ -34,7 +35,7 @@ def native():
 @pytest.mark.parametrize("hosts, loss, payload", [(3, 0.01, 4096), (3, 0.01, None)])
 def test_allreduce_exact_across_testbed_with_loss(native, hosts, loss, payload):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]))
-    with Testbed(hosts=hosts, rate="1gbit", loss=loss, name="nrtbp", subnet="10.78.253.0/24",
+    with Testbed(hosts=hosts, rate="1gbit", loss=loss, name=scratch_testbed_name("p"), subnet="10.78.253.0/24",
                  replace=True) as tb:
         switch = tb.spawn_switch(env=env, args=["--payload-bytes", str(payload)] if payload else ())
         try:

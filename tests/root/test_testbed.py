@@ -13,6 +13,7 @@ import sys
 import pytest
 
 from netreduce.testbed import Testbed, TestbedError, leftovers, parse_rate, why_unusable
+from tests.root import scratch_testbed_name
 
 REASON = why_unusable()
 pytestmark = [pytest.mark.root, pytest.mark.skipif(REASON is not None, reason=REASON or "")]
@@ -20,6 +21,7 @@ pytestmark = [pytest.mark.root, pytest.mark.skipif(REASON is not None, reason=RE
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 TOOLS = [sys.executable, os.path.join(HERE, "nettools.py")]
+NAME_L, NAME_R, NAME_A, NAME_D, NAME_M, NAME_T, NAME_X, NAME_C = map(scratch_testbed_name, "lradmtxc")
 # Each test has its own name and /24 so that a failed test cannot collide with the next.
 SUBNETS = iter(f"10.78.{i}.0/24" for i in range(10, 250))
 
@@ -57,7 +59,7 @@ def ip_stat(tb: Testbed, node, field: str) -> int:
 
 
 def test_layout_mtu_shapers_and_connectivity():
-    with make("nrtbl", hosts=3, rate="300mbit") as tb:
+    with make(NAME_L, hosts=3, rate="300mbit") as tb:
         assert {n.netns for n in tb.plan.nodes} <= set(
             subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split())
         for node in tb.plan.nodes:
@@ -95,7 +97,7 @@ def test_layout_mtu_shapers_and_connectivity():
 
 def test_host_link_rate_within_10_percent():
     rate = parse_rate("200mbit")
-    with make("nrtbr", hosts=2, rate="200mbit") as tb:
+    with make(NAME_R, hosts=2, rate="200mbit") as tb:
         measured = tcp_rate(tb, 0, 1)
     # TCP goodput under MTU 9000 is 8948/9014 of the wire rate.
     assert 0.90 * rate <= measured <= 1.10 * rate, f"{measured / 1e6:.1f} Mbit/s for a 200mbit link"
@@ -103,7 +105,7 @@ def test_host_link_rate_within_10_percent():
 
 def test_aggregator_link_carries_n_times_the_host_rate():
     rate = parse_rate("100mbit")
-    with make("nrtba", hosts=3, rate="100mbit") as tb:
+    with make(NAME_A, hosts=3, rate="100mbit") as tb:
         agg = tb.aggregator.address
         sinks = [start_sink(tb, "agg", ["tcp-sink", agg, str(5310 + i)]) for i in range(3)]
         sources = [tb.popen(i, TOOLS + ["tcp-source", agg, str(5310 + i), "1.5"]) for i in range(3)]
@@ -117,7 +119,7 @@ def test_aggregator_link_carries_n_times_the_host_rate():
 
 def test_loss_rule_drops_about_the_asked_fraction():
     n, loss = 3000, 0.10
-    with make("nrtbd", hosts=2, rate="1gbit", loss=loss) as tb:
+    with make(NAME_D, hosts=2, rate="1gbit", loss=loss) as tb:
         addr = tb.node(1).address
         sink = start_sink(tb, 1, ["udp-sink", addr, "5303", "0.5"])
         tb.run(0, TOOLS + ["udp-source", addr, "5303", str(n), "1000", "20000"], check=True, timeout=30)
@@ -131,7 +133,7 @@ def test_loss_rule_drops_about_the_asked_fraction():
 
 
 def test_loss_can_be_changed_and_removed():
-    with make("nrtbm", hosts=1, rate="1gbit", loss=0.5, loss_proto="udp") as tb:
+    with make(NAME_M, hosts=1, rate="1gbit", loss=0.5, loss_proto="udp") as tb:
         rules = tb.run(0, ["nft", "list", "ruleset"], capture_output=True, text=True).stdout
         assert "numgen random mod 1000000 < 500000" in rules and "udp" in rules
         tb.set_loss(0.0)
@@ -139,27 +141,27 @@ def test_loss_can_be_changed_and_removed():
 
 
 def test_teardown_leaves_nothing_even_on_error():
-    tb = make("nrtbt", hosts=2)
+    tb = make(NAME_T, hosts=2)
     with pytest.raises(RuntimeError, match="boom"):
         with tb:
             proc = tb.popen(0, ["sleep", "300"])
             raise RuntimeError("boom")
     assert proc.wait(10) is not None  # the process inside was ended
-    assert leftovers("nrtbt") == []
-    assert not os.path.exists("/run/netreduce-testbed/nrtbt.json")
-    assert "nrtbt" not in subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    assert leftovers(NAME_T) == []
+    assert not os.path.exists(f"/run/netreduce-testbed/{NAME_T}.json")
+    assert NAME_T not in subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
 
 
 def test_up_refuses_to_clobber_an_existing_testbed():
-    with make("nrtbx", hosts=1):
+    with make(NAME_X, hosts=1):
         with pytest.raises(TestbedError, match="already exists"):
-            Testbed(1, "100mbit", name="nrtbx", subnet="10.78.251.0/24").up()
-    assert leftovers("nrtbx") == []
+            Testbed(1, "100mbit", name=NAME_X, subnet="10.78.251.0/24").up()
+    assert leftovers(NAME_X) == []
 
 
 def test_cli_up_run_status_down():
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]))
-    cli = [sys.executable, "-m", "netreduce.testbed.cli", "--name", "nrtbc"]
+    cli = [sys.executable, "-m", "netreduce.testbed.cli", "--name", NAME_C]
 
     def call(*args):
         return subprocess.run(cli + list(args), capture_output=True, text=True, env=env, timeout=60)
@@ -178,6 +180,6 @@ def test_cli_up_run_status_down():
     finally:
         down = call("down")
     assert down.returncode == 0, down.stderr
-    assert leftovers("nrtbc") == []
+    assert leftovers(NAME_C) == []
     again = call("run", "--host", "0", "--", "true")
     assert again.returncode == 2 and "not up" in again.stderr
