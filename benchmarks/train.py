@@ -160,10 +160,20 @@ def worker(args: argparse.Namespace) -> None:
     images = torch.randn(args.batch_size, 3, 64, 64, generator=gen)
     labels = torch.randint(0, 1000, (args.batch_size,), generator=gen)
 
-    def step() -> None:
+    phases = {"forward": 0.0, "backward": 0.0, "update": 0.0}  # rank 0's seconds, timed steps
+
+    def step(timed: bool = False) -> None:
+        t0 = time.perf_counter()
         optimizer.zero_grad()
-        F.cross_entropy(net(images), labels).backward()
-        optimizer.step()
+        loss = F.cross_entropy(net(images), labels)
+        t1 = time.perf_counter()
+        loss.backward()  # DDP, and Horovod's hooks, start all-reducing here
+        t2 = time.perf_counter()
+        optimizer.step()  # Horovod API: waits for the last all-reduces here
+        if timed:
+            phases["forward"] += t1 - t0
+            phases["backward"] += t2 - t1
+            phases["update"] += time.perf_counter() - t2
 
     for _ in range(args.warmup):
         step()
@@ -180,7 +190,7 @@ def worker(args: argparse.Namespace) -> None:
                  common.pid_cpu_seconds(switch_pid) if switch_pid else None, _engine_stats())
     start = time.perf_counter()
     for _ in range(args.steps):
-        step()
+        step(timed=True)
     barrier()
     elapsed = time.perf_counter() - start
     if rank == 0:
@@ -188,7 +198,8 @@ def worker(args: argparse.Namespace) -> None:
         result = {
             "mode": mode, "model": args.model, "ranks": size, "batch": args.batch_size,
             "steps": args.steps, "seconds": elapsed, "params": params,
-            "samples_per_s": size * args.batch_size * args.steps / elapsed}
+            "samples_per_s": size * args.batch_size * args.steps / elapsed,
+            "phase_s": {k: v / args.steps for k, v in phases.items()}}
         if probe is not None:
             wire0, mach0, cpu0, sw0, eng0 = probe
             eng1 = _engine_stats()
@@ -540,6 +551,21 @@ def testbed_markdown(meta: Dict, records: List[Dict], summary: Dict) -> str:
             + f" | {r.get('machine_busy', 0):.0%} | {r.get('queue_drops', '-')} | "
             + (f"{r['nr_retransmits_per_step'] / r['nr_packets_per_step']:.1%}"
                if r.get("nr_packets_per_step") else "-") + " |")
+    timed = [r for r in records if "phase_s" in r and "error" not in r]
+    if timed:
+        out += ["", "## where rank 0's step goes (seconds per step)", "",
+                "forward = model + loss (no communication in any mode); backward = autograd, "
+                "during which DDP and the Horovod hooks already all-reduce; update = "
+                "optimizer.step(), which for the Horovod API first waits for the all-reduces; "
+                "beyond link = s/step - link s/step, the time the step is not moving "
+                "gradient bytes on the shaped link", "",
+                "| model | mode | run | forward | backward | update | s/step | link s/step | "
+                "beyond link |", "|---|---|---|---|---|---|---|---|---|"]
+        for r in timed:
+            per_step, link, ph = r["seconds"] / r["steps"], _link_seconds(r, meta["rate"]), r["phase_s"]
+            out.append(f"| {r['model']} | {r['mode']} | {r.get('run', 0)} | {ph['forward']:.2f} | "
+                       f"{ph['backward']:.2f} | {ph['update']:.2f} | {per_step:.2f} | "
+                       + (f"{link:.2f} | {per_step - link:.2f} |" if link else "- | - |"))
     errors = [r for r in records if "error" in r]
     if errors:
         out += ["", "Not measured:", ""]
