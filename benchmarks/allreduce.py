@@ -354,11 +354,7 @@ def run_impl(impl: str, n: int, runner: Runner, base_cfg: dict, args) -> List[di
                 recs += [json.loads(line) for line in f if line.strip()]
         return recs
     finally:
-        for fn in reversed(cleanup):
-            try:
-                fn()
-            except Exception:
-                pass
+        common.run_cleanups(cleanup)
         subprocess.run(["rm", "-rf", tmp])
 
 

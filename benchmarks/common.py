@@ -11,7 +11,7 @@ import resource
 import shlex
 import subprocess
 import sys
-from typing import Dict, Iterable, List, Optional
+from typing import Callable, Dict, Iterable, List, Optional
 
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "kb": 1 << 10, "m": 1 << 20, "mib": 1 << 20,
           "mb": 1 << 20, "g": 1 << 30, "gib": 1 << 30, "gb": 1 << 30}
@@ -111,6 +111,15 @@ def _version(module: str) -> Optional[str]:
         return getattr(mod, "__version__", "?")
     except Exception:
         return None
+
+
+def run_cleanups(cleanup: List[Callable[[], object]]) -> None:
+    """Undo a run's set-up, last step first; a failing step does not stop the rest."""
+    for fn in reversed(cleanup):
+        try:
+            fn()
+        except Exception:
+            pass
 
 
 def machine_description() -> Dict[str, object]:

@@ -345,6 +345,7 @@ def run_one_testbed(tb, mode: str, model: str, n: int, args: argparse.Namespace)
 
     sys.path.insert(0, HERE)
     import allreduce as ar  # its launch helpers: _wait_all, _worker_env
+    import common
 
     record = {"mode": mode, "model": model, "ranks": n}
     if mode == "hvd-gloo":
@@ -415,11 +416,7 @@ def run_one_testbed(tb, mode: str, model: str, n: int, args: argparse.Namespace)
                     return dict(record, **json.loads(line.split("RESULT ", 1)[1]))
         return dict(record, error=f"no RESULT from rank 0: {_tail(logs[0])}")
     finally:
-        for fn in reversed(cleanup):
-            try:
-                fn()
-            except Exception:
-                pass
+        common.run_cleanups(cleanup)
         shutil.rmtree(tmp, ignore_errors=True)
 
 
