@@ -98,6 +98,10 @@ Status Aggregator::AddJob(uint32_t size, uint32_t key, uint32_t* index) {
                            std::to_string(wire::kMaxRanks - 1));
   }
   const uint64_t need = uint64_t(cfg_.slots) * 2 * cfg_.payload_bytes;
+  // Resolved before a job slot is taken: a failure here must leave nothing admitted
+  // (else each failed attempt would use up one of --max-jobs for good).
+  uint32_t group_base = 0;
+  if (cfg_.multicast) NR_RETURN_IF_ERROR(ResolveIpv4(cfg_.group_base, &group_base));
   std::lock_guard<std::mutex> lock(mu_);
   if (memory_used_ + need > cfg_.memory_limit) {
     return Status(Code::kRefused,
@@ -110,9 +114,7 @@ Status Aggregator::AddJob(uint32_t size, uint32_t key, uint32_t* index) {
     if (!jobs_[i]) {
       jobs_[i] = std::make_shared<Job>(i, size, key, cfg_.slots, cfg_.payload_bytes);
       if (cfg_.multicast) {
-        uint32_t base = 0;
-        NR_RETURN_IF_ERROR(ResolveIpv4(cfg_.group_base, &base));
-        jobs_[i]->group = Endpoint{htonl(ntohl(base) + i), htons(uint16_t(cfg_.port + cfg_.threads))};
+        jobs_[i]->group = Endpoint{htonl(ntohl(group_base) + i), htons(uint16_t(cfg_.port + cfg_.threads))};
       }
       memory_used_ += need;
       *index = i;

@@ -166,3 +166,44 @@ def test_multicast_fanout(payload):
     # one packet out per completed slot (plus any retransmitted result), not one per rank
     assert g["packets_out"] <= g["slots_completed"] + g["retransmitted_results"]
     assert g["drop_bad_icrc"] == 0
+
+
+def _widening(rank, size, address, job, count):
+    """Element i: rank i % 3 sends B, the other two send 1. B + 1 is a tie that rounds
+    back to B (to even) in the 16-bit type, so a 16-bit accumulator ends at B whenever
+    B arrives first or second, which for any arrival order is 2 elements in 3; in
+    float32, B + 2 is exact and representable in 16 bits."""
+    mine = np.where(np.arange(count) % size == rank, 1, 0).astype(bool)
+    with dataplane.connect(address, job, rank, size, timeout=20.0) as conn:
+        f16 = np.where(mine, 2048, 1).astype(np.float16)
+        conn.allreduce(f16)
+        # bfloat16 (8-bit significand): 256 + 1 ties back to 256; 258 is representable
+        bf = (np.where(mine, 256, 1).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+        conn.allreduce(bf, dtype="bfloat16")
+    return f16, (bf.astype(np.uint32) << 16).view(np.float32)
+
+
+def test_16_bit_floats_accumulate_in_float32(switch):
+    # the premise: summing in the 16-bit type loses the ones
+    assert np.float16(2048) + np.float16(1) + np.float16(1) == 2048
+    results = run_ranks(_widening, 3, switch.address, _job(), 3 * 1000 + 1)
+    for f16, bf in results:
+        assert (f16 == 2050).all(), np.unique(f16)
+        assert (bf == 258).all(), np.unique(bf)
+
+
+def _out_of_place(rank, size, address, job, counts):
+    with dataplane.connect(address, job, rank, size, timeout=20.0) as conn:
+        for count in counts:
+            src = np.arange(count, dtype=np.float64) + rank
+            before = src.copy()
+            dst = np.full(count, np.nan)
+            assert conn.allreduce(src, dst) is dst
+            np.testing.assert_array_equal(src, before, err_msg=f"count {count}: source changed")
+            np.testing.assert_array_equal(dst, size * np.arange(count) + size * (size - 1) / 2,
+                                          err_msg=f"count {count}")
+
+
+def test_result_into_another_buffer_leaves_the_source_alone(switch):
+    # one element, and several packets of float64 (8183 per 64 KiB packet)
+    run_ranks(_out_of_place, 3, switch.address, _job(), [1, 3 * 8183 + 5])

@@ -34,58 +34,107 @@ def _packet(fields: dict, payload: bytes, icrc: bytes = b"\0\0\0\0") -> bytes:
     return _native.encode_header(fields) + payload + b"\0" * pad + icrc
 
 
-def _job_ranks(rank, size, address, job, rounds):
+def _job_ranks(rank, size, address, job, rounds, until_bad_key=False):
     with dataplane.connect(address, job, rank, size, timeout=20.0) as conn:
         for _ in range(rounds):
             a = np.full(200_000, rank + 1, dtype=np.int32)
             conn.allreduce(a)
             assert (a == size * (size + 1) // 2).all()
-        return conn.counters()["jobs"][job]
+        counters = conn.counters()["jobs"][job]
+        deadline = time.monotonic() + 20
+        while until_bad_key and counters["drop_bad_key"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.02)  # stay in the job until the attacker's packets reached it
+            counters = conn.counters()["jobs"][job]
+        return counters
+
+
+def _global(address) -> dict:
+    with ControlClient(address) as c:
+        return c.call("counters")["global"]
+
+
+# Reasons a packet of a live job is dropped, counted on that job too; and reasons found
+# before the job is known (framing, or no such job), counted globally only.
+JOB_DROPS = ("bad_rank", "result_flag", "bad_dtype", "bad_op", "bad_slot", "bad_icrc",
+             "stale", "inconsistent")
+GLOBAL_DROPS = ("truncated", "bad_opcode", "bad_length", "unknown_job")
 
 
 def test_hostile_packets_are_dropped_and_counted_while_a_job_runs(switch):
     job = "victim-" + uuid.uuid4().hex[:6]
     address = switch.address
-    # Learn the job's index and key as rank 0 would, through a registration of our
-    # own in a separate job, then aim packets at the victim's index with a wrong key.
-    probe = ControlClient(address)  # held open: closing it would end the attacker's job
+    before = _global(address)
+    # A job of our own (size 1) to aim well-formed-but-wrong packets at; held open:
+    # closing it would end the attacker's job.
+    probe = ControlClient(address)
     other = probe.call("register", job="attacker-" + job, rank=0, size=1)
     payload = np.ones(16, np.float32).tobytes()
-    jumbo = {"jumbo": 1, "length": len(payload), "dtype": 0, "op": 0}
+    mine = {"jumbo": 1, "length": len(payload), "dtype": 0, "op": 0, "key": other["key"],
+            "dest_qp": other["job_index"] << 12}
 
     stop = threading.Event()
+    victim_index = []
 
     def attack():
         s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         dst = (address[0], other["data_port"])
-        victim_qp = lambda rank: ((other["job_index"] + 1) << 12) | rank  # noqa: E731
+        while not stop.is_set() and not victim_index:  # the victim's real index
+            victim_index.extend(c["index"] for n, c in probe.call("counters")["jobs"].items()
+                                if n == job)
+            time.sleep(0.005)
+        if not victim_index:
+            return
+        hostile = [
+            # wrong key on the victim job: its own counters must show it
+            _packet(dict(mine, dest_qp=victim_index[0] << 12, key=12345), payload),
+            # our job: rank out of range, result flag, dtype, op, slot out of range
+            _packet(dict(mine, dest_qp=mine["dest_qp"] | 7), payload),
+            _packet(dict(mine, result=1), payload),
+            _packet(dict(mine, dtype=9), payload),
+            _packet(dict(mine, op=3), payload),
+            _packet(dict(mine, slot=1000), payload),
+            # RoCE-sized (not jumbo) with an ICRC that does not verify
+            _packet(dict(mine, jumbo=0), payload, icrc=b"\xde\xad\xbe\xef"),
+            # slot 1: round PSN 100 (completes: world size 1), then PSN 99, an older round
+            _packet(dict(mine, slot=1, psn=100), payload),
+            _packet(dict(mine, slot=1, psn=99), payload),
+            # slot 2: round PSN 200, then the same round claiming another message id
+            _packet(dict(mine, slot=2, psn=200), payload),
+            _packet(dict(mine, slot=2, psn=200, msg_id=5), payload),
+            # framing: truncated header, other opcode, DMA length disagrees with the
+            # datagram; and a job index nobody was admitted under
+            b"\x2b\x00\xff\xff",
+            _packet(dict(mine, opcode=0x0A), payload),
+            _packet(dict(mine, length=999), payload),
+            _packet(dict(mine, dest_qp=4000 << 12), payload),
+        ]
         while not stop.is_set():
-            # wrong key for the victim job (index next to ours)
-            s.sendto(_packet(dict(jumbo, dest_qp=victim_qp(0), key=12345), payload), dst)
-            # right key of our own job, rank out of range
-            s.sendto(_packet(dict(jumbo, dest_qp=(other["job_index"] << 12) | 7, key=other["key"]), payload), dst)
-            # truncated header
-            s.sendto(b"\x2b\x00\xff\xff", dst)
-            # DMA length disagrees with the datagram
-            s.sendto(_packet(dict(jumbo, dest_qp=other["job_index"] << 12, key=other["key"], length=999), payload), dst)
-            # unknown dtype code
-            s.sendto(_packet(dict(jumbo, dest_qp=other["job_index"] << 12, key=other["key"], dtype=9), payload), dst)
+            for pkt in hostile:
+                s.sendto(pkt, dst)
             time.sleep(0.001)
         s.close()
 
     t = threading.Thread(target=attack)
     t.start()
     try:
-        run_ranks(_job_ranks, 3, address, job, 20)
+        victim = run_ranks(_job_ranks, 3, address, job, 20, True)
+        ours = probe.call("counters")["jobs"]["attacker-" + job]
     finally:
         stop.set()
         t.join()
         probe.close()
-    with ControlClient(address) as c:
-        g = c.call("counters")["global"]
-    for reason in ("bad_rank", "truncated", "bad_length", "bad_dtype"):
-        assert g["drop_" + reason] > 0, reason
-    assert g["drop_bad_key"] + g["drop_unknown_job"] > 0
+    after = _global(address)
+    # The victim's all-reduces were exact (checked in the ranks); the only packets that
+    # reached its job were the wrong-key ones, dropped and counted there.
+    assert victim_index and victim[0]["index"] == victim_index[0]
+    assert victim[0]["drop_bad_key"] > 0
+    assert victim[0]["drops"] == victim[0]["drop_bad_key"], victim[0]
+    for reason in JOB_DROPS:
+        assert ours["drop_" + reason] > 0, reason
+    for reason in JOB_DROPS + GLOBAL_DROPS + ("bad_key",):
+        assert after["drop_" + reason] > before["drop_" + reason], reason
+    # slot 1's round completed once and was never disturbed by the stale packets
+    assert ours["slots_completed"] == 2
 
 
 def test_wrong_key_on_a_live_job_is_counted_on_that_job(switch):
@@ -106,6 +155,147 @@ def test_wrong_key_on_a_live_job_is_counted_on_that_job(switch):
                 break
             time.sleep(0.05)
         assert c["drop_bad_key"] == 5 and c["bytes_reduced"] == 0
+
+
+def test_duplicate_is_added_once_and_a_late_one_gets_the_stored_result(switch):
+    job = "dup-" + uuid.uuid4().hex[:6]
+    with ControlClient(switch.address) as c0, ControlClient(switch.address) as c1:
+        grant = c0.call("register", job=job, rank=0, size=2)
+        c1.call("register", job=job, rank=1, size=2)
+        socks = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(2)]
+        try:
+            for s in socks:
+                s.bind(("127.0.0.1", 0))
+                s.settimeout(10)
+            data = [np.arange(16, dtype=np.float32), np.full(16, 10, np.float32)]
+            head = {"jumbo": 1, "length": 64, "key": grant["key"], "slot": 3, "psn": 3,
+                    "msg_id": 7}
+            pkts = [_packet(dict(head, dest_qp=(grant["job_index"] << 12) | r), data[r].tobytes())
+                    for r in range(2)]
+            dst = (switch.address[0], grant["data_port"])
+
+            def result(r):
+                pkt = socks[r].recv(65536)
+                h = _native.decode_header(pkt)
+                assert h["result"] and h["dest_qp"] == (grant["job_index"] << 12) | r, h
+                assert (h["slot"], h["psn"], h["msg_id"]) == (3, 3, 7), h
+                return np.frombuffer(pkt[32:32 + 64], np.float32)
+
+            socks[0].sendto(pkts[0], dst)
+            socks[0].sendto(pkts[0], dst)  # again while the slot waits for rank 1
+            socks[1].sendto(pkts[1], dst)
+            for r in range(2):
+                np.testing.assert_array_equal(result(r), data[0] + data[1])
+            c = c0.call("counters")["jobs"][job]
+            assert (c["duplicates"], c["retransmitted_results"]) == (1, 0), c
+            assert c["bytes_reduced"] == 2 * 64 and c["slots_completed"] == 1, c
+            # rank 0 lost its result and retransmits: the slot answers from its store,
+            # to rank 0 only, and adds nothing
+            socks[0].sendto(pkts[0], dst)
+            np.testing.assert_array_equal(result(0), data[0] + data[1])
+            c = c0.call("counters")["jobs"][job]
+            assert (c["duplicates"], c["retransmitted_results"]) == (2, 1), c
+            assert c["bytes_reduced"] == 2 * 64 and c["slots_completed"] == 1, c
+            socks[1].settimeout(0.2)
+            with pytest.raises(socket.timeout):
+                socks[1].recv(65536)
+        finally:
+            for s in socks:
+                s.close()
+
+
+def test_closed_connection_refuses_clearly(switch):
+    conn = dataplane.connect(switch.address, "closed-" + uuid.uuid4().hex[:6], 0, 1)
+    conn.close()
+    with pytest.raises(DataPlaneError, match="connection was closed"):
+        conn.allreduce(np.ones(4, np.float32))
+    with pytest.raises(DataPlaneError, match="connection was closed"):
+        conn.stats()
+    conn.close()  # twice is harmless
+
+
+def test_rank_that_left_registers_into_a_fresh_run_of_the_job(switch):
+    """shutdown() then init() again: the returning rank must not share the slot state
+    of the run the others are still leaving (its new engine starts again at PSN 0)."""
+    job = "rerun-" + uuid.uuid4().hex[:6]
+    first = [dataplane.connect(switch.address, job, r, 2) for r in range(2)]
+    try:
+        a = [np.full(5, r + 1, np.float32) for r in range(2)]
+        reqs = [c.allreduce_async(x) for c, x in zip(first, a)]
+        for q in reqs:
+            q.wait()
+        first[0].close()
+        again = dataplane.connect(switch.address, job, 0, 2, timeout=10.0)  # rank 1 still in
+        assert again.job_index != first[1].job_index
+        first[1].close()
+        rank1 = dataplane.connect(switch.address, job, 1, 2, timeout=10.0)
+        assert rank1.job_index == again.job_index
+        b = [np.full(70_000, r + 10, np.float32) for r in range(2)]
+        reqs = [c.allreduce_async(x) for c, x in zip((again, rank1), b)]
+        for q in reqs:
+            q.wait()
+        assert (b[0] == 21).all() and (b[1] == 21).all()
+        again.close()
+        rank1.close()
+    finally:
+        for c in first:
+            c.close()
+
+
+def test_retransmissions_back_off_exponentially(switch):
+    # One chunk, rank 1 never sends: the chunk is resent until the timeout. From a 1 ms
+    # floor, doubling to the 1 s cap resends it about 10 times in 1.5 s; a fixed timer
+    # would resend it ~1500 times, one growing linearly ~50 times.
+    job = "backoff-" + uuid.uuid4().hex[:6]
+    with ControlClient(switch.address) as ghost:
+        ghost.call("register", job=job, rank=1, size=2)
+        with dataplane.connect(switch.address, job, 0, 2, timeout=1.5, retransmit_ms=1.0) as conn:
+            with pytest.raises(DataPlaneError, match="no result from the aggregator") as info:
+                conn.allreduce(np.ones(1, np.float32))
+            sent = conn.stats()["retransmits"]
+    assert 3 <= sent <= 20, sent
+    assert f"({sent} retransmissions)" in str(info.value)
+
+
+def test_waiting_releases_the_gil(switch):
+    job = "gil-" + uuid.uuid4().hex[:6]
+    with ControlClient(switch.address) as ghost:
+        ghost.call("register", job=job, rank=1, size=2)
+        with dataplane.connect(switch.address, job, 0, 2, timeout=5.0) as conn:
+            req = conn.allreduce_async(np.ones(1000, np.float32))  # cannot complete
+            errors = []
+
+            def waiter():
+                try:
+                    req.wait()
+                except DataPlaneError as exc:
+                    errors.append(exc)
+
+            t = threading.Thread(target=waiter)
+            t.start()
+            time.sleep(0.2)  # the waiter is in the native wait now
+            # Were the GIL held there, this thread would only get here once the wait
+            # had ended: with the thread gone, it would count nothing.
+            count = 0
+            while t.is_alive() and count < 100_000:
+                count += 1
+            pending = not req.done()
+            conn.abort("test over")
+            t.join(10)
+    assert count == 100_000 and pending
+    assert errors and "test over" in str(errors[0])
+
+
+def test_unresolvable_multicast_base_leaves_no_job_slot_taken():
+    agg = _native.Aggregator(host="127.0.0.1", port=0, max_jobs=1, multicast=True,
+                             group_base="999.999.999.999")
+    agg.start()
+    try:
+        for _ in range(3):  # each refusal for the real reason, never "aggregator full"
+            with pytest.raises(ValueError, match="cannot resolve host '999.999.999.999'"):
+                agg.add_job(2, 1)
+    finally:
+        agg.stop()
 
 
 def test_unreachable_aggregator_fails_fast_with_its_address():

@@ -1,5 +1,6 @@
 """`netreduce info`: version, build features, every knob with value and source."""
 import json
+import re
 
 import netreduce
 from netreduce import cli, config
@@ -27,7 +28,15 @@ def test_info_json(capsys, monkeypatch):
     # a bad value is shown, not a crash: info is what a user runs to debug config
     assert data["knobs"]["NETREDUCE_STALL_TIMEOUT"]["value"].startswith("<invalid")
     native = data["native"]
-    if native["built"]:
-        assert "dtypes" in native  # the lead's build_info()
-    else:
-        assert native["error"]
+    assert native["built"], native.get("error")  # the suite runs against a built module
+    assert native["simd"] in ("avx2+f16c", "generic") and "udp" in native["transports"]
+    assert "bfloat16" in native["dtypes"]
+
+
+def test_info_prints_the_native_build(capsys):
+    assert cli.main(["info"]) == 0
+    out = capsys.readouterr().out
+    assert "not built" not in out
+    simd = re.search(r"^\s+simd\s+(\S+)$", out, re.M)
+    assert simd and simd.group(1) in ("avx2+f16c", "generic"), out
+    assert re.search(r"^\s+transports\s+udp$", out, re.M), out
