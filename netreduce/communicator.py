@@ -32,7 +32,7 @@ import numpy as np
 
 from netreduce import timeline as tl
 from netreduce.errors import (ControlPlaneError, NegotiationError, NetReduceError,
-                              RankFailedError, ShutdownError)
+                              OperationTimeoutError, RankFailedError, ShutdownError)
 from netreduce.fusion import FusionBuffer
 from netreduce.negotiation import NegotiationClient, ResponseCache, sig_of
 from netreduce.ops import STORAGE, WIRE_DTYPE, ReduceOp, scale_into
@@ -42,6 +42,22 @@ log = logging.getLogger("netreduce")
 ABORT_GRACE_S = 1.0
 
 
+def tensor_names(names: Sequence[str], limit: int = 5) -> str:
+    """"tensor 'a'" or "tensors 'a', 'b' (+3 more)": how errors name what failed."""
+    shown = ", ".join(f"'{n}'" for n in names[:limit])
+    more = f" (+{len(names) - limit} more)" if len(names) > limit else ""
+    return f"tensor{'s' if len(names) > 1 else ''} {shown}{more}"
+
+
+def _naming(exc: NetReduceError, prefix: str) -> NetReduceError:
+    """``exc`` (same class, same attributes such as RankFailedError.rank) with
+    ``prefix`` in front of its message, which is kept whole: it names the aggregator,
+    job and slot."""
+    named = copy.copy(exc)
+    named.args = (f"{prefix}: {exc}",) + tuple(exc.args[1:])
+    return named
+
+
 class Handle:
     """What the *_async calls return; pass it to netreduce.poll / synchronize."""
 
@@ -49,6 +65,7 @@ class Handle:
         self._outputs = outputs
         self._grouped = grouped
         self._remaining = len(outputs)
+        self._names: List[str] = []  # of the tensors behind it (Tensor adds itself)
         self._error: Optional[BaseException] = None
         self._event = threading.Event()
         self._lock = threading.Lock()
@@ -68,7 +85,9 @@ class Handle:
 
     def wait(self, timeout: Optional[float] = None) -> Any:
         if not self._event.wait(timeout):
-            raise TimeoutError("operation still in flight")
+            raise OperationTimeoutError(
+                f"{tensor_names(self._names or ['?'])} still in flight after waiting "
+                f"{timeout} s; the operation continues: wait again, or poll() until done")
         if self._error is not None:
             raise self._error
         return list(self._outputs) if self._grouped else self._outputs[0]
@@ -84,6 +103,7 @@ class Tensor:
                  array: Optional[np.ndarray], output: Optional[np.ndarray], handle: Handle):
         self.name, self.sig, self.cacheable, self.op = name, sig, cacheable, op
         self.array, self.output, self.handle = array, output, handle
+        handle._names.append(name)
         self.t_submit = tl.now_us()
         self.t_sent = 0.0
         self.seq = -1  # log position once negotiated
@@ -159,7 +179,11 @@ class Communicator:
             if self._failure is not None:
                 raise copy.copy(self._failure)  # a fresh traceback; keeps .rank
             if self._stopping:
-                raise ShutdownError("netreduce has been shut down; call netreduce.init() again")
+                raise ShutdownError(
+                    f"netreduce has been shut down on rank {self.rank} of job '{self.job}' "
+                    f"({tensor_names([t.name for t in tensors])} not submitted); to go on, "
+                    "call netreduce.shutdown() and then netreduce.init() on every rank: the "
+                    "job restarts once all of its ranks have done so")
             names = [t.name for t in tensors]
             for name in names:
                 if name in self._inflight or names.count(name) > 1:
@@ -382,6 +406,11 @@ class Communicator:
             except NetReduceError as exc:
                 with self._lock:
                     remote = self._failure
+                if remote is None:
+                    # Our own data plane failed: say which tensors, keeping the
+                    # aggregator / job / slot text that says where.
+                    exc = _naming(exc, f"rank {self.rank}: reducing "
+                                       f"{tensor_names([t.name for t in group])} failed")
                 self._complete(group, remote or exc)
                 if remote is None:
                     self._report_local_failure(exc)
@@ -490,8 +519,10 @@ class Communicator:
         self._neg_thread.join(timeout)
         with self._lock:
             doomed = [t for t in self._inflight.values() if t.seq < 0]
-        self._complete(doomed, ShutdownError(
-            "netreduce was shut down before every rank submitted this tensor"))
+        for t in doomed:
+            self._complete([t], ShutdownError(
+                f"netreduce was shut down on rank {self.rank} before every rank of job "
+                f"'{self.job}' submitted tensor '{t.name}'"))
         self._exec_q.put(None)
         self._exec_thread.join(timeout)
         try:

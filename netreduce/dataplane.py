@@ -113,6 +113,14 @@ class Connection:
         return (f"aggregator {format_address(self.address)}, job '{self.job}', "
                 f"rank {self.rank}/{self.size}")
 
+    def _live(self) -> Any:
+        """The native engine, or DataPlaneError once close() released it."""
+        engine = getattr(self, "_engine", None)
+        if engine is None:
+            raise DataPlaneError(f"{self._where()}: this connection was closed; "
+                                 "connect() again to reduce more")
+        return engine
+
     def allreduce_async(self, src: np.ndarray, dst: Optional[np.ndarray] = None, op: str = "sum",
                         dtype: Optional[str] = None) -> Request:
         """Start reducing ``src`` across the job's ranks into ``dst`` (``src`` itself
@@ -130,8 +138,9 @@ class Connection:
             raise ValueError(f"unsupported op {op!r}; the aggregator does {', '.join(OPS)}")
         if not dst.flags.writeable:
             raise ValueError("destination array is read-only")
+        engine = self._live()
         try:
-            req = self._engine.submit(src, dst, _native.DTYPES[name], _native.OPS[op])
+            req = engine.submit(src, dst, _native.DTYPES[name], _native.OPS[op])
         except _native.EngineError as exc:
             raise _translate(exc, self._where()) from None
         return Request(req, dst, self._where())
@@ -143,19 +152,23 @@ class Connection:
 
     def abort(self, reason: str) -> None:
         """Fail the pending and all later operations with DataPlaneError(reason)."""
-        self._engine.abort(reason)
+        self._live().abort(reason)
 
     def stats(self) -> Dict[str, int]:
-        return dict(self._engine.stats())
+        return dict(self._live().stats())
 
     def counters(self) -> Dict[str, Any]:
         """The aggregator's counters (global and per job)."""
+        self._live()
         return self._control.call("counters")
 
     def close(self) -> None:
+        """Release the engine and this rank's place in the job; closing twice is
+        harmless."""
         engine, self._engine = getattr(self, "_engine", None), None
-        if engine is not None:
-            del engine
+        if engine is None:
+            return
+        del engine
         try:
             self._control.call("release", timeout=2.0)
         except ControlPlaneError:

@@ -35,3 +35,9 @@ class NegotiationError(NetReduceError):
 
 class ShutdownError(NetReduceError):
     """The operation was pending when this process called shutdown()."""
+
+
+class OperationTimeoutError(NetReduceError, TimeoutError):
+    """``wait(timeout)`` gave up before the operation finished; the operation itself
+    is still in flight and may be waited for again. Also a TimeoutError, so code that
+    catches the built-in keeps working."""

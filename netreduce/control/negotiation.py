@@ -28,6 +28,12 @@ that it all-reduces zeros of that dtype and shape. Broadcasts and allgathers can
 take zeros and get Horovod's error instead. When the last rank joins, the join entry
 says which rank that was (``last``) and the join state resets.
 
+A rank that left (shutdown(), or died) and says hello again starts the job's next
+run: a fresh JobState under the same name, which the other ranks join as they too
+shut down and init() again. The previous run's state lives on, reachable only from
+its own connections, until they close — so ``netreduce.shutdown(); netreduce.init()``
+works on every rank whatever order the ranks get there in.
+
 Handlers run on the control server's per-connection threads and may block; each
 job has its own Condition, so one job's long-polls never wait on another's lock.
 """
@@ -174,6 +180,7 @@ class JobState:
         # every other tensor (they contribute zeros) until all ranks have joined.
         self.join_ranks: set = set()
         self.last_join = -1
+        self.previous: Optional["JobState"] = None  # the run this one replaced
 
     # --- submissions -----------------------------------------------------------
     def submit(self, rank: int, reqs: List[Any]) -> None:
@@ -339,7 +346,8 @@ def _session(srv: Any, sess: Any) -> Tuple[JobState, int]:
     if bound is None:
         raise RequestError("negotiate_hello must come first on this connection")
     job, rank, _ = bound
-    state = _jobs(srv).get(job)
+    # The run this connection joined, even when a newer run took over the name.
+    state = sess.state.get("negotiation_state") or _jobs(srv).get(job)
     if state is None:
         raise RequestError(f"job '{job}' is gone from the aggregator")
     return state, rank
@@ -353,19 +361,30 @@ def handle_hello(srv: Any, sess: Any, msg: Dict[str, Any]) -> Dict[str, Any]:
     table = _jobs(srv)
     with _registry_lock:
         state = table.get(job)
+        previous = None
+        if state is not None:
+            with state.cond:
+                if rank in state.left:
+                    # This rank left that run (shutdown() or death) and is back: it
+                    # starts the job's next run, which the others join as they return.
+                    previous, state = state, None
         if state is None:
             state = table[job] = JobState(job, size, int(msg.get("threshold", 64 << 20)),
                                           int(msg.get("capacity", 1024)))
+            state.previous = previous
+            if previous is not None:
+                previous.previous = None  # keep one run back, not the whole history
     with state.cond:
         if state.size != size:
             raise RequestError(f"job '{job}' has {state.size} ranks at the aggregator, "
                                f"but rank {rank} says {size}")
         roles = state.conns.setdefault(rank, set())
-        if role in roles or rank in state.left:
+        if role in roles:
             raise RequestError(f"rank {rank} of job '{job}' is already connected (two "
                                "processes with the same rank, or a stale job name?)")
         roles.add(role)
         sess.state["negotiation"] = (job, rank, role)
+        sess.state["negotiation_state"] = state
         if role != "poll":
             return {"size": size}
         state.joined.add(rank)
@@ -378,11 +397,26 @@ def handle_hello(srv: Any, sess: Any, msg: Dict[str, Any]) -> Dict[str, Any]:
                 missing = sorted(set(range(size)) - state.joined)
                 raise RequestError(f"rank{'s' if len(missing) > 1 else ''} "
                                    f"{', '.join(map(str, missing))} of job '{job}' did not "
-                                   f"join within {msg.get('timeout', 120.0)} s")
+                                   f"join within {msg.get('timeout', 120.0)} s"
+                                   f"{_still_in_previous_run(state, missing)}")
             state.cond.wait(remaining)
         if state.failure is not None:
             raise RequestError(state.failure["msg"])
         return {"size": size, "seq": state.base + len(state.log)}
+
+
+def _still_in_previous_run(state: JobState, missing: List[int]) -> str:
+    """Why a restarted job may wait in vain: ranks still in its previous run."""
+    prev = state.previous
+    if prev is None:
+        return ""
+    with prev.cond:
+        stuck = [r for r in missing if prev.conns.get(r) and r not in prev.left]
+    if not stuck:
+        return ""
+    return (f"; rank{'s' if len(stuck) > 1 else ''} {', '.join(map(str, stuck))} "
+            "never left the job's previous run: a job restarts only once every rank "
+            "has called shutdown() and then init()")
 
 
 def handle_negotiate(srv: Any, sess: Any, msg: Dict[str, Any]) -> Dict[str, Any]:
@@ -456,7 +490,7 @@ def on_disconnect(srv: Any, sess: Any) -> None:
         return
     job, rank, role = bound
     table = _jobs(srv)
-    state = table.get(job)
+    state = sess.state.get("negotiation_state") or table.get(job)
     if state is None:
         return
     with state.cond:

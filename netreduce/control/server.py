@@ -32,6 +32,10 @@ class JobRecord:
     key: int
     ranks: Dict[int, "Session"] = dataclasses.field(default_factory=dict)
     extra: Dict[str, Any] = dataclasses.field(default_factory=dict)
+    # A rank has left: this run of the job is ending. A rank that registers now
+    # (one that shut down and called init() again) starts the next run in a pool of
+    # its own, so that its packets never meet this run's slot state.
+    closing: bool = False
 
 
 class Session:
@@ -41,6 +45,7 @@ class Session:
         self.peer = peer
         self.job: Optional[str] = None
         self.rank: Optional[int] = None
+        self.record: Optional[JobRecord] = None  # the run of the job it registered in
         self.state: Dict[str, Any] = {}
 
 
@@ -78,6 +83,8 @@ class ControlServer(socketserver.ThreadingTCPServer):
             raise RequestError(f"job '{name}': rank {rank} out of range for world size {size}")
         with self.lock:
             job = self.jobs.get(name)
+            if job is not None and job.closing:
+                job = None  # the old run stays alive for its own ranks until they leave
             if job is None:
                 key = secrets.randbits(32)
                 try:
@@ -95,7 +102,7 @@ class ControlServer(socketserver.ThreadingTCPServer):
                 raise RequestError(
                     f"job '{name}': rank {rank} is already registered (from {job.ranks[rank].peer})")
             job.ranks[rank] = sess
-            sess.job, sess.rank = name, rank
+            sess.job, sess.rank, sess.record = name, rank, job
         agg = self.aggregator
         group, group_port = agg.group(job.index)
         return {"job_index": job.index, "key": job.key, "slots": agg.slots,
@@ -105,12 +112,14 @@ class ControlServer(socketserver.ThreadingTCPServer):
     def release(self, sess: Session) -> None:
         """Drop the session's rank from its job; the last rank out frees the pool."""
         with self.lock:
-            job = self.jobs.get(sess.job) if sess.job is not None else None
+            job = sess.record
             if job is None or job.ranks.get(sess.rank) is not sess:
                 return
             del job.ranks[sess.rank]
+            job.closing = True
             if not job.ranks:
-                del self.jobs[job.name]
+                if self.jobs.get(job.name) is job:
+                    del self.jobs[job.name]
                 self.aggregator.remove_job(job.index)
                 log.info("job '%s' finished: pool %d freed", job.name, job.index)
 

@@ -232,13 +232,105 @@ def test_rank_death_fails_others_naming_it(ranks):
 
 def test_pending_ops_fail_on_own_shutdown(ranks):
     def fn(r):
-        h = nr.allreduce_async(np.ones(2, np.float32), name="never")
+        h = nr.allreduce_async(np.ones(2, np.float32), name=f"never-{r}")
         api._tls.comm.shutdown()
-        with pytest.raises(ShutdownError):
+        with pytest.raises(ShutdownError, match=f"rank {r} before every rank of job 'job' "
+                                                f"submitted tensor 'never-{r}'"):
             nr.synchronize(h)
-        with pytest.raises(ShutdownError):
+        with pytest.raises(ShutdownError, match=f"rank {r} of job 'job' \\(tensor 'after' "
+                                                "not submitted\\).*init\\(\\) on every rank"):
             nr.allreduce(np.ones(2, np.float32), name="after")
     ranks(2).run(fn, shutdown=False)
+
+
+def test_wait_timeout_is_a_netreduce_error_naming_the_tensors(ranks):
+    import threading
+    from netreduce.errors import OperationTimeoutError
+    gate = threading.Event()
+
+    def fn(r):
+        if r == 1:
+            gate.wait(10)  # rank 0 waits in vain first
+        h = nr.grouped_allreduce_async([np.ones(2, np.float32)] * 2, op=nr.Sum, name="late")
+        if r == 0:
+            with pytest.raises(OperationTimeoutError,
+                               match=r"tensors 'late\.0', 'late\.1' still in flight") as info:
+                h.wait(0.05)
+            assert isinstance(info.value, TimeoutError)  # `except TimeoutError` still works
+            assert isinstance(info.value, nr.NetReduceError)
+            gate.set()
+        return [a.tolist() for a in h.wait(10)]  # the operation went on
+    assert ranks(2).run(fn) == [[[2.0, 2.0]] * 2] * 2
+
+
+def test_data_plane_error_names_the_tensors_and_keeps_where(ranks, monkeypatch):
+    from netreduce.errors import DataPlaneError
+    from tests.unit.fakes import FakeConn
+
+    def fails(self, src, dst=None, op="sum", dtype=None):
+        raise DataPlaneError("aggregator 10.0.0.9:4791, job 'job', rank 0/1: no result from "
+                             "the aggregator within 1 s at slot 3")
+    monkeypatch.setattr(FakeConn, "allreduce", fails)
+
+    def fn(r):
+        with pytest.raises(DataPlaneError) as info:
+            nr.grouped_allreduce([np.ones(2, np.float32), np.ones(3, np.float32)], name="w")
+        msg = str(info.value)
+        assert "rank 0: reducing tensors 'w.0', 'w.1' failed: aggregator 10.0.0.9:4791, " \
+               "job 'job', rank 0/1: no result from the aggregator within 1 s at slot 3" == msg
+    ranks(1).run(fn)
+
+
+def _in_new_run(R, fabric, r, fn):
+    """Rank r of R calls shutdown() then starts again (what netreduce.init() does),
+    and runs fn on the new communicator; returns (communicator, fn's result)."""
+    from netreduce.communicator import Communicator
+    R.comms[r].shutdown()
+    comm = Communicator(rank=r, size=R.size, job=R.job, address=R.server.address,
+                        dataplane=fabric.connect(None, R.job, r, R.size), knobs=R.knobs)
+    api._tls.comm = comm
+    try:
+        return comm, fn()
+    finally:
+        api._tls.comm = None
+
+
+def test_init_again_while_another_rank_is_still_in_the_first_run(ranks):
+    import threading
+    import time
+    from netreduce.control import negotiation as coord
+    from tests.unit.fakes import FakeFabric
+    R = ranks(2)
+    R.run(lambda r: nr.allreduce(np.ones(2, np.float32), name="first"), shutdown=False)
+    fabric, out = FakeFabric(), [None, None]  # the new run's data plane
+
+    def back(r):
+        out[r] = _in_new_run(R, fabric, r, lambda: nr.allreduce(
+            np.full(2, r + 1, np.float32), op=nr.Sum, name="first"))
+
+    t0 = threading.Thread(target=back, args=(0,))
+    t0.start()
+    deadline = time.monotonic() + 10
+    while coord._jobs(R.server)["job"].previous is None and time.monotonic() < deadline:
+        time.sleep(0.01)  # until rank 0's hello has started the job's next run
+    assert coord._jobs(R.server)["job"].previous is not None
+    back(1)  # rank 1 was still in the first run until now
+    t0.join(10)
+    assert [o[1].tolist() for o in out] == [[3.0, 3.0]] * 2
+    for comm, _ in out:
+        comm.shutdown()
+
+
+def test_init_again_names_the_rank_that_never_left(ranks):
+    from netreduce.errors import ControlPlaneError
+    from tests.unit.fakes import FakeFabric
+    R = ranks(2, NETREDUCE_START_TIMEOUT=0.5)
+    R.run(lambda r: None, shutdown=False)
+    with pytest.raises(ControlPlaneError, match="rank 1 never left the job's previous run: a "
+                                                "job restarts only once every rank has called "
+                                                r"shutdown\(\) and then init\(\)"):
+        _in_new_run(R, FakeFabric(), 0, lambda: None)
+    R.comms[1].shutdown()
 
 
 def test_fusion_buffer_allocated_once_and_cache_makes_steps_cheap(ranks):
