@@ -65,13 +65,13 @@ def test_launcher_environment_holds_launcher_variables_only(monkeypatch):
 
 
 def test_setting_a_knob_reaches_get_and_children(monkeypatch):
-    monkeypatch.delenv("NETREDUCE_SWITCH", raising=False)
+    # setenv first so that monkeypatch records the variable's original state and
+    # restores it (a delenv after set_for_process would record, and later restore,
+    # this test's value: every later test in the process would then dial 10.0.0.2)
+    monkeypatch.setenv("NETREDUCE_SWITCH", "placeholder")
     config.set_for_process("NETREDUCE_SWITCH", "10.0.0.2:4791")
-    try:
-        assert config.get("NETREDUCE_SWITCH") == "10.0.0.2:4791"
-        assert config.child_environment(NETREDUCE_JOB="j")["NETREDUCE_SWITCH"] == "10.0.0.2:4791"
-    finally:
-        monkeypatch.delenv("NETREDUCE_SWITCH")
+    assert config.get("NETREDUCE_SWITCH") == "10.0.0.2:4791"
+    assert config.child_environment(NETREDUCE_JOB="j")["NETREDUCE_SWITCH"] == "10.0.0.2:4791"
     with pytest.raises(KeyError):
         config.set_for_process("NETREDUCE_NO_SUCH_KNOB", 1)
     with pytest.raises(KeyError):
