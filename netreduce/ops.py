@@ -8,6 +8,7 @@ are scaled in float64 and cast back, float16 and bfloat16 in float32.
 from __future__ import annotations
 
 import enum
+import numbers
 from typing import Optional
 
 import numpy as np
@@ -37,10 +38,25 @@ Average, Sum, Min, Max = ReduceOp.Average, ReduceOp.Sum, ReduceOp.Min, ReduceOp.
 Product, Adasum = ReduceOp.Product, ReduceOp.Adasum
 
 
+# Horovod's integer op values (horovod.torch.mpi_ops / horovod.common.basics 0.28:
+# horovod_reduce_op_average() == 0, ...), for code that passes hvd.Sum from a
+# horovod import or a literal.
+HOROVOD_OP_VALUES = {0: ReduceOp.Average, 1: ReduceOp.Sum, 2: ReduceOp.Adasum,
+                     3: ReduceOp.Min, 4: ReduceOp.Max, 5: ReduceOp.Product}
+
+
 def as_op(op) -> ReduceOp:
-    """ReduceOp from a ReduceOp or its name ('sum', 'Average', ...)."""
+    """ReduceOp from a ReduceOp, its name ('sum', 'Average', ...) or Horovod's
+    integer value (Average=0, Sum=1, Adasum=2, Min=3, Max=4, Product=5)."""
     if isinstance(op, ReduceOp):
         result = op
+    elif isinstance(op, numbers.Integral) and not isinstance(op, bool):
+        try:
+            result = HOROVOD_OP_VALUES[int(op)]
+        except KeyError:
+            raise ValueError(f"unknown reduce op {op!r}: Horovod's op values are "
+                             + ", ".join(f"{o.name}={v}" for v, o in HOROVOD_OP_VALUES.items())
+                             ) from None
     elif isinstance(op, str):
         try:
             result = ReduceOp(op.lower())
@@ -48,7 +64,8 @@ def as_op(op) -> ReduceOp:
             raise ValueError(f"unknown reduce op {op!r}; use one of "
                              f"{[o.name for o in ReduceOp]}") from None
     else:
-        raise TypeError(f"op must be a netreduce.ReduceOp, got {type(op).__name__}")
+        raise TypeError(f"op must be a netreduce.ReduceOp, its name or Horovod's integer "
+                        f"value, got {type(op).__name__}")
     result.wire  # raises NotImplementedError for Product / Adasum
     return result
 

@@ -35,9 +35,17 @@ def broadcast_parameters(params: Union[Dict[str, torch.Tensor], Iterable[Any]], 
 
 
 def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
+                              model: Optional[torch.nn.Module] = None,
                               process_set=global_process_set) -> None:
-    """Make every rank's optimizer state (tensors and options) equal root_rank's."""
+    """Make every rank's optimizer state (tensors and options) equal root_rank's.
+
+    ``model`` is accepted for Horovod's signature; Horovod uses it only to find sparse
+    embeddings, whose gradients netreduce does not support (DistributedOptimizer
+    refuses sparse_as_dense), so it changes nothing here."""
     _check_process_set(process_set)
+    if model is not None and not isinstance(model, torch.nn.Module):
+        raise TypeError(f"broadcast_optimizer_state(): model must be a torch.nn.Module, "
+                        f"got {type(model).__name__}")
     if isinstance(optimizer, torch.optim.LBFGS):
         raise ValueError("cannot broadcast torch.optim.LBFGS state")
     state_dict = optimizer.state_dict()

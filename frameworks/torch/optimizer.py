@@ -14,6 +14,8 @@ from typing import Any, Dict, Optional, Tuple
 
 import torch
 
+from netreduce.ops import as_op
+
 from .compression import Compression
 from .mpi_ops import (Average, allreduce_async_, global_process_set, size, synchronize,
                       _check_process_set)
@@ -172,6 +174,13 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
     Returns an instance of a subclass of ``optimizer``'s own class (as Horovod does),
     so isinstance checks and learning-rate schedulers keep working."""
     _check_process_set(process_set)
+    try:
+        # Horovod's integer values and names are accepted; Adasum and Product are
+        # refused here, not by the first gradient hook in the middle of backward.
+        op = as_op(op)
+    except NotImplementedError as exc:
+        raise NotImplementedError(f"DistributedOptimizer(op={op!r}): {exc}; use op=Average "
+                                  "(the default) or Sum") from None
     if gradient_predivide_factor != 1.0 and op != Average:
         raise ValueError("gradient_predivide_factor not supported with op != Average")
     if num_groups or groups is not None:

@@ -11,9 +11,10 @@ all_gather_into_tensor, reduce (as an allreduce), barrier. Everything else raise
 NotImplementedError naming the collective; create a gloo group for those.
 
 Without MASTER_ADDR/MASTER_PORT in the environment, pass ``init_method="netreduce://"``:
-rank 0 opens a TCPStore and netreduce tells the other ranks where it is. Under torchrun
-without NETREDUCE_SWITCH, rank 0 starts an aggregator and publishes its address in
-torch's store.
+rank 0 opens a TCPStore and netreduce tells the other ranks where it is (the
+aggregator must then be known already: netreduce-run or NETREDUCE_SWITCH). Under
+torchrun without NETREDUCE_SWITCH, ``env://`` (the default): rank 0 starts an
+aggregator and publishes its address in torch's store.
 """
 from __future__ import annotations
 
@@ -47,12 +48,6 @@ def _core_op(op: Any, collective: str):
     name = str(getattr(op, "op", op)).rpartition(".")[2]  # ReduceOp.op is a RedOpType
     raise NotImplementedError(f"netreduce process group: {collective} with reduce op {name} is "
                               "not supported (SUM, AVG, MIN and MAX are)")
-
-
-def _done_work(result: Any) -> Any:
-    future = torch.futures.Future()
-    future.set_result(result)
-    return _create_work_from_future(future)
 
 
 class ProcessGroupNetReduce(dist.ProcessGroup):
@@ -153,8 +148,12 @@ class ProcessGroupNetReduce(dist.ProcessGroup):
     _allgather_base = all_gather_single
 
     def barrier(self, opts=None):
-        _nr.barrier()
-        return _done_work(None)
+        # The core's barrier blocks its caller, so the completer thread calls it: the
+        # Work completes when every rank has arrived, and dist.barrier() (which waits
+        # on the Work) still blocks. Running it there also orders it after the
+        # collectives issued before it and keeps two barriers from being in flight
+        # at once (they share one name in the core).
+        return _create_work_from_future(completer.submit([], lambda _: _nr.barrier()))
 
     def shutdown(self) -> None:
         pass  # netreduce outlives its process groups; hvd-style shutdown() ends it
@@ -218,6 +217,16 @@ def _rendezvous(url: str, timeout: datetime.timedelta = datetime.timedelta(minut
                 **kwargs):
     """init_method="netreduce://": rank and size from netreduce, a TCPStore on rank 0."""
     if not mpi_ops.is_initialized():
+        topo = environment.discover()
+        if topo.size > 1 and not config.get("NETREDUCE_SWITCH"):
+            # The embedded aggregator's address travels through torch's store, and
+            # this rendezvous is what creates that store: nothing to publish it in.
+            raise _nr.NetReduceError(
+                f"rank {topo.rank} of {topo.size} (from {topo.launcher}): "
+                "init_method='netreduce://' needs an aggregator address in "
+                "NETREDUCE_SWITCH (netreduce-run sets it); under torchrun either export "
+                "NETREDUCE_SWITCH=host:port or use init_method='env://' (the default), "
+                "with which rank 0 starts an aggregator itself")
         mpi_ops.init()
     rank, size = mpi_ops.rank(), mpi_ops.size()
     if rank == 0:

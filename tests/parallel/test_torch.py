@@ -6,6 +6,7 @@ tests/parallel/test_torch.py``); tests/parallel/test_torch_launch.py starts them
 2 and 3 ranks. Run directly without a launcher they are skipped.
 """
 import itertools
+import time
 import warnings
 
 import numpy as np
@@ -19,6 +20,7 @@ pytestmark = only_when_launched
 
 if LAUNCHED:
     import netreduce.torch as hvd
+    from netreduce.torch import mpi_ops
 
 DTYPES = [torch.int32, torch.int64, torch.float16, torch.float32, torch.float64]
 DIMS = [1, 2, 3]
@@ -69,6 +71,16 @@ def test_allreduce_min_max(op, fn):
         assert torch.equal(result, fn(every, dim=0).values), (op, dtype, dim)
 
 
+def test_allreduce_horovod_integer_ops():
+    """Code written against horovod.torch may pass its integer op values."""
+    rank, size = hvd.rank(), hvd.size()
+    tensor = torch.full((9,), float(rank + 1))
+    for op, expected in ((0, (size + 1) / 2), (1, size * (size + 1) / 2), (3, 1), (4, size)):
+        assert torch.all(hvd.allreduce(tensor, op=op) == expected), op
+    with pytest.raises(NotImplementedError, match="Adasum"):
+        hvd.allreduce(tensor, op=2)
+
+
 def test_allreduce_inplace():
     size = hvd.size()
     for dtype, dim in itertools.product(DTYPES, DIMS):
@@ -79,12 +91,49 @@ def test_allreduce_inplace():
         assert _close(tensor, expected, dtype, size), (dtype, dim)
 
 
-def test_allreduce_cpu_is_zero_copy():
-    """The in-place path reduces in the tensor's own storage."""
-    tensor = torch.ones(1000)
-    ptr = tensor.data_ptr()
-    hvd.allreduce_(tensor, op=hvd.Sum)
-    assert tensor.data_ptr() == ptr and torch.all(tensor == hvd.size())
+def _storage(tensor):
+    """A numpy view of ``tensor``'s own memory (bfloat16 has no numpy dtype)."""
+    return (tensor.view(torch.int16) if tensor.dtype == torch.bfloat16 else tensor).numpy()
+
+
+def test_allreduce_cpu_is_zero_copy(monkeypatch):
+    """A contiguous CPU tensor reaches the core as a view of its own memory, in place
+    and out of place, and an in-place result is not copied back (it is already there):
+    the array the core receives is recorded, and _Buf.to_tensor (the copy-back path)
+    must not run for in-place ops."""
+    size = hvd.size()
+    seen, copies = [], []
+    core_allreduce_async, to_tensor = mpi_ops._nr.allreduce_async, mpi_ops._Buf.to_tensor
+
+    def recording(array, *args, **kwargs):
+        seen.append(array)
+        return core_allreduce_async(array, *args, **kwargs)
+
+    def counting(buf, result):
+        copies.append(buf)
+        return to_tensor(buf, result)
+    monkeypatch.setattr(mpi_ops._nr, "allreduce_async", recording)
+    monkeypatch.setattr(mpi_ops._Buf, "to_tensor", counting)
+    dtypes = [torch.float32, torch.int64, torch.float16]
+    if mpi_ops._CORE_BF16:
+        dtypes.append(torch.bfloat16)
+    for dtype in dtypes:
+        tensor = torch.ones(1000, dtype=dtype)
+        ptr = tensor.data_ptr()
+        handle = hvd.allreduce_async_(tensor, op=hvd.Sum)
+        assert len(seen) == 1 and np.shares_memory(seen[-1], _storage(tensor)), dtype
+        assert hvd.synchronize(handle) is tensor
+        hvd.allreduce_(tensor, op=hvd.Sum)
+        assert len(seen) == 2 and np.shares_memory(seen[-1], _storage(tensor)), dtype
+        assert not copies, f"{dtype}: in-place result copied back into the tensor"
+        assert tensor.data_ptr() == ptr and torch.all(tensor == size * size), dtype
+        # out of place: the input is read where it is, the result is a new tensor
+        out = hvd.allreduce(tensor, op=hvd.Sum)
+        assert len(seen) == 3 and np.shares_memory(seen[-1], _storage(tensor)), dtype
+        assert not np.shares_memory(_storage(out), _storage(tensor))
+        assert torch.all(tensor == size * size) and torch.all(out == size ** 3), dtype
+        seen.clear()
+        copies.clear()
 
 
 def test_allreduce_async_fused():
@@ -147,12 +196,25 @@ def test_allreduce_dtype_mismatch_raises_runtime_error():
 
 
 def test_allreduce_duplicate_name_raises_value_error():
+    """A name stays in flight until its operation completes, which needs every rank's
+    submission. The last rank holds back "dup.a" and the others hold back "dup.b"
+    until all have passed "dup.go", so on every rank the second submission of its
+    first name provably meets the first one still in flight."""
+    rank, size = hvd.rank(), hvd.size()
     tensor = torch.ones(17)
-    handle = hvd.allreduce_async(tensor, name="duplicate_name", op=hvd.Sum)
-    with pytest.raises(ValueError):
-        for _ in range(10):
-            hvd.allreduce_async(tensor, name="duplicate_name")
-    assert torch.all(hvd.synchronize(handle) == hvd.size())
+    first, later = ("dup.b", "dup.a") if rank == size - 1 else ("dup.a", "dup.b")
+    handle = hvd.allreduce_async(tensor, name=first, op=hvd.Sum)
+    with pytest.raises(ValueError, match=f"'{first}' is already being reduced"):
+        hvd.allreduce_async(tensor, name=first, op=hvd.Sum)
+    with pytest.raises(ValueError, match=f"'{first}' is already being reduced"):
+        hvd.allreduce_async_(tensor.clone(), name=first, op=hvd.Sum)
+    assert not hvd.poll(handle), f"{first} completed before every rank submitted it"
+    hvd.allreduce(torch.ones(1), name="dup.go")
+    other = hvd.allreduce_async(tensor, name=later, op=hvd.Sum)
+    assert torch.all(hvd.synchronize(handle) == size)
+    assert torch.all(hvd.synchronize(other) == size)
+    # completed: the names are free again
+    assert torch.all(hvd.allreduce(tensor, name="dup.a", op=hvd.Sum) == size)
 
 
 def test_allreduce_rejects_bad_tensors_locally():
@@ -208,6 +270,24 @@ def test_grouped_allreduce():
         averaged = hvd.grouped_allreduce(tensors)
         for t, a in zip(tensors, averaged):
             assert _close(a, t, dtype, size), (dtype, dim)
+
+
+def test_grouped_allreduce_async_polls():
+    """Out-of-place grouped all-reduce: poll until done, inputs untouched."""
+    size = hvd.size()
+    for dtype in DTYPES:
+        tensors = [_random(dim, dtype, seed=dim) for dim in DIMS]
+        before = [t.clone() for t in tensors]
+        handle = hvd.grouped_allreduce_async(tensors, op=hvd.Sum)
+        # a failed operation polls True too (NETREDUCE_TIMEOUT bounds the wait)
+        while not hvd.poll(handle):
+            time.sleep(0.001)
+        outputs = hvd.synchronize(handle)
+        assert len(outputs) == len(tensors)
+        for t, b, out in zip(tensors, before, outputs):
+            assert torch.equal(t, b), f"{dtype}: grouped_allreduce_async modified its input"
+            assert out.dtype == dtype and out.shape == t.shape
+            assert _close(out, b * size, dtype, size), dtype
 
 
 def test_grouped_allreduce_inplace_and_async():
@@ -269,6 +349,11 @@ def test_broadcast_async_polls():
     rank = hvd.rank()
     handles = [hvd.broadcast_async(torch.full((100,), float(rank + i)), 0, name=f"bcast.{i}")
                for i in range(6)]
+    pending = set(handles)
+    while pending:  # a failed operation polls True too (NETREDUCE_TIMEOUT bounds this)
+        pending = {h for h in pending if not hvd.poll(h)}
+        time.sleep(0.001)
+    assert all(hvd.poll(h) for h in handles)  # done stays done until synchronize
     outs = [hvd.synchronize(h) for h in handles]
     for i, out in enumerate(outs):
         assert torch.all(out == float(i))
@@ -281,6 +366,22 @@ def test_broadcast_mismatch_raises():
     with pytest.raises(RuntimeError):
         dtype = torch.int32 if rank % 2 == 0 else torch.float32
         hvd.broadcast(torch.zeros(17, dtype=dtype), 0, name="bcast.dtype")
+
+
+def test_broadcast_rank_error():
+    """Horovod's test_horovod_broadcast_rank_error: every rank names itself as root.
+    Every rank gets a RuntimeError that lists each rank's root."""
+    rank, size = hvd.rank(), hvd.size()
+    tensor = torch.ones(17) * rank
+    with pytest.raises(RuntimeError) as info:
+        hvd.broadcast(tensor, rank)
+    message = str(info.value)
+    assert "Mismatched broadcast root ranks" in message
+    for r in range(size):
+        assert f"rank {r} sent {r}" in message, message
+    assert torch.equal(tensor, torch.ones(17) * rank)
+    # the failure is per operation: the next broadcast works
+    assert torch.all(hvd.broadcast(tensor, 0) == 0)
 
 
 def test_broadcast_grad():

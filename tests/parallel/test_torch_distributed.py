@@ -1,6 +1,7 @@
 """The "netreduce" torch.distributed backend and the DDP communication hook, on every
 rank at once (started by tests/parallel/test_torch_launch.py with 2 and 3 ranks)."""
 import copy
+import functools
 import os
 
 import pytest
@@ -68,6 +69,43 @@ def test_broadcast_and_allgather():
     flat = torch.empty(size * 4)
     dist.all_gather_into_tensor(flat, torch.full((4,), float(rank)))
     assert torch.equal(flat, torch.arange(size).repeat_interleave(4).float())
+
+
+def test_async_broadcast_and_allgather():
+    rank, size = dist.get_rank(), dist.get_world_size()
+    tensors = [torch.full((7, 3), float(rank)) for _ in range(size)]
+    bcasts = [dist.broadcast(t, src=root, async_op=True) for root, t in enumerate(tensors)]
+    outputs = [torch.empty(5, dtype=torch.int64) for _ in range(size)]
+    gather = dist.all_gather(outputs, torch.full((5,), rank, dtype=torch.int64),
+                             async_op=True)
+    flat = torch.empty(size * 4)
+    gather_flat = dist.all_gather_into_tensor(flat, torch.full((4,), float(rank)),
+                                              async_op=True)
+    for root, (t, work) in enumerate(zip(tensors, bcasts)):
+        result = work.get_future().wait()
+        assert torch.all(result[0] == root) and torch.all(t == root), root
+    gather.get_future().wait()
+    assert [o.tolist() for o in outputs] == [[r] * 5 for r in range(size)]
+    gather_flat.get_future().wait()
+    assert torch.equal(flat, torch.arange(size).repeat_interleave(4).float())
+
+
+def test_async_barrier_completes_when_the_last_rank_arrives():
+    """Rank 0's barrier(async_op=True) returns at once and stays pending: the other
+    ranks only reach theirs after an all-reduce that rank 0 starts after checking."""
+    rank, size = dist.get_rank(), dist.get_world_size()
+    work = None
+    if rank == 0:
+        work = dist.barrier(async_op=True)
+        assert not work.get_future().done(), "barrier completed before the other ranks came"
+    # through the Horovod API: its handles are synchronized here, not behind the barrier
+    go = nrt.allreduce(torch.ones(1), op=nrt.Sum, name="barrier.go")
+    assert go.item() == size
+    if rank != 0:
+        work = dist.barrier(async_op=True)
+    work.get_future().wait()
+    assert work.get_future().done()
+    dist.barrier()  # the blocking form, right after: no clash with the async one
 
 
 def test_object_collectives_and_barrier():
@@ -147,7 +185,18 @@ def test_allreduce_hook_on_gloo_group():
     model = _model()
     reference = _reference(model, 4, size, 0.1)
     ddp = DDP(copy.deepcopy(model), process_group=gloo, bucket_cap_mb=0.001)
-    ddp.register_comm_hook("hooked", nrt.allreduce_hook)
+    calls = []
+
+    @functools.wraps(nrt.allreduce_hook)  # keeps the annotations DDP checks
+    def counting_hook(state, bucket):
+        calls.append(bucket.buffer().numel())
+        return nrt.allreduce_hook(state, bucket)
+
+    ddp.register_comm_hook("hooked", counting_hook)
     _train(ddp, rank, 4, 0.1)
     _check(ddp, reference)
+    # every step's gradients went through the hook: each step's buckets together hold
+    # every parameter
+    numel = sum(p.numel() for p in model.parameters())
+    assert len(calls) >= 4 and sum(calls) == 4 * numel, calls
     dist.destroy_process_group(gloo)

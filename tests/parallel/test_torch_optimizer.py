@@ -79,14 +79,23 @@ def test_distributed_optimizer_trains_identically():
     model = _model()
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
                                    named_parameters=model.named_parameters())
-    first = None
+    size = hvd.size()
+
+    def objective():
+        """What the job minimises: the loss over every rank's batches (computable on
+        each rank, since batches are seeded by rank and step)."""
+        with torch.no_grad():
+            return sum(_loss(model, _batch(r, s)).item()
+                       for r in range(size) for s in (0, 1)) / (2 * size)
+    first = objective()
     for step in range(8):
         opt.zero_grad()
         loss = _loss(model, _batch(rank, step % 2))
         loss.backward()
         opt.step()
-        first = loss.item() if first is None else first
     _same_on_all_ranks(list(model.parameters()))
+    last = objective()
+    assert last < first, (first, last)
 
 
 def test_backward_passes_per_step():
@@ -170,7 +179,7 @@ def test_broadcast_parameters_and_optimizer_state():
             _loss(model, _batch(rank, step)).backward()
             opt.step()
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    hvd.broadcast_optimizer_state(opt, root_rank=0, model=model)
     torch.manual_seed(0)
     expected = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.BatchNorm1d(5),
                                    torch.nn.Linear(5, 2))

@@ -1,6 +1,7 @@
 """netreduce.torch in one process (size 1, embedded aggregator): registration, argument
 checking and the size-1 behaviour of every entry point. The multi-rank behaviour is in
 test_torch.py, test_torch_optimizer.py and test_torch_distributed.py."""
+import inspect
 import warnings
 
 import pytest
@@ -74,7 +75,63 @@ def test_distributed_optimizer_is_the_wrapped_class(hvd):
     model(torch.ones(4, 3)).sum().backward()
     opt.step()
     hvd.broadcast_optimizer_state(opt, 0)
+    hvd.broadcast_optimizer_state(opt, root_rank=0, model=model)  # Horovod's signature
+    with pytest.raises(TypeError, match="model must be a torch.nn.Module"):
+        hvd.broadcast_optimizer_state(opt, 0, model="not a model")
     hvd.broadcast_parameters(model.state_dict(), 0)
+
+
+@pytest.mark.parametrize("op", ["Adasum", "Product", 2, 5])
+def test_distributed_optimizer_refuses_unsupported_op_at_construction(hvd, op):
+    """Not inside the first backward's gradient hook, where Horovod code would meet it."""
+    model = torch.nn.Linear(3, 2)
+    op = getattr(hvd, op) if isinstance(op, str) else op
+    with pytest.raises(NotImplementedError,
+                       match=r"DistributedOptimizer\(op=.*(Adasum|Product) is not supported"):
+        hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                 named_parameters=model.named_parameters(), op=op)
+
+
+def test_distributed_optimizer_takes_horovod_integer_ops(hvd):
+    model = torch.nn.Linear(3, 2)
+    # op=0 is Horovod's Average, the one op gradient_predivide_factor allows
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters(), op=0,
+                                   gradient_predivide_factor=2.0)
+    assert opt.op is hvd.Average
+    with pytest.raises(ValueError, match="gradient_predivide_factor"):
+        hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                 named_parameters=model.named_parameters(), op=1,
+                                 gradient_predivide_factor=2.0)
+
+
+def test_signatures_match_horovod():
+    """Every function both packages export takes Horovod's parameters, in Horovod's
+    order with Horovod's simple defaults (netreduce may append more)."""
+    horovod = pytest.importorskip("horovod.torch")
+    import netreduce.torch as hvd
+    from netreduce.ops import as_op
+    checked = []
+    for name in sorted(n for n in dir(hvd) if not n.startswith("_")):
+        theirs, ours = getattr(horovod, name, None), getattr(hvd, name)
+        if not (inspect.isfunction(theirs) and inspect.isfunction(ours)):
+            continue
+        their_params = list(inspect.signature(theirs).parameters.values())
+        our_params = list(inspect.signature(ours).parameters.values())
+        if [p.kind for p in their_params] == [inspect.Parameter.VAR_POSITIONAL,
+                                              inspect.Parameter.VAR_KEYWORD]:
+            continue  # a C-library forwarder (init, shutdown): nothing to compare
+        assert [p.name for p in our_params[:len(their_params)]] == \
+            [p.name for p in their_params], name
+        for a, b in zip(their_params, our_params):
+            if a.default is inspect.Parameter.empty:
+                assert b.default is inspect.Parameter.empty, (name, a.name)
+            elif a.name == "op" and a.default is not None:
+                assert as_op(a.default) is as_op(b.default), (name, a.name)
+            elif a.default is None or isinstance(a.default, (bool, int, float, str)):
+                assert a.default == b.default, (name, a.name)
+        checked.append(name)
+    assert {"broadcast_optimizer_state", "DistributedOptimizer", "allreduce"} <= set(checked)
 
 
 def test_process_group_of_one(hvd):

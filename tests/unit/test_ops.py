@@ -22,8 +22,29 @@ def test_unsupported_ops_raise_not_implemented(op):
 def test_unknown_op():
     with pytest.raises(ValueError, match="unknown reduce op"):
         ops.as_op("median")
+    with pytest.raises(ValueError, match="Horovod's op values are Average=0"):
+        ops.as_op(6)
+    with pytest.raises(ValueError, match="unknown reduce op"):
+        ops.as_op(-1)
     with pytest.raises(TypeError):
-        ops.as_op(3)
+        ops.as_op(1.0)
+    with pytest.raises(TypeError):
+        ops.as_op(True)  # a bool is an int to Python, but never a reduce op
+
+
+def test_horovod_integer_op_values():
+    """Code written for Horovod may pass its integer constants (op=0 is Average)."""
+    assert ops.as_op(0) is nr.Average and ops.as_op(1) is nr.Sum
+    assert ops.as_op(3) is nr.Min and ops.as_op(np.int64(4)) is nr.Max
+    for value in (2, 5):  # Adasum, Product: named, but not computable by the aggregator
+        with pytest.raises(NotImplementedError, match="not supported"):
+            ops.as_op(value)
+
+
+def test_integer_op_values_match_installed_horovod():
+    hvd = pytest.importorskip("horovod.torch")
+    for name in ("Average", "Sum", "Adasum", "Min", "Max", "Product"):
+        assert ops.HOROVOD_OP_VALUES[getattr(hvd, name)] is getattr(nr.ReduceOp, name), name
 
 
 def test_dtype_names():
