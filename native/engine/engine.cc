@@ -44,6 +44,11 @@ struct SlotTrack {
   int64_t rto_us = 0;
   uint32_t retries = 0;
   uint32_t overtaken = 0;  // later chunks answered while this one waits
+  // The chunk last completed in this slot after a retransmission: its sequence number
+  // and first-send-to-result time, kept until a second result for it shows that the
+  // first one answered the original send (the retransmission was spurious). -1 = none.
+  uint64_t retried_seq = 0;
+  int64_t retried_sample_us = -1;
   uint8_t header[wire::kHeaderBytes];
   uint8_t trailer[8];
   OutPacket pkt;
@@ -158,7 +163,18 @@ std::map<std::string, uint64_t> Engine::Stats() const {
           {"retransmits", retransmits_.load()},       {"dropped_by_knob", dropped_by_knob_.load()},
           {"ignored_results", ignored_results_.load()}, {"bytes_sent", bytes_sent_.load()},
           {"messages", messages_.load()},
-          {"fast_retransmits", fast_retransmits_.load()}};
+          {"fast_retransmits", fast_retransmits_.load()},
+          {"spurious_retransmits", spurious_retransmits_.load()}};
+}
+
+void Engine::SampleRtt(double sample_us) {
+  if (srtt_us_ == 0.0) {
+    srtt_us_ = sample_us;
+    rttvar_us_ = sample_us / 2;
+  } else {
+    rttvar_us_ = 0.75 * rttvar_us_ + 0.25 * std::abs(srtt_us_ - sample_us);
+    srtt_us_ = 0.875 * srtt_us_ + 0.125 * sample_us;
+  }
 }
 
 void Engine::ThreadMain() {
@@ -339,20 +355,36 @@ Status Engine::Run(Request& req) {
       }
       return &t;
     };
+    // A result that matches no outstanding chunk. A second result for a chunk that
+    // completed after a retransmission means the aggregator answered both sends: the
+    // first result answered the original, which was only slow (a rank stalled, a
+    // queue), not lost. Karn's rule hides exactly those long round trips from the
+    // estimator, so without this the timeout never learns them and keeps firing;
+    // feed the round trip of the original in (TCP's Eifel detection, in spirit).
+    auto late_result = [&](const wire::Header& h) {
+      ignored_results_++;
+      if (!h.result || (h.dest_qp != my_qpn_ && h.dest_qp != group_qpn_) || h.key != cfg_.key ||
+          h.slot >= window_ || h.msg_id != msg_id) {
+        return;
+      }
+      SlotTrack& t = slots[h.slot];
+      if (t.retried_sample_us >= 0 && h.psn == (t.retried_seq & wire::kPsnMask)) {
+        SampleRtt(double(t.retried_sample_us));
+        t.retried_sample_us = -1;
+        spurious_retransmits_++;
+      }
+    };
     // The result of `t` is in place: sample the round trip, fast-retransmit chunks
     // overtaken by it, move the slot on.
     auto complete = [&](SlotTrack& t) {
       packets_received_++;
       const int64_t t_now = NowUs();
       if (t.retries == 0) {  // Karn: only unambiguous samples
-        const double sample = double(t_now - t.first_send_us);
-        if (srtt_us_ == 0.0) {
-          srtt_us_ = sample;
-          rttvar_us_ = sample / 2;
-        } else {
-          rttvar_us_ = 0.75 * rttvar_us_ + 0.25 * std::abs(srtt_us_ - sample);
-          srtt_us_ = 0.875 * srtt_us_ + 0.125 * sample;
-        }
+        SampleRtt(double(t_now - t.first_send_us));
+        t.retried_sample_us = -1;
+      } else {
+        t.retried_seq = t.seq;
+        t.retried_sample_us = t_now - t.first_send_us;
       }
       // Every rank sends in sequence order and each aggregator thread answers in
       // arrival order, so a chunk still unanswered after kFastRetransmitAfter later chunks
@@ -390,9 +422,9 @@ Status Engine::Run(Request& req) {
           if (len == 0) break;
           wire::Header h;
           SlotTrack* t = nullptr;
-          if (len <= kRecvBufBytes && wire::Decode(peek, len, &h) == wire::DecodeError::kOk && h.jumbo) {
-            t = match(h);
-          }
+          const bool ours = len <= kRecvBufBytes &&
+                            wire::Decode(peek, len, &h) == wire::DecodeError::kOk && h.jumbo;
+          if (ours) t = match(h);
           size_t got_len = 0;
           if (t != nullptr) {
             iovec iov[3] = {{peek, wire::kHeaderBytes},
@@ -403,7 +435,11 @@ Status Engine::Run(Request& req) {
           } else {
             iovec iov = {storage.data(), kRecvBufBytes};
             NR_RETURN_IF_ERROR(sock.RecvScatter(&iov, 1, &got_len));
-            ignored_results_++;
+            if (ours) {
+              late_result(h);
+            } else {
+              ignored_results_++;
+            }
           }
         }
         return Status::Ok();
@@ -414,16 +450,14 @@ Status Engine::Run(Request& req) {
       for (size_t i = 0; i < got; ++i) {
         InPacket& p = in[i];
         wire::Header h;
-        SlotTrack* t = nullptr;
-        if (p.len <= kRecvBufBytes && wire::Decode(p.buf, p.len, &h) == wire::DecodeError::kOk) {
-          t = match(h);
-        }
-        if (t == nullptr) {
+        if (p.len > kRecvBufBytes || wire::Decode(p.buf, p.len, &h) != wire::DecodeError::kOk ||
+            !wire::IcrcValid(h, p.from.ip, p.local_ip, p.from.port, sock.local().port, p.buf)) {
           ignored_results_++;
           continue;
         }
-        if (!wire::IcrcValid(h, p.from.ip, p.local_ip, p.from.port, sock.local().port, p.buf)) {
-          ignored_results_++;
+        SlotTrack* t = match(h);
+        if (t == nullptr) {
+          late_result(h);
           continue;
         }
         std::memcpy(req.dst + size_t(t->chunk) * chunk_elems * esize, p.buf + wire::kHeaderBytes,

@@ -83,9 +83,11 @@ class Engine {
   uint32_t my_qpn_;
   uint32_t group_qpn_;
   uint64_t next_seq_ = 0;
-  // RTT estimate (RFC 6298 style, microseconds) from results of chunks sent once.
+  // RTT estimate (RFC 6298 style, microseconds) from results of chunks sent once, and
+  // of chunks whose retransmission proved spurious (see Engine::Run).
   double srtt_us_ = 0.0;
   double rttvar_us_ = 0.0;
+  void SampleRtt(double sample_us);
   uint32_t next_msg_ = 0;
   std::mt19937_64 rng_;
 
@@ -99,7 +101,8 @@ class Engine {
   std::thread thread_;
 
   std::atomic<uint64_t> packets_sent_{0}, packets_received_{0}, retransmits_{0},
-      dropped_by_knob_{0}, ignored_results_{0}, bytes_sent_{0}, messages_{0}, fast_retransmits_{0};
+      dropped_by_knob_{0}, ignored_results_{0}, bytes_sent_{0}, messages_{0}, fast_retransmits_{0},
+      spurious_retransmits_{0};
 };
 
 }  // namespace netreduce

@@ -257,6 +257,41 @@ def test_retransmissions_back_off_exponentially(switch):
     assert f"({sent} retransmissions)" in str(info.value)
 
 
+def test_spurious_retransmissions_are_recognised():
+    # The aggregator stalls (SIGSTOP) while both ranks' packets wait in its socket: the
+    # ranks time out and resend. Resumed, it completes each slot from the originals and
+    # answers every resend with the stored result, so each rank gets a second result
+    # for chunks it already has: proof that its resends were not needed, which the
+    # engine counts and feeds into its round-trip estimate. 8 MB is ~120 chunks: the
+    # message outlasts the window, so the second results arrive while it still runs.
+    sw = spawn()
+    try:
+        job = "spurious-" + uuid.uuid4().hex[:6]
+        conns = [dataplane.connect(sw.address, job, r, 2, timeout=20.0, retransmit_ms=20.0)
+                 for r in range(2)]
+        try:
+            data = [np.arange(2_000_000, dtype=np.float32) * (r + 1) for r in range(2)]
+            os.kill(sw.proc.pid, signal.SIGSTOP)
+            try:
+                reqs = [c.allreduce_async(a) for c, a in zip(conns, data)]
+                time.sleep(0.4)
+            finally:
+                os.kill(sw.proc.pid, signal.SIGCONT)
+            for req in reqs:
+                req.wait()
+            for a in data:
+                assert (a == np.arange(2_000_000, dtype=np.float32) * 3).all()
+            for c in conns:
+                stats = c.stats()
+                assert stats["retransmits"] >= 2, stats
+                assert 1 <= stats["spurious_retransmits"] <= stats["retransmits"], stats
+        finally:
+            for c in conns:
+                c.close()
+    finally:
+        sw.stop()
+
+
 def test_waiting_releases_the_gil(switch):
     job = "gil-" + uuid.uuid4().hex[:6]
     with ControlClient(switch.address) as ghost:
