@@ -336,6 +336,17 @@ def _tail(path: str, lines: int = 4) -> str:
     return " | ".join(text[-lines:])[-400:]
 
 
+def _udp_socket_drops(tb) -> int:
+    """UDP datagrams the kernel dropped for a full socket buffer, all namespaces."""
+    total = 0
+    for node in [*tb.hosts, tb.aggregator]:
+        text = tb.run(node, ["cat", "/proc/net/snmp"], capture_output=True, text=True).stdout
+        rows = [line.split() for line in text.splitlines() if line.startswith("Udp:")]
+        if len(rows) >= 2:
+            total += int(dict(zip(rows[0][1:], rows[1][1:])).get("RcvbufErrors", 0))
+    return total
+
+
 def run_one_testbed(tb, mode: str, model: str, n: int, args: argparse.Namespace) -> Dict:
     """One (mode, model) run, rank r in testbed host r; rank 0's RESULT line + the
     shapers' queue drops during the run."""
@@ -397,6 +408,7 @@ def run_one_testbed(tb, mode: str, model: str, n: int, args: argparse.Namespace)
                     HOROVOD_LOCAL_SIZE=str(slot.local_size), HOROVOD_CROSS_RANK=str(slot.cross_rank),
                     HOROVOD_CROSS_SIZE=str(slot.cross_size))
         drops0 = sum(tb.qdisc_drops().values())
+        sock0 = _udp_socket_drops(tb)
         procs = []
         for r in range(n):
             env = ar._worker_env(dict(common_env, **per_rank[r]))
@@ -410,6 +422,13 @@ def run_one_testbed(tb, mode: str, model: str, n: int, args: argparse.Namespace)
             return dict(record, error=f"{exc}: rank 0: {_tail(logs[0])}")
         record["wall_s"] = time.monotonic() - t0
         record["queue_drops"] = sum(tb.qdisc_drops().values()) - drops0
+        record["socket_drops"] = _udp_socket_drops(tb) - sock0
+        if mode.startswith("nr-"):  # were the retransmissions needed? (whole run)
+            from netreduce.control.client import ControlClient
+            with ControlClient(sw.address) as c:
+                g = c.call("counters")["global"]
+            record["switch"] = {k: g[k] for k in ("packets_in", "duplicates",
+                                                  "retransmitted_results", "drops")}
         with open(logs[0], errors="replace") as f:
             for line in f:
                 if "RESULT " in line:
@@ -526,11 +545,15 @@ def testbed_markdown(meta: Dict, records: List[Dict], summary: Dict) -> str:
             "frames), over the gradient bytes S; CPU as a fraction of one core; machine = "
             "whole-machine busy fraction (includes softirq, i.e. the emulated network's work); "
             "netreduce retx = data packets rank 0 retransmitted / sent"
+            "; aggregator dup = packets the aggregator received twice / all it received, "
+            "whole run, all ranks (a resend of a packet that was not lost); socket drops = "
+            "datagrams the kernel dropped for a full socket buffer, all namespaces"
             "; link s/step = max(wire tx, wire rx) per step / link rate, the time the shaped "
             "link alone needs (share = that / s/step)",
             "", "| model | mode | run | samples/s | s/step | link s/step (share) | wire tx/S | "
-            "wire rx/S | rank-0 CPU | aggregator CPU | machine busy | queue drops | netreduce retx |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            "wire rx/S | rank-0 CPU | aggregator CPU | machine busy | queue drops | netreduce retx "
+            "| aggregator dup | socket drops |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in records:
         if "error" in r:
             continue
@@ -547,7 +570,10 @@ def testbed_markdown(meta: Dict, records: List[Dict], summary: Dict) -> str:
             + (f"{r['cpu_switch']:.0%}" if "cpu_switch" in r else "-")
             + f" | {r.get('machine_busy', 0):.0%} | {r.get('queue_drops', '-')} | "
             + (f"{r['nr_retransmits_per_step'] / r['nr_packets_per_step']:.1%}"
-               if r.get("nr_packets_per_step") else "-") + " |")
+               if r.get("nr_packets_per_step") else "-")
+            + (f" | {r['switch']['duplicates'] / max(r['switch']['packets_in'], 1):.1%}"
+               if "switch" in r else " | -")
+            + f" | {r.get('socket_drops', '-')} |")
     timed = [r for r in records if "phase_s" in r and "error" not in r]
     if timed:
         out += ["", "## where rank 0's step goes (seconds per step)", "",
@@ -666,7 +692,10 @@ def testbed_main(args: argparse.Namespace) -> int:
                           f"{r['seconds'] / r['steps']:7.2f} {r.get('cpu_rank0', 0):5.0%} {sw} "
                           f"{r.get('machine_busy', 0):5.0%} {tx:6.3f}   ({r['wall_s']:.0f} s"
                           + (f", retx {r['nr_retransmits_per_step'] / r['nr_packets_per_step']:.1%}"
-                             if r.get("nr_packets_per_step") else "") + ")",
+                             if r.get("nr_packets_per_step") else "")
+                          + (f", aggregator duplicates {r['switch']['duplicates']} of "
+                             f"{r['switch']['packets_in']} in" if "switch" in r else "")
+                          + f", socket drops {r.get('socket_drops', '-')})",
                           flush=True)
     done.set()
     meta["loadavg_at_end"] = os.getloadavg()
