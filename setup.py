@@ -36,6 +36,7 @@ setup(
     python_requires=">=3.9",
     packages=find_packages(include=["netreduce", "netreduce.*"]) + ADAPTERS,
     package_dir={name: path for name, path in FRAMEWORKS.items() if name in ADAPTERS},
+    package_data={"netreduce": ["_native.pyi", "py.typed"]},
     ext_modules=[ext],
     cmdclass={"build_ext": build_ext},
     install_requires=["numpy>=1.21"],

@@ -89,3 +89,26 @@ def test_build_info_names_features():
     info = _native.build_info()
     assert set(info["dtypes"]) == {"float32", "float64", "float16", "bfloat16", "int32", "int64"}
     assert info["simd"] in ("avx2+f16c", "generic") and "udp" in info["transports"]
+
+
+def test_native_type_stub_matches_the_module():
+    # netreduce/_native.pyi is the typed surface of the pybind11 module: every public
+    # name and method of one must be in the other, or the stub has gone stale.
+    import ast
+    import pathlib
+
+    stub = ast.parse((pathlib.Path(_native.__file__).parent / "_native.pyi").read_text())
+    declared = {}
+    for node in stub.body:
+        if isinstance(node, ast.ClassDef):
+            declared[node.name] = {n.name for n in node.body if isinstance(n, ast.FunctionDef)
+                                   and not n.name.startswith("_")}
+        elif isinstance(node, ast.FunctionDef):
+            declared[node.name] = None
+        elif isinstance(node, ast.AnnAssign):
+            declared[node.target.id] = None
+    public = {n for n in dir(_native) if not n.startswith("_")}
+    assert set(declared) == public
+    for name, methods in declared.items():
+        if methods:
+            assert methods == {m for m in vars(getattr(_native, name)) if not m.startswith("_")}, name
