@@ -101,7 +101,10 @@ def test_shape_mismatch_is_reported_with_values_and_ranks(job):
 def test_every_mismatch_kind(job, a, b, expected):
     srv, s, _ = job
     neg(srv, s[0], [a])
-    assert neg(srv, s[1], [b])["e"][0]["err"].startswith(expected)
+    err = neg(srv, s[1], [b])["e"][0]["err"]
+    # Horovod's sentence, then the tensor and which rank sent what
+    assert err.startswith(expected + " Tensor 'x': rank 0 sent "), err
+    assert "; rank 1 sent " in err and err.endswith("."), err
 
 
 def test_stall_report_names_missing_ranks(job):
