@@ -42,6 +42,24 @@ def test_64_mib_two_ranks(switch):
     run_ranks(_rank_pattern, 2, switch.address, _job(), [16 * 2**20], {})
 
 
+def _indexed(rank, size, address, job, count, kw):
+    """Element i of rank r is (i mod 4099) + r: a chunk landing at the wrong offset, or
+    a header sent with another chunk's payload, shows up (constant data would hide it)."""
+    with dataplane.connect(address, job, rank, size, timeout=60.0, **kw) as conn:
+        pattern = (np.arange(count, dtype=np.int64) % 4099).astype(np.float32)
+        a = pattern + np.float32(rank)
+        conn.allreduce(a)
+        a -= pattern * size + np.float32(size * (size - 1) / 2)
+        bad = np.flatnonzero(a)
+        assert bad.size == 0, f"{bad.size} wrong elements, first at {bad[:5]}"
+
+
+@pytest.mark.slow
+def test_256_mib_two_ranks_index_dependent(switch):
+    # "hundreds of MiB" (issue 2): 256 MiB of float32, ~4100 jumbo packets per rank
+    run_ranks(_indexed, 2, switch.address, _job(), 64 * 2**20, {})
+
+
 def _data(dtype, seed, count):
     rng = np.random.default_rng(seed)
     if dtype in ("int32", "int64"):
