@@ -11,7 +11,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 # frameworks/<name> is installed as netreduce.<name> (DESIGN.md: thin adapters).
-FRAMEWORKS = {"netreduce.torch": "frameworks/torch"}
+FRAMEWORKS = {
+    "netreduce.torch": "frameworks/torch",
+    "netreduce.tensorflow": "frameworks/tensorflow",
+    "netreduce.mxnet": "frameworks/mxnet",
+}
 ADAPTERS = [n for n, p in FRAMEWORKS.items() if os.path.exists(os.path.join(HERE, p, "__init__.py"))]
 
 
@@ -43,6 +47,10 @@ setup(
     extras_require={
         "test": ["pytest>=7", "hypothesis>=6", "pytest-timeout"],
         "torch": ["torch"],
+        # TensorFlow and MXNet cannot share numpy (>=1.26 vs <1.24): scripts/env_*.sh
+        # give each its own environment; these extras are what a user installs.
+        "tensorflow": ["tensorflow-cpu>=2.16"],
+        "mxnet": ["mxnet==1.9.1", "numpy<1.24"],
         "bench": ["matplotlib", "mpi4py"],
     },
     entry_points={

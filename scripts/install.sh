@@ -35,3 +35,13 @@ $py -m pip install -q "torch==2.13.0" "pybind11>=2.12" "setuptools>=64" wheel
 extras=torch
 [ "$what" = test ] && extras="torch,test,bench"
 $py -m pip install -q --no-build-isolation -e ".[$extras]"
+
+if [ "$what" = test ]; then
+  # The peers the tests compare against, and one environment per framework group
+  # that cannot share this one's numpy (each script caches what it builds under
+  # ~/.cache/netreduce and is a no-op when its environment is already complete).
+  for env_script in scripts/env_*.sh; do
+    [ -e "$env_script" ] || continue
+    PYTHON=$py bash "$env_script"
+  done
+fi
