@@ -19,7 +19,9 @@ std::map<std::string, uint64_t> Counters::Snapshot() const {
       {"bytes_in", get(bytes_in)},
       {"bytes_out", get(bytes_out)},
       {"bytes_reduced", get(bytes_reduced)},
+      // completed before started: read in this order, started - completed >= 0.
       {"slots_completed", get(slots_completed)},
+      {"rounds_started", get(rounds_started)},
       {"duplicates", get(duplicates)},
       {"retransmitted_results", get(retransmitted_results)},
   };
@@ -31,6 +33,23 @@ std::map<std::string, uint64_t> Counters::Snapshot() const {
   }
   m["drops"] = total;
   return m;
+}
+
+const char* RefusalName(Refusal r) {
+  static const char* kNames[] = {"invalid", "max_jobs", "memory"};
+  static_assert(sizeof(kNames) / sizeof(kNames[0]) == int(Refusal::kCount), "refusal names");
+  return kNames[int(r)];
+}
+
+void AdmissionCounters::AddTo(std::map<std::string, uint64_t>* m) const {
+  (*m)["jobs_admitted"] = admitted.load(std::memory_order_relaxed);
+  uint64_t total = 0;
+  for (int i = 0; i < int(Refusal::kCount); ++i) {
+    const uint64_t v = refused[i].load(std::memory_order_relaxed);
+    (*m)[std::string("jobs_refused_") + RefusalName(Refusal(i))] = v;
+    total += v;
+  }
+  (*m)["jobs_refused"] = total;
 }
 
 }  // namespace netreduce

@@ -33,6 +33,7 @@ struct Counters {
   std::atomic<uint64_t> bytes_in{0};
   std::atomic<uint64_t> bytes_out{0};
   std::atomic<uint64_t> bytes_reduced{0};     // payload bytes added into slots
+  std::atomic<uint64_t> rounds_started{0};    // (slot, shadow) rounds begun; minus completed = filling
   std::atomic<uint64_t> slots_completed{0};
   std::atomic<uint64_t> duplicates{0};        // contributions seen before (not added again)
   std::atomic<uint64_t> retransmitted_results{0};
@@ -41,6 +42,24 @@ struct Counters {
   void Add(std::atomic<uint64_t>& c, uint64_t v = 1) { c.fetch_add(v, std::memory_order_relaxed); }
   void AddDrop(Drop d) { Add(drops[int(d)]); }
   std::map<std::string, uint64_t> Snapshot() const;
+};
+
+// Job admission, aggregator-wide: jobs admitted, and refused by reason.
+enum class Refusal : int {
+  kInvalid = 0,  // world size out of range, multicast group unresolvable
+  kMaxJobs,      // --max-jobs jobs already admitted
+  kMemory,       // the job's slot pool does not fit in --memory-mb
+  kCount
+};
+const char* RefusalName(Refusal r);
+
+struct AdmissionCounters {
+  std::atomic<uint64_t> admitted{0};
+  std::atomic<uint64_t> refused[int(Refusal::kCount)] = {};
+
+  void Refuse(Refusal r) { refused[int(r)].fetch_add(1, std::memory_order_relaxed); }
+  // jobs_admitted, jobs_refused_<reason>, jobs_refused (total).
+  void AddTo(std::map<std::string, uint64_t>* m) const;
 };
 
 }  // namespace netreduce
