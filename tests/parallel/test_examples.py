@@ -5,7 +5,6 @@ also reads the summary line rank 0 prints and checks those claims itself."""
 import functools
 import os
 import re
-import shutil
 import subprocess
 import sys
 
@@ -14,6 +13,7 @@ import pytest
 pytest.importorskip("torch")
 
 from netreduce.environment import discover  # noqa: E402
+from tests.peers import require_horovodrun  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ARGS = ["--epochs", "2", "--samples", "1024"]
@@ -84,13 +84,7 @@ HOROVOD_IMPORT = "import netreduce.torch as hvd  # <- the one line a Horovod use
 def test_horovod_api_example_runs_under_horovodrun(tmp_path):
     """Issue 4: examples/pytorch_train.py runs unchanged under real Horovod once its one
     import line is swapped, i.e. it uses no netreduce-only API."""
-    try:
-        import horovod.torch  # noqa: F401
-    except ImportError as exc:
-        pytest.skip(f"horovod.torch is not importable: {exc}")
-    horovodrun = shutil.which("horovodrun")
-    if horovodrun is None:
-        pytest.skip("horovodrun is not on PATH")
+    horovodrun = require_horovodrun()  # fails under CI when Horovod is missing
     with open(os.path.join(ROOT, RUNS["horovod-api"][0])) as f:
         lines = f.readlines()
     assert lines.count(HOROVOD_IMPORT) == 1, "the example's netreduce import line changed"

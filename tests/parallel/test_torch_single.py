@@ -10,6 +10,7 @@ torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
 
 from netreduce.environment import discover  # noqa: E402
+from tests.peers import require_horovod_torch  # noqa: E402
 
 pytestmark = pytest.mark.skipif(discover().size > 1,
                                 reason="single-process tests; skipped under a launcher")
@@ -108,7 +109,7 @@ def test_distributed_optimizer_takes_horovod_integer_ops(hvd):
 def test_signatures_match_horovod():
     """Every function both packages export takes Horovod's parameters, in Horovod's
     order with Horovod's simple defaults (netreduce may append more)."""
-    horovod = pytest.importorskip("horovod.torch")
+    horovod = require_horovod_torch()  # fails under CI when Horovod is missing
     import netreduce.torch as hvd
     from netreduce.ops import as_op
     checked = []

@@ -4,6 +4,7 @@ import pytest
 
 import netreduce as nr
 from netreduce import ops
+from tests.peers import require_horovod_torch
 
 
 def test_public_op_names():
@@ -42,7 +43,7 @@ def test_horovod_integer_op_values():
 
 
 def test_integer_op_values_match_installed_horovod():
-    hvd = pytest.importorskip("horovod.torch")
+    hvd = require_horovod_torch()  # fails under CI when Horovod is missing
     for name in ("Average", "Sum", "Adasum", "Min", "Max", "Product"):
         assert ops.HOROVOD_OP_VALUES[getattr(hvd, name)] is getattr(nr.ReduceOp, name), name
 
