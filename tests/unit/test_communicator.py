@@ -231,9 +231,23 @@ def test_rank_death_fails_others_naming_it(ranks):
 
 
 def test_pending_ops_fail_on_own_shutdown(ranks):
+    import threading
+    # Both ranks shut down at once. Whichever says goodbye first must not reach the
+    # other before that one has begun its own shutdown, or the other's pending
+    # tensor rightly fails as "rank N called shutdown()" instead: hold each bye
+    # until both ranks are inside shutdown().
+    both_stopping = threading.Barrier(2)
+
     def fn(r):
         h = nr.allreduce_async(np.ones(2, np.float32), name=f"never-{r}")
-        api._tls.comm.shutdown()
+        comm = api._tls.comm
+        bye = comm.neg.bye
+
+        def bye_once_both_stop(*args, **kwargs):
+            both_stopping.wait(10)
+            return bye(*args, **kwargs)
+        comm.neg.bye = bye_once_both_stop
+        comm.shutdown()
         with pytest.raises(ShutdownError, match=f"rank {r} before every rank of job 'job' "
                                                 f"submitted tensor 'never-{r}'"):
             nr.synchronize(h)
