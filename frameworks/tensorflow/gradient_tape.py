@@ -1,0 +1,117 @@
+"""DistributedGradientTape and the gradient all-reduce shared with the Keras optimizer.
+
+A whole step's gradients leave as one grouped all-reduce: one core submission (and,
+inside tf.function, one graph node), so negotiation and fusion see them together.
+
+tf.IndexedSlices gradients (embedding lookups) are all-gathered by default, as in
+Horovod: each rank sends only the rows it touched (k rows instead of the whole table),
+which wins while N·k stays well below the table's row count; ``sparse_as_dense=True``
+densifies them first so they join the fused dense group (better when most rows are
+touched, and the only choice for Min/Max).
+"""
+from __future__ import annotations
+
+import warnings
+from typing import Any, List, Optional, Sequence
+
+import tensorflow as tf
+
+from .compression import Compression
+from .mpi_ops import (Average, _check_process_set, as_op, global_process_set,
+                      grouped_allreduce, size)
+
+
+def _key(source: Any) -> Any:
+    # Keras 3 variables have no .ref() (the Horovod-on-Keras-3 crash, horovod #4290)
+    return source.ref() if hasattr(source, "ref") else id(source)
+
+
+def check_predivide(op: Any, gradient_predivide_factor: float) -> None:
+    if gradient_predivide_factor != 1.0 and as_op(op) is not Average:
+        raise ValueError("gradient_predivide_factor not supported with op != Average")
+
+
+def allreduce_gradients(grads: Sequence[Any], *, op: Any, compression: Any,
+                        sparse_as_dense: bool, gradient_predivide_factor: float = 1.0,
+                        name: Optional[str] = None) -> List[Any]:
+    """The all-reduced gradients (None stays None), as one grouped submission."""
+    grads = list(grads)
+    present = [i for i, g in enumerate(grads) if g is not None]
+    if not present:
+        return grads
+    todo = []
+    for i in present:
+        g = grads[i]
+        if sparse_as_dense and isinstance(g, tf.IndexedSlices):
+            g = tf.convert_to_tensor(g)
+        todo.append(g)
+    # Average splits its 1/size around the sum: 1/f before, f/size after (Horovod).
+    f = float(gradient_predivide_factor)
+    reduced = grouped_allreduce(todo, op=op, compression=compression,
+                                prescale_factor=1.0 / f, postscale_factor=f, name=name)
+    out = list(grads)
+    for i, r in zip(present, reduced):
+        out[i] = r
+    return out
+
+
+class _DistributedGradientTape(tf.GradientTape):
+    """A GradientTape whose gradient() returns gradients all-reduced across ranks."""
+
+    def _nr_setup(self, op, compression, sparse_as_dense, gradient_predivide_factor,
+                  scale_local_gradients):
+        self._nr_op, self._nr_compression = op, compression
+        self._nr_sparse_as_dense = sparse_as_dense
+        self._nr_predivide = gradient_predivide_factor
+        self._nr_scale_local = scale_local_gradients
+        self._local_sources = set()
+
+    def register_local_source(self, source):
+        """Gradients of ``source`` stay local (scaled by 1/size when
+        scale_local_gradients, as in Horovod)."""
+        self._local_sources.add(_key(source))
+
+    def gradient(self, target, sources, output_gradients=None,
+                 unconnected_gradients=tf.UnconnectedGradients.NONE, use_generic_names=False):
+        grads = super().gradient(target, sources, output_gradients, unconnected_gradients)
+        flat_sources = tf.nest.flatten(sources)
+        flat_grads = tf.nest.flatten(grads, expand_composites=False)
+        shared = [i for i, s in enumerate(flat_sources) if _key(s) not in self._local_sources]
+        reduced = allreduce_gradients([flat_grads[i] for i in shared], op=self._nr_op,
+                                      compression=self._nr_compression,
+                                      sparse_as_dense=self._nr_sparse_as_dense,
+                                      gradient_predivide_factor=self._nr_predivide)
+        out = list(flat_grads)
+        for i, g in zip(shared, reduced):
+            out[i] = g
+        if self._nr_scale_local and self._local_sources:
+            n = float(size())
+            for i, s in enumerate(flat_sources):
+                g = out[i]
+                if _key(s) in self._local_sources and g is not None:
+                    out[i] = (tf.IndexedSlices(g.values / n, g.indices, g.dense_shape)
+                              if isinstance(g, tf.IndexedSlices) else g / n)
+        return tf.nest.pack_sequence_as(sources, out)
+
+
+def DistributedGradientTape(gradtape, device_dense='', device_sparse='',
+                            compression=Compression.none, sparse_as_dense=False, op=Average,
+                            gradient_predivide_factor=1.0, num_groups=0, groups=None,
+                            process_set=global_process_set, scale_local_gradients=True):
+    """Wrap ``gradtape`` (already recorded, or to be entered) so that gradient()
+    all-reduces. ``groups``/``num_groups`` are accepted for Horovod's signature: the
+    core fuses the whole group by size (NETREDUCE_FUSION_THRESHOLD) instead."""
+    _check_process_set(process_set)
+    check_predivide(op, gradient_predivide_factor)
+    if num_groups != 0:
+        warnings.warn("Parameter `num_groups` has been replaced by `groups` and will be "
+                      "removed in v0.23.0.", DeprecationWarning)
+    if groups is not None and not (isinstance(groups, list) or groups > 0):
+        raise ValueError("groups should be a non-negative integer or a list of list of "
+                         "tf.Variable.")
+    cls = type(gradtape.__class__.__name__, (_DistributedGradientTape, gradtape.__class__), {})
+    tape = cls.__new__(cls)
+    tape.__dict__.update(gradtape.__dict__)  # the recorded tape, persistent, watch flags
+    tape._nr_setup(op, compression, sparse_as_dense, gradient_predivide_factor,
+                   scale_local_gradients)
+    return tape
