@@ -43,7 +43,8 @@ setup(
     package_data={"netreduce": ["_native.pyi", "py.typed"]},
     ext_modules=[ext],
     cmdclass={"build_ext": build_ext},
-    install_requires=["numpy>=1.21"],
+    # prometheus_client: netreduce-switch --metrics-port (pure Python, no dependencies).
+    install_requires=["numpy>=1.21", "prometheus_client>=0.20"],
     extras_require={
         "test": ["pytest>=7", "hypothesis>=6", "pytest-timeout"],
         "torch": ["torch"],

@@ -76,6 +76,14 @@ def init() -> None:
                          drop_rate=knobs["NETREDUCE_DROP_RATE"], window=knobs["NETREDUCE_WINDOW"])
             comm = Communicator(rank=topo.rank, size=topo.size, job=topo.job, address=address,
                                 dataplane=dp, knobs=knobs)
+            # Every rank has joined (the hello): exchange the host layout and choose the
+            # algorithm the communicator hands its buffers to (netreduce/algorithms).
+            try:
+                from netreduce.algorithms.select import build as build_algorithm
+                comm.dp = build_algorithm(dp, topo, knobs, address, connect=connect)
+            except BaseException:
+                comm.shutdown(timeout=5.0)
+                raise
         except BaseException:
             if dp is not None:
                 dp.close()

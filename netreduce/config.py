@@ -81,6 +81,22 @@ declare("NETREDUCE_TIMELINE", str, "",
         "Chrome trace (chrome://tracing, Perfetto) of every tensor's phases, written by rank 0; "
         "a {rank} in the path gives one file per rank; empty = off")
 
+# --- algorithm (netreduce/algorithms; docs/hierarchical.md) ---------------------
+def _algorithm(text: str) -> str:
+    low = text.strip().lower()
+    if low not in ("auto", "flat", "hierarchical"):
+        raise ValueError(f"expected auto, flat or hierarchical, got {text!r}")
+    return low
+
+
+_algorithm.__name__ = "auto|flat|hierarchical"
+declare("NETREDUCE_ALGORITHM", _algorithm, "auto",
+        "auto = hierarchical (shared memory inside a host, one shard per local rank through "
+        "the aggregator) when some host runs several ranks, else flat; or force one")
+declare("NETREDUCE_SHM_CHUNK", _bytes, 0,
+        "bytes of each local rank's shard per pipeline step of the hierarchical all-reduce; "
+        "0 = 256K on one host, 1M across hosts")
+
 # --- rank discovery (netreduce-run sets these; other launchers' variables also work) --
 declare("NETREDUCE_JOB", str, "",
         "job name shared by all ranks at the aggregator; empty = derived from the launcher")

@@ -36,6 +36,9 @@ class Topology:
     local_size: int
     job: str
     launcher: str  # which family the values came from ("single" = none found)
+    # False when local_rank/local_size are a guess (the launcher did not say): the
+    # topology exchange at init then groups ranks by host identity instead.
+    local_known: bool = True
 
 
 def _int(env: Mapping[str, str], name: str) -> Optional[int]:
@@ -67,7 +70,8 @@ def _family(env: Mapping[str, str], launcher: str, rank: str, size: str,
     lr, ln = _int(env, local_rank), _int(env, local_size)
     # Without local information assume one process per host: that is what a launcher
     # that does not say anything about locality most often means.
-    return (r, n, 0 if lr is None else lr, 1 if ln is None else ln, launcher)
+    return (r, n, 0 if lr is None else lr, 1 if ln is None else ln, launcher,
+            lr is not None and ln is not None)
 
 
 def _job_name(env: Mapping[str, str], launcher: str) -> str:
@@ -101,7 +105,8 @@ def discover(env: Optional[Mapping[str, str]] = None) -> Topology:
     r, n = config.get("NETREDUCE_RANK"), config.get("NETREDUCE_SIZE")
     if r >= 0 and n > 0:
         lr, ln = config.get("NETREDUCE_LOCAL_RANK"), config.get("NETREDUCE_LOCAL_SIZE")
-        found = (r, n, r if lr < 0 else lr, n if ln < 0 else ln, "netreduce-run")
+        found = (r, n, r if lr < 0 else lr, n if ln < 0 else ln, "netreduce-run",
+                 lr >= 0 and ln >= 0)
     found = found or _family(env, "openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
                              "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE")
     found = found or _family(env, "horovod", "HOROVOD_RANK", "HOROVOD_SIZE",
@@ -119,13 +124,15 @@ def discover(env: Optional[Mapping[str, str]] = None) -> Topology:
         if base is not None:
             spec = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE", "")
             local = _slurm_tasks_on_node(spec, _int(env, "SLURM_NODEID") or 0) if spec else None
-            found = base[:3] + (local or 1,) + base[4:]
+            known = local is not None and _int(env, "SLURM_LOCALID") is not None
+            found = base[:3] + (local or 1,) + base[4:5] + (known,)
     if found is None:
-        found = (0, 1, 0, 1, "single")
-    rank, size, local_rank, local_size, launcher = found
+        found = (0, 1, 0, 1, "single", True)
+    rank, size, local_rank, local_size, launcher, local_known = found
     if not (0 <= rank < size):
         raise ValueError(f"{launcher} environment gives rank {rank} outside [0, {size})")
     if not (0 <= local_rank < max(local_size, 1)):
         raise ValueError(f"{launcher} environment gives local rank {local_rank} "
                          f"outside [0, {local_size})")
-    return Topology(rank, size, local_rank, local_size, _job_name(env, launcher), launcher)
+    return Topology(rank, size, local_rank, local_size, _job_name(env, launcher), launcher,
+                    local_known)

@@ -18,10 +18,13 @@ import threading
 import time
 from typing import List, Optional, Sequence, Tuple
 
+import netreduce
+from netreduce import switch_service
 from netreduce.errors import NetReduceError
 from netreduce.process import detach_and_die_with_parent, terminate
 
 READY_PREFIX = "netreduce-switch listening on "
+METRICS_PREFIX = "netreduce-switch metrics on "
 DEFAULT_PORT = 4791
 
 
@@ -60,6 +63,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--multicast-base", default="239.78.0.0",
                    help="job J's results go to group BASE+J, UDP port PORT+THREADS")
     p.add_argument("--log-level", default="WARNING", help="Python logging level (stderr)")
+    p.add_argument("--metrics-port", type=int, default=None,
+                   help="serve Prometheus metrics on http://METRICS_HOST:PORT/metrics "
+                        "(docs/operations.md lists them); 0 picks a free port and prints it; "
+                        "off when not given")
+    p.add_argument("--metrics-host", default=None,
+                   help="address the metrics endpoint listens on (default: --host)")
+    p.add_argument("--stop-timeout", type=float, default=10.0,
+                   help="on SIGTERM, seconds to wait for connected ranks to leave after "
+                        "admission closes and their jobs are told; then exit 0 regardless")
     return p
 
 
@@ -103,23 +115,42 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except ImportError:
         pass
 
-    stop = threading.Event()
+    address = f"{args.host}:{port}"
+    metrics = None
+    if args.metrics_port is not None:
+        from netreduce import switch_metrics  # prometheus_client: only when asked for
+        try:
+            metrics = switch_metrics.MetricsServer(
+                srv, args.metrics_host or args.host, args.metrics_port,
+                info={"version": netreduce.__version__, "address": address,
+                      "fanout": args.fanout, "threads": str(args.threads)})
+        except OSError as exc:
+            print(f"netreduce-switch: cannot serve metrics on {args.metrics_host or args.host}:"
+                  f"{args.metrics_port}: {exc}", file=sys.stderr)
+            srv.server_close()
+            agg.stop()
+            return 2
+        print(f"{METRICS_PREFIX}http://{metrics.host}:{metrics.port}/metrics", flush=True)
 
-    def on_signal(signum, frame):  # SIGTERM / SIGINT: stop cleanly
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    # SIGTERM/SIGINT: graceful stop; SIGHUP: log status (netreduce/switch_service.py).
+    life = switch_service.Lifecycle()
+    signal.signal(signal.SIGTERM, lambda signum, frame: life.on_stop("SIGTERM"))
+    signal.signal(signal.SIGINT, lambda signum, frame: life.on_stop("SIGINT"))
+    signal.signal(signal.SIGHUP, lambda signum, frame: life.on_status())
     thread = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
     thread.start()
     print(f"{READY_PREFIX}{args.host}:{port} (udp {port}..{port + args.threads - 1}, "
           f"{args.slots} slots x {args.payload_bytes} B, max {args.max_jobs} jobs, "
           f"{args.fanout} fan-out)", flush=True)
-    while not stop.wait(0.2):
-        pass
-    srv.shutdown()
-    srv.server_close()
+    while not life.stop.wait(0.2):
+        if life.status_requested.is_set():
+            life.status_requested.clear()
+            switch_service.log_status(srv, address)
+    switch_service.drain(srv, life, address, args.stop_timeout)
+    if metrics is not None:
+        metrics.close()
     agg.stop()
+    switch_service.log_status(srv, address, logging.INFO)  # final counters, for the journal
     return 0
 
 

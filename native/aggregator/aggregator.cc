@@ -94,6 +94,7 @@ void Aggregator::Stop() {
 
 Status Aggregator::AddJob(uint32_t size, uint32_t key, uint32_t* index) {
   if (size == 0 || size >= wire::kMaxRanks) {
+    admission_.Refuse(Refusal::kInvalid);
     return InvalidArgument("world size " + std::to_string(size) + " out of range 1.." +
                            std::to_string(wire::kMaxRanks - 1));
   }
@@ -101,9 +102,16 @@ Status Aggregator::AddJob(uint32_t size, uint32_t key, uint32_t* index) {
   // Resolved before a job slot is taken: a failure here must leave nothing admitted
   // (else each failed attempt would use up one of --max-jobs for good).
   uint32_t group_base = 0;
-  if (cfg_.multicast) NR_RETURN_IF_ERROR(ResolveIpv4(cfg_.group_base, &group_base));
+  if (cfg_.multicast) {
+    Status st = ResolveIpv4(cfg_.group_base, &group_base);
+    if (!st.ok()) {
+      admission_.Refuse(Refusal::kInvalid);
+      return st;
+    }
+  }
   std::lock_guard<std::mutex> lock(mu_);
   if (memory_used_ + need > cfg_.memory_limit) {
+    admission_.Refuse(Refusal::kMemory);
     return Status(Code::kRefused,
                   "aggregator slot memory exhausted: job needs " + std::to_string(need) +
                       " bytes (slots x payload x 2), " +
@@ -118,9 +126,11 @@ Status Aggregator::AddJob(uint32_t size, uint32_t key, uint32_t* index) {
       }
       memory_used_ += need;
       *index = i;
+      admission_.admitted.fetch_add(1, std::memory_order_relaxed);
       return Status::Ok();
     }
   }
+  admission_.Refuse(Refusal::kMaxJobs);
   return Status(Code::kRefused, "aggregator full: --max-jobs " + std::to_string(cfg_.max_jobs) +
                                     " jobs already admitted");
 }
@@ -135,10 +145,26 @@ Status Aggregator::RemoveJob(uint32_t index) {
   return Status::Ok();
 }
 
+std::map<std::string, uint64_t> Aggregator::GlobalCounters() const {
+  std::map<std::string, uint64_t> m = global_.Snapshot();
+  admission_.AddTo(&m);
+  std::lock_guard<std::mutex> lock(mu_);
+  uint64_t active = 0;
+  for (const auto& j : jobs_) active += j ? 1 : 0;
+  m["jobs_active"] = active;
+  m["jobs_max"] = jobs_.size() - 1;
+  m["slot_memory_bytes"] = memory_used_;
+  m["slot_memory_limit_bytes"] = cfg_.memory_limit;
+  return m;
+}
+
 Status Aggregator::JobCounters(uint32_t index, std::map<std::string, uint64_t>* out) const {
   std::shared_ptr<Job> job = Lookup(index);
   if (!job) return InvalidArgument("no job with index " + std::to_string(index));
   *out = job->counters.Snapshot();
+  (*out)["slots"] = job->pool.slots();
+  (*out)["payload_bytes"] = job->pool.payload_bytes();
+  (*out)["slot_memory_bytes"] = job->pool.memory_bytes();
   return Status::Ok();
 }
 
@@ -272,6 +298,8 @@ void Aggregator::Loop(uint32_t thread_index) {
         s.offset = h.offset;
         s.msg_id = h.msg_id;
         job.pool.ResetRound(h.slot, h.shadow);
+        jc.Add(jc.rounds_started);
+        global_.Add(global_.rounds_started);
       } else if (uint32_t(s.psn) != h.psn) {
         drop(Drop::kStale);
         continue;

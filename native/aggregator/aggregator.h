@@ -69,7 +69,9 @@ class Aggregator {
   // The job's multicast group as "a.b.c.d" and its port, or ("", 0) for unicast.
   std::pair<std::string, uint16_t> Group(uint32_t index) const;
 
-  std::map<std::string, uint64_t> GlobalCounters() const { return global_.Snapshot(); }
+  // The packet counters over all jobs, plus admission (jobs_admitted, jobs_refused_*),
+  // jobs_active, jobs_max, slot_memory_bytes and slot_memory_limit_bytes.
+  std::map<std::string, uint64_t> GlobalCounters() const;
   Status JobCounters(uint32_t index, std::map<std::string, uint64_t>* out) const;
 
  private:
@@ -84,6 +86,7 @@ class Aggregator {
   std::vector<std::shared_ptr<Job>> jobs_;  // by index; [0] unused (QP 0/1 are special in IB)
   uint64_t memory_used_ = 0;
   Counters global_;
+  AdmissionCounters admission_;
 };
 
 }  // namespace netreduce

@@ -103,6 +103,8 @@ py::dict HeaderToDict(const wire::Header& h) {
 
 }  // namespace
 
+void BindHierarchical(py::module_& m);  // hierarchical_bindings.cc
+
 PYBIND11_MODULE(_native, m) {
   m.doc() = "netreduce native data plane: RoCEv2 wire format, aggregator, worker engine";
   static py::exception<std::runtime_error> error(m, "EngineError", PyExc_RuntimeError);
@@ -113,6 +115,7 @@ PYBIND11_MODULE(_native, m) {
   g_timeout = timeout.ptr();
   g_aborted = aborted.ptr();
   g_refused = refused.ptr();
+  BindHierarchical(m);  // ShmSegment, Hierarchical: after the exception classes it uses
 
   py::dict dtypes, ops;
   for (int i = 0; i < kNumDTypes; ++i) dtypes[DTypeName(DType(i))] = i;
