@@ -1,0 +1,27 @@
+"""netreduce.mxnet: MXNet (1.9) on netreduce.
+
+Two ways in:
+
+* KVStore users: ``gluon.Trainer(params, "sgd", ..., kvstore="netreduce")`` or
+  ``kvstore=mx.kv.create("netreduce")`` — importing this package registers the store
+  (``mxnet.kvstore.KVStoreBase.register``). Its pushpull sums, as ``dist_sync`` does:
+  pass the global batch to ``trainer.step``.
+* Horovod users: ``import netreduce.mxnet as hvd`` instead of ``import horovod.mxnet
+  as hvd`` — same names, arguments and defaults as horovod.mxnet 0.28;
+  ``DistributedTrainer`` averages.
+
+This package only hands NDArray memory to the core (buffers.py); negotiation, fusion
+and the data plane are ``netreduce`` itself. docs/mxnet.md has the details.
+"""
+from .compression import Compression  # noqa: F401
+from .kvstore import NetReduce, patch_create_kvstore as _patch_create_kvstore
+from .mpi_ops import (  # noqa: F401
+    Adasum, Average, Max, Min, NetReduceError, ProcessSet, Product, ReduceOp, Sum,
+    allgather_object, allreduce, allreduce_, barrier, broadcast, broadcast_,
+    broadcast_object, cross_rank, cross_size, cuda_built, global_process_set, gloo_built,
+    grouped_allreduce, grouped_allreduce_, init, is_initialized, local_rank, local_size,
+    mpi_built, nccl_built, rank, rocm_built, shutdown, size)
+from .trainer import DistributedOptimizer, DistributedTrainer, broadcast_parameters  # noqa: F401
+
+KVStore = NetReduce  # the class behind kvstore="netreduce"
+_patch_create_kvstore()

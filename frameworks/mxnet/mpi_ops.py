@@ -1,0 +1,255 @@
+"""NDArray collectives with horovod.mxnet 0.28's names, arguments and defaults.
+
+Horovod's MXNet operations are pushed to MXNet's engine and return at once; these
+are synchronous: each call waits for the engine to finish writing its inputs, hands
+their memory to the core without a copy (buffers.py), and returns when the result is
+in place. ``grouped_allreduce`` submits all of its tensors before waiting, so the core
+negotiates and fuses them together. ``priority`` is accepted for Horovod's
+signatures; with synchronous calls the order of the calls is the order of execution
+(DistributedTrainer submits its gradients in Horovod's priority order, -index).
+"""
+from __future__ import annotations
+
+import warnings
+from typing import Any, List, Optional, Sequence
+
+import mxnet as mx
+
+import netreduce as _nr
+
+from .buffers import HostBuffer
+
+Average = _nr.Average
+Sum = _nr.Sum
+Min = _nr.Min
+Max = _nr.Max
+# Horovod names them; using them raises the core's NotImplementedError, which says why.
+Adasum = _nr.Adasum
+Product = _nr.Product
+ReduceOp = _nr.ReduceOp
+NetReduceError = _nr.NetReduceError
+
+
+class ProcessSet:
+    """Horovod 0.28 takes ``process_set=``; netreduce has one: the whole job."""
+
+    process_set_id = 0
+
+    def included(self) -> bool:
+        return True
+
+    def size(self) -> int:
+        return _nr.size()
+
+    def rank(self) -> int:
+        return _nr.rank()
+
+    def __repr__(self) -> str:
+        return "global_process_set"
+
+
+global_process_set = ProcessSet()
+
+
+def _check_process_set(process_set: Any) -> None:
+    if process_set is not global_process_set:
+        raise NotImplementedError("netreduce supports only the global process set")
+
+
+# --- lifecycle -----------------------------------------------------------------------
+def init(comm: Any = None, process_sets: Any = None) -> None:
+    """Join the job (rank, size and aggregator come from the launcher)."""
+    if comm is not None:
+        raise ValueError("netreduce.mxnet.init(): comm= (an MPI communicator) is not "
+                         "supported; netreduce always spans the launched job")
+    if process_sets not in (None, [], [global_process_set]):
+        raise NotImplementedError("netreduce.mxnet.init(): process sets other than the "
+                                  "global one are not supported")
+    _nr.init()
+
+
+def shutdown() -> None:
+    _nr.shutdown()
+
+
+def is_initialized() -> bool:
+    return _nr.is_initialized()
+
+
+def rank() -> int:
+    return _nr.rank()
+
+
+def size() -> int:
+    return _nr.size()
+
+
+def local_rank() -> int:
+    return _nr.local_rank()
+
+
+def local_size() -> int:
+    return _nr.local_size()
+
+
+def cross_rank() -> int:
+    return rank() // local_size()
+
+
+def cross_size() -> int:
+    return (size() + local_size() - 1) // local_size()
+
+
+def mpi_built() -> bool:
+    return False
+
+
+def gloo_built() -> bool:
+    return False
+
+
+def nccl_built() -> int:
+    return 0
+
+
+def cuda_built() -> bool:
+    return mx.context.num_gpus() > 0
+
+
+def rocm_built() -> bool:
+    return False
+
+
+def barrier(process_set=global_process_set) -> None:
+    _check_process_set(process_set)
+    _nr.barrier()
+
+
+# --- ops ---------------------------------------------------------------------------------
+def handle_average_backwards_compatibility(op: Any, average: Optional[bool]) -> Any:
+    if op is not None:
+        if average is not None:
+            raise ValueError("The op parameter supersedes average. "
+                             "Please provide only one of them.")
+        return op
+    if average is not None:
+        warnings.warn("Parameter `average` has been replaced with `op` and will be removed "
+                      "in v1.0", DeprecationWarning, stacklevel=3)
+        return Average if average else Sum
+    return Average
+
+
+def reduce_in_place(tensors: Sequence[Any], names: Sequence[Optional[str]], op: Any,
+                    prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                    what: str = "allreduce_") -> None:
+    """All-reduce every NDArray of ``tensors`` in place, submitted together (one
+    negotiation and fusion round), and wait for all of them. The first error is
+    raised after every submitted tensor has finished, so no memory is still being
+    written when the caller sees it."""
+    bufs = [HostBuffer(t, what, n, write=True) for t, n in zip(tensors, names)]
+    handles, error = [], None
+    for buf, name in zip(bufs, names):
+        try:
+            handles.append(_nr.allreduce_async(
+                buf.array, op=op, name=name, prescale_factor=float(prescale_factor),
+                postscale_factor=float(postscale_factor), inplace=True))
+        except Exception as exc:
+            error = exc
+            break
+    for handle in handles:
+        try:
+            handle.wait()
+        except Exception as exc:
+            error = error or exc
+    if error is not None:
+        raise error
+    for buf in bufs:
+        buf.write_back()
+
+
+def allreduce(tensor, average=None, name=None, priority=0, prescale_factor=1.0,
+              postscale_factor=1.0, process_set=global_process_set, op=None):
+    """Average (or ``op``) ``tensor`` over all ranks into a new NDArray; ``tensor``
+    is not modified."""
+    output = tensor.copy()
+    return allreduce_(output, average, name, priority, prescale_factor, postscale_factor,
+                      process_set, op)
+
+
+def allreduce_(tensor, average=None, name=None, priority=0, prescale_factor=1.0,
+               postscale_factor=1.0, process_set=global_process_set, op=None):
+    """All-reduce ``tensor`` in place; returns it."""
+    _check_process_set(process_set)
+    op = handle_average_backwards_compatibility(op, average)
+    reduce_in_place([tensor], [name], op, prescale_factor, postscale_factor)
+    return tensor
+
+
+def grouped_allreduce(tensors, average=None, name=None, priority=0, prescale_factor=1.0,
+                      postscale_factor=1.0, process_set=global_process_set, op=None):
+    """All-reduce a list of NDArrays into new ones, negotiated and fused together."""
+    outputs = [t.copy() for t in tensors]
+    return grouped_allreduce_(outputs, average, name, priority, prescale_factor,
+                              postscale_factor, process_set, op)
+
+
+def grouped_allreduce_(tensors, average=None, name=None, priority=0, prescale_factor=1.0,
+                       postscale_factor=1.0, process_set=global_process_set, op=None):
+    """All-reduce a list of NDArrays in place; returns the list."""
+    _check_process_set(process_set)
+    op = handle_average_backwards_compatibility(op, average)
+    tensors = list(tensors)
+    if not tensors:
+        return tensors
+    names = [f"{name}.{i}" if name is not None else None for i in range(len(tensors))]
+    reduce_in_place(tensors, names, op, prescale_factor, postscale_factor,
+                    what="grouped_allreduce_")
+    return tensors
+
+
+def broadcast_many(tensors: Sequence[Any], names: Sequence[Optional[str]], root_rank: int,
+                   what: str = "broadcast_") -> None:
+    """Overwrite every NDArray of ``tensors`` with root_rank's, in place, submitted
+    together; waits for all of them."""
+    bufs = [HostBuffer(t, what, n, write=True) for t, n in zip(tensors, names)]
+    handles, error = [], None
+    for buf, name in zip(bufs, names):
+        try:
+            handles.append(_nr.broadcast_async(buf.array, root_rank, name, inplace=True))
+        except Exception as exc:
+            error = exc
+            break
+    for handle in handles:
+        try:
+            handle.wait()
+        except Exception as exc:
+            error = error or exc
+    if error is not None:
+        raise error
+    for buf in bufs:
+        buf.write_back()
+
+
+def broadcast(tensor, root_rank, name=None, priority=0, process_set=global_process_set):
+    """root_rank's ``tensor`` as a new NDArray on every rank."""
+    output = tensor.copy()
+    return broadcast_(output, root_rank, name, priority, process_set)
+
+
+def broadcast_(tensor, root_rank, name=None, priority=0, process_set=global_process_set):
+    """Overwrite ``tensor`` with root_rank's, in place; returns it."""
+    _check_process_set(process_set)
+    broadcast_many([tensor], [name], root_rank)
+    return tensor
+
+
+def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None,
+                     process_set=global_process_set) -> Any:
+    _check_process_set(process_set)
+    return _nr.broadcast_object(obj, root_rank, name)
+
+
+def allgather_object(obj: Any, name: Optional[str] = None,
+                     process_set=global_process_set) -> List[Any]:
+    _check_process_set(process_set)
+    return _nr.allgather_object(obj, name)

@@ -1,0 +1,32 @@
+"""netreduce.mxnet under netreduce-run with 2 and 3 ranks, in MXNet's environment.
+
+Each rank runs tests/parallel/mxnet_ranks.py (KVStore pushpull/broadcast across
+dtypes and shapes, gluon.Trainer with kvstore="netreduce" and mx.kv.create, the
+summing semantics, the Horovod API and DistributedTrainer, shape mismatches) with the
+venv's python; the launcher and aggregator are this environment's."""
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from netreduce.environment import discover
+from tests.parallel.mxnet_env import ROOT, mxnet_python, rank_env
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(discover().size > 1, reason="already running under a launcher")]
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_mxnet_suite(ranks):
+    python = mxnet_python()
+    cmd = [sys.executable, "-m", "netreduce.launcher", "-np", str(ranks), "--", python, "-m",
+           "pytest", "-q", "-x", "-p", "no:cacheprovider",
+           os.path.join(ROOT, "tests", "parallel", "mxnet_ranks.py")]
+    proc = subprocess.run(cmd, cwd=ROOT, env=rank_env(), stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-6000:]
+    passed = [int(n) for n in re.findall(r"(\d+) passed", proc.stdout)]
+    assert len(passed) == ranks and min(passed) >= 17, proc.stdout[-3000:]
+    assert "skipped" not in proc.stdout, proc.stdout[-3000:]
