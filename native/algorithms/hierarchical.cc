@@ -1,0 +1,284 @@
+#include "algorithms/hierarchical.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <deque>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+namespace netreduce {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+// Elements reduced per pass: one block of every input plus the accumulator stays in
+// L1/L2 while all L inputs are folded into it.
+constexpr size_t kBlock = 4096;
+// Busy-wait this many times before sleeping: a peer a few microseconds behind is
+// cheaper to spin for than to sleep on, but with more ranks than cores spinning
+// steals the very CPU the peer needs, so the spin is short.
+constexpr int kSpins = 200;
+constexpr int kSleepMs = 20;     // futex sleep slice between checks
+constexpr int64_t kCheckUs = 50000;  // peer liveness every 50 ms of waiting
+
+inline void CpuRelax() {
+#if defined(__x86_64__)
+  _mm_pause();
+#endif
+}
+
+inline int64_t Ns(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(b - a).count();
+}
+
+const char* PhaseName(int p) {
+  static const char* kNames[] = {"input", "reduce-scatter", "shard result", "all-gather"};
+  return kNames[p];
+}
+
+}  // namespace
+
+Hierarchical::Hierarchical(std::unique_ptr<shm::Segment> segment, Engine* engine,
+                           HierarchicalConfig cfg)
+    : seg_(std::move(segment)), hdr_(seg_->header()), engine_(engine), cfg_(std::move(cfg)),
+      me_(seg_->local_rank()), size_(hdr_->local_size), depth_(hdr_->depth) {
+  cfg_.ranks.resize(size_, -1);
+}
+
+Hierarchical::~Hierarchical() = default;
+
+std::string Hierarchical::Who(uint32_t r) const {
+  return "local rank " + std::to_string(r) + " (rank " + std::to_string(cfg_.ranks[r]) +
+         ", pid " + std::to_string(hdr_->pid[r]) + ") on host '" + cfg_.host + "'";
+}
+
+Status Hierarchical::Start(double attach_timeout_s) {
+  NR_RETURN_IF_ERROR(seg_->WaitAttached(attach_timeout_s));
+  std::vector<int> pids(size_);
+  for (uint32_t r = 0; r < size_; ++r) pids[r] = hdr_->pid[r];
+  peers_.Open(pids, me_);
+  return Status::Ok();
+}
+
+void Hierarchical::Abort(const std::string& reason) {
+  {
+    std::lock_guard<std::mutex> lock(abort_mu_);
+    if (!aborted_) abort_reason_ = reason;
+    aborted_ = true;
+  }
+  if (engine_ != nullptr) engine_->Abort(reason);
+  // Wake this process's waits (and, harmlessly, the peers': they re-check and sleep).
+  for (int p = kPosted; p <= kGathered; ++p) {
+    for (uint32_t r = 0; r < size_; ++r) shm::FutexWakeAll(&Counters(Phase(p))[r].v);
+  }
+}
+
+shm::Counter* Hierarchical::Counters(Phase phase) const {
+  switch (phase) {
+    case kPosted: return hdr_->posted;
+    case kReduced: return hdr_->reduced;
+    case kDone: return hdr_->done;
+    default: return hdr_->gathered;
+  }
+}
+
+void Hierarchical::Publish(Phase phase, uint32_t serial) {
+  std::atomic<uint32_t>* w = &Counters(phase)[me_].v;
+  w->store(serial, std::memory_order_release);
+  shm::FutexWakeAll(w);
+}
+
+void Hierarchical::Poison(const Status& st) {
+  uint32_t expected = 0;
+  // Only the first failure writes the reason; readers see it after the acquire of
+  // a non-zero word, so it is written before the word is published.
+  if (hdr_->abort_word.load(std::memory_order_acquire) == 0) {
+    std::string text = Who(me_) + ": " + st.message();
+    char buf[sizeof(hdr_->abort_reason)];
+    std::snprintf(buf, sizeof(buf), "%s", text.c_str());
+    // Two ranks failing at once may both write; the text stays a NUL-terminated
+    // message of one of them, which is all a reader needs.
+    std::memcpy(hdr_->abort_reason, buf, sizeof(buf));
+    hdr_->abort_word.compare_exchange_strong(expected, me_ + 1, std::memory_order_acq_rel);
+  }
+  for (int p = kPosted; p <= kGathered; ++p) {
+    for (uint32_t r = 0; r < size_; ++r) shm::FutexWakeAll(&Counters(Phase(p))[r].v);
+  }
+}
+
+Status Hierarchical::Check() {
+  if (aborted_) {
+    std::lock_guard<std::mutex> lock(abort_mu_);
+    return Aborted(abort_reason_);
+  }
+  const uint32_t w = hdr_->abort_word.load(std::memory_order_acquire);
+  if (w != 0) {
+    return Aborted(std::string("the shared-memory all-reduce failed on ") + hdr_->abort_reason);
+  }
+  const int dead = peers_.FirstDead();
+  if (dead >= 0) {
+    failed_rank_ = cfg_.ranks[dead];
+    return Aborted(Who(uint32_t(dead)) + " exited during a shared-memory all-reduce");
+  }
+  return Status::Ok();
+}
+
+Status Hierarchical::WaitAll(Phase phase, uint32_t target, double timeout_s) {
+  shm::Counter* c = Counters(phase);
+  const auto t0 = Clock::now();
+  auto last_check = t0;
+  for (uint32_t r = 0; r < size_; ++r) {
+    if (r == me_) continue;
+    std::atomic<uint32_t>* w = &c[r].v;
+    int spins = 0;
+    for (;;) {
+      const uint32_t v = w->load(std::memory_order_acquire);
+      if (shm::Reached(v, target)) break;
+      if (aborted_ || hdr_->abort_word.load(std::memory_order_relaxed) != 0) {
+        NR_RETURN_IF_ERROR(Check());
+      }
+      if (spins < kSpins) {
+        ++spins;
+        CpuRelax();
+        continue;
+      }
+      shm::FutexWait(w, v, kSleepMs);
+      const auto now = Clock::now();
+      if (Ns(last_check, now) >= kCheckUs * 1000) {
+        last_check = now;
+        NR_RETURN_IF_ERROR(Check());
+        if (Ns(t0, now) >= int64_t(timeout_s * 1e9)) {
+          return Timeout("waited " + std::to_string(int(timeout_s)) + " s for " + Who(r) +
+                         " to finish its " + PhaseName(phase) + " step of chunk " +
+                         std::to_string(target) + " (it is at " + std::to_string(v) + ")");
+        }
+      }
+    }
+  }
+  wait_ns_ += uint64_t(Ns(t0, Clock::now()));
+  return Status::Ok();
+}
+
+void Hierarchical::ShardOf(size_t n, uint32_t rank, size_t* lo, size_t* len) const {
+  const size_t base = n / size_, rem = n % size_;
+  *lo = rank * base + std::min<size_t>(rank, rem);
+  *len = base + (rank < rem ? 1 : 0);
+}
+
+Status Hierarchical::StageA(Chunk& c, const uint8_t* src, DType dt, Op op) {
+  const size_t es = ElementSize(dt);
+  const uint32_t s = c.serial, slot = s % depth_;
+  const uint8_t* mine = src + c.offset * es;
+  size_t lo = 0, len = 0;
+  ShardOf(c.count, me_, &lo, &len);
+  if (s > depth_) NR_RETURN_IF_ERROR(WaitAll(kReduced, s - depth_, cfg_.timeout_s));
+  auto t0 = Clock::now();
+  uint8_t* in = seg_->input(me_, slot);
+  std::memcpy(in, mine, lo * es);  // everything but this rank's own shard
+  std::memcpy(in + (lo + len) * es, mine + (lo + len) * es, (c.count - lo - len) * es);
+  shm_ns_ += uint64_t(Ns(t0, Clock::now()));
+  Publish(kPosted, s);
+  NR_RETURN_IF_ERROR(WaitAll(kPosted, s, cfg_.timeout_s));
+  if (s > depth_) NR_RETURN_IF_ERROR(WaitAll(kGathered, s - depth_, cfg_.timeout_s));
+  t0 = Clock::now();
+  uint8_t* out = seg_->result(slot) + lo * es;
+  const bool wide = dt == DType::kF16 || dt == DType::kBF16;
+  for (size_t b = 0; b < len; b += kBlock) {
+    const size_t m = std::min(kBlock, len - b);
+    void* acc = wide ? static_cast<void*>(acc_.data()) : static_cast<void*>(out + b * es);
+    for (uint32_t r = 0; r < size_; ++r) {
+      const uint8_t* part = (r == me_ ? mine : seg_->input(r, slot)) + (lo + b) * es;
+      Accumulate(dt, op, acc, part, m, r == 0);
+    }
+    if (wide) {
+      Finish(dt, acc, m);  // float32 -> 16 bits, into the block's first half
+      std::memcpy(out + b * es, acc, m * es);
+    }
+  }
+  shm_ns_ += uint64_t(Ns(t0, Clock::now()));
+  Publish(kReduced, s);
+  if (engine_ != nullptr && len > 0) c.request = engine_->Submit(out, out, len, dt, op);
+  return Status::Ok();
+}
+
+Status Hierarchical::StageB(Chunk& c, uint8_t* dst, DType dt) {
+  const size_t es = ElementSize(dt);
+  const uint32_t s = c.serial, slot = s % depth_;
+  if (c.request) {
+    const auto t0 = Clock::now();
+    Status st = Engine::Wait(*c.request);
+    c.request.reset();
+    net_wait_ns_ += uint64_t(Ns(t0, Clock::now()));
+    NR_RETURN_IF_ERROR(st);
+  }
+  Publish(kDone, s);
+  // The peers' shards wait on their network streams too: allow that time on top.
+  NR_RETURN_IF_ERROR(WaitAll(kDone, s, engine_ != nullptr ? 2 * cfg_.timeout_s : cfg_.timeout_s));
+  const auto t0 = Clock::now();
+  std::memcpy(dst + c.offset * es, seg_->result(slot), c.count * es);
+  shm_ns_ += uint64_t(Ns(t0, Clock::now()));
+  Publish(kGathered, s);
+  return Status::Ok();
+}
+
+Status Hierarchical::AllReduce(const void* src_v, void* dst_v, size_t count, DType dt, Op op) {
+  if (!ValidDType(uint8_t(dt)) || !ValidOp(uint8_t(op))) {
+    return InvalidArgument("unknown dtype or op code");
+  }
+  if (!poisoned_.ok()) {
+    return Status(poisoned_.code(), "shared-memory all-reduce unusable after an earlier failure: " +
+                                        poisoned_.message());
+  }
+  NR_RETURN_IF_ERROR(Check());
+  if (count == 0) return Status::Ok();
+  const size_t es = ElementSize(dt);
+  const size_t per_chunk = hdr_->chunk_bytes / es;
+  const auto* src = static_cast<const uint8_t*>(src_v);
+  auto* dst = static_cast<uint8_t*>(dst_v);
+  if (acc_.size() < kBlock) acc_.resize(kBlock);
+  calls_++;
+  bytes_ += count * es;
+
+  std::deque<Chunk> pending;  // chunks past stage A, waiting for stage B
+  Status st;
+  for (size_t off = 0; off < count && st.ok(); off += per_chunk) {
+    Chunk c;
+    c.serial = ++serial_;
+    c.offset = off;
+    c.count = std::min(per_chunk, count - off);
+    chunks_++;
+    st = StageA(c, src, dt, op);
+    pending.push_back(std::move(c));
+    // Keep at most depth - 1 chunks past stage A: slot (s % depth) is reused by
+    // chunk s + depth only once every rank has gathered chunk s.
+    while (st.ok() && pending.size() > depth_ - 1) {
+      st = StageB(pending.front(), dst, dt);
+      pending.pop_front();
+    }
+  }
+  while (st.ok() && !pending.empty()) {
+    st = StageB(pending.front(), dst, dt);
+    pending.pop_front();
+  }
+  if (!st.ok()) {
+    poisoned_ = st;
+    Poison(st);
+    // No engine request may outlive this call: it writes into the segment and reads
+    // buffers the caller is about to reuse.
+    if (engine_ != nullptr) engine_->Abort(st.message());
+    for (Chunk& c : pending) {
+      if (c.request) Engine::Wait(*c.request);
+    }
+  }
+  return st;
+}
+
+std::map<std::string, uint64_t> Hierarchical::Stats() const {
+  return {{"calls", calls_.load()},     {"chunks", chunks_.load()},
+          {"bytes", bytes_.load()},     {"busy_ns", shm_ns_.load()},
+          {"wait_ns", wait_ns_.load()}, {"net_wait_ns", net_wait_ns_.load()}};
+}
+
+}  // namespace netreduce

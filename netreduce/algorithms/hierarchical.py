@@ -1,0 +1,146 @@
+"""The hierarchical ("parallel") all-reduce: shared memory inside a host, one shard
+per local rank through the aggregator, shared memory again (docs/hierarchical.md).
+
+Host h runs local ranks 0..L-1. Local rank l of every host is rank h of the
+aggregator sub-job ``<job>/shard-<l>`` (world size H = number of hosts), so a host
+streams L shards of S/L bytes each, in parallel, through L engine connections, and
+its link carries S each way instead of L·S. The whole per-chunk pipeline runs in
+native code (native/algorithms/hierarchical.cc) with the GIL released; this class
+only checks arguments, owns the connections and turns native errors into
+NetReduceErrors. With one host there is no sub-job and no network stage at all.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable, Dict, List, Optional
+
+import numpy as np
+
+from netreduce import _native
+from netreduce.dataplane import OPS, _check_array, dtype_name
+from netreduce.errors import DataPlaneError, RankFailedError
+from netreduce.topology import Layout
+
+log = logging.getLogger("netreduce")
+DEPTH = 2  # ring slots: the shared-memory stage of chunk k+1 overlaps the network of chunk k
+
+
+def shard_job(job: str, local_rank: int) -> str:
+    return f"{job}/shard-{local_rank}"
+
+
+class Hierarchical:
+    name = "hierarchical"
+
+    def __init__(self, flat: Any, layout: Layout, native: Any, shard: Optional[Any]) -> None:
+        self.flat = flat          # the flat connection: topology exchange, kept for the job's place
+        self.layout = layout
+        self._native = native
+        self.shard = shard        # this local rank's sub-job connection (None on one host)
+        self._where = (f"rank {layout.rank} (local rank {layout.local_rank} of "
+                       f"{layout.local_size} on host '{layout.labels[layout.host_index]}')")
+
+    # -- construction: every rank of the job calls this at once ------------------
+    @classmethod
+    def build(cls, flat: Any, layout: Layout, *, job: str, address: Any, timeout: float,
+              start_timeout: float, shard_chunk: int, connect: Callable[..., Any],
+              connect_kw: Dict[str, Any]) -> "Hierarchical":
+        L, H = layout.local_size, layout.num_hosts
+        if not shard_chunk:
+            shard_chunk = (1 << 20) if H > 1 else (256 << 10)
+        shard_chunk = max(64, shard_chunk // 64 * 64)
+        # Local rank 0 creates the segment; the others learn (pid, fd, nonce) through
+        # a second exchange over the flat data plane and open it.
+        seg = _native.ShmSegment.create(L, L * shard_chunk, DEPTH) if layout.local_rank == 0 else None
+        rows = np.zeros((layout_size(layout), 3), dtype=np.int64)
+        if seg is not None:
+            rows[layout.rank] = (layout.pids[layout.rank], seg.fd, seg.nonce)
+        flat.allreduce(rows)
+        if seg is None:
+            leader = layout.local_ranks[0]
+            pid, fd, nonce = (int(x) for x in rows[leader])
+            try:
+                seg = _native.ShmSegment.attach(pid, fd, nonce, layout.local_rank)
+            except (ValueError, _native.EngineError) as exc:
+                raise DataPlaneError(f"rank {layout.rank}: cannot attach to the shared-memory "
+                                     f"segment of rank {leader} (local rank 0): {exc}") from None
+        shard = None
+        try:
+            engine = None
+            if H > 1:
+                kw = dict(connect_kw)
+                if not kw.get("window"):
+                    # One host's L streams share the slot budget a flat rank had.
+                    kw["window"] = max(1, int(getattr(flat, "slots", 32)) // L)
+                shard = connect(address, job=shard_job(job, layout.local_rank),
+                                rank=layout.host_index, size=H, timeout=timeout, **kw)
+                engine = shard._live()  # the native engine (waits for the sub-job's ranks)
+            native = _native.Hierarchical(seg, engine, layout.local_ranks,
+                                          layout.labels[layout.host_index], timeout)
+            try:
+                native.start(start_timeout)
+            except _native.EngineError as exc:
+                raise DataPlaneError(f"rank {layout.rank}: {exc}") from None
+        except BaseException:
+            if shard is not None:
+                shard.close()
+            raise
+        return cls(flat, layout, native, shard)
+
+    # -- the Algorithm interface ---------------------------------------------------
+    def allreduce(self, src: np.ndarray, dst: Optional[np.ndarray] = None, op: str = "sum",
+                  dtype: Optional[str] = None) -> np.ndarray:
+        src = _check_array(src, "source array")
+        name = dtype_name(src, dtype)
+        if dst is None:
+            dst = src
+        else:
+            dst = _check_array(dst, "destination array")
+            if dst.dtype != src.dtype or dst.nbytes != src.nbytes:
+                raise ValueError(f"destination ({dst.dtype}, {dst.nbytes} B) does not match "
+                                 f"source ({src.dtype}, {src.nbytes} B)")
+        if op not in OPS:
+            raise ValueError(f"unsupported op {op!r}; netreduce does {', '.join(OPS)}")
+        if not dst.flags.writeable:
+            raise ValueError("destination array is read-only")
+        native = self._live()
+        try:
+            native.allreduce(src, dst, _native.DTYPES[name], _native.OPS[op])
+        except _native.EngineError as exc:
+            failed = native.failed_rank
+            if failed >= 0:
+                raise RankFailedError(f"{self._where}: {exc}", failed) from None
+            raise DataPlaneError(f"{self._where}: {exc}") from None
+        return dst
+
+    def _live(self) -> Any:
+        if self._native is None:
+            raise DataPlaneError(f"{self._where}: this connection was closed")
+        return self._native
+
+    def abort(self, reason: str) -> None:
+        self._live().abort(reason)
+
+    def stats(self) -> Dict[str, Any]:
+        out: Dict[str, Any] = {f"shm_{k}": v for k, v in self._live().stats().items()}
+        if self.shard is not None:
+            out.update(self.shard.stats())
+        out["algorithm"] = self.name
+        return out
+
+    def counters(self) -> Dict[str, Any]:
+        return self.flat.counters()
+
+    def close(self) -> None:
+        native, self._native = self._native, None
+        del native  # unmaps the segment; the engine it used goes with the shard below
+        if self.shard is not None:
+            self.shard.close()
+        self.flat.close()
+
+
+def layout_size(layout: Layout) -> int:
+    return sum(len(h) for h in layout.hosts)
+
+
+__all__: List[str] = ["Hierarchical", "shard_job"]
