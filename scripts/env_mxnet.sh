@@ -31,8 +31,9 @@ say() { echo "env_mxnet: $*"; }
 # libmxnet.so links the system's OpenMP and quadmath runtimes (the wheel brings its
 # own openblas and libgfortran.so.3); the rest is glibc and libstdc++.
 missing=()
+known=$(ldconfig -p)
 for lib in libgomp.so.1:libgomp1 libquadmath.so.0:libquadmath0 libstdc++.so.6:libstdc++6; do
-    ldconfig -p | grep -q "${lib%%:*}" || missing+=("${lib##*:}")
+    grep -qF "${lib%%:*}" <<<"$known" || missing+=("${lib##*:}")
 done
 if [ ${#missing[@]} -gt 0 ]; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then

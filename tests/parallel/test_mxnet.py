@@ -30,3 +30,25 @@ def test_mxnet_suite(ranks):
     passed = [int(n) for n in re.findall(r"(\d+) passed", proc.stdout)]
     assert len(passed) == ranks and min(passed) >= 17, proc.stdout[-3000:]
     assert "skipped" not in proc.stdout, proc.stdout[-3000:]
+
+
+SUMMARY = re.compile(r"loss (\d+\.\d+) -> (\d+\.\d+) \((fell|DID NOT FALL)\).*weights "
+                     r"identical on all (\d+) ranks: (True|False)")
+
+
+@pytest.mark.parametrize("trainer", ["kvstore", "horovod"])
+def test_example_gluon_trains(trainer):
+    """examples/mxnet_gluon.py as its docstring runs it (2 ranks, fewer samples): the
+    loss falls and every rank ends with the same weights."""
+    python = mxnet_python()
+    cmd = [sys.executable, "-m", "netreduce.launcher", "-np", "2", "--", python,
+           os.path.join(ROOT, "examples", "mxnet_gluon.py"), "--trainer", trainer,
+           "--epochs", "2", "--samples", "1024"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=rank_env(), stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    summaries = SUMMARY.findall(proc.stdout)
+    assert len(summaries) == 1, proc.stdout[-4000:]
+    first, last, verdict, ranks, identical = summaries[0]
+    assert float(last) < float(first) and verdict == "fell", summaries[0]
+    assert ranks == "2" and identical == "True", summaries[0]
