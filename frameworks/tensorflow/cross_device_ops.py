@@ -50,13 +50,14 @@ class CrossDeviceOps(tf.distribute.CrossDeviceOps):
         super().__init__()
         _nr.init()
         self._nr_name = name
+        self._nr_owner = None  # the netreduce Strategy using these ops, if any
 
     @property
     def _num_between_graph_workers(self) -> int:
         return size()
 
     def _replicas_counted(self, local: int) -> int:
-        strategy = tf.distribute.get_strategy()
+        strategy = self._nr_owner or tf.distribute.get_strategy()
         return int(getattr(strategy, "num_replicas_in_sync", local) or local)
 
     def reduce_implementation(self, reduce_op, per_replica_value, destinations, options):

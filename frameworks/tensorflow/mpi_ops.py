@@ -150,12 +150,14 @@ def handle_average_backwards_compatibility(op: Any, average: Optional[bool]) -> 
 # --- numpy arrays <-> the core -----------------------------------------------------------
 def _to_core(a: np.ndarray):
     """(array the core reads, core kwargs, function turning a core result back)."""
+    shape = np.shape(a)  # np.ascontiguousarray makes 0-d arrays 1-d
     a = np.ascontiguousarray(a)
     if a.dtype.name == "bfloat16":  # ml_dtypes' bfloat16: the core takes its bit pattern
-        return a.view(np.uint16), {"dtype": "bfloat16"}, lambda r: r.view(a.dtype)
+        return a.view(np.uint16), {"dtype": "bfloat16"}, \
+            lambda r: r.view(a.dtype).reshape(shape)
     if a.dtype == np.bool_:  # only moved (broadcast/allgather), never reduced
-        return a.astype(np.int32), {}, lambda r: r.astype(np.bool_)
-    return a, {}, lambda r: r
+        return a.astype(np.int32), {}, lambda r: r.astype(np.bool_).reshape(shape)
+    return a, {}, lambda r: r.reshape(shape)
 
 
 def _check_reducible(arrays: Sequence[np.ndarray], names: Sequence[str]) -> None:
@@ -202,8 +204,8 @@ def allgather_array(a: np.ndarray, name: Optional[str]) -> np.ndarray:
     """Concatenate every rank's ``a`` along axis 0 (first dims may differ). Each rank
     writes its rows into its own stretch of a zero buffer and the buffers are summed
     through the aggregator, which moves every value exactly (-0.0 arrives as +0.0)."""
+    rows = a.shape[0] if np.ndim(a) else 1
     a = np.ascontiguousarray(a)
-    rows = a.shape[0] if a.ndim else 1
     a = a.reshape((rows,) + a.shape[1:])
     meta = _nr.allgather_object((rows, a.shape[1:], a.dtype.name),
                                 name=None if name is None else f"{name}.meta")

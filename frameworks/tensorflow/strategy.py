@@ -110,6 +110,7 @@ class Strategy(tf.distribute.MirroredStrategy):
     def __init__(self, devices: Optional[Sequence[str]] = None,
                  cross_device_ops: Optional[CrossDeviceOps] = None) -> None:
         _nr.init()
-        extended = _Extended(self, devices=list(devices or _own_devices()),
-                             cross_device_ops=cross_device_ops or CrossDeviceOps())
+        ops = cross_device_ops or CrossDeviceOps()
+        extended = _Extended(self, devices=list(devices or _own_devices()), cross_device_ops=ops)
         tf.distribute.Strategy.__init__(self, extended)
+        ops._nr_owner = self  # SUM is the global sum: see cross_device_ops.py

@@ -45,6 +45,13 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
             self.broadcast_done = True
 
 
+def _is_number(value) -> bool:
+    if isinstance(value, numbers.Number):
+        return not isinstance(value, bool)
+    array = np.asarray(value)  # numpy scalars, 0-d tensors
+    return array.ndim == 0 and array.dtype.kind in "iuf"
+
+
 class MetricAverageCallback(keras.callbacks.Callback):
     """Average the epoch's metrics (``logs``) over ranks at the end of every epoch, in
     one grouped all-reduce, so that every rank's callbacks after this one (checkpoint,
@@ -57,8 +64,7 @@ class MetricAverageCallback(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         if not logs:
             return
-        keys = sorted(k for k, v in logs.items()
-                      if isinstance(v, numbers.Number) or np.ndim(v) == 0)
+        keys = sorted(k for k, v in logs.items() if _is_number(v))
         if not keys:
             return
         values = [np.asarray(float(logs[k]), dtype=np.float64) for k in keys]

@@ -1,0 +1,179 @@
+"""Keras 3 on netreduce: DistributedOptimizer + callbacks under compile/fit, and the
+tf.distribute path (CrossDeviceOps in a plain MirroredStrategy, and Strategy()).
+
+Each distributed fit is compared with the same model trained in this very process on
+the whole data set without any distribution: the ranks must end with the same weights
+as that single-process run (so the loss is not scaled N times), identical on every rank.
+Started on every rank by tests/parallel/test_tensorflow_launch.py.
+"""
+import numpy as np
+import pytest
+
+tf = pytest.importorskip("tensorflow")
+keras = pytest.importorskip("keras")
+
+from tests.parallel.launched import LAUNCHED, only_when_launched  # noqa: E402
+
+pytestmark = only_when_launched
+
+if LAUNCHED:
+    import netreduce.tensorflow as nrtf
+    import netreduce.tensorflow.keras as hvd
+
+FEATURES, PER_RANK_BATCH = 6, 4
+
+
+@pytest.fixture(scope="module", autouse=True)
+def initialized():
+    hvd.init()
+    yield
+    nrtf.barrier()
+
+
+def _data(rows_per_rank=24):
+    rng = np.random.default_rng(7)
+    n = hvd.size() * rows_per_rank
+    x = rng.normal(size=(n, FEATURES)).astype("float32")
+    y = (x @ rng.normal(size=(FEATURES, 1)) + 0.3).astype("float32")
+    return x, y
+
+
+def _model():
+    return keras.Sequential([keras.Input((FEATURES,)), keras.layers.Dense(8, activation="tanh"),
+                             keras.layers.Dense(1)])
+
+
+def _weights(model):
+    return [w.numpy().copy() for w in model.weights]
+
+
+def _initial_weights():
+    """Rank 0's random initial weights, on every rank."""
+    keras.utils.set_random_seed(1000 + hvd.rank())  # every rank draws differently
+    return hvd.broadcast_object(_weights(_model()), root_rank=0)
+
+
+def _reference(init, x, y, batch, epochs):
+    """The single-process run: the whole data set, the global batch."""
+    model = _model()
+    model.set_weights(init)
+    model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+    history = model.fit(x, y, batch_size=batch, epochs=epochs, shuffle=False, verbose=0)
+    return _weights(model), history.history["loss"]
+
+
+def _assert_same_everywhere(weights):
+    flat = np.concatenate([w.ravel() for w in weights])
+    gathered = hvd.allgather_object(flat)
+    for r, other in enumerate(gathered):
+        assert np.array_equal(other, flat), f"rank {r} ended with other weights"
+
+
+def test_distributed_optimizer_fit_matches_single_process():
+    rank, size = hvd.rank(), hvd.size()
+    x, y = _data()
+    init = _initial_weights()
+    keras.utils.set_random_seed(rank)
+    model = _model()  # this rank's own random init: the callback must replace it
+    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.05))
+    assert isinstance(opt, keras.optimizers.SGD)
+    model.compile(optimizer=opt, loss="mse")
+    if rank == 0:
+        model.set_weights(init)
+    # rank r's k-th batch is rows r, r+N, ...: together the ranks' k-th batches are
+    # exactly the single-process run's k-th global batch
+    history = model.fit(x[rank::size], y[rank::size], batch_size=PER_RANK_BATCH, epochs=3,
+                        shuffle=False, verbose=0,
+                        callbacks=[hvd.BroadcastGlobalVariablesCallback(0),
+                                   hvd.MetricAverageCallback()])
+    ref_weights, ref_loss = _reference(init, x, y, PER_RANK_BATCH * size, 3)
+    for got, want in zip(_weights(model), ref_weights):
+        np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-5)
+    _assert_same_everywhere(_weights(model))
+    losses = history.history["loss"]
+    assert losses[-1] < losses[0]
+    # MetricAverageCallback: every rank reports the same (averaged) epoch loss
+    assert len({tuple(h) for h in hvd.allgather_object(losses)}) == 1
+    np.testing.assert_allclose(losses, ref_loss, rtol=0.05)
+
+
+def test_metric_average_callback_averages_logs():
+    logs = {"loss": float(hvd.rank()), "acc": 1.0 + hvd.rank(), "note": "text"}
+    cb = hvd.MetricAverageCallback()
+    cb.on_epoch_end(0, logs)
+    mean = (hvd.size() - 1) / 2
+    assert logs == {"loss": pytest.approx(mean), "acc": pytest.approx(1 + mean), "note": "text"}
+
+
+def test_mirrored_strategy_with_cross_device_ops():
+    """A plain MirroredStrategy counts local replicas only, so Keras divides the loss by
+    1: the cross-process SUM of gradients must average over processes (else the update
+    is N times too large), and replica all_reduce sees through the one-worker shortcut."""
+    rank, size = hvd.rank(), hvd.size()
+    strategy = tf.distribute.MirroredStrategy(cross_device_ops=nrtf.CrossDeviceOps())
+    assert strategy.num_replicas_in_sync == 1
+
+    @tf.function
+    def replica_sums():
+        ctx = tf.distribute.get_replica_context()
+        value = tf.constant([float(rank + 1)] * 3)
+        return ctx.all_reduce("SUM", value), ctx.all_reduce("MEAN", value)
+    summed, mean = strategy.run(replica_sums)
+    expected = sum(r + 1 for r in range(size)) / size
+    assert np.allclose(summed.numpy(), expected) and np.allclose(mean.numpy(), expected)
+
+    x, y = _data()
+    init = _initial_weights()
+    with strategy.scope():
+        model = _model()
+        model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+    model.set_weights(init)
+    model.fit(x[rank::size], y[rank::size], batch_size=PER_RANK_BATCH, epochs=2,
+              shuffle=False, verbose=0)
+    ref_weights, _ = _reference(init, x, y, PER_RANK_BATCH * size, 2)
+    for got, want in zip(_weights(model), ref_weights):
+        np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-5)
+    _assert_same_everywhere(_weights(model))
+
+
+def test_strategy_reductions_span_every_process():
+    rank, size = hvd.rank(), hvd.size()
+    strategy = nrtf.Strategy()
+    assert strategy.num_replicas_in_sync == size
+    total = sum(r + 1 for r in range(size))
+
+    @tf.function
+    def replica_sums():
+        ctx = tf.distribute.get_replica_context()
+        f = tf.constant(float(rank + 1))
+        i = tf.constant(rank + 1)  # int32: TF would reduce it inside the process only
+        return ctx.all_reduce("SUM", f), ctx.all_reduce("SUM", i), ctx.all_reduce("MEAN", f), \
+            ctx.replica_id_in_sync_group
+    s, i, m, rid = strategy.run(replica_sums)
+    assert s.numpy() == total and i.numpy() == total and i.dtype == tf.int32
+    assert np.isclose(m.numpy(), total / size) and int(rid) == rank
+    per_replica = strategy.run(lambda: tf.constant(float(rank + 1)))
+    assert strategy.reduce("SUM", per_replica, axis=None).numpy() == total
+    assert np.isclose(strategy.reduce("MEAN", per_replica, axis=None).numpy(), total / size)
+
+
+def test_strategy_fit_matches_single_process():
+    """Keras fit inside Strategy().scope(): the global batch is split between the
+    processes, the loss divided by the global replica count, gradients summed over all
+    of them — the single-process run on the same data with the same batch."""
+    size = hvd.size()
+    x, y = _data()
+    init = _initial_weights()
+    strategy = nrtf.Strategy()
+    with strategy.scope():
+        model = _model()
+        model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+    model.set_weights(init)
+    batch = PER_RANK_BATCH * size
+    history = model.fit(x, y, batch_size=batch, epochs=3, shuffle=False, verbose=0)
+    ref_weights, ref_loss = _reference(init, x, y, batch, 3)
+    for got, want in zip(_weights(model), ref_weights):
+        np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-5)
+    _assert_same_everywhere(_weights(model))
+    # the loss metric is aggregated over the processes too: the global epoch loss
+    np.testing.assert_allclose(history.history["loss"], ref_loss, rtol=0.05)
