@@ -1,0 +1,161 @@
+"""The hierarchical all-reduce on one host (H = 1: shared memory only, no network
+stage), N = 2, 3, 4 rank processes through the public API over a real
+netreduce-switch (the topology exchange at init runs over its flat data plane).
+The testbed (several hosts) is in tests/root/test_hierarchical_testbed.py."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from typing import Dict, List, Optional
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+WORKER = os.path.join(HERE, "hierarchical_worker.py")
+
+
+def launch(switch, n: int, mode: str, arg: str = "", timeout: float = 120,
+           extra: Optional[Dict[str, str]] = None,
+           local: Optional[List[tuple]] = None) -> List[dict]:
+    """n ranks of one job; ``local[r]`` = (local rank, local size) as the launcher
+    would say (default: all on this host). Returns each rank's JSON (None if none)."""
+    job = "hier-" + uuid.uuid4().hex[:8]
+    host, port = switch.address
+    procs = []
+    for r in range(n):
+        lr, ln = local[r] if local else (r, n)
+        env = dict(os.environ, NETREDUCE_SWITCH=f"{host}:{port}", NETREDUCE_JOB=job,
+                   NETREDUCE_RANK=str(r), NETREDUCE_SIZE=str(n), NETREDUCE_LOCAL_RANK=str(lr),
+                   NETREDUCE_LOCAL_SIZE=str(ln), NETREDUCE_TIMEOUT="20",
+                   PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]),
+                   **(extra or {}))
+        procs.append(subprocess.Popen([sys.executable, WORKER, mode, arg], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    results = []
+    try:
+        for p in procs:
+            out, err = p.communicate(timeout=timeout)
+            lines = [ln for ln in out.strip().splitlines() if ln.startswith("{")]
+            results.append(dict(json.loads(lines[-1]), returncode=p.returncode, stderr=err[-3000:])
+                           if lines else {"returncode": p.returncode, "stderr": err[-3000:]})
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return results
+
+
+def assert_all_ok(results: List[dict], checked: int) -> None:
+    for r in results:
+        assert r.get("returncode") == 0, r
+        assert "failure" not in r, r
+        assert r["algorithm"] == "hierarchical", r
+        assert r["checked"] == checked, r
+        assert r["segment_mapped"] is False, r  # gone with shutdown()
+    assert len({r["digest"] for r in results}) == 1, "ranks ended with different bytes"
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_rank_sum_every_size(switch, n):
+    # A 4 KiB shard per pipeline step: the larger sizes cross many chunks and reuse
+    # both ring slots many times over.
+    results = launch(switch, n, "pattern", extra={"NETREDUCE_SHM_CHUNK": "4096"})
+    assert_all_ok(results, 2 * 11)
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_random_data_every_dtype_and_op_bitwise(switch, n):
+    # Genuinely random floats: on one host the order (local rank 0..L-1, 16-bit
+    # floats in float32) is fixed, so the reference is bit-exact for every dtype.
+    results = launch(switch, n, "random", extra={"NETREDUCE_SHM_CHUNK": "16K"})
+    assert_all_ok(results, 6 * 3)
+
+
+@pytest.mark.slow
+def test_64_mib_four_ranks(switch):
+    assert_all_ok(launch(switch, 4, "big", timeout=240), 1)
+
+
+def test_sigkilled_local_rank_fails_every_other_rank_naming_it(switch):
+    results = launch(switch, 4, "kill", "2", timeout=90)
+    assert results[2]["returncode"] == -9, results[2]
+    for r in (0, 1, 3):
+        res = results[r]
+        assert res.get("returncode") == 0, res
+        assert res["error"] is not None, res
+        assert "rank 2" in res["error"], res
+        # Found by the peer watch or the coordinator, both long before the timeout.
+        assert res["seconds"] < 20, res
+        assert res["segment_mapped"] is False, res
+
+
+def test_launcher_layout_contradicting_the_host_is_refused(switch):
+    # Both processes run here, but the launcher says each is alone on its host.
+    results = launch(switch, 2, "pattern", local=[(0, 1), (0, 1)], timeout=60)
+    for r in results:
+        assert r["returncode"] != 0
+        assert "TopologyError" in r["stderr"] and "inconsistent host layout" in r["stderr"]
+        assert "ranks [0, 1]" in r["stderr"], r["stderr"]
+
+
+def test_flat_knob_keeps_the_flat_path(switch):
+    results = launch(switch, 2, "pattern", extra={"NETREDUCE_ALGORITHM": "flat"})
+    assert [r["algorithm"] for r in results] == ["flat", "flat"], results
+    assert all(r["returncode"] == 0 and "failure" not in r for r in results), results
+
+
+def _native_rank(r, n, q_seg, q_out, victim):
+    import signal
+
+    import numpy as np
+
+    from netreduce import _native
+    try:
+        if r == 0:
+            seg = _native.ShmSegment.create(n, 64 * 1024, 2)
+            for _ in range(n - 1):
+                q_seg.put((os.getpid(), seg.fd, seg.nonce))
+        else:
+            pid, fd, nonce = q_seg.get(timeout=30)
+            seg = _native.ShmSegment.attach(pid, fd, nonce, r)
+        h = _native.Hierarchical(seg, None, [10 + i for i in range(n)], "testhost", 10.0)
+        h.start(10.0)
+        a = np.full(1 << 20, r, dtype=np.float32)
+        for i in range(100000):
+            if r == victim and i == 3:
+                os.kill(os.getpid(), signal.SIGKILL)
+            h.allreduce(a, a, _native.DTYPES["float32"], _native.OPS["sum"])
+            a.fill(r)
+        q_out.put((r, "no error", -1))
+    except Exception as exc:
+        q_out.put((r, f"{type(exc).__name__}: {exc}", h.failed_rank))
+
+
+def test_native_stage_fails_fast_when_a_peer_dies_without_any_coordinator():
+    # The shared-memory waits alone (no aggregator, no negotiation to report the
+    # death): a SIGKILLed peer is seen through its pidfd, and a peer that failed
+    # poisons the segment for the rest, so no rank sleeps on a barrier forever.
+    import multiprocessing as mp
+    ctx = mp.get_context("fork")
+    n, victim = 3, 1
+    q_seg, q_out = ctx.Queue(), ctx.Queue()
+    procs = [ctx.Process(target=_native_rank, args=(r, n, q_seg, q_out, victim)) for r in range(n)]
+    for p in procs:
+        p.start()
+    try:
+        got = sorted(q_out.get(timeout=30) for _ in range(n - 1))
+    finally:
+        for p in procs:
+            p.join(10)
+            if p.is_alive():
+                p.kill()
+    assert procs[victim].exitcode == -9
+    for r, msg, failed in got:
+        assert r != victim
+        assert "AbortedError" in msg and "rank 11" in msg and "testhost" in msg, msg
+        assert failed == 10 + victim or "failed on" in msg, (msg, failed)
