@@ -50,3 +50,22 @@ def test_tensorflow_suite(ranks):
     # every rank ran the suite, not a skip of it
     passed = [int(n) for n in re.findall(r"(\d+) passed", proc.stdout)]
     assert len(passed) == ranks and min(passed) >= 29, proc.stdout[-3000:]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(discover().size > 1, reason="already running under a launcher")
+def test_keras_example_under_netreduce_run():
+    """examples/tensorflow_keras.py: both paths end with identical weights on every
+    rank and a falling loss (the example exits non-zero otherwise)."""
+    _require_tensorflow()
+    env = dict(os.environ, OMP_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="2")
+    env.setdefault("NETREDUCE_TIMEOUT", "30")
+    cmd = [sys.executable, "-m", "netreduce.launcher", "-np", "2", "--", sys.executable,
+           os.path.join(ROOT, "examples", "tensorflow_keras.py"), "--samples", "768",
+           "--epochs", "3"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    for path in ("DistributedOptimizer", "Strategy"):
+        assert re.search(rf"{path}: loss .* identical on all 2 ranks: True", proc.stdout), \
+            proc.stdout[-3000:]
