@@ -96,17 +96,22 @@ def drain(srv: Any, lifecycle: Lifecycle, address: str, timeout: float) -> Dict[
     jobs, ranks = _connected(srv)
     told = _fail_jobs(srv, f"the aggregator netreduce-switch {address} is shutting down "
                            f"({lifecycle.stop_reason}); restart the job once it is back")
-    # WARNING only when it matters (ranks cut off): an embedded daemon stopped at the
-    # end of every netreduce-run must stay quiet at the default log level.
-    log.log(logging.WARNING if ranks else logging.INFO,
+    first = lifecycle.terminations
+
+    def wait_until(deadline: float) -> None:
+        while time.monotonic() < deadline and lifecycle.terminations == first:
+            if _connected(srv)[1] == 0:
+                return
+            time.sleep(0.05)
+
+    # WARNING only when it matters, i.e. ranks are cut off: an embedded daemon, stopped
+    # by a rank whose own connection is just closing, must stay quiet by default.
+    wait_until(started + min(0.5, timeout))
+    log.log(logging.WARNING if _connected(srv)[1] else logging.INFO,
             "%s: stopping: admission closed; %d jobs (%d ranks) connected, %d told; "
             "waiting up to %.1f s for them to leave", lifecycle.stop_reason, jobs, ranks,
             told, timeout)
-    first = lifecycle.terminations
-    while time.monotonic() - started < timeout and lifecycle.terminations == first:
-        if _connected(srv)[1] == 0:
-            break
-        time.sleep(0.05)
+    wait_until(started + timeout)
     left_jobs, left_ranks = _connected(srv)
     if left_ranks:
         log.warning("stopping with %d ranks of %d jobs still connected (their connections "
