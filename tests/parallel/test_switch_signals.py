@@ -122,6 +122,7 @@ def test_sigterm_stops_admission_tells_jobs_and_exits_zero(tmp_path):
         job = _job("busy")
         env = dict(os.environ, NETREDUCE_SWITCH=f"{d.address[0]}:{d.address[1]}",
                    NETREDUCE_SIZE="2", NETREDUCE_JOB=job, NETREDUCE_TIMEOUT="20",
+                   NETREDUCE_ALGORITHM="flat",  # one aggregator job per netreduce job
                    READY=str(tmp_path / "ready."), PYTHONPATH=ROOT)
         ranks = [subprocess.Popen([sys.executable, "-c", RANK], env=dict(env, NETREDUCE_RANK=str(r)),
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
