@@ -159,3 +159,24 @@ def test_native_stage_fails_fast_when_a_peer_dies_without_any_coordinator():
         assert r != victim
         assert "AbortedError" in msg and "rank 11" in msg and "testhost" in msg, msg
         assert failed == 10 + victim or "failed on" in msg, (msg, failed)
+
+
+@pytest.mark.slow
+def test_ddp_example_under_the_hierarchical_path_ends_with_identical_weights():
+    pytest.importorskip("torch")
+    import re
+    env = dict(os.environ, NETREDUCE_TIMEOUT="20", OMP_NUM_THREADS="1",
+               NETREDUCE_ALGORITHM="hierarchical",
+               PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    for var in ("NETREDUCE_SWITCH", "NETREDUCE_RANK", "NETREDUCE_SIZE", "NETREDUCE_JOB",
+                "NETREDUCE_LOCAL_RANK", "NETREDUCE_LOCAL_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                "RANK", "WORLD_SIZE"):
+        env.pop(var, None)
+    cmd = [sys.executable, "-m", "netreduce.launcher", "-np", "3", "--", sys.executable,
+           os.path.join(REPO, "examples", "pytorch_ddp.py"), "--epochs", "2", "--samples", "768"]
+    proc = subprocess.run(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    m = re.search(r"\((fell|DID NOT FALL)\).*weights identical on all (\d+) ranks: (True|False)",
+                  proc.stdout)
+    assert m and m.groups() == ("fell", "3", "True"), proc.stdout[-4000:]
