@@ -4,6 +4,7 @@ the job's (packets = chunks x ranks, bytes reduced = bytes x ranks, ...)."""
 from __future__ import annotations
 
 import math
+import os
 import select
 import subprocess
 import sys
@@ -21,6 +22,8 @@ from netreduce.process import terminate
 from netreduce.switch import METRICS_PREFIX, READY_PREFIX
 
 parser = pytest.importorskip("prometheus_client.parser")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 PAYLOAD = 4096   # --payload-bytes: standard RoCE-sized chunks, so several per tensor
 COUNT = 10_007   # float32 elements: 40,028 bytes = 10 chunks, the last one short
@@ -143,6 +146,12 @@ def test_scrape_counts_the_job(daemon):
     assert _get(m, "netreduce_switch_info", address=f"{address[0]}:{address[1]}",
                 fanout="unicast", threads="1", version=_get_version()) == 1
     assert _get(m, "process_resident_memory_bytes") > 0
+
+    # docs/operations.md lists every metric the daemon exports.
+    doc = open(os.path.join(ROOT, "docs", "operations.md")).read()
+    undocumented = sorted({name for name, _ in m if name.startswith("netreduce_switch")
+                           and f"`{name}`" not in doc})
+    assert not undocumented, f"not in docs/operations.md: {undocumented}"
 
     # The job's series leave with its last rank; the lifetime counters stay.
     deadline = time.monotonic() + 10
