@@ -8,6 +8,10 @@
 """
 __version__ = "0.1.0"
 
+from netreduce import _source_tree
+
+_source_tree.install()  # a checkout imported without being built says so (_source_tree.py)
+
 from netreduce.errors import NetReduceError  # noqa: F401
 from netreduce.ops import (Adasum, Average, Max, Min, Product, ReduceOp,  # noqa: F401
                            Sum)

@@ -12,6 +12,7 @@ import numpy as np
 
 from netreduce import config, environment
 from netreduce.communicator import Communicator, Handle, Tensor
+from netreduce.control.address import parse_address
 from netreduce.errors import NetReduceError
 from netreduce.ops import ReduceOp, as_op, check_array, dtype_name
 
@@ -36,10 +37,7 @@ _spawn_switch: Optional[Callable[..., Any]] = None
 
 
 def _parse_address(text: str) -> Tuple[str, int]:
-    host, sep, port = text.strip().rpartition(":")
-    if not sep or not port.isdigit():
-        raise ValueError(f"NETREDUCE_SWITCH={text!r} is not host:port")
-    return (host.strip("[]") or "127.0.0.1", int(port))
+    return parse_address(text, what="NETREDUCE_SWITCH")
 
 
 def init() -> None:
@@ -51,6 +49,7 @@ def init() -> None:
             return
         knobs = config.snapshot()
         topo = environment.discover()
+        environment.require_job(topo)  # ranks that cannot agree on a job name: say so now
         switch_proc = None
         if knobs["NETREDUCE_SWITCH"]:
             address = _parse_address(knobs["NETREDUCE_SWITCH"])

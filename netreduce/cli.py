@@ -13,6 +13,7 @@ import numpy as np
 
 import netreduce
 from netreduce import config, environment
+from netreduce.control.probe import probe
 
 
 def _native_info() -> Dict[str, Any]:
@@ -27,11 +28,12 @@ def _native_info() -> Dict[str, Any]:
     return info
 
 
-def collect() -> Dict[str, Any]:
+def collect(switch: Optional[str] = None) -> Dict[str, Any]:
     try:
         topo = environment.discover()
         rank = {"launcher": topo.launcher, "rank": topo.rank, "size": topo.size,
-                "local_rank": topo.local_rank, "local_size": topo.local_size, "job": topo.job}
+                "local_rank": topo.local_rank, "local_size": topo.local_size, "job": topo.job,
+                "job_problem": environment.job_problem(topo)}
     except ValueError as exc:
         rank = {"error": str(exc)}
     knobs = {}
@@ -42,9 +44,36 @@ def collect() -> Dict[str, Any]:
             value = f"<invalid: {exc}>"
         knobs[name] = {"value": value, "default": knob.default, "source": config.source(name),
                        "help": knob.help}
-    return {"version": netreduce.__version__, "python": platform.python_version(),
+    data = {"version": netreduce.__version__, "python": platform.python_version(),
             "numpy": np.__version__, "native": _native_info(), "environment": rank,
             "knobs": knobs}
+    try:
+        address = switch or config.get("NETREDUCE_SWITCH")
+    except ValueError:
+        address = ""
+    if address:  # the payload this host's path gives, and what the aggregator chose
+        data["aggregator"] = probe(address, what="--switch" if switch else "NETREDUCE_SWITCH")
+    return data
+
+
+def _print_aggregator(agg: Dict[str, Any], w: Any) -> None:
+    w(f"aggregator: {agg.get('address', agg['given'])}")
+    if "error" in agg:
+        w(f": error: {agg['error']}\n")
+        return
+    w(f" ({agg['resolved']})\n" if agg["resolved"] != agg["address"].rsplit(":", 1)[0] else "\n")
+    if "path_mtu" in agg:
+        w(f"  this host: {agg['payload_reason']}\n")
+    else:
+        w(f"  this host: no path MTU: {agg.get('path_error')}\n")
+    if "unreachable" in agg:
+        w(f"  not reachable: {agg['unreachable']}\n")
+        return
+    if not agg["jobs"]:
+        w("  no jobs admitted\n")
+    for name, job in agg["jobs"].items():
+        w(f"  job '{name}' ({len(job['ranks'] or [])} of {job['size']} ranks): "
+          f"{job['payload_reason']}\n")
 
 
 def print_info(info: Dict[str, Any], out: Optional[Any] = None) -> None:
@@ -66,6 +95,10 @@ def print_info(info: Dict[str, Any], out: Optional[Any] = None) -> None:
     else:
         w(f"rank discovery: {env['launcher']}: rank {env['rank']} of {env['size']}, "
           f"local {env['local_rank']} of {env['local_size']}, job '{env['job']}'\n")
+        if env.get("job_problem"):
+            w(f"  job name: {env['job_problem']}\n")
+    if "aggregator" in info:
+        _print_aggregator(info["aggregator"], w)
     w("knobs (value [source]):\n")
     width = max(len(n) for n in info["knobs"])
     for name, k in info["knobs"].items():
@@ -79,9 +112,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     info = sub.add_parser("info", help="version, build features and every configuration knob")
     info.add_argument("--json", action="store_true", help="machine-readable output")
+    info.add_argument("--switch", metavar="HOST[:PORT]",
+                      help="aggregator to describe (default: NETREDUCE_SWITCH): the path MTU "
+                           "and payload from this host, and each admitted job's payload and why")
     args = parser.parse_args(argv)
     if args.command == "info":
-        data = collect()
+        data = collect(args.switch)
         if args.json:
             json.dump(data, sys.stdout, indent=2, default=str)
             sys.stdout.write("\n")

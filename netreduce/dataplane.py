@@ -5,12 +5,15 @@ This is the small, typed surface that the communicator, tests and benchmarks use
 the user-facing API lives in netreduce/__init__.py."""
 from __future__ import annotations
 
+import socket
+import threading
 from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 
 from netreduce import _native, config
-from netreduce.control.client import ControlClient, format_address
+from netreduce.control.address import format_address, resolve
+from netreduce.control.client import ControlClient
 from netreduce.errors import AdmissionError, ControlPlaneError, DataPlaneError
 
 _NUMPY_DTYPES = {
@@ -74,7 +77,13 @@ class Request:
 
 
 class Connection:
-    """Rank ``rank`` of ``size`` in job ``job`` on the aggregator at ``address``."""
+    """Rank ``rank`` of ``size`` in job ``job`` on the aggregator at ``address``.
+
+    The job's payload follows the path (docs/protocol.md, "Payload size"): this rank
+    reports the path MTU it sees toward the aggregator when it registers, and the
+    payload is fixed once every rank has. The last rank to register learns it in the
+    answer; the others ask in the background, and their first operation (or stats())
+    waits, at most ``timeout`` seconds, for the ranks that have not registered yet."""
 
     def __init__(self, address: Tuple[str, int], job: str, rank: int, size: int, *,
                  timeout: Optional[float] = None, retransmit_ms: Optional[float] = None,
@@ -85,41 +94,115 @@ class Connection:
         retransmit_ms = config.get("NETREDUCE_RETRANSMIT_MS") if retransmit_ms is None else retransmit_ms
         drop_rate = config.get("NETREDUCE_DROP_RATE") if drop_rate is None else drop_rate
         window = config.get("NETREDUCE_WINDOW") if window is None else window
-        self.address = (address[0], int(address[1]))
         self.job, self.rank, self.size = job, rank, size
+        self.address = (address[0], int(address[1]))
+        self.timeout = timeout
+        self._engine_args = dict(window=window, retransmit_ms=retransmit_ms, timeout_s=timeout,
+                                 drop_rate=drop_rate, seed=seed)
+        self._engine: Any = None
+        self._closed = False
+        self._aborted: Optional[str] = None
+        try:
+            self.address = resolve(self.address)
+        except ValueError as exc:
+            raise AdmissionError(f"{self._where()}: {exc}") from None
+        if ":" in self.address[0]:
+            raise AdmissionError(
+                f"{self._where()}: the aggregator address is IPv6, but the data plane speaks "
+                "RoCEv2 over IPv4 only; give NETREDUCE_SWITCH an IPv4 address or a host name "
+                "that has one")
+        try:
+            self.path_mtu, ipv6 = _native.path_mtu(self.address[0], self.address[1])
+        except (ValueError, _native.EngineError) as exc:
+            raise AdmissionError(f"{self._where()}: {exc}") from None
         self._control = ControlClient(self.address, timeout=timeout)
         try:
-            grant = self._control.call("register", job=job, rank=rank, size=size)
+            grant = self._control.call("register", job=job, rank=rank, size=size,
+                                       mtu=self.path_mtu, ipv6=ipv6, host=socket.gethostname(),
+                                       await_payload=True)
         except ControlPlaneError as exc:
             self._control.close()
             raise AdmissionError(str(exc)) from None
+        self._grant = grant
         self.job_index = int(grant["job_index"])
         self.key = int(grant["key"])
         self.slots = int(grant["slots"])
-        self.payload_bytes = int(grant["payload_bytes"])
         self.data_port = int(grant["data_port"])
         self.threads = int(grant["threads"])
-        try:
-            self._engine = _native.Engine(
-                self.address[0], self.data_port, self.threads, job, self.job_index, rank, size,
-                self.key, self.slots, self.payload_bytes, window=window,
-                retransmit_ms=retransmit_ms, timeout_s=timeout, drop_rate=drop_rate, seed=seed,
-                group=str(grant.get("group", "")), group_port=int(grant.get("group_port", 0)))
-        except Exception as exc:
-            self._control.close()
-            raise _translate(exc, self._where()) from None
+        self.payload_bytes = int(grant.get("payload_bytes", 0))  # 0: not fixed yet
+        self.payload_reason = str(grant.get("payload_reason", ""))
+        self._missing: list = []
+        self._start_error: Optional[Exception] = None
+        self._started = threading.Event()
+        if self.payload_bytes:  # the last rank to register (or a job of one)
+            try:
+                self._start_engine()
+            except Exception:
+                self._control.close()
+                raise
+        else:  # learn the payload as soon as the last rank registers
+            threading.Thread(target=self._await_then_start, daemon=True,
+                             name=f"netreduce-payload-{job}-{rank}").start()
 
     def _where(self) -> str:
         return (f"aggregator {format_address(self.address)}, job '{self.job}', "
                 f"rank {self.rank}/{self.size}")
 
+    def _start_engine(self) -> None:
+        grant = self._grant
+        try:
+            self._engine = _native.Engine(
+                self.address[0], self.data_port, self.threads, self.job, self.job_index,
+                self.rank, self.size, self.key, self.slots, self.payload_bytes,
+                group=str(grant.get("group", "")), group_port=int(grant.get("group_port", 0)),
+                **self._engine_args)
+        except Exception as exc:
+            raise _translate(exc, self._where()) from None
+        finally:
+            self._started.set()
+        if self._closed:  # close() came while it started: release it too
+            self._engine = None
+        elif self._aborted is not None:
+            self._engine.abort(self._aborted)
+
+    def _await_then_start(self) -> None:
+        """Background: ask the aggregator (1 s per request) until every rank has
+        registered and the payload is fixed, then start the engine."""
+        try:
+            while not self.payload_bytes and not self._closed:
+                reply = self._control.call("payload", wait=1.0, timeout=15.0)
+                self._missing = list(reply.get("missing", []))
+                self.payload_reason = str(reply.get("payload_reason", ""))
+                self.payload_bytes = int(reply["payload_bytes"])
+            if not self._closed:
+                self._start_engine()
+        except Exception as exc:  # handed to the first operation
+            self._start_error = exc if isinstance(exc, DataPlaneError) else \
+                DataPlaneError(f"{self._where()}: {exc}")
+        finally:
+            self._started.set()
+
     def _live(self) -> Any:
-        """The native engine, or DataPlaneError once close() released it."""
-        engine = getattr(self, "_engine", None)
-        if engine is None:
+        """The native engine, or DataPlaneError once close() released it. Until every
+        rank has registered, waits for that at most ``timeout`` seconds."""
+        if self._closed:
             raise DataPlaneError(f"{self._where()}: this connection was closed; "
                                  "connect() again to reduce more")
-        return engine
+        engine = self._engine
+        if engine is not None:
+            return engine
+        if not self._started.wait(self.timeout):
+            missing = ", ".join(map(str, self._missing)) or "?"
+            raise DataPlaneError(
+                f"{self._where()}: rank(s) {missing} have not registered with the aggregator "
+                f"within {self.timeout:g} s (the job's payload is fixed, and data flows, "
+                "once every rank has)")
+        if self._start_error is not None:
+            raise self._start_error
+        if self._engine is None:
+            raise DataPlaneError(f"{self._where()}: this connection was closed; "
+                                 "connect() again to reduce more")
+        return self._engine
 
     def allreduce_async(self, src: np.ndarray, dst: Optional[np.ndarray] = None, op: str = "sum",
                         dtype: Optional[str] = None) -> Request:
@@ -152,10 +235,15 @@ class Connection:
 
     def abort(self, reason: str) -> None:
         """Fail the pending and all later operations with DataPlaneError(reason)."""
-        self._live().abort(reason)
+        if self._closed:
+            self._live()  # raises: closed
+        self._aborted = reason
+        if self._engine is not None:
+            self._engine.abort(reason)
 
     def stats(self) -> Dict[str, int]:
-        return dict(self._live().stats())
+        """The engine's counters, and the job's payload_bytes (payload_reason says why)."""
+        return dict(self._live().stats(), payload_bytes=self.payload_bytes)
 
     def counters(self) -> Dict[str, Any]:
         """The aggregator's counters (global and per job)."""
@@ -165,9 +253,10 @@ class Connection:
     def close(self) -> None:
         """Release the engine and this rank's place in the job; closing twice is
         harmless."""
-        engine, self._engine = getattr(self, "_engine", None), None
-        if engine is None:
+        if self._closed or not hasattr(self, "_control"):
             return
+        self._closed = True
+        engine, self._engine = self._engine, None
         del engine
         try:
             self._control.call("release", timeout=2.0)

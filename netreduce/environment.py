@@ -26,6 +26,7 @@ import re
 from typing import List, Mapping, Optional
 
 from netreduce import config
+from netreduce.errors import NetReduceError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,7 +75,7 @@ def _family(env: Mapping[str, str], launcher: str, rank: str, size: str,
             lr is not None and ln is not None)
 
 
-def _job_name(env: Mapping[str, str], launcher: str) -> str:
+def _job_name(env: Mapping[str, str], launcher: str, size: int = 0) -> str:
     """A name every rank of one launch derives identically, different across launches
     so that two jobs on one aggregator never share negotiation state."""
     explicit = config.get("NETREDUCE_JOB")
@@ -90,11 +91,38 @@ def _job_name(env: Mapping[str, str], launcher: str) -> str:
     if launcher == "pmi" and env.get("PMI_KVSNAME"):
         return f"pmi-{env['PMI_KVSNAME']}"
     if launcher == "torchrun":
-        run_id = env.get("TORCHELASTIC_RUN_ID", "none")
-        return f"torchrun-{run_id}-{env.get('MASTER_ADDR', '')}:{env.get('MASTER_PORT', '')}"
+        # torchrun's rendezvous id ("none" unless --rdzv-id or --standalone gave one)
+        # and its master's address: what the ranks of one launch share.
+        parts = [env["TORCHELASTIC_RUN_ID"]] if env.get("TORCHELASTIC_RUN_ID", "none") != "none" else []
+        master = ":".join(v for v in (env.get("MASTER_ADDR"), env.get("MASTER_PORT")) if v)
+        parts += [master] if master else []
+        if parts:
+            return "torchrun-" + "-".join(parts)
+        return "torchrun" if size == 1 else ""  # a single rank has nobody to agree with
     if launcher == "horovod":
         return f"horovod-{env.get('HOROVOD_GLOO_RENDEZVOUS_PORT', '0')}"
     return "default"
+
+
+def job_problem(topo: Topology) -> str:
+    """Why ``topo`` has no job name (empty when it has one): what the ranks lacked
+    to agree on one, and what to set."""
+    if topo.job:
+        return ""
+    return (f"rank {topo.rank} of {topo.size} (from {topo.launcher}) cannot name its job: "
+            "the torchrun-style variables RANK and WORLD_SIZE are set, but nothing that "
+            "identifies this launch (TORCHELASTIC_RUN_ID other than 'none', MASTER_ADDR, "
+            "MASTER_PORT), so the ranks cannot agree on a name; export NETREDUCE_JOB=<name> "
+            "on every rank, the same for all ranks of this job and different from any "
+            "other job on the aggregator")
+
+
+def require_job(topo: Topology) -> str:
+    """The job name of ``topo``, or NetReduceError saying what to set."""
+    problem = job_problem(topo)
+    if problem:
+        raise NetReduceError(problem)
+    return topo.job
 
 
 def discover(env: Optional[Mapping[str, str]] = None) -> Topology:
@@ -134,5 +162,5 @@ def discover(env: Optional[Mapping[str, str]] = None) -> Topology:
     if not (0 <= local_rank < max(local_size, 1)):
         raise ValueError(f"{launcher} environment gives local rank {local_rank} "
                          f"outside [0, {local_size})")
-    return Topology(rank, size, local_rank, local_size, _job_name(env, launcher), launcher,
+    return Topology(rank, size, local_rank, local_size, _job_name(env, launcher, size), launcher,
                     local_known)

@@ -26,6 +26,7 @@ import time
 from typing import IO, List, Optional, Sequence
 
 from netreduce import config
+from netreduce.control.address import format_address, parse_address
 from netreduce.process import detach_and_die_with_parent, free_tcp_port
 
 GRACE_S = 3.0  # SIGTERM -> SIGKILL; keeps "a failing rank stops the job" under 10 s
@@ -143,7 +144,13 @@ def run(argv: Optional[Sequence[str]] = None) -> int:
 
     switch_proc = None
     address = args.switch or config.get("NETREDUCE_SWITCH")
-    if not address:
+    if address:
+        try:
+            address = format_address(parse_address(
+                address, what="--switch" if args.switch else "NETREDUCE_SWITCH"))
+        except ValueError as exc:
+            parser.error(str(exc))
+    else:
         from netreduce.switch import spawn
         extra = []
         for arg in args.switch_arg:

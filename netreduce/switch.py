@@ -41,11 +41,14 @@ def build_parser() -> argparse.ArgumentParser:
                         "(4791 is RoCEv2's port); 0 picks a free one and prints it")
     p.add_argument("--slots", type=int, default=32,
                    help="slots per job (K): how many packets each worker may have in flight")
-    p.add_argument("--payload-bytes", type=int, default=65464,
-                   help="payload bytes per slot (P), a multiple of 8; <= 4096 gives standard "
-                        "RoCE-sized packets with a verified ICRC, larger uses the flagged "
-                        "software jumbo extension (loopback speed); 16-bit floats carry P/4 "
-                        "elements since they are summed in float32")
+    p.add_argument("--payload-bytes", type=int, default=None,
+                   help="the largest payload per slot (P), a multiple of 8. Unset, each job's "
+                        "P follows its path: the largest whose RoCEv2 packet fits the "
+                        "smallest MTU any of its ranks (or this daemon) sees, e.g. 8936 at "
+                        "MTU 9000, 1432 at 1500, 65464 on loopback; set, it caps that. "
+                        "<= 4096 gives standard RoCE-sized packets with a verified ICRC, "
+                        "larger uses the flagged software jumbo extension; 16-bit floats "
+                        "carry P/4 elements since they are summed in float32")
     p.add_argument("--max-jobs", type=int, default=16,
                    help="jobs admitted at once; one more is refused with a clear error")
     p.add_argument("--memory-mb", type=int, default=1024,
@@ -75,6 +78,12 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _payload_words(payload_bytes: Optional[int]) -> str:
+    if payload_bytes is None:
+        return "path-MTU payload per job"
+    return f"payload <= {payload_bytes} B"
+
+
 def _start_aggregator(native, args) -> Tuple[object, int]:
     """Start the native aggregator; with --port 0 find a port free for TCP and UDP."""
     attempts = 20 if args.port == 0 else 1
@@ -86,7 +95,8 @@ def _start_aggregator(native, args) -> Tuple[object, int]:
             probe.bind((args.host, 0))
             port = probe.getsockname()[1]
             probe.close()
-        agg = native.Aggregator(args.host, port, args.slots, args.payload_bytes, args.max_jobs,
+        cap = native.MAX_PAYLOAD if args.payload_bytes is None else args.payload_bytes
+        agg = native.Aggregator(args.host, port, args.slots, cap, args.max_jobs,
                                 args.threads, args.memory_mb << 20,
                                 args.fanout == "multicast", args.multicast_base)
         try:
@@ -106,7 +116,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     try:
         agg, port = _start_aggregator(_native, args)
-        srv = control.ControlServer(args.host, port, agg)
+        srv = control.ControlServer(args.host, port, agg,
+                                    payload_explicit=args.payload_bytes is not None)
     except (NetReduceError, OSError, ValueError) as exc:
         print(f"netreduce-switch: {exc}", file=sys.stderr)
         return 2
@@ -140,7 +151,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     thread = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
     thread.start()
     print(f"{READY_PREFIX}{args.host}:{port} (udp {port}..{port + args.threads - 1}, "
-          f"{args.slots} slots x {args.payload_bytes} B, max {args.max_jobs} jobs, "
+          f"{args.slots} slots x {_payload_words(args.payload_bytes)}, max {args.max_jobs} jobs, "
           f"{args.fanout} fan-out)", flush=True)
     while not life.stop.wait(0.2):
         if life.status_requested.is_set():

@@ -29,6 +29,7 @@ from torch._C._distributed_c10d import _create_work_from_future
 
 import netreduce as _nr
 from netreduce import config, environment
+from netreduce.control.address import format_address, parse_address
 
 from . import mpi_ops
 from .futures import completer, cuda_devices
@@ -200,10 +201,11 @@ def _ensure_aggregator(store: Any, rank: int, size: int) -> None:
         atexit.register(_embedded_switch.stop)
         host = "127.0.0.1" if single_host else (config.launcher_environment().get("MASTER_ADDR")
                                                  or socket.getfqdn())
-        address = f"{host}:{_embedded_switch.address[1]}"
+        address = format_address((host, _embedded_switch.address[1]))
         store.set(key, address)
     else:
         address = store.get(key).decode()
+    parse_address(address, what="the aggregator address in torch's store")
     # netreduce.init() reads the aggregator address from its configuration
     config.set_for_process("NETREDUCE_SWITCH", address)
 

@@ -92,13 +92,27 @@ void Aggregator::Stop() {
   sockets_.clear();
 }
 
-Status Aggregator::AddJob(uint32_t size, uint32_t key, uint32_t* index) {
+static Status CheckPayload(uint32_t payload, uint32_t cap) {
+  if (payload < 8 || payload > cap || payload % 8) {
+    return InvalidArgument("job payload must be a multiple of 8 in 8.." + std::to_string(cap) +
+                           " (--payload-bytes), got " + std::to_string(payload));
+  }
+  return Status::Ok();
+}
+
+Status Aggregator::AddJob(uint32_t size, uint32_t key, uint32_t* index, uint32_t payload_bytes) {
+  const uint32_t payload = payload_bytes ? payload_bytes : cfg_.payload_bytes;
   if (size == 0 || size >= wire::kMaxRanks) {
     admission_.Refuse(Refusal::kInvalid);
     return InvalidArgument("world size " + std::to_string(size) + " out of range 1.." +
                            std::to_string(wire::kMaxRanks - 1));
   }
-  const uint64_t need = uint64_t(cfg_.slots) * 2 * cfg_.payload_bytes;
+  Status valid = CheckPayload(payload, cfg_.payload_bytes);
+  if (!valid.ok()) {
+    admission_.Refuse(Refusal::kInvalid);
+    return valid;
+  }
+  const uint64_t need = uint64_t(cfg_.slots) * 2 * payload;
   // Resolved before a job slot is taken: a failure here must leave nothing admitted
   // (else each failed attempt would use up one of --max-jobs for good).
   uint32_t group_base = 0;
@@ -120,7 +134,7 @@ Status Aggregator::AddJob(uint32_t size, uint32_t key, uint32_t* index) {
   }
   for (uint32_t i = 1; i < jobs_.size(); ++i) {
     if (!jobs_[i]) {
-      jobs_[i] = std::make_shared<Job>(i, size, key, cfg_.slots, cfg_.payload_bytes);
+      jobs_[i] = std::make_shared<Job>(i, size, key, cfg_.slots, payload);
       if (cfg_.multicast) {
         jobs_[i]->group = Endpoint{htonl(ntohl(group_base) + i), htons(uint16_t(cfg_.port + cfg_.threads))};
       }
@@ -133,6 +147,26 @@ Status Aggregator::AddJob(uint32_t size, uint32_t key, uint32_t* index) {
   admission_.Refuse(Refusal::kMaxJobs);
   return Status(Code::kRefused, "aggregator full: --max-jobs " + std::to_string(cfg_.max_jobs) +
                                     " jobs already admitted");
+}
+
+Status Aggregator::SetJobPayload(uint32_t index, uint32_t payload_bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (index == 0 || index >= jobs_.size() || !jobs_[index]) {
+    return InvalidArgument("no job with index " + std::to_string(index));
+  }
+  std::shared_ptr<Job> old = jobs_[index];
+  NR_RETURN_IF_ERROR(CheckPayload(payload_bytes, old->pool.payload_bytes()));
+  if (old->counters.packets_in.load(std::memory_order_relaxed) != 0) {
+    return InvalidArgument("job " + std::to_string(index) +
+                           " already carries data: its payload is fixed");
+  }
+  if (payload_bytes == old->pool.payload_bytes()) return Status::Ok();
+  // A fresh Job: data threads only ever see a whole one (they hold it by shared_ptr).
+  auto job = std::make_shared<Job>(index, old->size, old->key, old->pool.slots(), payload_bytes);
+  job->group = old->group;
+  memory_used_ = memory_used_ - old->pool.memory_bytes() + job->pool.memory_bytes();
+  jobs_[index] = job;
+  return Status::Ok();
 }
 
 Status Aggregator::RemoveJob(uint32_t index) {
@@ -184,12 +218,17 @@ std::shared_ptr<Job> Aggregator::Lookup(uint32_t index) const {
 void Aggregator::Loop(uint32_t thread_index) {
   UdpTransport& sock = *sockets_[thread_index];
   const uint16_t my_port = sock.local().port;
+  // Buffers fit the largest payload any job may get; how many datagrams one receive
+  // takes follows the size of those that arrive (jobs' payloads follow their paths).
   const size_t datagram = wire::DatagramBytes(cfg_.payload_bytes);
-  const size_t batch = std::min(kMaxRecvBatch, std::max<size_t>(1, kBatchBytes / datagram));
   const size_t buf_bytes = std::min(kRecvBufBytes, datagram + 64);  // room to see oversize ones
-  std::vector<uint8_t> storage(batch * buf_bytes);
-  std::vector<InPacket> in(batch);
-  for (size_t i = 0; i < batch; ++i) in[i].buf = storage.data() + i * buf_bytes;
+  auto batch_for = [](size_t bytes) {
+    return std::min(kMaxRecvBatch, std::max<size_t>(1, kBatchBytes / std::max<size_t>(bytes, 1)));
+  };
+  size_t batch = batch_for(datagram);
+  std::vector<uint8_t> storage(kMaxRecvBatch * buf_bytes);
+  std::vector<InPacket> in(kMaxRecvBatch);
+  for (size_t i = 0; i < kMaxRecvBatch; ++i) in[i].buf = storage.data() + i * buf_bytes;
   OutBatch out;
 
   auto flush = [&] {
@@ -233,6 +272,11 @@ void Aggregator::Loop(uint32_t thread_index) {
     for (size_t i = 0; i < batch; ++i) in[i].cap = buf_bytes;
     Status st = sock.RecvBatch(in.data(), batch, 100000, &got);
     if (!st.ok()) continue;
+    if (got > 0) {
+      size_t largest = 0;
+      for (size_t i = 0; i < got; ++i) largest = std::max(largest, in[i].len);
+      batch = batch_for(largest);
+    }
     for (size_t i = 0; i < got; ++i) {
       InPacket& pkt = in[i];
       global_.Add(global_.packets_in);

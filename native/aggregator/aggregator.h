@@ -22,7 +22,10 @@ struct AggregatorConfig {
   std::string host = "0.0.0.0";
   uint16_t port = 4791;         // first UDP data port
   uint32_t slots = 32;          // K, per job
-  uint32_t payload_bytes = 65464;  // P; <= 4096 keeps packets RoCE-sized with ICRC
+  // The largest P a job may get (--payload-bytes; the wire's largest by default).
+  // Each job's own P is chosen at admission from its ranks' path MTU (AddJob,
+  // SetJobPayload; docs/protocol.md): <= 4096 keeps packets RoCE-sized with ICRC.
+  uint32_t payload_bytes = 65464;
   uint32_t max_jobs = 16;
   uint32_t threads = 1;
   uint64_t memory_limit = uint64_t(1) << 30;  // bytes of slot memory over all jobs
@@ -62,9 +65,13 @@ class Aggregator {
   const AggregatorConfig& config() const { return cfg_; }
   uint16_t port() const { return cfg_.port; }
 
-  // Admission: a pool for a job of `size` ranks with `key`; refuses cleanly past
-  // max_jobs or the memory limit. Returns the job index (its QPN prefix).
-  Status AddJob(uint32_t size, uint32_t key, uint32_t* index);
+  // Admission: a pool of `payload_bytes` per slot (0 = config().payload_bytes, at
+  // most that) for a job of `size` ranks with `key`; refuses cleanly past max_jobs
+  // or the memory limit. Returns the job index (its QPN prefix).
+  Status AddJob(uint32_t size, uint32_t key, uint32_t* index, uint32_t payload_bytes = 0);
+  // Shrinks an admitted job's pool to `payload_bytes` (<= its current payload) and
+  // returns the memory difference; refused once the job has received a packet.
+  Status SetJobPayload(uint32_t index, uint32_t payload_bytes);
   Status RemoveJob(uint32_t index);
   // The job's multicast group as "a.b.c.d" and its port, or ("", 0) for unicast.
   std::pair<std::string, uint16_t> Group(uint32_t index) const;

@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "aggregator/aggregator.h"
+#include "aggregator/path_payload.h"
 #include "engine/engine.h"
 #include "reduce/dtype.h"
 #include "wire/roce.h"
@@ -162,11 +163,14 @@ PYBIND11_MODULE(_native, m) {
       .def_property_readonly("slots", [](Aggregator& a) { return a.config().slots; })
       .def_property_readonly("payload_bytes", [](Aggregator& a) { return a.config().payload_bytes; })
       .def_property_readonly("threads", [](Aggregator& a) { return a.config().threads; })
-      .def("add_job", [](Aggregator& a, uint32_t size, uint32_t key) {
+      .def("add_job", [](Aggregator& a, uint32_t size, uint32_t key, uint32_t payload_bytes) {
              uint32_t index = 0;
-             Throw(a.AddJob(size, key, &index));
+             Throw(a.AddJob(size, key, &index, payload_bytes));
              return index;
-           }, py::arg("size"), py::arg("key"))
+           }, py::arg("size"), py::arg("key"), py::arg("payload_bytes") = 0)
+      .def("set_job_payload", [](Aggregator& a, uint32_t index, uint32_t payload_bytes) {
+             Throw(a.SetJobPayload(index, payload_bytes));
+           }, py::arg("index"), py::arg("payload_bytes"))
       .def("remove_job", [](Aggregator& a, uint32_t index) { Throw(a.RemoveJob(index)); })
       .def("group", &Aggregator::Group, py::arg("index"))
       .def("counters", &Aggregator::GlobalCounters)
@@ -175,6 +179,15 @@ PYBIND11_MODULE(_native, m) {
              Throw(a.JobCounters(index, &out));
              return out;
            });
+
+  // Path MTU and the payload it carries (docs/protocol.md, "Payload size").
+  m.def("path_mtu", [](const std::string& host, uint16_t port) {
+    int mtu = 0;
+    bool ipv6 = false;
+    Throw(PathMtu(host, port, &mtu, &ipv6));
+    return py::make_tuple(mtu, ipv6);
+  }, py::arg("host"), py::arg("port") = wire::kDefaultPort);
+  m.def("payload_for_mtu", &PayloadForMtu, py::arg("mtu"), py::arg("ipv6") = false);
 
   py::class_<PyRequest, std::shared_ptr<PyRequest>>(m, "Request")
       .def("done", &PyRequest::Done)

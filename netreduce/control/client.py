@@ -4,26 +4,10 @@ from __future__ import annotations
 import json
 import socket
 import threading
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Optional
 
+from netreduce.control.address import Address, format_address, parse_address  # noqa: F401
 from netreduce.errors import ControlPlaneError
-
-Address = Tuple[str, int]
-
-
-def format_address(address: Address) -> str:
-    return f"{address[0]}:{address[1]}"
-
-
-def parse_address(text: str, default_port: int = 4791) -> Address:
-    """'host:port' or 'host' -> (host, port)."""
-    host, sep, port = text.rpartition(":")
-    if not sep:
-        return text, default_port
-    try:
-        return host, int(port)
-    except ValueError:
-        raise ValueError(f"bad aggregator address {text!r}: expected host:port") from None
 
 
 class ControlClient:

@@ -2,7 +2,8 @@
 
 One thread per connection, so a handler may block (a barrier, a negotiation round
 waiting for ranks). Built-in commands: ``register`` (job admission and rank
-check-in), ``release``, ``counters``. Other modules add commands with
+check-in, with the path MTU the rank sees), ``payload`` (wait until the job's
+payload is fixed: netreduce.control.payload), ``release``, ``counters``. Other modules add commands with
 ``register_handler`` and learn of closed connections (a rank that died or shut
 down) with ``register_disconnect_hook``; ``netreduce.control.negotiation`` does so
 at import time."""
@@ -17,7 +18,11 @@ import socketserver
 import threading
 from typing import Any, Callable, Dict, List, Optional
 
+from netreduce.control.payload import JobPayload, views_of
+
 log = logging.getLogger("netreduce.switch")
+# How long the last rank's register waits for the earlier ranks to be told the payload.
+INFORM_WAIT_S = 5.0
 
 
 class RequestError(Exception):
@@ -36,6 +41,17 @@ class JobRecord:
     # (one that shut down and called init() again) starts the next run in a pool of
     # its own, so that its packets never meet this run's slot state.
     closing: bool = False
+    # The pool's payload: provisional (the views so far) until every rank has
+    # registered, then final; why says which path decided it.
+    plan: Optional[JobPayload] = None
+    payload_bytes: int = 0
+    payload_reason: str = ""
+    payload_final: bool = False
+    # Ranks that will ask for the final payload (register said await_payload) and
+    # those that have been answered: the last rank's register returns only once the
+    # others have their answer, so data never waits on a control round trip.
+    awaiting: set = dataclasses.field(default_factory=set)
+    informed: set = dataclasses.field(default_factory=set)
 
 
 class Session:
@@ -70,9 +86,14 @@ class ControlServer(socketserver.ThreadingTCPServer):
     # backlog of 5 would drop some of a large job's and cost each a 1 s SYN retry.
     request_queue_size = 128
 
-    def __init__(self, host: str, port: int, aggregator: Any) -> None:
+    def __init__(self, host: str, port: int, aggregator: Any,
+                 payload_explicit: bool = False) -> None:
         self.aggregator = aggregator
+        # aggregator.payload_bytes is the cap: --payload-bytes when given, else the
+        # wire's largest; each job's own payload follows its ranks' paths.
+        self.payload_explicit = payload_explicit
         self.lock = threading.Lock()
+        self.payload_fixed = threading.Condition(self.lock)
         self.jobs: Dict[str, JobRecord] = {}
         super().__init__((host, port), _ConnectionHandler)
 
@@ -81,19 +102,25 @@ class ControlServer(socketserver.ThreadingTCPServer):
         name, rank, size = str(msg["job"]), int(msg["rank"]), int(msg["size"])
         if not 0 <= rank < size:
             raise RequestError(f"job '{name}': rank {rank} out of range for world size {size}")
+        views = self._path_views(sess, rank, msg)
         with self.lock:
             job = self.jobs.get(name)
             if job is not None and job.closing:
                 job = None  # the old run stays alive for its own ranks until they leave
             if job is None:
                 key = secrets.randbits(32)
+                plan = JobPayload(int(self.aggregator.payload_bytes), self.payload_explicit)
+                plan.add(views)
                 try:
-                    index = self.aggregator.add_job(size, key)
+                    payload, reason = plan.choose()
+                    index = self.aggregator.add_job(size, key, payload)
                 except Exception as exc:  # refused: max jobs or memory limit
                     raise RequestError(f"job '{name}' (rank {rank}) refused: {exc}") from None
-                job = JobRecord(name, size, index, key)
+                job = JobRecord(name, size, index, key, plan=plan, payload_bytes=payload,
+                                payload_reason=reason)
                 self.jobs[name] = job
                 log.info("job '%s' admitted: index %d, world size %d", name, index, size)
+                views = []
             elif job.size != size:
                 raise RequestError(
                     f"job '{name}': rank {rank} says world size {size}, but the job was "
@@ -101,13 +128,77 @@ class ControlServer(socketserver.ThreadingTCPServer):
             if rank in job.ranks:
                 raise RequestError(
                     f"job '{name}': rank {rank} is already registered (from {job.ranks[rank].peer})")
+            self._settle_payload(job, views, name, rank)
             job.ranks[rank] = sess
             sess.job, sess.rank, sess.record = name, rank, job
+            if len(job.ranks) == job.size:
+                job.payload_final = True
+                self.payload_fixed.notify_all()
+                log.info("job '%s': %s", name, job.payload_reason)
+                self.payload_fixed.wait_for(
+                    lambda: job.awaiting <= job.informed or job.closing, timeout=INFORM_WAIT_S)
+            elif msg.get("await_payload"):
+                job.awaiting.add(rank)
+            final = job.payload_final
         agg = self.aggregator
         group, group_port = agg.group(job.index)
         return {"job_index": job.index, "key": job.key, "slots": agg.slots,
-                "payload_bytes": agg.payload_bytes, "data_port": agg.port, "threads": agg.threads,
+                "payload_bytes": job.payload_bytes if final else 0,
+                "payload_reason": job.payload_reason if final else "",
+                "data_port": agg.port, "threads": agg.threads,
                 "group": group, "group_port": group_port}
+
+    def _path_views(self, sess: Session, rank: int, msg: Dict[str, Any]) -> List[Any]:
+        """The rank's own report of its path MTU and the aggregator's route back."""
+        from netreduce import _native
+        peer_ip = sess.peer.rsplit(":", 1)[0]
+        reported = None
+        if msg.get("mtu"):
+            reported = (int(msg["mtu"]), bool(msg.get("ipv6", False)))
+        try:
+            own = tuple(_native.path_mtu(peer_ip, self.aggregator.port))
+        except Exception as exc:  # no route back: the data plane will say so
+            log.warning("no path MTU toward %s (rank %d): %s", peer_ip, rank, exc)
+            own = None
+        return views_of(rank, str(msg.get("host", "")), peer_ip, reported, own,
+                        _native.payload_for_mtu)
+
+    def _settle_payload(self, job: JobRecord, views: List[Any], name: str, rank: int) -> None:
+        """A later rank's views may lower the job's payload (never raise it): shrink the
+        pool before any rank has the payload. Called with the lock held."""
+        if not views or job.plan is None or job.payload_final:
+            return
+        job.plan.add(views)
+        try:
+            payload, reason = job.plan.choose()
+            if payload < job.payload_bytes:
+                self.aggregator.set_job_payload(job.index, payload)
+        except Exception as exc:
+            raise RequestError(f"job '{name}' (rank {rank}): {exc}") from None
+        job.payload_bytes, job.payload_reason = payload, reason
+
+    def payload_delivered(self, sess: Session) -> None:
+        """The final payload's answer to ``sess`` has been written to its socket."""
+        with self.lock:
+            if sess.record is not None:
+                sess.record.informed.add(sess.rank)
+                self.payload_fixed.notify_all()
+
+    def wait_payload(self, sess: Session, msg: Dict[str, Any]) -> Dict[str, Any]:
+        """The job's payload once every rank has registered; payload_bytes 0 and the
+        ranks still missing when ``wait`` seconds (at most 5) pass first."""
+        job = sess.record
+        if job is None:
+            raise RequestError("'payload' before 'register' on this connection")
+        wait = max(0.0, min(float(msg.get("wait", 0.0)), 5.0))
+        with self.payload_fixed:
+            self.payload_fixed.wait_for(lambda: job.payload_final or job.closing, timeout=wait)
+            if not job.payload_final and job.closing:
+                raise RequestError(f"job '{job.name}': a rank left before every rank had "
+                                   "registered; this run of the job is over")
+            missing = sorted(set(range(job.size)) - set(job.ranks))
+            return {"payload_bytes": job.payload_bytes if job.payload_final else 0,
+                    "payload_reason": job.payload_reason, "missing": missing}
 
     def release(self, sess: Session) -> None:
         """Drop the session's rank from its job; the last rank out frees the pool."""
@@ -117,6 +208,7 @@ class ControlServer(socketserver.ThreadingTCPServer):
                 return
             del job.ranks[sess.rank]
             job.closing = True
+            self.payload_fixed.notify_all()
             if not job.ranks:
                 if self.jobs.get(job.name) is job:
                     del self.jobs[job.name]
@@ -132,7 +224,10 @@ class ControlServer(socketserver.ThreadingTCPServer):
                 c = dict(self.aggregator.job_counters(job.index))
             except ValueError:
                 continue  # removed meanwhile
-            c.update(index=job.index, size=job.size, ranks=sorted(job.ranks))
+            c.update(index=job.index, size=job.size, ranks=sorted(job.ranks),
+                     payload_bytes=job.payload_bytes,
+                     payload_reason=job.payload_reason if job.payload_final else
+                     f"pending until every rank has registered ({job.payload_reason})")
             jobs[job.name] = c
         return {"global": dict(self.aggregator.counters()), "jobs": jobs}
 
@@ -144,6 +239,7 @@ class _ConnectionHandler(socketserver.StreamRequestHandler):
         sess = Session("%s:%d" % self.client_address[:2])
         try:
             for line in self.rfile:
+                msg: Any = {}
                 try:
                     msg = json.loads(line)
                     reply = dict(self._dispatch(srv, sess, msg), ok=True)
@@ -153,6 +249,9 @@ class _ConnectionHandler(socketserver.StreamRequestHandler):
                     reply = {"ok": False, "error": f"malformed request {line[:200]!r}: {exc!r}"}
                 self.wfile.write((json.dumps(reply, separators=(",", ":")) + "\n").encode())
                 self.wfile.flush()
+                if reply.get("payload_bytes") and isinstance(msg, dict) and \
+                        msg.get("cmd") == "payload":
+                    srv.payload_delivered(sess)
         except (ConnectionError, OSError):
             pass
         finally:
@@ -168,6 +267,8 @@ class _ConnectionHandler(socketserver.StreamRequestHandler):
         cmd = msg.get("cmd")
         if cmd == "register":
             return srv.register(sess, msg)
+        if cmd == "payload":
+            return srv.wait_payload(sess, msg)
         if cmd == "release":
             srv.release(sess)
             return {}

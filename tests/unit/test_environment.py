@@ -84,3 +84,49 @@ def test_local_defaults_without_locality():
 def test_bad_values_are_named(env, match):
     with pytest.raises(ValueError, match=match):
         environment.discover(env)
+
+
+@pytest.mark.parametrize("env, job", [
+    ({"TORCHELASTIC_RUN_ID": "abc"}, "torchrun-abc"),
+    ({"TORCHELASTIC_RUN_ID": "none", "MASTER_ADDR": "h0", "MASTER_PORT": "29500"},
+     "torchrun-h0:29500"),
+    ({"MASTER_ADDR": "h0"}, "torchrun-h0"),
+    ({"TORCHELASTIC_RUN_ID": "none"}, ""),
+    ({}, ""),
+])
+def test_torchrun_job_name_from_what_identifies_the_launch(env, job):
+    t = environment.discover(dict(env, RANK="1", WORLD_SIZE="2"))
+    assert t.job == job
+    assert "none" not in t.job and not t.job.endswith(":")
+    assert (environment.job_problem(t) == "") == bool(job)
+
+
+def test_ranks_that_cannot_agree_on_a_name_are_told_to_set_netreduce_job():
+    t = environment.discover({"RANK": "1", "WORLD_SIZE": "2", "TORCHELASTIC_RUN_ID": "none"})
+    with pytest.raises(environment.NetReduceError) as info:
+        environment.require_job(t)
+    msg = str(info.value)
+    assert "rank 1 of 2 (from torchrun)" in msg and "NETREDUCE_JOB" in msg
+    assert "MASTER_ADDR" in msg and "TORCHELASTIC_RUN_ID" in msg
+
+
+def test_a_single_torchrun_rank_needs_no_agreement():
+    t = environment.discover({"RANK": "0", "WORLD_SIZE": "1"})
+    assert environment.require_job(t) == "torchrun"
+
+
+def test_netreduce_job_overrides_the_derivation(monkeypatch):
+    monkeypatch.setenv("NETREDUCE_JOB", "resnet-7")
+    t = environment.discover({"RANK": "1", "WORLD_SIZE": "2"})
+    assert environment.require_job(t) == "resnet-7"
+
+
+def test_init_refuses_before_connecting(monkeypatch):
+    from netreduce import api
+    for var in ("NETREDUCE_SWITCH", "NETREDUCE_RANK", "NETREDUCE_SIZE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(environment.config, "launcher_environment",
+                        lambda: {"RANK": "1", "WORLD_SIZE": "2"})
+    monkeypatch.setattr(api, "_connect", lambda *a, **k: pytest.fail("connected"))
+    with pytest.raises(environment.NetReduceError, match="export NETREDUCE_JOB"):
+        api.init()

@@ -62,6 +62,49 @@ Status LocalAddressFor(const Endpoint& peer, uint32_t* ip) {
   return Status::Ok();
 }
 
+Status PathMtu(const std::string& host, uint16_t port, int* mtu, bool* ipv6) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_DGRAM;
+  hints.ai_flags = AI_NUMERICSERV;
+  addrinfo* res = nullptr;
+  const std::string service = std::to_string(port);
+  int rc = getaddrinfo(host.c_str(), service.c_str(), &hints, &res);
+  if (rc != 0 || res == nullptr) {
+    return InvalidArgument("cannot resolve host '" + host + "': " + gai_strerror(rc));
+  }
+  // IPv4 first: the data plane speaks RoCEv2 over IPv4.
+  addrinfo* pick = res;
+  for (addrinfo* a = res; a != nullptr; a = a->ai_next) {
+    if (a->ai_family == AF_INET) { pick = a; break; }
+  }
+  const bool v6 = pick->ai_family == AF_INET6;
+  int fd = socket(pick->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    freeaddrinfo(res);
+    return IoError(Errno("socket"));
+  }
+  int pmtu = v6 ? IPV6_PMTUDISC_DO : IP_PMTUDISC_DO;
+  setsockopt(fd, v6 ? IPPROTO_IPV6 : IPPROTO_IP, v6 ? IPV6_MTU_DISCOVER : IP_MTU_DISCOVER, &pmtu,
+             sizeof(pmtu));
+  Status st = Status::Ok();
+  if (connect(fd, pick->ai_addr, pick->ai_addrlen) != 0) {
+    st = IoError(Errno(("no route to aggregator " + host + " port " + service).c_str()));
+  } else {
+    int value = 0;
+    socklen_t len = sizeof(value);
+    if (getsockopt(fd, v6 ? IPPROTO_IPV6 : IPPROTO_IP, v6 ? IPV6_MTU : IP_MTU, &value, &len) != 0) {
+      st = IoError(Errno(("path MTU toward " + host).c_str()));
+    } else {
+      *mtu = value;
+      *ipv6 = v6;
+    }
+  }
+  close(fd);
+  freeaddrinfo(res);
+  return st;
+}
+
 static void SetBuffer(int fd, int force_opt, int opt, int bytes) {
   // SO_*BUFFORCE exceeds net.core.*mem_max when we have CAP_NET_ADMIN; else the
   // plain option is clamped by the kernel, which is still correct, only slower.
@@ -175,9 +218,11 @@ Status UdpTransport::SendBatch(OutPacket* pkts, size_t n) {
         size_t bytes = 0;
         for (int k = 0; k < pkts[done].iovcnt; ++k) bytes += pkts[done].iov[k].iov_len;
         return IoError("a " + std::to_string(bytes) + "-byte datagram to " + ToString(pkts[done].to) +
-                       " exceeds the path MTU (netreduce sets DF, so the kernel does not fragment); "
-                       "start netreduce-switch with --payload-bytes at most the link MTU - 64 "
-                       "(e.g. 8192 for MTU 9000, 4096 for RoCE's 4200)");
+                       " exceeds the path MTU (netreduce sets DF, so the kernel does not fragment): "
+                       "the path's MTU fell after the job was admitted with a payload that fit, "
+                       "or a hop has a smaller MTU than the hosts' interfaces; start "
+                       "netreduce-switch with --payload-bytes at most the smallest MTU - 64 "
+                       "(e.g. 8936 for MTU 9000, 1432 for 1500, 4096 for RoCE's 4200)");
       }
       return IoError(Errno(("sendmmsg to " + ToString(pkts[done].to)).c_str()));
     }

@@ -54,5 +54,10 @@ class UdpTransport : public Transport {
 Status ResolveIpv4(const std::string& host, uint32_t* ip);
 // The local address the kernel would use to reach `peer` (a connected probe socket).
 Status LocalAddressFor(const Endpoint& peer, uint32_t* ip);
+// The path MTU toward `host` (name, IPv4 or IPv6 literal) as the kernel knows it now:
+// IP_MTU / IPV6_MTU of a connected UDP probe socket with DF set, i.e. the route's
+// MTU lowered by any ICMP "fragmentation needed" it has learnt. `ipv6` says which
+// family the address resolved to (the IP header is 20 or 40 bytes).
+Status PathMtu(const std::string& host, uint16_t port, int* mtu, bool* ipv6);
 
 }  // namespace netreduce
