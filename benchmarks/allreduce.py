@@ -127,6 +127,12 @@ class _Horovod:
         self.hvd.shutdown()
 
 
+def _hierarchical(cfg: dict, rank: int, size: int):
+    """netreduce's hierarchical algorithm (benchmarks/hierarchical.py runs it)."""
+    from hierarchical import HierarchicalImpl
+    return HierarchicalImpl(cfg, rank, size)
+
+
 def _as_tensor(impl, arr):
     return impl.torch.from_numpy(arr) if hasattr(impl, "torch") else arr
 
@@ -140,8 +146,8 @@ def worker_main(cfg: dict) -> int:
         rank, size = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
     else:
         rank, size = int(cfg["rank"]), int(cfg["np"])
-    impl = {"netreduce": _Netreduce, "gloo": _Gloo, "mpi": _Mpi, "horovod": _Horovod}[impl_name](
-        cfg, rank, size)
+    impl = {"netreduce": _Netreduce, "gloo": _Gloo, "mpi": _Mpi, "horovod": _Horovod,
+            "hierarchical": _hierarchical}[impl_name](cfg, rank, size)
     out = open(cfg["out"].format(rank=rank), "w")
     switch_pid = cfg.get("switch_pid") if rank == 0 else None
     for nbytes in cfg["sizes"]:
@@ -287,7 +293,7 @@ def run_impl(impl: str, n: int, runner: Runner, base_cfg: dict, args) -> List[di
     env_extra: Dict[str, str] = {}
     cleanup = []
     try:
-        if impl == "netreduce":
+        if impl in ("netreduce", "hierarchical"):
             address, pid, stop = runner.spawn_switch(shlex.split(args.switch_args))
             cleanup.append(stop)
             cfg.update(switch=list(address), switch_pid=pid, job=f"bench-{uuid.uuid4().hex[:8]}")
@@ -301,7 +307,8 @@ def run_impl(impl: str, n: int, runner: Runner, base_cfg: dict, args) -> List[di
             port = rdv.start()
             cleanup.append(rdv.stop)
             # One slot per namespace: every rank is its own host, as on a real cluster.
-            hosts = ",".join(f"h{i}:1" for i in range(n)) if runner.tb else f"localhost:{n}"
+            hosts = getattr(runner, "horovod_hosts", None) or (
+                ",".join(f"h{i}:1" for i in range(n)) if runner.tb else f"localhost:{n}")
             plan = get_host_assignments(parse_hosts(hosts), n)
             rdv.init(plan)
             env_extra.update(HOROVOD_GLOO_RENDEZVOUS_ADDR=runner.driver_addr(),
@@ -317,7 +324,7 @@ def run_impl(impl: str, n: int, runner: Runner, base_cfg: dict, args) -> List[di
         procs = []
         if impl == "mpi":
             mpi = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none",
-                   "--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", runner.ifname or "lo",
+                   "--mca", "btl", getattr(args, "mpi_btl", None) or "tcp,self", "--mca", "btl_tcp_if_include", runner.ifname or "lo",
                    "-x", "PYTHONPATH", "-x", "OMP_NUM_THREADS", *shlex.split(args.mpi_args)]
             if runner.tb:
                 br = runner.tb.plan.bridge
