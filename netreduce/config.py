@@ -42,7 +42,8 @@ def declare(name: str, type: Callable[[str], Any], default: Any, help: str) -> K
 
 # --- data plane -------------------------------------------------------------
 declare("NETREDUCE_SWITCH", str, "",
-        "aggregator control address host:port; empty = the launcher's embedded one")
+        "aggregator control address HOST[:PORT] (port 4791 if omitted; [IPv6]:PORT; host "
+        "names resolve); empty = the launcher's embedded one")
 declare("NETREDUCE_TIMEOUT", float, 30.0,
         "seconds an operation may wait (aggregator silence, missing ranks) before failing")
 declare("NETREDUCE_RETRANSMIT_MS", float, 50.0,
