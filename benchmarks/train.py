@@ -359,6 +359,7 @@ def run_one_testbed(tb, mode: str, model: str, n: int, args: argparse.Namespace)
     import common
 
     record = {"mode": mode, "model": model, "ranks": n}
+    L = args.per_host  # ranks per emulated host: rank r runs in host r // L
     if mode == "hvd-gloo":
         missing = _horovod_missing()
         if missing:
@@ -378,16 +379,16 @@ def run_one_testbed(tb, mode: str, model: str, n: int, args: argparse.Namespace)
             cleanup.append(sw.stop)
             common_env.update(NETREDUCE_SWITCH=f"{sw.address[0]}:{sw.address[1]}",
                               NETREDUCE_JOB=f"train-{uuid.uuid4().hex[:8]}",
-                              NETREDUCE_SIZE=str(n), NETREDUCE_LOCAL_SIZE="1")
+                              NETREDUCE_SIZE=str(n), NETREDUCE_LOCAL_SIZE=str(L))
             per_rank[0]["NRBENCH_SWITCH_PID"] = str(sw.pid)
             for r in range(n):
-                per_rank[r].update(NETREDUCE_RANK=str(r), NETREDUCE_LOCAL_RANK="0")
+                per_rank[r].update(NETREDUCE_RANK=str(r), NETREDUCE_LOCAL_RANK=str(r % L))
         if mode in ("nr-ddp", "nr-hook", "ddp-gloo"):
             # TCPStore in host 0's namespace, reached over the emulated links.
             common_env.update(MASTER_ADDR=tb.hosts[0].address, MASTER_PORT=str(ar._free_port()),
-                              WORLD_SIZE=str(n), LOCAL_WORLD_SIZE="1")
+                              WORLD_SIZE=str(n), LOCAL_WORLD_SIZE=str(L))
             for r in range(n):
-                per_rank[r].update(RANK=str(r), LOCAL_RANK="0")
+                per_rank[r].update(RANK=str(r), LOCAL_RANK=str(r % L))
         if mode in ("nr-hook", "ddp-gloo", "hvd-gloo"):
             common_env["GLOO_SOCKET_IFNAME"] = tb.ifname
         if mode == "hvd-gloo":
@@ -396,7 +397,7 @@ def run_one_testbed(tb, mode: str, model: str, n: int, args: argparse.Namespace)
             rdv = RendezvousServer(verbose=0)
             port = rdv.start()
             cleanup.append(rdv.stop)
-            plan = get_host_assignments(parse_hosts(",".join(f"h{i}:1" for i in range(n))), n)
+            plan = get_host_assignments(parse_hosts(",".join(f"h{i}:{L}" for i in range(n // L))), n)
             rdv.init(plan)
             common_env.update(HOROVOD_GLOO_RENDEZVOUS_ADDR=tb.plan.bridge_address,
                               HOROVOD_GLOO_RENDEZVOUS_PORT=str(port), HOROVOD_CONTROLLER="gloo",
@@ -413,7 +414,7 @@ def run_one_testbed(tb, mode: str, model: str, n: int, args: argparse.Namespace)
         for r in range(n):
             env = ar._worker_env(dict(common_env, **per_rank[r]))
             with open(logs[r], "w") as log:
-                procs.append(tb.popen(r, me, env=env, cwd=ROOT, stdout=log,
+                procs.append(tb.popen(r // L, me, env=env, cwd=ROOT, stdout=log,
                                       stderr=subprocess.STDOUT))
         t0 = time.monotonic()
         try:
@@ -651,13 +652,18 @@ def testbed_main(args: argparse.Namespace) -> int:
         print("train.py --testbed: one world size per run (--ranks N)", file=sys.stderr)
         return 2
     n = args.ranks[0]
+    if args.per_host < 1 or n % args.per_host:
+        print(f"train.py --testbed: --per-host {args.per_host} does not divide {n} ranks",
+              file=sys.stderr)
+        return 2
     t_start = time.monotonic()
     meta = {"date": common.utc_now(), "command": common.command_line(),
             "machine": common.machine_description(), "loadavg_at_start": os.getloadavg(),
             "mode": "testbed", "rate": args.rate, "ranks": n, "models": args.models,
             "modes": args.modes, "batch": args.batch_size, "steps": args.steps,
             "warmup": args.warmup, "threads": args.threads, "repeat": args.repeat,
-            "switch_args": args.switch_args, "testbed_name": args.testbed_name}
+            "switch_args": args.switch_args, "testbed_name": args.testbed_name,
+            "per_host": args.per_host}
     records: List[Dict] = []
     import threading
     samples: List[float] = []
@@ -670,7 +676,7 @@ def testbed_main(args: argparse.Namespace) -> int:
 
     sampler = threading.Thread(target=sample_load, daemon=True)
     sampler.start()
-    with Testbed(hosts=n, rate=args.rate, name=args.testbed_name, subnet=args.subnet,
+    with Testbed(hosts=n // args.per_host, rate=args.rate, name=args.testbed_name, subnet=args.subnet,
                  replace=True) as tb:
         print("# " + tb.describe().replace("\n", "\n# "), flush=True)
         print(f"{'model':9} {'N':>2} {'mode':9} {'samples/s':>10} {'s/step':>7} {'cpu0':>5} "
@@ -743,6 +749,8 @@ def main() -> int:
                    help="one rank per emulated host of netreduce.testbed (root), N=4 by default")
     p.add_argument("--rate", default="300mbit",
                    help="testbed: each host link's rate each way, tc syntax (default 300mbit)")
+    p.add_argument("--per-host", type=int, default=1,
+                   help="testbed: ranks per emulated host (netreduce then runs hierarchical)")
     p.add_argument("--testbed-name", default="nrtrain", help="testbed name prefix (default nrtrain)")
     p.add_argument("--subnet", default="10.80.0.0/24", help="testbed subnet (default 10.80.0.0/24)")
     p.add_argument("--switch-args", default="", help="testbed: extra netreduce-switch options")
