@@ -110,3 +110,17 @@ def test_netreduce_info_reports_each_jobs_payload(switch):
     finally:
         for c in conns:
             c.close()
+
+
+def test_host_names_resolve_and_ipv6_is_refused_clearly(switch):
+    from netreduce.errors import AdmissionError
+    port = switch.address[1]
+    with dataplane.connect(("localhost", port), _job(), 0, 1) as conn:
+        assert conn.address == ("127.0.0.1", port)
+        a = np.ones(3, np.float32)
+        conn.allreduce(a)
+        assert (a == 1).all()
+    with pytest.raises(AdmissionError, match=r"\[::1\]:\d+.*IPv6.*IPv4 only"):
+        dataplane.connect(("::1", port), _job(), 0, 1)
+    with pytest.raises(AdmissionError, match="'no-such-host.invalid' does not resolve"):
+        dataplane.connect(("no-such-host.invalid", port), _job(), 0, 1)
