@@ -12,6 +12,7 @@ NetReduceErrors. With one host there is no sub-job and no network stage at all.
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
@@ -37,6 +38,10 @@ class Hierarchical:
         self.layout = layout
         self._native = native
         self.shard = shard        # this local rank's sub-job connection (None on one host)
+        # The native pipeline runs one call at a time (chunk serials must follow the
+        # same order on every local rank); the communicator has one executor thread,
+        # direct users may have more.
+        self._lock = threading.Lock()
         self._where = (f"rank {layout.rank} (local rank {layout.local_rank} of "
                        f"{layout.local_size} on host '{layout.labels[layout.host_index]}')")
 
@@ -105,7 +110,8 @@ class Hierarchical:
             raise ValueError("destination array is read-only")
         native = self._live()
         try:
-            native.allreduce(src, dst, _native.DTYPES[name], _native.OPS[op])
+            with self._lock:
+                native.allreduce(src, dst, _native.DTYPES[name], _native.OPS[op])
         except _native.EngineError as exc:
             failed = native.failed_rank
             if failed >= 0:
