@@ -131,7 +131,7 @@ class Connection:
         self.threads = int(grant["threads"])
         self.payload_bytes = int(grant.get("payload_bytes", 0))  # 0: not fixed yet
         self.payload_reason = str(grant.get("payload_reason", ""))
-        self._missing: list = []
+        self._missing: list = list(grant.get("missing", []))
         self._start_error: Optional[Exception] = None
         self._started = threading.Event()
         if self.payload_bytes:  # the last rank to register (or a job of one)

@@ -140,11 +140,12 @@ class ControlServer(socketserver.ThreadingTCPServer):
             elif msg.get("await_payload"):
                 job.awaiting.add(rank)
             final = job.payload_final
+            missing = sorted(set(range(job.size)) - set(job.ranks))
         agg = self.aggregator
         group, group_port = agg.group(job.index)
         return {"job_index": job.index, "key": job.key, "slots": agg.slots,
                 "payload_bytes": job.payload_bytes if final else 0,
-                "payload_reason": job.payload_reason if final else "",
+                "payload_reason": job.payload_reason if final else "", "missing": missing,
                 "data_port": agg.port, "threads": agg.threads,
                 "group": group, "group_port": group_port}
 
