@@ -3,6 +3,8 @@
     python benchmarks/train.py --framework torch                 # everything, one run
     python benchmarks/train.py --framework torch --models alexnet --ranks 2 \
         --modes nr-hvd,ddp-gloo --steps 5
+    PYTHONPATH=. python benchmarks/train.py --framework mxnet --testbed   # benchmarks/train_mxnet.py
+    PYTHONPATH=. python benchmarks/train.py --framework tensorflow --testbed  # train_tensorflow.py
 
 Modes, each started with its own launcher on this host:
   nr-hvd    netreduce.torch Horovod API: DistributedOptimizer      (netreduce-run)
@@ -728,9 +730,20 @@ def testbed_main(args: argparse.Namespace) -> int:
 
 
 def main() -> int:
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--framework", default="torch")
+    known, rest = pre.parse_known_args()
+    if known.framework == "mxnet":  # its model and loop, workers in MXNet's own venv
+        sys.path.insert(0, HERE)
+        import train_mxnet
+        return train_mxnet.main(rest)
+    if known.framework == "tensorflow":  # Keras model and loop: benchmarks/train_tensorflow.py
+        sys.path.insert(0, HERE)
+        import train_tensorflow
+        return train_tensorflow.main(rest)
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--framework", default="torch", choices=["torch"],
-                   help="only PyTorch is implemented")
+    p.add_argument("--framework", default="torch", choices=["torch", "mxnet"],
+                   help="torch (this file) or mxnet (benchmarks/train_mxnet.py, --testbed)")
     p.add_argument("--models", default="resnet18,alexnet")
     p.add_argument("--ranks", default="2,4", help="comma-separated world sizes")
     p.add_argument("--modes", default=",".join(MODES), help=f"any of {','.join(ALL_MODES)}")
