@@ -129,8 +129,8 @@ class _Horovod:
 
 def _hierarchical(cfg: dict, rank: int, size: int):
     """netreduce's hierarchical algorithm (benchmarks/hierarchical.py runs it)."""
-    from hierarchical import HierarchicalImpl
-    return HierarchicalImpl(cfg, rank, size)
+    from hierarchical import ApiImpl, HierarchicalImpl
+    return (ApiImpl if cfg["impl"].endswith("-api") else HierarchicalImpl)(cfg, rank, size)
 
 
 def _as_tensor(impl, arr):
@@ -147,7 +147,8 @@ def worker_main(cfg: dict) -> int:
     else:
         rank, size = int(cfg["rank"]), int(cfg["np"])
     impl = {"netreduce": _Netreduce, "gloo": _Gloo, "mpi": _Mpi, "horovod": _Horovod,
-            "hierarchical": _hierarchical}[impl_name](cfg, rank, size)
+            "hierarchical": _hierarchical, "hierarchical-api": _hierarchical}[impl_name](
+        cfg, rank, size)
     out = open(cfg["out"].format(rank=rank), "w")
     switch_pid = cfg.get("switch_pid") if rank == 0 else None
     for nbytes in cfg["sizes"]:
@@ -293,7 +294,7 @@ def run_impl(impl: str, n: int, runner: Runner, base_cfg: dict, args) -> List[di
     env_extra: Dict[str, str] = {}
     cleanup = []
     try:
-        if impl in ("netreduce", "hierarchical"):
+        if impl in ("netreduce", "hierarchical", "hierarchical-api"):
             address, pid, stop = runner.spawn_switch(shlex.split(args.switch_args))
             cleanup.append(stop)
             cfg.update(switch=list(address), switch_pid=pid, job=f"bench-{uuid.uuid4().hex[:8]}")

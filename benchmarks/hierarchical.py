@@ -36,7 +36,7 @@ if REPO not in sys.path:
 import allreduce  # noqa: E402
 import common  # noqa: E402
 
-IMPLS = ("hierarchical", "netreduce", "gloo", "mpi", "horovod")
+IMPLS = ("hierarchical", "hierarchical-api", "netreduce", "gloo", "mpi", "horovod")
 
 
 class HierarchicalImpl:
@@ -74,6 +74,36 @@ class HierarchicalImpl:
 
     def close(self):
         self.algo.close()
+
+
+class ApiImpl:
+    """Worker side: the public API (nr.init(), nr.allreduce_ with op=Sum), so the
+    figure includes negotiation (NETREDUCE_CYCLE_TIME), the communicator's threads
+    and the fusion path; the algorithm init() chooses is hierarchical here."""
+
+    def __init__(self, cfg: dict, rank: int, size: int) -> None:
+        from netreduce import config
+        L = int(cfg["per_host"])
+        host, port = cfg["switch"]
+        for knob, value in (("NETREDUCE_SWITCH", f"{host}:{port}"), ("NETREDUCE_JOB", cfg["job"]),
+                            ("NETREDUCE_RANK", rank), ("NETREDUCE_SIZE", size),
+                            ("NETREDUCE_LOCAL_RANK", rank % L), ("NETREDUCE_LOCAL_SIZE", L),
+                            ("NETREDUCE_TIMEOUT", cfg["timeout"])):
+            config.set_for_process(knob, value)
+        if cfg.get("shm_chunk"):
+            config.set_for_process("NETREDUCE_SHM_CHUNK", cfg["shm_chunk"])
+        import netreduce as nr
+        self.nr = nr
+        nr.init()
+        assert nr.api._comm().dp.name == "hierarchical"
+        self.in_place = True
+        self.name = None
+
+    def run(self, src, dst):
+        self.nr.allreduce_(dst, op=self.nr.Sum, name=self.name)
+
+    def close(self):
+        self.nr.shutdown()
 
 
 class HostRunner(allreduce.Runner):

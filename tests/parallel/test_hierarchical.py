@@ -115,6 +115,7 @@ def _native_rank(r, n, q_seg, q_out, victim):
     import numpy as np
 
     from netreduce import _native
+    h = None
     try:
         if r == 0:
             seg = _native.ShmSegment.create(n, 64 * 1024, 2)
@@ -133,7 +134,7 @@ def _native_rank(r, n, q_seg, q_out, victim):
             a.fill(r)
         q_out.put((r, "no error", -1))
     except Exception as exc:
-        q_out.put((r, f"{type(exc).__name__}: {exc}", h.failed_rank))
+        q_out.put((r, f"{type(exc).__name__}: {exc}", h.failed_rank if h is not None else -2))
 
 
 def test_native_stage_fails_fast_when_a_peer_dies_without_any_coordinator():
@@ -154,7 +155,7 @@ def test_native_stage_fails_fast_when_a_peer_dies_without_any_coordinator():
             p.join(10)
             if p.is_alive():
                 p.kill()
-    assert procs[victim].exitcode == -9
+    assert procs[victim].exitcode == -9, got
     for r, msg, failed in got:
         assert r != victim
         assert "AbortedError" in msg and "rank 11" in msg and "testhost" in msg, msg
