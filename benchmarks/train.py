@@ -489,9 +489,11 @@ def testbed_markdown(meta: Dict, records: List[Dict], summary: Dict) -> str:
         f"- load average (1/5/15 min) at start: {la0}; at end: {la1}"
         + (" (1-min value every 10 s during the run: %.2f–%.2f)" % tuple(meta["loadavg_1min_during"])
            if meta.get("loadavg_1min_during") else "") + "; 2 cores shared with other work",
-        f"- testbed: {meta['ranks']} host namespaces + aggregator namespace on a bridge, each "
+        f"- testbed: {meta['ranks'] // meta.get('per_host', 1)} host namespaces + aggregator "
+        f"namespace on a bridge, each "
         f"host link shaped to **{meta['rate']}** each way (tc tbf), aggregator link "
-        f"{meta['ranks']} x that, MTU 9000, no loss; one rank per host namespace, netreduce's "
+        f"{meta['ranks'] // meta.get('per_host', 1)} x that, MTU 9000, no loss; "
+        f"{meta.get('per_host', 1)} rank(s) per host namespace, netreduce's "
         "aggregator (netreduce-switch, payload 8192 B) alone in its namespace "
         f"{('(switch args `' + meta['switch_args'] + '`)') if meta['switch_args'] else ''}",
         f"- training: batch {meta['batch']} per rank, 64x64 synthetic images, 1000 classes, "
