@@ -28,19 +28,6 @@ namespace {
 constexpr size_t kBatchBytes = 512 * 1024;
 constexpr size_t kMaxRecvBatch = 128;
 constexpr size_t kRecvBufBytes = 65536;
-constexpr size_t kOutArena = 2048;  // packets built before a forced flush
-
-// Packets waiting to leave, with their headers and trailers kept alive until the
-// batch is sent.
-struct OutBatch {
-  std::vector<OutPacket> pkts;
-  std::vector<uint8_t> headers;   // kHeaderBytes each
-  std::vector<uint8_t> trailers;  // 8 each: pad (<= 3) + ICRC (4)
-  OutBatch() : headers(kOutArena * wire::kHeaderBytes), trailers(kOutArena * 8) {
-    pkts.reserve(kOutArena);
-  }
-  bool full() const { return pkts.size() >= kOutArena; }
-};
 
 inline uint64_t PackPeer(const Endpoint& e) { return (uint64_t(e.ip) << 32) | (uint64_t(e.port) << 16); }
 inline Endpoint UnpackPeer(uint64_t v) { return Endpoint{uint32_t(v >> 32), uint16_t(v >> 16)}; }
@@ -229,43 +216,7 @@ void Aggregator::Loop(uint32_t thread_index) {
   std::vector<uint8_t> storage(kMaxRecvBatch * buf_bytes);
   std::vector<InPacket> in(kMaxRecvBatch);
   for (size_t i = 0; i < kMaxRecvBatch; ++i) in[i].buf = storage.data() + i * buf_bytes;
-  OutBatch out;
-
-  auto flush = [&] {
-    if (!out.pkts.empty()) {
-      sock.SendBatch(out.pkts.data(), out.pkts.size());  // a failed send is a loss
-      out.pkts.clear();
-    }
-  };
-
-  // Queue the stored result of a round for `rank`, or for the whole job's multicast
-  // group when rank == kGroupRank.
-  auto queue_result = [&](Job& job, const wire::Header& round, uint32_t rank, const uint8_t* payload) {
-    if (out.full()) flush();
-    const bool group = rank == wire::kGroupRank;
-    const Endpoint to = group ? job.group : UnpackPeer(job.ranks[rank].peer.load(std::memory_order_relaxed));
-    const uint32_t local_ip = job.ranks[group ? 0 : rank].local_ip.load(std::memory_order_relaxed);
-    const size_t k = out.pkts.size();
-    uint8_t* hdr = &out.headers[k * wire::kHeaderBytes];
-    uint8_t* trailer = &out.trailers[k * 8];
-    wire::Header h = round;
-    h.dest_qp = wire::MakeQpn(job.index, rank);
-    h.result = true;
-    wire::Encode(h, hdr);
-    wire::WriteTrailer(h, local_ip, to.ip, my_port, to.port, hdr, payload, trailer);
-    OutPacket p;
-    p.to = to;
-    p.from_ip = local_ip;
-    p.iov[0] = {hdr, wire::kHeaderBytes};
-    p.iov[1] = {const_cast<uint8_t*>(payload), h.length};
-    p.iov[2] = {trailer, size_t(h.pad) + wire::kIcrcBytes};
-    p.iovcnt = 3;
-    out.pkts.push_back(p);
-    job.counters.Add(job.counters.packets_out);
-    job.counters.Add(job.counters.bytes_out, wire::DatagramBytes(h.length));
-    global_.Add(global_.packets_out);
-    global_.Add(global_.bytes_out, wire::DatagramBytes(h.length));
-  };
+  ResultBatch out(&sock);
 
   while (running_.load(std::memory_order_relaxed)) {
     size_t got = 0;
@@ -277,109 +228,134 @@ void Aggregator::Loop(uint32_t thread_index) {
       for (size_t i = 0; i < got; ++i) largest = std::max(largest, in[i].len);
       batch = batch_for(largest);
     }
-    for (size_t i = 0; i < got; ++i) {
-      InPacket& pkt = in[i];
-      global_.Add(global_.packets_in);
-      global_.Add(global_.bytes_in, pkt.len);
-      wire::Header h;
-      if (pkt.len > buf_bytes) {
-        global_.AddDrop(Drop::kBadLength);
-        continue;
-      }
-      switch (wire::Decode(pkt.buf, pkt.len, &h)) {
-        case wire::DecodeError::kOk: break;
-        case wire::DecodeError::kTruncated: global_.AddDrop(Drop::kTruncated); continue;
-        case wire::DecodeError::kBadOpcode: global_.AddDrop(Drop::kBadOpcode); continue;
-        case wire::DecodeError::kBadLength: global_.AddDrop(Drop::kBadLength); continue;
-      }
-      std::shared_ptr<Job> jp = Lookup(wire::QpnJob(h.dest_qp));
-      if (!jp) {
-        global_.AddDrop(Drop::kUnknownJob);
-        continue;
-      }
-      Job& job = *jp;
-      Counters& jc = job.counters;
-      jc.Add(jc.packets_in);
-      jc.Add(jc.bytes_in, pkt.len);
-      auto drop = [&](Drop d) {
-        jc.AddDrop(d);
-        global_.AddDrop(d);
-      };
-      const uint32_t rank = wire::QpnRank(h.dest_qp);
-      if (h.key != job.key) { drop(Drop::kBadKey); continue; }
-      if (rank >= job.size) { drop(Drop::kBadRank); continue; }
-      if (h.result) { drop(Drop::kResultFlag); continue; }
-      if (!ValidDType(h.dtype)) { drop(Drop::kBadDtype); continue; }
-      if (!ValidOp(h.op)) { drop(Drop::kBadOp); continue; }
-      if (h.slot >= job.pool.slots() || h.slot % cfg_.threads != thread_index) {
-        drop(Drop::kBadSlot);
-        continue;
-      }
-      const DType dt = DType(h.dtype);
-      const size_t esize = ElementSize(dt);
-      const size_t n = h.length / esize;
-      if (h.length % esize != 0 || n * AccumSize(dt) > job.pool.payload_bytes()) {
-        drop(Drop::kBadLength);
-        continue;
-      }
-      const uint8_t* payload = pkt.buf + wire::kHeaderBytes;
-      if (!wire::IcrcValid(h, pkt.from.ip, pkt.local_ip, pkt.from.port, my_port, pkt.buf)) {
-        drop(Drop::kBadIcrc);
-        continue;
-      }
-      job.ranks[rank].peer.store(PackPeer(pkt.from), std::memory_order_relaxed);
-      job.ranks[rank].local_ip.store(pkt.local_ip, std::memory_order_relaxed);
+    for (size_t i = 0; i < got; ++i) HandleDatagram(thread_index, my_port, in[i], out);
+    out.Flush();
+  }
+}
 
-      SlotState& s = job.pool.state(h.slot, h.shadow);
-      if (s.psn < 0 || PsnNewer(h.psn, uint32_t(s.psn))) {
-        // A new round: the previous one on this (slot, shadow) is known to all ranks.
-        s.psn = int32_t(h.psn);
-        s.count = 0;
-        s.complete = false;
-        s.dtype = h.dtype;
-        s.op = h.op;
-        s.length = h.length;
-        s.offset = h.offset;
-        s.msg_id = h.msg_id;
-        job.pool.ResetRound(h.slot, h.shadow);
-        jc.Add(jc.rounds_started);
-        global_.Add(global_.rounds_started);
-      } else if (uint32_t(s.psn) != h.psn) {
-        drop(Drop::kStale);
-        continue;
-      } else if (s.dtype != h.dtype || s.op != h.op || s.length != h.length ||
-                 s.offset != h.offset || s.msg_id != h.msg_id) {
-        drop(Drop::kInconsistent);
-        continue;
-      }
-      uint8_t* acc = job.pool.accumulator(h.slot, h.shadow);
-      if (!job.pool.TestAndSet(h.slot, h.shadow, rank)) {
-        jc.Add(jc.duplicates);
-        global_.Add(global_.duplicates);
-        if (s.complete) {
-          jc.Add(jc.retransmitted_results);
-          global_.Add(global_.retransmitted_results);
-          queue_result(job, h, rank, acc);
-        }
-        continue;
-      }
-      Accumulate(dt, Op(h.op), acc, payload, n, s.count == 0);
-      ++s.count;
-      jc.Add(jc.bytes_reduced, h.length);
-      global_.Add(global_.bytes_reduced, h.length);
-      if (s.count == job.size) {
-        Finish(dt, acc, n);
-        s.complete = true;
-        jc.Add(jc.slots_completed);
-        global_.Add(global_.slots_completed);
-        if (job.group.ip != 0) {
-          queue_result(job, h, wire::kGroupRank, acc);
-        } else {
-          for (uint32_t r = 0; r < job.size; ++r) queue_result(job, h, r, acc);
-        }
-      }
+void Aggregator::QueueResult(Job& job, const wire::Header& round, uint32_t rank,
+                             const uint8_t* payload, uint16_t my_port, ResultBatch& out) {
+  if (out.full()) out.Flush();
+  const bool group = rank == wire::kGroupRank;
+  const Endpoint to = group ? job.group : UnpackPeer(job.ranks[rank].peer.load(std::memory_order_relaxed));
+  const uint32_t local_ip = job.ranks[group ? 0 : rank].local_ip.load(std::memory_order_relaxed);
+  const size_t k = out.pkts.size();
+  uint8_t* hdr = &out.headers[k * wire::kHeaderBytes];
+  uint8_t* trailer = &out.trailers[k * 8];
+  wire::Header h = round;
+  h.dest_qp = wire::MakeQpn(job.index, rank);
+  h.result = true;
+  wire::Encode(h, hdr);
+  wire::WriteTrailer(h, local_ip, to.ip, my_port, to.port, hdr, payload, trailer);
+  OutPacket p;
+  p.to = to;
+  p.from_ip = local_ip;
+  p.iov[0] = {hdr, wire::kHeaderBytes};
+  p.iov[1] = {const_cast<uint8_t*>(payload), h.length};
+  p.iov[2] = {trailer, size_t(h.pad) + wire::kIcrcBytes};
+  p.iovcnt = 3;
+  out.pkts.push_back(p);
+  job.counters.Add(job.counters.packets_out);
+  job.counters.Add(job.counters.bytes_out, wire::DatagramBytes(h.length));
+  global_.Add(global_.packets_out);
+  global_.Add(global_.bytes_out, wire::DatagramBytes(h.length));
+}
+
+void Aggregator::HandleDatagram(uint32_t thread_index, uint16_t my_port, const InPacket& pkt,
+                                ResultBatch& out) {
+  global_.Add(global_.packets_in);
+  global_.Add(global_.bytes_in, pkt.len);
+  wire::Header h;
+  if (pkt.len > pkt.cap) {  // the kernel truncated it: larger than any job's payload
+    global_.AddDrop(Drop::kBadLength);
+    return;
+  }
+  switch (wire::Decode(pkt.buf, pkt.len, &h)) {
+    case wire::DecodeError::kOk: break;
+    case wire::DecodeError::kTruncated: global_.AddDrop(Drop::kTruncated); return;
+    case wire::DecodeError::kBadOpcode: global_.AddDrop(Drop::kBadOpcode); return;
+    case wire::DecodeError::kBadLength: global_.AddDrop(Drop::kBadLength); return;
+  }
+  std::shared_ptr<Job> jp = Lookup(wire::QpnJob(h.dest_qp));
+  if (!jp) {
+    global_.AddDrop(Drop::kUnknownJob);
+    return;
+  }
+  Job& job = *jp;
+  Counters& jc = job.counters;
+  jc.Add(jc.packets_in);
+  jc.Add(jc.bytes_in, pkt.len);
+  auto drop = [&](Drop d) {
+    jc.AddDrop(d);
+    global_.AddDrop(d);
+  };
+  const uint32_t rank = wire::QpnRank(h.dest_qp);
+  if (h.key != job.key) return drop(Drop::kBadKey);
+  if (rank >= job.size) return drop(Drop::kBadRank);
+  if (h.result) return drop(Drop::kResultFlag);
+  if (!ValidDType(h.dtype)) return drop(Drop::kBadDtype);
+  if (!ValidOp(h.op)) return drop(Drop::kBadOp);
+  if (h.slot >= job.pool.slots() || h.slot % cfg_.threads != thread_index) {
+    return drop(Drop::kBadSlot);
+  }
+  const DType dt = DType(h.dtype);
+  const size_t esize = ElementSize(dt);
+  const size_t n = h.length / esize;
+  if (h.length % esize != 0 || n * AccumSize(dt) > job.pool.payload_bytes()) {
+    return drop(Drop::kBadLength);
+  }
+  const uint8_t* payload = pkt.buf + wire::kHeaderBytes;
+  if (!wire::IcrcValid(h, pkt.from.ip, pkt.local_ip, pkt.from.port, my_port, pkt.buf)) {
+    return drop(Drop::kBadIcrc);
+  }
+  job.ranks[rank].peer.store(PackPeer(pkt.from), std::memory_order_relaxed);
+  job.ranks[rank].local_ip.store(pkt.local_ip, std::memory_order_relaxed);
+
+  SlotState& s = job.pool.state(h.slot, h.shadow);
+  if (s.psn < 0 || PsnNewer(h.psn, uint32_t(s.psn))) {
+    // A new round: the previous one on this (slot, shadow) is known to all ranks.
+    s.psn = int32_t(h.psn);
+    s.count = 0;
+    s.complete = false;
+    s.dtype = h.dtype;
+    s.op = h.op;
+    s.length = h.length;
+    s.offset = h.offset;
+    s.msg_id = h.msg_id;
+    job.pool.ResetRound(h.slot, h.shadow);
+    jc.Add(jc.rounds_started);
+    global_.Add(global_.rounds_started);
+  } else if (uint32_t(s.psn) != h.psn) {
+    return drop(Drop::kStale);
+  } else if (s.dtype != h.dtype || s.op != h.op || s.length != h.length ||
+             s.offset != h.offset || s.msg_id != h.msg_id) {
+    return drop(Drop::kInconsistent);
+  }
+  uint8_t* acc = job.pool.accumulator(h.slot, h.shadow);
+  if (!job.pool.TestAndSet(h.slot, h.shadow, rank)) {
+    jc.Add(jc.duplicates);
+    global_.Add(global_.duplicates);
+    if (s.complete) {
+      jc.Add(jc.retransmitted_results);
+      global_.Add(global_.retransmitted_results);
+      QueueResult(job, h, rank, acc, my_port, out);
     }
-    flush();
+    return;
+  }
+  Accumulate(dt, Op(h.op), acc, payload, n, s.count == 0);
+  ++s.count;
+  jc.Add(jc.bytes_reduced, h.length);
+  global_.Add(global_.bytes_reduced, h.length);
+  if (s.count == job.size) {
+    Finish(dt, acc, n);
+    s.complete = true;
+    jc.Add(jc.slots_completed);
+    global_.Add(global_.slots_completed);
+    if (job.group.ip != 0) {
+      QueueResult(job, h, wire::kGroupRank, acc, my_port, out);
+    } else {
+      for (uint32_t r = 0; r < job.size; ++r) QueueResult(job, h, r, acc, my_port, out);
+    }
   }
 }
 

@@ -15,6 +15,7 @@
 #include "aggregator/slot_pool.h"
 #include "common/status.h"
 #include "transport/udp/udp_transport.h"
+#include "wire/roce.h"
 
 namespace netreduce {
 
@@ -55,6 +56,25 @@ struct Job {
   Endpoint group;  // multicast destination of results; ip 0 = unicast fan-out
 };
 
+// Results of one receive batch waiting to leave in one sendmmsg, their headers and
+// trailers kept alive until then. `sock` null: results are discarded (fuzz/ drives
+// the per-packet path with no socket).
+struct ResultBatch {
+  static constexpr size_t kArena = 2048;  // packets built before a forced flush
+  UdpTransport* sock = nullptr;
+  std::vector<OutPacket> pkts;
+  std::vector<uint8_t> headers;   // 32 bytes each
+  std::vector<uint8_t> trailers;  // 8 each: pad (<= 3) + ICRC (4)
+  explicit ResultBatch(UdpTransport* s) : sock(s), headers(kArena * 32), trailers(kArena * 8) {
+    pkts.reserve(kArena);
+  }
+  bool full() const { return pkts.size() >= kArena; }
+  void Flush() {
+    if (!pkts.empty() && sock != nullptr) sock->SendBatch(pkts.data(), pkts.size());  // a failed send is a loss
+    pkts.clear();
+  }
+};
+
 class Aggregator {
  public:
   explicit Aggregator(const AggregatorConfig& cfg);
@@ -81,8 +101,18 @@ class Aggregator {
   std::map<std::string, uint64_t> GlobalCounters() const;
   Status JobCounters(uint32_t index, std::map<std::string, uint64_t>* out) const;
 
+  // The per-packet path, the data loop's body: decode and check one datagram that
+  // arrived on data port `my_port` (thread `thread_index`'s), apply the slot state
+  // machine, queue any results in `out`. Needs no Start(): fuzz/ calls it directly.
+  void HandleDatagram(uint32_t thread_index, uint16_t my_port, const InPacket& pkt,
+                      ResultBatch& out);
+
  private:
   void Loop(uint32_t thread_index);
+  // Queues the stored result of a round for `rank`, or for the job's multicast group
+  // when rank == wire::kGroupRank.
+  void QueueResult(Job& job, const wire::Header& round, uint32_t rank, const uint8_t* payload,
+                   uint16_t my_port, ResultBatch& out);
   std::shared_ptr<Job> Lookup(uint32_t index) const;
 
   AggregatorConfig cfg_;

@@ -1,5 +1,9 @@
 #include "aggregator/slot_pool.h"
 
+#include <sys/mman.h>
+
+#include <new>
+
 namespace netreduce {
 
 SlotPool::SlotPool(uint32_t slots, uint32_t payload_bytes, uint32_t world_size)
@@ -8,6 +12,15 @@ SlotPool::SlotPool(uint32_t slots, uint32_t payload_bytes, uint32_t world_size)
       words_((world_size + 63) / 64),
       states_(size_t(slots) * 2),
       bitmap_(size_t(slots) * 2 * words_, 0),
-      accum_(size_t(slots) * 2 * payload_bytes, 0) {}
+      accum_bytes_(size_t(slots) * 2 * payload_bytes),
+      accum_(nullptr) {
+  // Anonymous pages read as zeros; RSS grows only as slots are used.
+  void* p = mmap(nullptr, accum_bytes_ ? accum_bytes_ : 1, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) throw std::bad_alloc();
+  accum_ = static_cast<uint8_t*>(p);
+}
+
+SlotPool::~SlotPool() { munmap(accum_, accum_bytes_ ? accum_bytes_ : 1); }
 
 }  // namespace netreduce

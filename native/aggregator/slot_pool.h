@@ -33,14 +33,17 @@ struct SlotState {
 class SlotPool {
  public:
   SlotPool(uint32_t slots, uint32_t payload_bytes, uint32_t world_size);
+  ~SlotPool();
+  SlotPool(const SlotPool&) = delete;
+  SlotPool& operator=(const SlotPool&) = delete;
 
   uint32_t slots() const { return slots_; }
   uint32_t payload_bytes() const { return payload_bytes_; }
-  size_t memory_bytes() const { return accum_.size(); }
+  size_t memory_bytes() const { return accum_bytes_; }
 
   SlotState& state(uint32_t slot, uint32_t shadow) { return states_[slot * 2 + shadow]; }
   uint8_t* accumulator(uint32_t slot, uint32_t shadow) {
-    return accum_.data() + (size_t(slot) * 2 + shadow) * payload_bytes_;
+    return accum_ + (size_t(slot) * 2 + shadow) * payload_bytes_;
   }
   // Worker bitmap of (slot, shadow): returns true if `rank` was not yet set, and sets it.
   bool TestAndSet(uint32_t slot, uint32_t shadow, uint32_t rank) {
@@ -60,7 +63,11 @@ class SlotPool {
   size_t words_;
   std::vector<SlotState> states_;
   std::vector<uint64_t> bitmap_;
-  std::vector<uint8_t> accum_;
+  // The accumulators: a mapping of their own, so that a job's memory goes back to
+  // the system the moment its pool is freed (a heap block could stay in a malloc
+  // arena, and RSS would grow as jobs come and go: docs/operations.md).
+  size_t accum_bytes_;
+  uint8_t* accum_;
 };
 
 // PSN comparison modulo 2^24: is `a` newer than `b`?
