@@ -29,6 +29,7 @@ from tensorflow.python.distribute import reduce_util
 
 import netreduce as _nr
 
+from .gradient_tape import buckets, fusion_limit
 from .mpi_ops import Sum, default_name, reduce_arrays, run_numpy, size
 
 
@@ -80,9 +81,16 @@ class CrossDeviceOps(tf.distribute.CrossDeviceOps):
             factor = self._replicas_counted(local) / float(n * local)
         else:
             raise ValueError(f"netreduce CrossDeviceOps: unsupported reduce op {reduce_op}")
-        name = default_name("cross_device", sums, self._nr_name)
-        with tf.device(devices[0]):
-            reduced = run_numpy(lambda *a: reduce_arrays(a, name, Sum, 1.0, factor), sums,
-                                [s.dtype for s in sums], [s.shape for s in sums],
+        reduced: List[Any] = [None] * len(sums)
+        # fusion-buffer-sized groups in backprop order, as for DistributedGradientTape
+        for k, bucket in enumerate(buckets(dict(enumerate(sums)), fusion_limit())):
+            part = [sums[i] for i in bucket]
+            name = default_name("cross_device", part,
+                                None if self._nr_name is None else f"{self._nr_name}.b{k}")
+            with tf.device(devices[0]):
+                out = run_numpy(lambda *a, name=name: reduce_arrays(a, name, Sum, 1.0, factor),
+                                part, [t.dtype for t in part], [t.shape for t in part],
                                 "NetReduceCrossDevice")
+            for i, r in zip(bucket, out):
+                reduced[i] = r
         return [self.broadcast(r, d) for r, (_, d) in zip(reduced, pairs)]

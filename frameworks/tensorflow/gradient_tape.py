@@ -1,7 +1,11 @@
 """DistributedGradientTape and the gradient all-reduce shared with the Keras optimizer.
 
-A whole step's gradients leave as one grouped all-reduce: one core submission (and,
-inside tf.function, one graph node), so negotiation and fusion see them together.
+A whole step's gradients leave as grouped all-reduces of up to one fusion buffer each
+(NETREDUCE_FUSION_THRESHOLD, 64 MiB by default) — the most the core fuses into one
+transfer anyway — formed in backprop order (last layer first). Inside tf.function each
+group is one graph node that runs as soon as its gradients exist, so the all-reduce of
+the last layers overlaps the backprop of the first ones; a model whose gradients fit
+one buffer leaves as a single group.
 
 tf.IndexedSlices gradients (embedding lookups) are all-gathered by default, as in
 Horovod: each rank sends only the rows it touched (k rows instead of the whole table),
@@ -12,9 +16,12 @@ touched, and the only choice for Min/Max).
 from __future__ import annotations
 
 import warnings
-from typing import Any, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import tensorflow as tf
+
+import netreduce as _nr
+from netreduce import config
 
 from .compression import Compression
 from .mpi_ops import (Average, _check_process_set, as_op, global_process_set,
@@ -39,20 +46,51 @@ def allreduce_gradients(grads: Sequence[Any], *, op: Any, compression: Any,
     present = [i for i, g in enumerate(grads) if g is not None]
     if not present:
         return grads
-    todo = []
+    todo = {}
     for i in present:
         g = grads[i]
         if sparse_as_dense and isinstance(g, tf.IndexedSlices):
             g = tf.convert_to_tensor(g)
-        todo.append(g)
+        todo[i] = g
     # Average splits its 1/size around the sum: 1/f before, f/size after (Horovod).
     f = float(gradient_predivide_factor)
-    reduced = grouped_allreduce(todo, op=op, compression=compression,
-                                prescale_factor=1.0 / f, postscale_factor=f, name=name)
     out = list(grads)
-    for i, r in zip(present, reduced):
-        out[i] = r
+    for k, bucket in enumerate(buckets(todo, fusion_limit())):
+        label = None if name is None else (f"{name}.b{k}" if k else name)
+        reduced = grouped_allreduce([todo[i] for i in bucket], op=op, compression=compression,
+                                    prescale_factor=1.0 / f, postscale_factor=f, name=label)
+        for i, r in zip(bucket, reduced):
+            out[i] = r
     return out
+
+
+def fusion_limit() -> int:
+    """Bytes the core fuses into one transfer (its fusion buffer)."""
+    if _nr.is_initialized():
+        return int(_nr.api._communicator().fusion.capacity)
+    return int(config.get("NETREDUCE_FUSION_THRESHOLD"))
+
+
+def _nbytes(g: Any) -> int:
+    if isinstance(g, tf.IndexedSlices):
+        return 0  # all-gathered on its own
+    n = g.shape.num_elements()
+    return 0 if n is None else n * g.dtype.size
+
+
+def buckets(grads: Dict[int, Any], limit: int) -> List[List[int]]:
+    """Indices of ``grads`` in groups of up to ``limit`` bytes, last index first (the
+    order in which backprop produces them); one group when they all fit."""
+    groups: List[List[int]] = [[]]
+    filled = 0
+    for i in sorted(grads, reverse=True):
+        size_i = _nbytes(grads[i])
+        if groups[-1] and filled + size_i > limit:
+            groups.append([])
+            filled = 0
+        groups[-1].append(i)
+        filled += size_i
+    return groups
 
 
 class _DistributedGradientTape(tf.GradientTape):

@@ -178,6 +178,26 @@ def test_distributed_gradient_tape_submits_one_group():
     assert np.allclose(g.numpy(), sum(r + 1 for r in range(size)))
 
 
+def test_gradients_beyond_one_fusion_buffer_go_in_backprop_order():
+    """Gradients larger than the core's fusion buffer leave in buffer-sized groups, the
+    last layer's first, each its own node: it can start while backprop goes on."""
+    from netreduce.api import _communicator
+    limit = _communicator().fusion.capacity
+    rows = limit // 4 // 64 * 3 // 4  # each kernel ~3/4 of a buffer: two never share one
+    ws = [tf.Variable(tf.zeros([rows - i, 64]), name=f"w{i}") for i in range(3)]
+
+    @tf.function
+    def step(x):
+        with tf.GradientTape() as tape:
+            loss = tf.add_n([tf.reduce_sum(tf.matmul(x, w, transpose_b=True)) for w in ws])
+        return hvd.DistributedGradientTape(tape).gradient(loss, ws)
+    nodes = _netreduce_nodes(step.get_concrete_function(tf.TensorSpec([2, 64])))
+    assert len(nodes) == 3
+    # chained in submission order, the last variable's gradient first
+    assert [n.control_inputs for n in nodes[1:]] == [[nodes[0]], [nodes[1]]]
+    assert [[t.shape[0] for t in n.inputs] for n in nodes] == [[rows - 2], [rows - 1], [rows]]
+
+
 @pytest.mark.parametrize("sparse_as_dense", [False, True])
 def test_distributed_gradient_tape_indexed_slices(sparse_as_dense):
     """Embedding gradients are IndexedSlices: all-gathered by default, densified with
