@@ -33,7 +33,7 @@ py=${PYTHON:-python3}
 # torch is pinned: the CPU wheel for 2.13.0; a looser pin pulls a multi-GB CUDA build.
 $py -m pip install -q "torch==2.13.0" "pybind11>=2.12" "setuptools>=64" wheel
 extras=torch
-[ "$what" = test ] && extras="torch,test,bench"
+[ "$what" = test ] && extras="torch,test,bench,planner"
 $py -m pip install -q --no-build-isolation -e ".[$extras]"
 
 if [ "$what" = test ]; then
