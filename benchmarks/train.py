@@ -3,6 +3,7 @@
     python benchmarks/train.py --framework torch                 # everything, one run
     python benchmarks/train.py --framework torch --models alexnet --ranks 2 \
         --modes nr-hvd,ddp-gloo --steps 5
+    PYTHONPATH=. python benchmarks/train.py --framework mxnet --testbed   # benchmarks/train_mxnet.py
     PYTHONPATH=. python benchmarks/train.py --framework tensorflow --testbed  # train_tensorflow.py
 
 Modes, each started with its own launcher on this host:
@@ -360,6 +361,7 @@ def run_one_testbed(tb, mode: str, model: str, n: int, args: argparse.Namespace)
     import common
 
     record = {"mode": mode, "model": model, "ranks": n}
+    L = args.per_host  # ranks per emulated host: rank r runs in host r // L
     if mode == "hvd-gloo":
         missing = _horovod_missing()
         if missing:
@@ -379,16 +381,16 @@ def run_one_testbed(tb, mode: str, model: str, n: int, args: argparse.Namespace)
             cleanup.append(sw.stop)
             common_env.update(NETREDUCE_SWITCH=f"{sw.address[0]}:{sw.address[1]}",
                               NETREDUCE_JOB=f"train-{uuid.uuid4().hex[:8]}",
-                              NETREDUCE_SIZE=str(n), NETREDUCE_LOCAL_SIZE="1")
+                              NETREDUCE_SIZE=str(n), NETREDUCE_LOCAL_SIZE=str(L))
             per_rank[0]["NRBENCH_SWITCH_PID"] = str(sw.pid)
             for r in range(n):
-                per_rank[r].update(NETREDUCE_RANK=str(r), NETREDUCE_LOCAL_RANK="0")
+                per_rank[r].update(NETREDUCE_RANK=str(r), NETREDUCE_LOCAL_RANK=str(r % L))
         if mode in ("nr-ddp", "nr-hook", "ddp-gloo"):
             # TCPStore in host 0's namespace, reached over the emulated links.
             common_env.update(MASTER_ADDR=tb.hosts[0].address, MASTER_PORT=str(ar._free_port()),
-                              WORLD_SIZE=str(n), LOCAL_WORLD_SIZE="1")
+                              WORLD_SIZE=str(n), LOCAL_WORLD_SIZE=str(L))
             for r in range(n):
-                per_rank[r].update(RANK=str(r), LOCAL_RANK="0")
+                per_rank[r].update(RANK=str(r), LOCAL_RANK=str(r % L))
         if mode in ("nr-hook", "ddp-gloo", "hvd-gloo"):
             common_env["GLOO_SOCKET_IFNAME"] = tb.ifname
         if mode == "hvd-gloo":
@@ -397,7 +399,7 @@ def run_one_testbed(tb, mode: str, model: str, n: int, args: argparse.Namespace)
             rdv = RendezvousServer(verbose=0)
             port = rdv.start()
             cleanup.append(rdv.stop)
-            plan = get_host_assignments(parse_hosts(",".join(f"h{i}:1" for i in range(n))), n)
+            plan = get_host_assignments(parse_hosts(",".join(f"h{i}:{L}" for i in range(n // L))), n)
             rdv.init(plan)
             common_env.update(HOROVOD_GLOO_RENDEZVOUS_ADDR=tb.plan.bridge_address,
                               HOROVOD_GLOO_RENDEZVOUS_PORT=str(port), HOROVOD_CONTROLLER="gloo",
@@ -414,7 +416,7 @@ def run_one_testbed(tb, mode: str, model: str, n: int, args: argparse.Namespace)
         for r in range(n):
             env = ar._worker_env(dict(common_env, **per_rank[r]))
             with open(logs[r], "w") as log:
-                procs.append(tb.popen(r, me, env=env, cwd=ROOT, stdout=log,
+                procs.append(tb.popen(r // L, me, env=env, cwd=ROOT, stdout=log,
                                       stderr=subprocess.STDOUT))
         t0 = time.monotonic()
         try:
@@ -487,9 +489,11 @@ def testbed_markdown(meta: Dict, records: List[Dict], summary: Dict) -> str:
         f"- load average (1/5/15 min) at start: {la0}; at end: {la1}"
         + (" (1-min value every 10 s during the run: %.2f–%.2f)" % tuple(meta["loadavg_1min_during"])
            if meta.get("loadavg_1min_during") else "") + "; 2 cores shared with other work",
-        f"- testbed: {meta['ranks']} host namespaces + aggregator namespace on a bridge, each "
+        f"- testbed: {meta['ranks'] // meta.get('per_host', 1)} host namespaces + aggregator "
+        f"namespace on a bridge, each "
         f"host link shaped to **{meta['rate']}** each way (tc tbf), aggregator link "
-        f"{meta['ranks']} x that, MTU 9000, no loss; one rank per host namespace, netreduce's "
+        f"{meta['ranks'] // meta.get('per_host', 1)} x that, MTU 9000, no loss; "
+        f"{meta.get('per_host', 1)} rank(s) per host namespace, netreduce's "
         "aggregator (netreduce-switch, payload 8192 B) alone in its namespace "
         f"{('(switch args `' + meta['switch_args'] + '`)') if meta['switch_args'] else ''}",
         f"- training: batch {meta['batch']} per rank, 64x64 synthetic images, 1000 classes, "
@@ -652,13 +656,18 @@ def testbed_main(args: argparse.Namespace) -> int:
         print("train.py --testbed: one world size per run (--ranks N)", file=sys.stderr)
         return 2
     n = args.ranks[0]
+    if args.per_host < 1 or n % args.per_host:
+        print(f"train.py --testbed: --per-host {args.per_host} does not divide {n} ranks",
+              file=sys.stderr)
+        return 2
     t_start = time.monotonic()
     meta = {"date": common.utc_now(), "command": common.command_line(),
             "machine": common.machine_description(), "loadavg_at_start": os.getloadavg(),
             "mode": "testbed", "rate": args.rate, "ranks": n, "models": args.models,
             "modes": args.modes, "batch": args.batch_size, "steps": args.steps,
             "warmup": args.warmup, "threads": args.threads, "repeat": args.repeat,
-            "switch_args": args.switch_args, "testbed_name": args.testbed_name}
+            "switch_args": args.switch_args, "testbed_name": args.testbed_name,
+            "per_host": args.per_host}
     records: List[Dict] = []
     import threading
     samples: List[float] = []
@@ -671,7 +680,7 @@ def testbed_main(args: argparse.Namespace) -> int:
 
     sampler = threading.Thread(target=sample_load, daemon=True)
     sampler.start()
-    with Testbed(hosts=n, rate=args.rate, name=args.testbed_name, subnet=args.subnet,
+    with Testbed(hosts=n // args.per_host, rate=args.rate, name=args.testbed_name, subnet=args.subnet,
                  replace=True) as tb:
         print("# " + tb.describe().replace("\n", "\n# "), flush=True)
         print(f"{'model':9} {'N':>2} {'mode':9} {'samples/s':>10} {'s/step':>7} {'cpu0':>5} "
@@ -726,13 +735,17 @@ def main() -> int:
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--framework", default="torch")
     known, rest = pre.parse_known_args()
+    if known.framework == "mxnet":  # its model and loop, workers in MXNet's own venv
+        sys.path.insert(0, HERE)
+        import train_mxnet
+        return train_mxnet.main(rest)
     if known.framework == "tensorflow":  # Keras model and loop: benchmarks/train_tensorflow.py
         sys.path.insert(0, HERE)
         import train_tensorflow
         return train_tensorflow.main(rest)
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--framework", default="torch", choices=["torch"],
-                   help="only PyTorch is implemented")
+    p.add_argument("--framework", default="torch", choices=["torch", "mxnet"],
+                   help="torch (this file) or mxnet (benchmarks/train_mxnet.py, --testbed)")
     p.add_argument("--models", default="resnet18,alexnet")
     p.add_argument("--ranks", default="2,4", help="comma-separated world sizes")
     p.add_argument("--modes", default=",".join(MODES), help=f"any of {','.join(ALL_MODES)}")
@@ -751,6 +764,8 @@ def main() -> int:
                    help="one rank per emulated host of netreduce.testbed (root), N=4 by default")
     p.add_argument("--rate", default="300mbit",
                    help="testbed: each host link's rate each way, tc syntax (default 300mbit)")
+    p.add_argument("--per-host", type=int, default=1,
+                   help="testbed: ranks per emulated host (netreduce then runs hierarchical)")
     p.add_argument("--testbed-name", default="nrtrain", help="testbed name prefix (default nrtrain)")
     p.add_argument("--subnet", default="10.80.0.0/24", help="testbed subnet (default 10.80.0.0/24)")
     p.add_argument("--switch-args", default="", help="testbed: extra netreduce-switch options")
