@@ -208,7 +208,9 @@ void Aggregator::Loop(uint32_t thread_index) {
   // Buffers fit the largest payload any job may get; how many datagrams one receive
   // takes follows the size of those that arrive (jobs' payloads follow their paths).
   const size_t datagram = wire::DatagramBytes(cfg_.payload_bytes);
-  const size_t buf_bytes = std::min(kRecvBufBytes, datagram + 64);  // room to see oversize ones
+  // Room to see oversize ones; a multiple of 64 so that every buffer, hence every
+  // payload (32 bytes in), is aligned for the widest element the kernels load.
+  const size_t buf_bytes = std::min(kRecvBufBytes, (datagram + 64 + 63) & ~size_t(63));
   auto batch_for = [](size_t bytes) {
     return std::min(kMaxRecvBatch, std::max<size_t>(1, kBatchBytes / std::max<size_t>(bytes, 1)));
   };
