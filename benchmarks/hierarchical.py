@@ -55,6 +55,9 @@ class HierarchicalImpl:
                      NETREDUCE_TIMEOUT=cfg["timeout"])
         if cfg.get("shm_chunk"):
             knobs["NETREDUCE_SHM_CHUNK"] = common.parse_size(cfg["shm_chunk"])
+        if cfg.get("shm_depth"):  # exploring the ring depth (not a knob: 2 is the default)
+            from netreduce.algorithms import hierarchical
+            hierarchical.DEPTH = int(cfg["shm_depth"])
         conn = dataplane.connect(address, job=cfg["job"], rank=rank, size=size,
                                  timeout=cfg["timeout"])
         topo = Topology(rank, size, rank % L, L, cfg["job"], "benchmark", True)
@@ -146,6 +149,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rate", default="1gbit")
     ap.add_argument("--iters", type=int, default=5, help="timed iterations at the largest size")
     ap.add_argument("--shm-chunk", default="", help="NETREDUCE_SHM_CHUNK for hierarchical")
+    ap.add_argument("--shm-depth", type=int, default=0, help="ring depth for hierarchical (default 2)")
     ap.add_argument("--timeout", type=float, default=900)
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
@@ -157,7 +161,7 @@ def main(argv=None) -> int:
     args.mpi_args, args.switch_args = "", ""
     base = {"sizes": sizes, "target_bytes": max(sizes) * args.iters, "min_iters": args.iters,
             "max_iters": 2000, "timeout": 60.0, "netreduce_connect": {},
-            "shm_chunk": args.shm_chunk}
+            "shm_chunk": args.shm_chunk, "shm_depth": args.shm_depth}
     meta = {"date": common.utc_now(), "command": common.command_line(),
             "machine": common.machine_description(), "hosts": args.hosts,
             "testbed": args.testbed, "rate": args.rate if args.testbed else None,

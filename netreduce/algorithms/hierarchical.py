@@ -23,7 +23,10 @@ from netreduce.errors import DataPlaneError, RankFailedError
 from netreduce.topology import Layout
 
 log = logging.getLogger("netreduce")
-DEPTH = 2  # ring slots: the shared-memory stage of chunk k+1 overlaps the network of chunk k
+# Ring slots: the shared-memory stage of chunk k+1 overlaps the network of chunk k, and
+# a third slot keeps one more shard queued at the engine, so that a rank descheduled
+# for a few ms (more ranks than cores) does not leave the link idle.
+DEPTH = 3
 
 
 def shard_job(job: str, local_rank: int) -> str:
@@ -73,10 +76,10 @@ class Hierarchical:
         try:
             engine = None
             if H > 1:
+                # Each sub-job has a pool of its own at the aggregator, so every stream
+                # may keep its whole pool in flight (NETREDUCE_WINDOW still caps it):
+                # on a loaded host a larger window rides out scheduling gaps.
                 kw = dict(connect_kw)
-                if not kw.get("window"):
-                    # One host's L streams share the slot budget a flat rank had.
-                    kw["window"] = max(1, int(getattr(flat, "slots", 32)) // L)
                 shard = connect(address, job=shard_job(job, layout.local_rank),
                                 rank=layout.host_index, size=H, timeout=timeout, **kw)
                 engine = shard._live()  # the native engine (waits for the sub-job's ranks)
