@@ -4,11 +4,10 @@ The launcher says each rank's local rank and local size (netreduce/environment.p
 this module adds what the launcher cannot know — whether two ranks really share
 memory — and makes every rank agree on one layout:
 
-* host identity = hostname + the network namespace's inode. Testbed hosts are
-  network namespaces on one machine with one hostname; the inode tells them apart
-  (ranks in one namespace share a host, as far as netreduce can tell, and the
-  shared-memory segment is reachable between them because they share the pid
-  namespace as well).
+* host identity = hostname + the inodes of the network and pid namespaces. Testbed
+  hosts are network namespaces on one machine with one hostname; the inode tells
+  them apart. The pid namespace is part of it because local ranks open each other's
+  shared-memory segment through /proc/<pid>/fd.
 * every rank contributes (host identity, local rank, local size, pid) to an
   all-gather carried by the flat data plane (an all-reduce of int64 rows in which
   each rank fills only its own row), so every rank sees every record.
@@ -33,7 +32,7 @@ import numpy as np
 
 from netreduce.errors import NetReduceError
 
-LABEL_WORDS = 8  # int64 words of the host label in a record (64 bytes of UTF-8)
+LABEL_WORDS = 12  # int64 words of the host label in a record (96 bytes of UTF-8)
 RECORD_WORDS = 5 + LABEL_WORDS  # host id, local rank, local size, local known, pid, label
 
 
@@ -83,14 +82,21 @@ class Layout:
         return "; ".join(f"host {i} '{self.labels[i]}': ranks {h}" for i, h in enumerate(self.hosts))
 
 
-def host_identity() -> Tuple[int, str]:
-    """(a 63-bit id, a readable label) of the host this process runs on."""
-    name = socket.gethostname()
+def _ns_inode(kind: str) -> int:
     try:
-        netns = os.stat("/proc/self/ns/net").st_ino
+        return os.stat(f"/proc/self/ns/{kind}").st_ino
     except OSError:
-        netns = 0
-    label = f"{name}" if netns == 0 else f"{name}/netns:{netns}"
+        return 0
+
+
+def host_identity() -> Tuple[int, str]:
+    """(a 63-bit id, a readable label) of the host this process runs on: hostname,
+    network namespace and pid namespace (local ranks open each other's segment
+    through /proc/<pid>/fd, so processes that cannot see each other's pids are not
+    on one host for this purpose)."""
+    name = socket.gethostname()
+    netns, pidns = _ns_inode("net"), _ns_inode("pid")
+    label = name + (f"/netns:{netns}" if netns else "") + (f"/pidns:{pidns}" if pidns else "")
     digest = hashlib.blake2b(label.encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") & 0x7FFF_FFFF_FFFF_FFFF, label
 
