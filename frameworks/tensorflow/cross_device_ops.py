@@ -30,7 +30,8 @@ from tensorflow.python.distribute import reduce_util
 import netreduce as _nr
 
 from .gradient_tape import buckets, fusion_limit
-from .mpi_ops import Sum, default_name, reduce_arrays, run_numpy, size
+from .buffers import reduce_arrays
+from .mpi_ops import Sum, default_name, run_numpy, size
 
 
 def _local_sum(per_replica: Any, device: str) -> tf.Tensor:

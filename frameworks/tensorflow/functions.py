@@ -7,7 +7,8 @@ import tensorflow as tf
 
 import netreduce as _nr
 
-from .mpi_ops import (_as_tensor, _check_process_set, broadcast_arrays, default_name,
+from .buffers import broadcast_arrays
+from .mpi_ops import (_as_tensor, _check_process_set, default_name,
                       global_process_set, run_numpy, size)
 
 

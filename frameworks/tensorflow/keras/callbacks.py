@@ -7,7 +7,8 @@ import keras
 import numpy as np
 
 from netreduce.tensorflow.functions import broadcast_variables
-from netreduce.tensorflow.mpi_ops import Average, reduce_arrays
+from netreduce.tensorflow.buffers import reduce_arrays
+from netreduce.tensorflow.mpi_ops import Average
 
 
 class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
