@@ -10,10 +10,10 @@
 # Idempotent: the venv is kept under ~/.cache/netreduce/venv-mxnet (CI caches
 # ~/.cache/netreduce) and its packages are installed once, recorded by a stamp file
 # naming their versions; every run then only re-installs netreduce editable from the
-# current checkout (--no-deps --no-build-isolation: the in-place netreduce/_native .so,
-# built for the same CPython and using no numpy C API, is shared with the main
-# environment; setuptools rebuilds it, under the project's build lock, only when
-# native/ is newer than it, exactly as the main environment's install would).
+# current checkout (the in-place netreduce/_native .so, built for the same CPython and
+# using no numpy C API, is shared with the main environment; setuptools rebuilds it,
+# under the project's build lock, only when native/ is newer than it, exactly as the
+# main environment's install would).
 #   PYTHON=python3 bash scripts/env_mxnet.sh
 # Knobs: NETREDUCE_CACHE (~/.cache/netreduce).
 set -euo pipefail
@@ -56,9 +56,12 @@ else
     say "venv up to date: $venv"
 fi
 
-# netreduce from this checkout, every run (the checkout moves; the venv stays).
+# netreduce from this checkout, every run (the checkout moves; the venv stays), with
+# the core's own small dependencies (install_requires) but never a numpy other than
+# the pinned one; --no-build-isolation: build with the venv's setuptools and pybind11.
+echo "numpy==1.23.5" >"$venv/constraints.txt"
 flock /tmp/netreduce-build.lock \
-    "$venv/bin/python" -m pip install -q --no-deps --no-build-isolation -e .
+    "$venv/bin/python" -m pip install -q --no-build-isolation -c "$venv/constraints.txt" -e .
 
 "$venv/bin/python" - <<'EOF'
 import mxnet, numpy

@@ -137,6 +137,21 @@ def test_ndarrays_reach_the_core_without_a_copy():
         buffers.HostBuffer(mx.nd.zeros((2,), dtype="bool"), "test", "s", write=False)
 
 
+def test_mkldnn_layout_weights_are_read_in_row_major_order():
+    """After an inference-mode forward, MKLDNN may keep a conv weight in its own
+    blocked layout; the core must still see (and reduce) the logical values."""
+    mx.random.seed(3)
+    conv = mx.gluon.nn.Conv2D(64, 11, 4, 2)
+    conv.initialize(mx.init.Xavier())
+    conv(mx.nd.ones((1, 3, 64, 64)))  # not recorded: inference mode
+    weight = conv.weight.data()
+    expected = weight.asnumpy()  # asnumpy reorders to the default layout itself
+    view = buffers.HostBuffer(weight, "test", "w", write=False).array
+    np.testing.assert_array_equal(view, expected)
+    mx.kv.create("netreduce").pushpull("mkldnn-weight", weight)
+    np.testing.assert_allclose(weight.asnumpy(), expected * hvd.size(), rtol=1e-6)
+
+
 def test_optimizer_states_need_an_optimizer():
     kv = mx.kv.create("netreduce")
     with pytest.raises(hvd.NetReduceError, match="no optimizer"):
