@@ -46,8 +46,9 @@ declare("NETREDUCE_SWITCH", str, "",
         "names resolve); empty = the launcher's embedded one")
 declare("NETREDUCE_TIMEOUT", float, 30.0,
         "seconds an operation may wait (aggregator silence, missing ranks) before failing")
-declare("NETREDUCE_RETRANSMIT_MS", float, 50.0,
-        "floor of the per-slot retransmission timeout in ms (the measured round trip raises it); doubles per retry, capped at 1 s")
+declare("NETREDUCE_RETRANSMIT_MS", float, 0.5,
+        "floor in ms of the retransmission timeout, which follows the measured round trip "
+        "(srtt + 4 rttvar); doubles per retry, capped at 1 s")
 declare("NETREDUCE_DROP_RATE", float, 0.0,
         "fraction [0,1) of outgoing data packets the engine drops on purpose (loss tests)")
 declare("NETREDUCE_WINDOW", int, 0,

@@ -6,12 +6,25 @@
 // across messages, so consecutive messages never meet the same (slot, shadow) round.
 // Self-clocking: at most one chunk per slot is outstanding; when a slot's result
 // arrives, the result is copied into place and the chunk W further on is sent in
-// the same slot. Each outstanding slot has a deadline; on expiry the very same
-// packet is resent (the aggregator adds a contribution once, so a resend is always
-// safe) with the timeout doubled, up to 1 s. A chunk without a result for
-// timeout_s fails the operation, naming the aggregator, job, rank and slot. After a
-// failure the engine's sequence is out of step with the job, so it refuses further
-// work.
+// the same slot. A resend is always the very same packet, and always safe: the
+// aggregator adds a contribution once.
+//
+// Loss recovery (docs/protocol.md, "Loss, reordering, duplication"):
+//  - Overtaken: every rank sends in sequence order and an aggregator thread answers in
+//    arrival order, so a result for a later chunk of the same lane (data port) means
+//    an earlier chunk sent no later than it is probably lost. It gets a short reorder
+//    deadline (srtt/4, RACK-style) and is resent then if still unanswered
+//    (fast_retransmits). Holes in the middle of a window cost a fraction of a round
+//    trip.
+//  - Timeout: each chunk's deadline is srtt + 4 rttvar of the measured round trip
+//    (floor retransmit_ms), doubling per retry up to 1 s. While results keep coming,
+//    every expired chunk is resent. Once nothing has completed for a whole timeout
+//    (a stalled rank, a dead path), only the oldest expired chunk is resent, one per
+//    backed-off timeout (timeout_probes), so a stall costs one packet per doubling
+//    rather than a window's worth.
+// A chunk without a result for timeout_s fails the operation, naming the aggregator,
+// job, rank and slot. After a failure the engine's sequence is out of step with the
+// job, so it refuses further work.
 #include "engine/engine.h"
 
 #include <arpa/inet.h>
@@ -29,7 +42,8 @@ using Clock = std::chrono::steady_clock;
 constexpr size_t kRecvBatch = 64;
 constexpr size_t kRecvBufBytes = 65536;
 constexpr int64_t kMaxRtoUs = 1000000;
-constexpr uint32_t kFastRetransmitAfter = 3;
+constexpr int64_t kInitialRtoUs = 5000;  // before the first round-trip sample
+constexpr int64_t kReorderFloorUs = 50;  // least reorder window of an overtaken chunk
 
 inline int64_t NowUs() {
   return std::chrono::duration_cast<std::chrono::microseconds>(Clock::now().time_since_epoch())
@@ -40,15 +54,11 @@ struct SlotTrack {
   int64_t chunk = -1;  // -1 = idle
   uint64_t seq = 0;
   int64_t first_send_us = 0;
+  int64_t last_send_us = 0;
   int64_t deadline_us = 0;
   int64_t rto_us = 0;
   uint32_t retries = 0;
-  uint32_t overtaken = 0;  // later chunks answered while this one waits
-  // The chunk last completed in this slot after a retransmission: its sequence number
-  // and first-send-to-result time, kept until a second result for it shows that the
-  // first one answered the original send (the retransmission was spurious). -1 = none.
-  uint64_t retried_seq = 0;
-  int64_t retried_sample_us = -1;
+  bool overtaken = false;  // a later chunk of its lane was answered: deadline is the reorder window
   uint8_t header[wire::kHeaderBytes];
   uint8_t trailer[8];
   OutPacket pkt;
@@ -61,6 +71,7 @@ Engine::Engine(const EngineConfig& cfg) : cfg_(cfg), rng_(cfg.seed ? cfg.seed : 
   jumbo_ = cfg_.payload_bytes > wire::kRoceMaxPayload;
   my_qpn_ = wire::MakeQpn(cfg_.job_index, cfg_.rank);
   group_qpn_ = wire::MakeGroupQpn(cfg_.job_index);
+  retried_.resize(window_);
 }
 
 Status Engine::Create(const EngineConfig& cfg, std::unique_ptr<Engine>* out) {
@@ -164,10 +175,18 @@ std::map<std::string, uint64_t> Engine::Stats() const {
           {"ignored_results", ignored_results_.load()}, {"bytes_sent", bytes_sent_.load()},
           {"messages", messages_.load()},
           {"fast_retransmits", fast_retransmits_.load()},
-          {"spurious_retransmits", spurious_retransmits_.load()}};
+          {"spurious_retransmits", spurious_retransmits_.load()},
+          {"timeout_probes", timeout_probes_.load()},
+          {"srtt_us", srtt_stat_us_.load()},
+          {"rto_us", rto_stat_us_.load()}};
 }
 
 void Engine::SampleRtt(double sample_us) {
+  // One sample moves the estimate at most to 4 srtt (kInitialRtoUs before the first):
+  // a round trip that waited for a rank still starting up, or one descheduled on a
+  // loaded host, would otherwise set the timeout to the 1 s cap for dozens of chunks.
+  // A longer path is still learnt, by a factor of about 1.4 per sample.
+  sample_us = std::min(sample_us, srtt_us_ == 0.0 ? double(kInitialRtoUs) : 4.0 * srtt_us_);
   if (srtt_us_ == 0.0) {
     srtt_us_ = sample_us;
     rttvar_us_ = sample_us / 2;
@@ -175,6 +194,14 @@ void Engine::SampleRtt(double sample_us) {
     rttvar_us_ = 0.75 * rttvar_us_ + 0.25 * std::abs(srtt_us_ - sample_us);
     srtt_us_ = 0.875 * srtt_us_ + 0.125 * sample_us;
   }
+  srtt_stat_us_ = uint64_t(srtt_us_);
+  rto_stat_us_ = uint64_t(Rto());
+}
+
+int64_t Engine::Rto() const {
+  const int64_t floor = int64_t(cfg_.retransmit_ms * 1000.0);
+  const int64_t est = srtt_us_ == 0.0 ? kInitialRtoUs : int64_t(srtt_us_ + 4.0 * rttvar_us_);
+  return std::min(std::max(floor, est), kMaxRtoUs);
 }
 
 void Engine::ThreadMain() {
@@ -243,17 +270,13 @@ Status Engine::Run(Request& req) {
   sendq.reserve(size_t(window_) * 2);
   batch.reserve(size_t(window_) * 2);
   std::uniform_real_distribution<double> coin(0.0, 1.0);
-  // The first timeout of a chunk: the configured floor, or the measured round trip
-  // (srtt + 4 rttvar) when larger. Under CPU contention a round trip on loopback can
-  // take tens of ms (queues of N workers' windows at the aggregator, and the slowest
-  // rank sets the pace); a fixed short timeout would resend a window's worth of
-  // packets that were never lost.
-  const int64_t rto_floor = int64_t(cfg_.retransmit_ms * 1000.0);
-  auto rto0 = [&]() -> int64_t {
-    const int64_t est = int64_t(srtt_us_ + 4.0 * rttvar_us_);
-    return std::min(std::max(rto_floor, est), kMaxRtoUs);
-  };
+  // The first timeout of a chunk follows the measured round trip (Rto()). Under CPU
+  // contention a round trip on loopback can take tens of ms (queues of N workers'
+  // windows at the aggregator, and the slowest rank sets the pace): rttvar and the
+  // spurious-resend samples raise it then, and the stall rule below keeps what
+  // fires anyway to one packet per backed-off timeout.
   const int64_t timeout_us = int64_t(cfg_.timeout_s * 1e6);
+  int64_t next_probe_us = 0;  // no stall probe before this
   int64_t remaining = nchunks;
 
   auto queue_send = [&](SlotTrack& t) {
@@ -297,10 +320,11 @@ Status Engine::Run(Request& req) {
     t.chunk = c;
     t.seq = seq;
     t.first_send_us = now;
-    t.rto_us = rto0();
+    t.last_send_us = now;
+    t.rto_us = Rto();
     t.deadline_us = now + t.rto_us;
     t.retries = 0;
-    t.overtaken = 0;
+    t.overtaken = false;
     t.pkt.to = to;
     t.pkt.iov[0] = {t.header, wire::kHeaderBytes};
     t.pkt.iov[1] = {const_cast<uint8_t*>(payload), h.length};
@@ -310,6 +334,7 @@ Status Engine::Run(Request& req) {
   };
 
   int64_t now = NowUs();
+  last_progress_us_ = std::max(last_progress_us_, now);
   for (int64_t c = 0; c < std::min<int64_t>(window_, nchunks); ++c) {
     start_chunk(slots[(base + uint64_t(c)) % window_], c, now);
   }
@@ -336,9 +361,15 @@ Status Engine::Run(Request& req) {
       return Aborted(abort_reason_);
     }
     now = NowUs();
+    // Stalled: nothing completed for a whole timeout. Expired chunks then wait for the
+    // next probe (see the timer sweep below).
+    const bool stalled = now - last_progress_us_ >= Rto();
     int64_t wait_us = 50000;
     for (auto& t : slots) {
-      if (t.chunk >= 0) wait_us = std::min(wait_us, std::max<int64_t>(0, t.deadline_us - now));
+      if (t.chunk < 0) continue;
+      const int64_t due = (stalled && !t.overtaken) ? std::max(t.deadline_us, next_probe_us)
+                                                    : t.deadline_us;
+      wait_us = std::min(wait_us, std::max<int64_t>(0, due - now));
     }
     // The chunk outstanding in the result's slot, if the result is for it.
     auto match = [&](const wire::Header& h) -> SlotTrack* {
@@ -361,44 +392,46 @@ Status Engine::Run(Request& req) {
     // queue), not lost. Karn's rule hides exactly those long round trips from the
     // estimator, so without this the timeout never learns them and keeps firing;
     // feed the round trip of the original in (TCP's Eifel detection, in spirit).
+    // The record survives the message: the second result of a message's last chunks
+    // arrives while the next message runs.
     auto late_result = [&](const wire::Header& h) {
       ignored_results_++;
       if (!h.result || (h.dest_qp != my_qpn_ && h.dest_qp != group_qpn_) || h.key != cfg_.key ||
-          h.slot >= window_ || h.msg_id != msg_id) {
+          h.slot >= window_) {
         return;
       }
-      SlotTrack& t = slots[h.slot];
-      if (t.retried_sample_us >= 0 && h.psn == (t.retried_seq & wire::kPsnMask)) {
-        SampleRtt(double(t.retried_sample_us));
-        t.retried_sample_us = -1;
+      Retried& r = retried_[h.slot];
+      if (r.sample_us >= 0 && h.msg_id == r.msg_id && h.psn == r.psn) {
+        SampleRtt(double(r.sample_us));
+        r.sample_us = -1;
         spurious_retransmits_++;
       }
     };
-    // The result of `t` is in place: sample the round trip, fast-retransmit chunks
-    // overtaken by it, move the slot on.
+    // The result of `t` is in place: sample the round trip, give chunks it overtook
+    // their reorder deadline, move the slot on.
     auto complete = [&](SlotTrack& t) {
       packets_received_++;
       const int64_t t_now = NowUs();
+      last_progress_us_ = t_now;
+      Retried& r = retried_[t.seq % window_];
       if (t.retries == 0) {  // Karn: only unambiguous samples
         SampleRtt(double(t_now - t.first_send_us));
-        t.retried_sample_us = -1;
+        r.sample_us = -1;
       } else {
-        t.retried_seq = t.seq;
-        t.retried_sample_us = t_now - t.first_send_us;
+        r.msg_id = msg_id;
+        r.psn = uint32_t(t.seq & wire::kPsnMask);
+        r.sample_us = t_now - t.first_send_us;
       }
-      // Every rank sends in sequence order and each aggregator thread answers in
-      // arrival order, so a chunk still unanswered after kFastRetransmitAfter later chunks
-      // were answered was almost surely lost: resend it now rather than at its timer.
-      // Only chunks served by the same aggregator thread (data port) keep that order.
+      // Only chunks served by the same aggregator thread (data port) keep the order,
+      // and only those sent no later than `t` was last sent: a chunk resent since
+      // had its own chance.
       const uint64_t lane = t.seq % window_ % cfg_.threads;
+      const int64_t reorder_us = std::max<int64_t>(kReorderFloorUs, int64_t(srtt_us_ / 4));
       for (auto& o : slots) {
-        if (o.chunk >= 0 && o.seq < t.seq && o.seq % window_ % cfg_.threads == lane &&
-            ++o.overtaken == kFastRetransmitAfter) {
-          o.retries++;
-          retransmits_++;
-          fast_retransmits_++;
-          o.deadline_us = t_now + o.rto_us;
-          queue_send(o);
+        if (o.chunk >= 0 && !o.overtaken && o.seq < t.seq &&
+            o.seq % window_ % cfg_.threads == lane && o.last_send_us <= t.last_send_us) {
+          o.overtaken = true;
+          o.deadline_us = std::min(o.deadline_us, t_now + reorder_us);
         }
       }
       --remaining;
@@ -470,7 +503,19 @@ Status Engine::Run(Request& req) {
     const size_t nsocks = group_ ? 2 : 1;
     NR_RETURN_IF_ERROR(WaitReadable(socks, nsocks, wait_us));
     for (size_t i = 0; i < nsocks; ++i) NR_RETURN_IF_ERROR(drain(*socks[i]));
+    // Timer sweep. An overtaken chunk is resent at its reorder deadline, its timeout
+    // unchanged. An expired chunk is resent with its timeout doubled -- all of them
+    // while results keep coming, but only the oldest one, once per its backed-off
+    // timeout, when nothing has completed for a whole timeout.
     now = NowUs();
+    const bool quiet = now - last_progress_us_ >= Rto();
+    SlotTrack* probe = nullptr;
+    auto resend = [&](SlotTrack& t) {
+      t.retries++;
+      t.last_send_us = now;
+      retransmits_++;
+      queue_send(t);
+    };
     for (uint32_t s = 0; s < window_; ++s) {
       SlotTrack& t = slots[s];
       if (t.chunk < 0 || t.deadline_us > now) continue;
@@ -480,11 +525,25 @@ Status Engine::Run(Request& req) {
                        ", chunk " + std::to_string(t.chunk) + " of " + std::to_string(nchunks) +
                        "; is netreduce-switch running there and are all ranks alive?");
       }
-      t.rto_us = std::min(t.rto_us * 2, kMaxRtoUs);
-      t.deadline_us = now + t.rto_us;
-      t.retries++;
-      retransmits_++;
-      queue_send(t);
+      if (t.overtaken) {
+        t.overtaken = false;
+        t.deadline_us = now + t.rto_us;
+        fast_retransmits_++;
+        resend(t);
+      } else if (!quiet) {
+        t.rto_us = std::min(t.rto_us * 2, kMaxRtoUs);
+        t.deadline_us = now + t.rto_us;
+        resend(t);
+      } else if (probe == nullptr || t.seq < probe->seq) {
+        probe = &t;
+      }
+    }
+    if (probe != nullptr && now >= next_probe_us) {
+      probe->rto_us = std::min(probe->rto_us * 2, kMaxRtoUs);
+      probe->deadline_us = now + probe->rto_us;
+      next_probe_us = probe->deadline_us;
+      timeout_probes_++;
+      resend(*probe);
     }
   }
   return Status::Ok();

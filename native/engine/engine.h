@@ -33,7 +33,7 @@ struct EngineConfig {
   uint32_t slots = 32;             // K granted by the aggregator
   uint32_t payload_bytes = 65464;  // P granted by the aggregator
   uint32_t window = 0;             // slots this engine uses (same on every rank); 0 = slots
-  double retransmit_ms = 50.0;     // floor of the per-slot timeout (RTT raises it); doubles per retry, capped at 1 s
+  double retransmit_ms = 0.5;      // floor of the per-slot timeout (srtt + 4 rttvar above it); doubles per retry, capped at 1 s
   double timeout_s = 30.0;         // a chunk with no result for this long fails the operation
   double drop_rate = 0.0;          // fraction of outgoing packets dropped on purpose (tests)
   uint64_t seed = 0;
@@ -88,6 +88,17 @@ class Engine {
   double srtt_us_ = 0.0;
   double rttvar_us_ = 0.0;
   void SampleRtt(double sample_us);
+  int64_t Rto() const;  // first timeout of a chunk: srtt + 4 rttvar, floor retransmit_ms
+  // Per slot, the chunk last completed there after a retransmission: its message, PSN
+  // and first-send-to-result time, kept (across messages) until a second result for it
+  // proves the resend needless. sample_us -1 = none.
+  struct Retried {
+    uint32_t msg_id = 0;
+    uint32_t psn = 0;
+    int64_t sample_us = -1;
+  };
+  std::vector<Retried> retried_;
+  int64_t last_progress_us_ = 0;  // when a result last completed a chunk
   uint32_t next_msg_ = 0;
   std::mt19937_64 rng_;
 
@@ -102,7 +113,7 @@ class Engine {
 
   std::atomic<uint64_t> packets_sent_{0}, packets_received_{0}, retransmits_{0},
       dropped_by_knob_{0}, ignored_results_{0}, bytes_sent_{0}, messages_{0}, fast_retransmits_{0},
-      spurious_retransmits_{0};
+      spurious_retransmits_{0}, timeout_probes_{0}, srtt_stat_us_{0}, rto_stat_us_{0};
 };
 
 }  // namespace netreduce
