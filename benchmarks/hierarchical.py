@@ -119,6 +119,15 @@ class HostRunner(allreduce.Runner):
         self.horovod_hosts = ",".join(f"{name(h)}:{per_host}" for h in range(hosts)) \
             if testbed else f"localhost:{per_host * hosts}"
 
+    switch_nice = 0  # --switch-nice: the aggregator stands in for switch hardware
+
+    def spawn_switch(self, args: List[str]):
+        address, pid, stop = super().spawn_switch(args)
+        if self.switch_nice:  # nice is per thread on Linux: every thread of the daemon
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                os.setpriority(os.PRIO_PROCESS, int(tid), self.switch_nice)
+        return address, pid, stop
+
     def host_addr(self, rank: int) -> str:
         return super().host_addr(rank // self.per_host)
 
@@ -150,6 +159,10 @@ def main(argv=None) -> int:
     ap.add_argument("--iters", type=int, default=5, help="timed iterations at the largest size")
     ap.add_argument("--shm-chunk", default="", help="NETREDUCE_SHM_CHUNK for hierarchical")
     ap.add_argument("--shm-depth", type=int, default=0, help="ring depth for hierarchical (default 2)")
+    ap.add_argument("--switch-nice", type=int, default=0,
+                    help="nice value for the netreduce-switch process, e.g. -5: on a loaded "
+                         "2-core machine the aggregator (a switch in reality) otherwise "
+                         "competes with every rank for CPU (default 0: no change)")
     ap.add_argument("--timeout", type=float, default=900)
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
@@ -168,6 +181,8 @@ def main(argv=None) -> int:
             "loadavg_at_start": os.getloadavg(), "memcpy_GBps": memcpy_gbps(max(sizes))}
     print(f"# memcpy {meta['memcpy_GBps']:.2f} GB/s (one thread, {common.fmt_size(max(sizes))})",
           file=sys.stderr)
+    HostRunner.switch_nice = args.switch_nice
+    meta["switch_nice"] = args.switch_nice
     records: List[dict] = []
     errors: List[str] = []
     for L in (int(x) for x in args.per_host.split(",")):
