@@ -44,7 +44,7 @@ setup(
     ext_modules=[ext],
     cmdclass={"build_ext": build_ext},
     # prometheus_client: netreduce-switch --metrics-port (pure Python, no dependencies).
-    install_requires=["numpy>=1.21", "prometheus_client>=0.20"],
+    install_requires=["numpy>=1.21", "prometheus_client>=0.20", "cryptography>=3.1"],
     extras_require={
         "test": ["pytest>=7", "hypothesis>=6", "pytest-timeout"],
         "torch": ["torch"],

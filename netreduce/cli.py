@@ -42,6 +42,8 @@ def collect(switch: Optional[str] = None) -> Dict[str, Any]:
             value: Any = config.get(name)
         except ValueError as exc:
             value = f"<invalid: {exc}>"
+        if knob.secret and value:
+            value = "<set, hidden>"
         knobs[name] = {"value": value, "default": knob.default, "source": config.source(name),
                        "help": knob.help}
     data = {"version": netreduce.__version__, "python": platform.python_version(),

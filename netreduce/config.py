@@ -18,6 +18,7 @@ class Knob:
     type: Callable[[str], Any]
     default: Any
     help: str
+    secret: bool = False  # `netreduce info` says whether it is set, never its value
 
 
 def _bool(text: str) -> bool:
@@ -32,8 +33,9 @@ def _bool(text: str) -> bool:
 KNOBS: Dict[str, Knob] = {}
 
 
-def declare(name: str, type: Callable[[str], Any], default: Any, help: str) -> Knob:
-    knob = Knob(name, type, default, help)
+def declare(name: str, type: Callable[[str], Any], default: Any, help: str,
+            secret: bool = False) -> Knob:
+    knob = Knob(name, type, default, help, secret)
     if name in KNOBS:
         raise RuntimeError(f"knob {name} declared twice")
     KNOBS[name] = knob
@@ -102,6 +104,11 @@ declare("NETREDUCE_SHM_CHUNK", _bytes, 0,
 # --- rank discovery (netreduce-run sets these; other launchers' variables also work) --
 declare("NETREDUCE_JOB", str, "",
         "job name shared by all ranks at the aggregator; empty = derived from the launcher")
+declare("NETREDUCE_JOB_SECRET", str, "",
+        "secret shared by the job's ranks: each control connection proves it on a challenge "
+        "(never sends it), so the job's name alone cannot join, abort or read the job; "
+        "netreduce-run sets one per run; empty = an open job (refused by an aggregator "
+        "started with --require-secret)", secret=True)
 declare("NETREDUCE_RANK", int, -1, "this process's rank; -1 = discover from the launcher")
 declare("NETREDUCE_SIZE", int, -1, "number of ranks; -1 = discover from the launcher")
 declare("NETREDUCE_LOCAL_RANK", int, -1, "rank among the processes on this host; -1 = discover")

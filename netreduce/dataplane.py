@@ -12,6 +12,7 @@ from typing import Any, Dict, Optional, Tuple
 import numpy as np
 
 from netreduce import _native, config
+from netreduce.control import auth
 from netreduce.control.address import format_address, resolve
 from netreduce.control.client import ControlClient
 from netreduce.errors import AdmissionError, ControlPlaneError, DataPlaneError
@@ -117,9 +118,11 @@ class Connection:
             raise AdmissionError(f"{self._where()}: {exc}") from None
         self._control = ControlClient(self.address, timeout=timeout)
         try:
+            # NETREDUCE_JOB_SECRET: proved on a challenge, never sent (control/auth.py).
+            proof = auth.prove(self._control.call, config.get("NETREDUCE_JOB_SECRET"), job, rank)
             grant = self._control.call("register", job=job, rank=rank, size=size,
                                        mtu=self.path_mtu, ipv6=ipv6, host=socket.gethostname(),
-                                       await_payload=True)
+                                       await_payload=True, **proof)
         except ControlPlaneError as exc:
             self._control.close()
             raise AdmissionError(str(exc)) from None

@@ -156,13 +156,18 @@ def run(argv: Optional[Sequence[str]] = None) -> int:
         for arg in args.switch_arg:
             extra += arg.split("=", 1) if arg.startswith("--") and "=" in arg else [arg]
         # All ranks share this host: one multicast result per slot beats N copies.
-        switch_proc = spawn(host="127.0.0.1", port=0, fanout="multicast", extra_args=extra)
+        # Its only jobs are this run's, which always have a secret.
+        switch_proc = spawn(host="127.0.0.1", port=0, fanout="multicast",
+                            extra_args=["--require-secret"] + extra)
         address = f"{switch_proc.address[0]}:{switch_proc.address[1]}"
 
     job_name = args.job or config.get("NETREDUCE_JOB") or \
         f"run-{os.getpid()}-{secrets.token_hex(4)}"
+    # The job's secret (netreduce/control/auth.py): the user's, else a fresh one per run.
+    job_secret = config.get("NETREDUCE_JOB_SECRET") or secrets.token_hex(32)
     env = config.child_environment(NETREDUCE_SWITCH=address, NETREDUCE_JOB=job_name,
-                                   NETREDUCE_SIZE=args.np, NETREDUCE_LOCAL_SIZE=args.np)
+                                   NETREDUCE_SIZE=args.np, NETREDUCE_LOCAL_SIZE=args.np,
+                                   NETREDUCE_JOB_SECRET=job_secret)
     env["PYTHONUNBUFFERED"] = "1"  # ranks' lines reach the prefixer as they are printed
     env.setdefault("MASTER_ADDR", "127.0.0.1")
     env.setdefault("MASTER_PORT", str(free_tcp_port()))

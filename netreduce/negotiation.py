@@ -16,6 +16,8 @@ import socket
 import threading
 from typing import Any, Dict, List, Optional, Tuple
 
+from netreduce import config
+from netreduce.control import auth
 from netreduce.errors import ControlPlaneError
 
 Sig = Tuple[str, str, Tuple[int, ...], str, float, float, int]
@@ -160,13 +162,17 @@ class NegotiationClient:
         self.poll_conn = LineConnection(address, timeout=start_timeout)
         self.watch_conn = LineConnection(address, timeout=start_timeout)
         self.requests = 0  # negotiation requests sent (steady state: one per cycle)
+        secret = config.get("NETREDUCE_JOB_SECRET")  # proved, never sent (control/auth.py)
         try:
             self.submit_conn.call("negotiate_hello", role="submit",
-                                  reply_within=start_timeout + 10, **hello)
+                                  reply_within=start_timeout + 10, **hello,
+                                  **auth.prove(self.submit_conn.call, secret, job, rank))
             self.watch_conn.call("negotiate_hello", role="watch",
-                                 reply_within=start_timeout + 10, **hello)
+                                 reply_within=start_timeout + 10, **hello,
+                                 **auth.prove(self.watch_conn.call, secret, job, rank))
             reply = self.poll_conn.call("negotiate_hello", role="poll",
-                                        reply_within=start_timeout + 10, **hello)
+                                        reply_within=start_timeout + 10, **hello,
+                                        **auth.prove(self.poll_conn.call, secret, job, rank))
         except Exception:
             self.close()
             raise

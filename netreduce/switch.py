@@ -70,8 +70,24 @@ def build_parser() -> argparse.ArgumentParser:
                    help="serve Prometheus metrics on http://METRICS_HOST:PORT/metrics "
                         "(docs/operations.md lists them); 0 picks a free port and prints it; "
                         "off when not given")
-    p.add_argument("--metrics-host", default=None,
-                   help="address the metrics endpoint listens on (default: --host)")
+    p.add_argument("--metrics-host", default="127.0.0.1",
+                   help="address the metrics endpoint listens on; it shows every job's "
+                        "counters, so it stays on this host unless you choose otherwise "
+                        "(docs/operations.md, Security)")
+    p.add_argument("--require-secret", action="store_true",
+                   help="refuse jobs whose ranks bring no job secret (NETREDUCE_JOB_SECRET; "
+                        "netreduce-run always sets one); without it such jobs are open: "
+                        "anyone who knows the name may join or read them")
+    p.add_argument("--operator-secret-file", default=None, metavar="FILE",
+                   help="the operator's secret (at least 16 bytes): a control connection "
+                        "that proves it (HMAC challenge) reads every job's counters; others "
+                        "read only their own job's and open jobs'")
+    p.add_argument("--handshake-timeout", type=float, default=30.0,
+                   help="seconds a control connection may stay silent before it belongs to "
+                        "a job (or the operator); then it is closed")
+    p.add_argument("--max-pending", type=int, default=1024,
+                   help="control connections not yet bound to a job, at once; past that, "
+                        "a new one closes the oldest")
     p.add_argument("--stop-timeout", type=float, default=10.0,
                    help="on SIGTERM, seconds to wait for connected ranks to leave after "
                         "admission closes and their jobs are told; then exit 0 regardless")
@@ -107,6 +123,18 @@ def _start_aggregator(native, args) -> Tuple[object, int]:
     raise NetReduceError(f"netreduce-switch: cannot start on {args.host}:{args.port}: {last}")
 
 
+def _raise_fd_limit() -> None:
+    """One file descriptor per control connection: take the hard limit, so that
+    thousands of connections (a large job's, or a flood's) do not exhaust it."""
+    try:
+        import resource
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft < hard:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (ImportError, ValueError, OSError):
+        pass
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
@@ -114,10 +142,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from netreduce import _native
     from netreduce.control import server as control
 
+    from netreduce.control.auth import Guard, read_operator_secret
+
+    _raise_fd_limit()
     try:
+        operator = read_operator_secret(args.operator_secret_file) \
+            if args.operator_secret_file else None
         agg, port = _start_aggregator(_native, args)
-        srv = control.ControlServer(args.host, port, agg,
-                                    payload_explicit=args.payload_bytes is not None)
+        srv = control.ControlServer(
+            args.host, port, agg, payload_explicit=args.payload_bytes is not None,
+            guard=Guard(require_secret=args.require_secret, operator_secret=operator),
+            limits=control.Limits(pending_idle_s=args.handshake_timeout,
+                                  max_pending=args.max_pending))
     except (NetReduceError, OSError, ValueError) as exc:
         print(f"netreduce-switch: {exc}", file=sys.stderr)
         return 2
@@ -132,11 +168,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         from netreduce import switch_metrics  # prometheus_client: only when asked for
         try:
             metrics = switch_metrics.MetricsServer(
-                srv, args.metrics_host or args.host, args.metrics_port,
+                srv, args.metrics_host, args.metrics_port,
                 info={"version": netreduce.__version__, "address": address,
                       "fanout": args.fanout, "threads": str(args.threads)})
         except OSError as exc:
-            print(f"netreduce-switch: cannot serve metrics on {args.metrics_host or args.host}:"
+            print(f"netreduce-switch: cannot serve metrics on {args.metrics_host}:"
                   f"{args.metrics_port}: {exc}", file=sys.stderr)
             srv.server_close()
             agg.stop()

@@ -358,6 +358,9 @@ def handle_hello(srv: Any, sess: Any, msg: Dict[str, Any]) -> Dict[str, Any]:
     role = str(msg.get("role", "poll"))
     if not (0 <= rank < size):
         raise RequestError(f"rank {rank} is outside [0, {size}) for job '{job}'")
+    admit = getattr(srv, "admit", None)  # the job-secret check (control/auth.py)
+    if admit is not None:
+        admit(sess, job, rank, msg)
     table = _jobs(srv)
     with _registry_lock:
         state = table.get(job)

@@ -40,4 +40,6 @@ def probe(text: str, what: str = "NETREDUCE_SWITCH", timeout: float = 2.0) -> Di
     out["jobs"] = {name: {k: job.get(k) for k in ("size", "ranks", "payload_bytes",
                                                    "payload_reason")}
                    for name, job in counters.get("jobs", {}).items()}
+    if counters.get("hidden_jobs"):  # jobs with a secret: the operator's to read
+        out["hidden_jobs"] = counters["hidden_jobs"]
     return out

@@ -18,6 +18,7 @@ import socketserver
 import threading
 from typing import Any, Callable, Dict, List, Optional
 
+from netreduce.control.auth import AuthError, Guard
 from netreduce.control.payload import JobPayload, views_of
 
 log = logging.getLogger("netreduce.switch")
@@ -84,11 +85,17 @@ class ControlServer(socketserver.ThreadingTCPServer):
     allow_reuse_address = True
     # Every rank opens several control connections at start-up; socketserver's default
     # backlog of 5 would drop some of a large job's and cost each a 1 s SYN retry.
-    request_queue_size = 128
+    request_queue_size = 1024
 
     def __init__(self, host: str, port: int, aggregator: Any,
-                 payload_explicit: bool = False) -> None:
+                 payload_explicit: bool = False, guard: Optional[Guard] = None,
+                 limits: Optional["Limits"] = None) -> None:
         self.aggregator = aggregator
+        # Job secrets and the operator's secret (netreduce/control/auth.py); the
+        # limits that keep hostile connections from growing memory or threads.
+        self.guard = guard or Guard()
+        self.limits = limits or Limits()
+        self.pending = PendingConnections(self.limits.max_pending)
         # aggregator.payload_bytes is the cap: --payload-bytes when given, else the
         # wire's largest; each job's own payload follows its ranks' paths.
         self.payload_explicit = payload_explicit
@@ -102,6 +109,7 @@ class ControlServer(socketserver.ThreadingTCPServer):
         name, rank, size = str(msg["job"]), int(msg["rank"]), int(msg["size"])
         if not 0 <= rank < size:
             raise RequestError(f"job '{name}': rank {rank} out of range for world size {size}")
+        self.admit(sess, name, rank, msg)
         views = self._path_views(sess, rank, msg)
         with self.lock:
             job = self.jobs.get(name)
@@ -216,11 +224,36 @@ class ControlServer(socketserver.ThreadingTCPServer):
                 self.aggregator.remove_job(job.index)
                 log.info("job '%s' finished: pool %d freed", job.name, job.index)
 
-    def counters(self) -> Dict[str, Any]:
+    def admit(self, sess: Session, job: str, rank: int, msg: Dict[str, Any]) -> None:
+        """The job-secret check of a request that binds ``sess`` to ``job``."""
+        try:
+            self.guard.admit(sess, job, rank, msg)
+        except AuthError as exc:
+            raise RequestError(str(exc)) from None
+        self.pending.settle(sess)
+
+    def counters(self, sess: Optional[Session] = None,
+                 msg: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+        """Global counters and those of the jobs ``sess`` may read: its own job, open
+        jobs (admitted without a secret), or all of them for the operator (and for
+        the daemon itself: ``sess`` None)."""
+        msg = msg or {}
+        if sess is not None:
+            try:
+                if self.guard.operator(sess, msg):
+                    self.pending.settle(sess)
+                elif msg.get("job") is not None:  # a reader proving one job's secret
+                    self.admit(sess, str(msg["job"]), int(msg.get("rank", -1)), msg)
+            except AuthError as exc:
+                raise RequestError(str(exc)) from None
         jobs = {}
         with self.lock:
             records = list(self.jobs.values())
+        hidden = 0
         for job in records:
+            if sess is not None and not self.guard.may_read(sess, job.name):
+                hidden += 1
+                continue
             try:
                 c = dict(self.aggregator.job_counters(job.index))
             except ValueError:
@@ -230,42 +263,62 @@ class ControlServer(socketserver.ThreadingTCPServer):
                      payload_reason=job.payload_reason if job.payload_final else
                      f"pending until every rank has registered ({job.payload_reason})")
             jobs[job.name] = c
-        return {"global": dict(self.aggregator.counters()), "jobs": jobs}
+        return {"global": dict(self.aggregator.counters()), "jobs": jobs, "hidden_jobs": hidden}
 
 
 class _ConnectionHandler(socketserver.StreamRequestHandler):
     def handle(self) -> None:
         srv: ControlServer = self.server  # type: ignore[assignment]
-        self.request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock: socket.socket = self.request
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sess = Session("%s:%d" % self.client_address[:2])
+        srv.pending.add(sess, sock)
+        limits = srv.limits
         try:
-            for line in self.rfile:
-                msg: Any = {}
+            while True:
+                # Until the connection belongs to a job (or the operator): short lines,
+                # and silence closes it; then requests of any size up to line_bytes.
+                bound = srv.pending.is_settled(sess)
+                limit = limits.line_bytes if bound else limits.pending_line_bytes
+                sock.settimeout(None if bound else limits.pending_idle_s)
                 try:
-                    msg = json.loads(line)
-                    reply = dict(self._dispatch(srv, sess, msg), ok=True)
-                except RequestError as exc:
-                    reply = {"ok": False, "error": str(exc)}
-                except (KeyError, TypeError, ValueError) as exc:
-                    reply = {"ok": False, "error": f"malformed request {line[:200]!r}: {exc!r}"}
-                self.wfile.write((json.dumps(reply, separators=(",", ":")) + "\n").encode())
-                self.wfile.flush()
-                if reply.get("payload_bytes") and isinstance(msg, dict) and \
-                        msg.get("cmd") == "payload":
+                    line = self.rfile.readline(limit + 1)
+                except socket.timeout:
+                    log.debug("%s: silent for %.0f s before binding to a job: closed",
+                              sess.peer, limits.pending_idle_s)
+                    break
+                if not line:
+                    break
+                if len(line) > limit:
+                    self._send({"ok": False, "error": f"request longer than {limit} bytes "
+                                "(the control port's limit); closing the connection"})
+                    break
+                msg, reply = _answer(srv, sess, line)
+                self._send(reply)
+                if reply.get("payload_bytes") and msg.get("cmd") == "payload":
                     srv.payload_delivered(sess)
-        except (ConnectionError, OSError):
-            pass
+        except (ConnectionError, OSError, ValueError):
+            pass  # reset, evicted (shut down by PendingConnections) or closed meanwhile
         finally:
+            srv.pending.discard(sess)
             for hook in DISCONNECT_HOOKS:
                 try:
                     hook(srv, sess)
                 except Exception:  # a hook's bug must not take the daemon down
                     log.exception("disconnect hook failed")
             srv.release(sess)
+            srv.guard.unbind(sess)
+
+    def _send(self, reply: Dict[str, Any]) -> None:
+        self.request.settimeout(None)
+        self.wfile.write((json.dumps(reply, separators=(",", ":")) + "\n").encode())
+        self.wfile.flush()
 
     @staticmethod
     def _dispatch(srv: ControlServer, sess: Session, msg: Dict[str, Any]) -> Dict[str, Any]:
         cmd = msg.get("cmd")
+        if cmd == "challenge":
+            return srv.guard.challenge(sess)
         if cmd == "register":
             return srv.register(sess, msg)
         if cmd == "payload":
@@ -274,10 +327,82 @@ class _ConnectionHandler(socketserver.StreamRequestHandler):
             srv.release(sess)
             return {}
         if cmd == "counters":
-            return srv.counters()
+            return srv.counters(sess, msg)
         if cmd == "ping":
             return {}
         handler = HANDLERS.get(cmd)
         if handler is None:
             raise RequestError(f"unknown command {cmd!r}")
         return handler(srv, sess, msg)
+
+
+def _answer(srv: ControlServer, sess: Session, line: bytes) -> "tuple[Dict[str, Any], Dict[str, Any]]":
+    """One request line -> (the request, its reply). Hostile input (not JSON, not an
+    object, absurd values, nesting deep enough to exhaust the parser) is answered
+    with ok=false, never an exception: fuzz/control_fuzzer.py drives this."""
+    msg: Any = {}
+    try:
+        msg = json.loads(line)
+        if not isinstance(msg, dict):
+            raise TypeError(f"a request is a JSON object, not {type(msg).__name__}")
+        return msg, dict(_ConnectionHandler._dispatch(srv, sess, msg), ok=True)
+    except RequestError as exc:
+        return msg if isinstance(msg, dict) else {}, {"ok": False, "error": str(exc)}
+    except (KeyError, TypeError, ValueError, ArithmeticError, RecursionError) as exc:
+        return ({} if not isinstance(msg, dict) else msg,
+                {"ok": False, "error": f"malformed request {line[:200]!r}: {exc!r}"})
+
+
+@dataclasses.dataclass
+class Limits:
+    """What one connection may cost the daemon (docs/operations.md, Security)."""
+    line_bytes: int = 16 << 20          # longest request of a connection bound to a job
+    pending_line_bytes: int = 64 << 10  # ... of one that is not (yet)
+    pending_idle_s: float = 30.0        # silence that closes a connection not bound to a job
+    max_pending: int = 1024             # such connections at once; a new one closes the oldest
+
+
+class PendingConnections:
+    """Connections that belong to no job (nor the operator) yet. At most ``limit``:
+    past that, a new connection shuts the oldest one down, so that idle or half-open
+    connections by the thousand never pin threads and memory, while a rank's
+    connection, which sends its register/hello at once, gets through."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = max(1, limit)
+        self._lock = threading.Lock()
+        self._conns: "Dict[int, tuple]" = {}  # insertion order = age
+        self._settled: set = set()
+        self.evicted = 0
+
+    def add(self, sess: Session, sock: socket.socket) -> None:
+        victims = []
+        with self._lock:
+            self._conns[id(sess)] = (sess, sock)
+            while len(self._conns) > self.limit:
+                oldest = next(iter(self._conns))
+                victims.append(self._conns.pop(oldest)[1])
+                self.evicted += 1
+        for victim in victims:
+            try:
+                victim.shutdown(socket.SHUT_RDWR)  # its thread's read returns at once
+            except OSError:
+                pass
+
+    def settle(self, sess: Session) -> None:
+        with self._lock:
+            self._conns.pop(id(sess), None)
+            self._settled.add(id(sess))
+
+    def is_settled(self, sess: Session) -> bool:
+        with self._lock:
+            return id(sess) in self._settled
+
+    def discard(self, sess: Session) -> None:
+        with self._lock:
+            self._conns.pop(id(sess), None)
+            self._settled.discard(id(sess))
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._conns)

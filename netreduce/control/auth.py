@@ -1,0 +1,213 @@
+"""Job secrets and the operator's secret on the control port (docs/operations.md,
+Security; docs/protocol.md, Admission).
+
+A job's ranks share a secret: ``netreduce-run`` generates one per run, another
+launcher exports ``NETREDUCE_JOB_SECRET`` on every rank. The secret never crosses
+the network. From it and the job's name each rank derives the same Ed25519 key pair
+(the 32-byte seed is HMAC-SHA256(secret, "netreduce-job-key-v1" || job)). A
+connection that binds to a job (``register``, ``negotiate_hello``, or ``counters``
+for one job) first asks for a ``challenge``: a fresh 32-byte server nonce, good for
+one proof. Its request then carries ``auth = {pub, sig}``: the public key and a
+signature over (domain, nonce, job, rank). The aggregator keeps no secret, only the
+public key of the first connection of the job (its *verifier*), and admits a later
+connection only if it proves the same key on its own nonce. So a job's name, the
+traffic of its control connections, or the aggregator's memory are not enough to
+join it, abort it, watch it or read its counters. Why not a bare HMAC response: the
+aggregator would need the secret to check it, and nothing could carry it there but
+the network.
+
+The operator's secret (``netreduce-switch --operator-secret-file``) is the
+aggregator's own, so it is proved with HMAC-SHA256 over the connection's nonce;
+that connection may read every job's counters. A job without a secret (an old
+client, the single-process embedded aggregator, a user launcher without
+NETREDUCE_JOB_SECRET) is *open*: anyone who knows its name can join it and read it,
+as before. ``--require-secret`` refuses open jobs.
+
+The verifier of a job name lives as long as some connection bound to that name is
+open; then the name is free again (the next run may bring another secret).
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import hmac
+import secrets
+import threading
+from typing import Any, Callable, Dict, Optional, Set
+
+DOMAIN = b"netreduce-job-proof-v1\0"
+KEY_DOMAIN = b"netreduce-job-key-v1\0"
+OPERATOR_DOMAIN = b"netreduce-operator-proof-v1\0"
+NONCE_BYTES = 32
+
+
+class AuthError(Exception):
+    """A refused proof; the control server answers ok=false with this message."""
+
+
+# --- rank side --------------------------------------------------------------------
+@functools.lru_cache(maxsize=64)
+def _signing_key(secret: str, job: str) -> Any:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+    seed = hmac.new(secret.encode(), KEY_DOMAIN + job.encode(), hashlib.sha256).digest()
+    return Ed25519PrivateKey.from_private_bytes(seed)
+
+
+def _public_hex(key: Any) -> str:
+    from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+    return key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw).hex()
+
+
+def _message(nonce: bytes, job: str, rank: int) -> bytes:
+    return DOMAIN + nonce + job.encode() + b"\0" + str(int(rank)).encode()
+
+
+def job_proof(secret: str, job: str, rank: int, nonce_hex: str) -> Dict[str, str]:
+    """The ``auth`` field of a request binding a connection to ``job`` as ``rank``."""
+    key = _signing_key(secret, job)
+    sig = key.sign(_message(bytes.fromhex(nonce_hex), job, rank))
+    return {"pub": _public_hex(key), "sig": sig.hex()}
+
+
+def operator_proof(secret: bytes, nonce_hex: str) -> str:
+    return hmac.new(secret, OPERATOR_DOMAIN + bytes.fromhex(nonce_hex), hashlib.sha256).hexdigest()
+
+
+def prove(call: Callable[..., Dict[str, Any]], secret: str, job: str, rank: int) -> Dict[str, Any]:
+    """Fields to add to a binding request (empty without a secret): asks the
+    connection for a challenge through ``call(cmd, **fields)`` first."""
+    if not secret:
+        return {}
+    nonce = call("challenge")["nonce"]
+    return {"auth": job_proof(secret, job, rank, nonce)}
+
+
+def read_operator_secret(path: str) -> bytes:
+    """The operator's secret: the file's bytes, surrounding whitespace stripped."""
+    with open(path, "rb") as f:
+        data = f.read().strip()
+    if len(data) < 16:
+        raise ValueError(f"operator secret file {path} holds {len(data)} bytes; use at least 16 "
+                         "(e.g. `head -c 32 /dev/urandom | xxd -p > FILE`)")
+    return data
+
+
+# --- aggregator side --------------------------------------------------------------
+class Guard:
+    """The control server's admission checks: nonces per connection, one verifier
+    per job name, the operator's connections."""
+
+    def __init__(self, require_secret: bool = False,
+                 operator_secret: Optional[bytes] = None) -> None:
+        self.require_secret = require_secret
+        self.operator_secret = operator_secret
+        self._lock = threading.Lock()
+        self._verifiers: Dict[str, Optional[str]] = {}  # job -> public key hex; None = open
+        self._bound: Dict[str, Set[int]] = {}           # job -> ids of bound sessions
+
+    # per connection
+    def challenge(self, sess: Any) -> Dict[str, Any]:
+        nonce = secrets.token_bytes(NONCE_BYTES)
+        sess.state["nonce"] = nonce
+        return {"nonce": nonce.hex()}
+
+    def _take_nonce(self, sess: Any, what: str) -> bytes:
+        nonce = sess.state.pop("nonce", None)
+        if nonce is None:
+            raise AuthError(f"{what}: send 'challenge' first on this connection (each nonce "
+                            "proves one request)")
+        return nonce
+
+    def admit(self, sess: Any, job: str, rank: int, msg: Dict[str, Any]) -> None:
+        """Bind ``sess`` to ``job`` if its request proves the job's secret (or the job
+        is open and secrets are not required); raise AuthError naming the problem."""
+        who = f"job '{job}' (rank {rank}, from {getattr(sess, 'peer', '?')})"
+        bound = sess.state.get("auth_job")
+        if bound is not None:
+            if bound != job:
+                raise AuthError(f"{who}: this connection already belongs to job '{bound}'")
+            return
+        pub = self._verify(sess, job, rank, msg.get("auth"), who)
+        with self._lock:
+            if job in self._bound:
+                known = self._verifiers[job]
+                if known != pub:
+                    raise AuthError(self._mismatch(who, known, pub))
+            else:
+                self._verifiers[job] = pub
+                self._bound[job] = set()
+            self._bound[job].add(id(sess))
+        sess.state["auth_job"] = job
+
+    def _verify(self, sess: Any, job: str, rank: int, auth: Any, who: str) -> Optional[str]:
+        if auth is None:
+            if self.require_secret:
+                raise AuthError(
+                    f"{who} refused: this aggregator requires a job secret (--require-secret); "
+                    "launch with netreduce-run, or export the same NETREDUCE_JOB_SECRET on "
+                    "every rank")
+            return None
+        if not isinstance(auth, dict) or not isinstance(auth.get("pub"), str) or \
+                not isinstance(auth.get("sig"), str):
+            raise AuthError(f"{who}: malformed job-secret proof (want auth={{pub, sig}})")
+        nonce = self._take_nonce(sess, who)
+        from cryptography.exceptions import InvalidSignature
+        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+        try:
+            key = Ed25519PublicKey.from_public_bytes(bytes.fromhex(auth["pub"]))
+            key.verify(bytes.fromhex(auth["sig"]), _message(nonce, job, rank))
+        except (ValueError, InvalidSignature):
+            raise AuthError(f"{who}: the job-secret proof does not verify (a forged or "
+                            "replayed answer to another challenge)") from None
+        return auth["pub"].lower()
+
+    @staticmethod
+    def _mismatch(who: str, known: Optional[str], pub: Optional[str]) -> str:
+        if known is None:
+            return (f"{who}: this rank sent a job secret, but the job was admitted without one "
+                    "(its other ranks have no NETREDUCE_JOB_SECRET); give every rank the same "
+                    "secret, or none")
+        if pub is None:
+            return (f"{who}: the job was admitted with a job secret and this rank sent none; "
+                    "export the same NETREDUCE_JOB_SECRET as its other ranks (netreduce-run "
+                    "sets it for its ranks)")
+        return (f"{who}: wrong job secret: the job was admitted with a different one "
+                "(NETREDUCE_JOB_SECRET differs between ranks, or another job uses this name)")
+
+    def unbind(self, sess: Any) -> None:
+        job = sess.state.pop("auth_job", None)
+        if job is None:
+            return
+        with self._lock:
+            ids = self._bound.get(job)
+            if ids is not None:
+                ids.discard(id(sess))
+                if not ids:
+                    del self._bound[job]
+                    del self._verifiers[job]
+
+    def operator(self, sess: Any, msg: Dict[str, Any]) -> bool:
+        """Whether this request proves the operator's secret (HMAC over the nonce)."""
+        proof = msg.get("operator")
+        if sess.state.get("operator"):
+            return True
+        if proof is None:
+            return False
+        if self.operator_secret is None:
+            raise AuthError("operator proof sent, but this aggregator has no operator secret "
+                            "(--operator-secret-file)")
+        nonce = self._take_nonce(sess, "operator")
+        want = operator_proof(self.operator_secret, nonce.hex())
+        if not isinstance(proof, str) or not hmac.compare_digest(proof, want):
+            raise AuthError("wrong operator secret")
+        sess.state["operator"] = True
+        return True
+
+    def is_open(self, job: str) -> bool:
+        """No verifier: the job was admitted without a secret (or is not known)."""
+        with self._lock:
+            return self._verifiers.get(job) is None
+
+    def may_read(self, sess: Any, job: str) -> bool:
+        return bool(sess.state.get("operator")) or sess.state.get("auth_job") == job or \
+            self.is_open(job)
