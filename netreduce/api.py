@@ -12,7 +12,7 @@ import numpy as np
 
 from netreduce import config, environment
 from netreduce.communicator import Communicator, Handle, Tensor
-from netreduce.control.address import parse_address
+from netreduce.control.address import parse_addresses
 from netreduce.errors import NetReduceError
 from netreduce.ops import ReduceOp, as_op, check_array, dtype_name
 
@@ -37,7 +37,9 @@ _spawn_switch: Optional[Callable[..., Any]] = None
 
 
 def _parse_address(text: str) -> Tuple[str, int]:
-    return parse_address(text, what="NETREDUCE_SWITCH")
+    # Several aggregators: the communicator negotiates through the first; the
+    # algorithm (algorithms/select.py) joins the others.
+    return parse_addresses(text, what="NETREDUCE_SWITCH")[0]
 
 
 def init() -> None:

@@ -45,7 +45,8 @@ def declare(name: str, type: Callable[[str], Any], default: Any, help: str,
 # --- data plane -------------------------------------------------------------
 declare("NETREDUCE_SWITCH", str, "",
         "aggregator control address HOST[:PORT] (port 4791 if omitted; [IPv6]:PORT; host "
-        "names resolve); empty = the launcher's embedded one")
+        "names resolve), or several comma-separated: each buffer is spread over them, "
+        "negotiation goes through the first; empty = the launcher's embedded one")
 declare("NETREDUCE_TIMEOUT", float, 30.0,
         "seconds an operation may wait (aggregator silence, missing ranks) before failing")
 declare("NETREDUCE_RETRANSMIT_MS", float, 0.5,

@@ -26,7 +26,7 @@ import time
 from typing import IO, List, Optional, Sequence
 
 from netreduce import config
-from netreduce.control.address import format_address, parse_address
+from netreduce.control.address import format_address, parse_addresses
 from netreduce.process import detach_and_die_with_parent, free_tcp_port
 
 GRACE_S = 3.0  # SIGTERM -> SIGKILL; keeps "a failing rank stops the job" under 10 s
@@ -41,7 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-np", "--num-proc", dest="np", type=int, required=True,
                    help="number of ranks to start on this host")
     p.add_argument("--switch", default=None,
-                   help="aggregator control address HOST:PORT (default: NETREDUCE_SWITCH, "
+                   help="aggregator control address HOST:PORT, or several comma-separated "
+                        "(the job spreads over them; default: NETREDUCE_SWITCH, "
                         "else start one on 127.0.0.1)")
     p.add_argument("--job", default=None,
                    help="job name at the aggregator (default: unique per run)")
@@ -146,7 +147,7 @@ def run(argv: Optional[Sequence[str]] = None) -> int:
     address = args.switch or config.get("NETREDUCE_SWITCH")
     if address:
         try:
-            address = format_address(parse_address(
+            address = ",".join(format_address(a) for a in parse_addresses(
                 address, what="--switch" if args.switch else "NETREDUCE_SWITCH"))
         except ValueError as exc:
             parser.error(str(exc))

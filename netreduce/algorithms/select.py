@@ -9,15 +9,21 @@ The choice is a pure function of the exchanged host layout and NETREDUCE_ALGORIT
 * ``flat`` — always flat; no topology exchange at all.
 * ``hierarchical`` — refused with TopologyError when the hosts' local sizes differ;
   on a single rank it is flat (there is nothing to share).
+
+Several aggregators in NETREDUCE_SWITCH (a comma-separated list) select the
+multi-aggregator algorithm (multi_aggregator.py) under ``auto`` and ``flat``; with
+``hierarchical`` they are refused (not combined yet).
 """
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from netreduce import topology
 from netreduce.algorithms.flat import Flat
 from netreduce.algorithms.hierarchical import Hierarchical
+from netreduce.algorithms.multi_aggregator import MultiAggregator
+from netreduce.control.address import parse_addresses
 from netreduce.topology import Layout, TopologyError
 
 log = logging.getLogger("netreduce")
@@ -53,6 +59,9 @@ def build(connection: Any, topo: Any, knobs: Dict[str, Any], address: Any,
     connection, already admitted). Every rank of the job calls this together, after
     every rank has joined (the exchange runs over the flat data plane)."""
     mode = knobs["NETREDUCE_ALGORITHM"]
+    addresses = aggregators(knobs, address)
+    if len(addresses) > 1 and topo.size > 1:
+        return several_aggregators(connection, addresses, topo, knobs, mode, connect)
     if mode == "flat" or topo.size == 1:
         return Flat(connection)
 
@@ -71,4 +80,29 @@ def build(connection: Any, topo: Any, knobs: Dict[str, Any], address: Any,
         start_timeout=float(knobs["NETREDUCE_START_TIMEOUT"]),
         shard_chunk=int(knobs["NETREDUCE_SHM_CHUNK"]), connect=connect,
         connect_kw=dict(retransmit_ms=knobs["NETREDUCE_RETRANSMIT_MS"],
+                        drop_rate=knobs["NETREDUCE_DROP_RATE"], window=knobs["NETREDUCE_WINDOW"]))
+
+
+def aggregators(knobs: Dict[str, Any], address: Any) -> List[Any]:
+    """Every aggregator of the job: NETREDUCE_SWITCH's list (its first is
+    ``address``, the one the communicator negotiates through), else ``address``."""
+    text = knobs.get("NETREDUCE_SWITCH") or ""
+    return parse_addresses(text) if "," in text else [address]
+
+
+def several_aggregators(connection: Any, addresses: List[Any], topo: Any,
+                        knobs: Dict[str, Any], mode: str,
+                        connect: Optional[Callable[..., Any]]) -> Any:
+    """The multi-aggregator algorithm over flat connections (one per aggregator)."""
+    if mode == "hierarchical":
+        raise TopologyError(
+            f"NETREDUCE_ALGORITHM=hierarchical with {len(addresses)} aggregators "
+            f"(NETREDUCE_SWITCH={knobs['NETREDUCE_SWITCH']}): the two are not combined yet; "
+            "use NETREDUCE_ALGORITHM=auto or flat, or name one aggregator")
+    if connect is None:
+        from netreduce.dataplane import connect
+    return MultiAggregator.build(
+        connection, addresses, job=topo.job, rank=topo.rank, size=topo.size, connect=connect,
+        connect_kw=dict(timeout=float(knobs["NETREDUCE_TIMEOUT"]),
+                        retransmit_ms=knobs["NETREDUCE_RETRANSMIT_MS"],
                         drop_rate=knobs["NETREDUCE_DROP_RATE"], window=knobs["NETREDUCE_WINDOW"]))

@@ -7,13 +7,14 @@ Accepted forms (the port defaults to 4791, RoCEv2's and netreduce-switch's):
     [fe80::1]:4791  [::1]   ::1    IPv6 literal (brackets needed with a port)
     agg-0:4791      agg-0.lan      host name, resolved when connecting
 
+Several aggregators are a comma-separated list of these (``parse_addresses``).
 Anything else is a ValueError that names the variable and the bad value."""
 from __future__ import annotations
 
 import ipaddress
 import re
 import socket
-from typing import Tuple
+from typing import List, Tuple
 
 DEFAULT_PORT = 4791
 Address = Tuple[str, int]
@@ -74,6 +75,23 @@ def parse_address(text: str, default_port: int = DEFAULT_PORT,
         if not _HOSTNAME.fullmatch(host) or host.replace(".", "").isdigit():
             raise _bad(what, raw, f"{host!r} is neither an IP address nor a host name") from None
     return host, (_port(what, raw, port) if sep else default_port)
+
+
+def parse_addresses(text: str, default_port: int = DEFAULT_PORT,
+                    what: str = "NETREDUCE_SWITCH") -> List[Address]:
+    """A comma-separated list of aggregators (several aggregators: the job's chunks
+    are spread over them, netreduce/algorithms/multi_aggregator.py) -> [(host, port)].
+    One address is a list of one. Empty items and repeats are errors naming them."""
+    items = [t.strip() for t in text.split(",")]
+    if len(items) > 1 and any(not t for t in items):
+        raise _bad(what, text, "the list has an empty item (a stray comma?)")
+    out = [parse_address(t, default_port, what) for t in items]
+    seen = set()
+    for t, a in zip(items, out):
+        if a in seen:
+            raise _bad(what, text, f"{t!r} is listed twice")
+        seen.add(a)
+    return out
 
 
 def format_address(address: Address) -> str:

@@ -1,0 +1,147 @@
+"""Several aggregators: each all-reduce's buffer spread over k aggregators at once.
+
+``NETREDUCE_SWITCH=a:4791,b:4791,...`` gives a job k aggregators. Every rank is
+rank r of the same job at each of them (one data-plane connection per aggregator;
+the first one, which the communicator already holds, also carries the job's
+negotiation — the coordinator lives at the first aggregator in the list). A buffer
+is cut into k contiguous element ranges, range i is reduced through aggregator i,
+and the k native engines stream concurrently (each submit returns at once and its
+engine thread runs with the GIL released), so aggregation throughput and the
+aggregators' links add up like a rack of switches.
+
+Why results are exact and identical on every rank: each element is summed by
+exactly one aggregator, in that aggregator's usual way, and every rank receives
+that aggregator's result — the same bytes the flat algorithm would give if that
+aggregator had done the whole buffer. The placement is a pure function of the
+buffer size, the call's position in the job's sequence (identical on every rank:
+the negotiated execution order) and the weights, so every rank cuts alike.
+
+Placement policy (``spread``): ranges proportional to ``weights`` (equal unless
+given: the aggregators' throughputs, e.g. from netreduce.planner); buffers below
+``min_split`` bytes are not cut but sent whole to one aggregator, round-robin by
+call (a chunk per aggregator, like the planner's ``hash`` policy), so a small
+tensor costs one round trip, not k.
+
+A dead aggregator fails its range within NETREDUCE_TIMEOUT with a DataPlaneError
+naming its address; the other ranges still complete (their aggregators are fine),
+and the error names every aggregator that failed."""
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from netreduce.control.address import format_address
+from netreduce.dataplane import _check_array
+from netreduce.errors import DataPlaneError, NetReduceError
+
+log = logging.getLogger("netreduce")
+MIN_SPLIT = 256 << 10  # bytes: smaller buffers go whole to one aggregator
+
+
+def spread(count: int, itemsize: int, weights: Sequence[float], call: int,
+           min_split: int = MIN_SPLIT) -> List[Tuple[int, int, int]]:
+    """[(aggregator, first element, end element)] covering 0..count, no empty range."""
+    k = len(weights)
+    if count * itemsize < min_split or k == 1:
+        return [(call % k, 0, count)] if count else [(0, 0, 0)]
+    total = float(sum(weights))
+    bounds = [0]
+    acc = 0.0
+    for w in weights[:-1]:
+        acc += w
+        bounds.append(int(round(count * acc / total)))
+    bounds.append(count)
+    return [(i, a, b) for i, (a, b) in enumerate(zip(bounds, bounds[1:])) if b > a]
+
+
+class MultiAggregator:
+    name = "multi-aggregator"
+
+    def __init__(self, connections: List[Any], weights: Optional[Sequence[float]] = None,
+                 min_split: int = MIN_SPLIT) -> None:
+        self.connections = connections
+        self.addresses = [format_address(c.address) for c in connections]
+        self.weights = list(weights) if weights else [1.0] * len(connections)
+        if len(self.weights) != len(connections) or min(self.weights) <= 0:
+            raise ValueError(f"need one positive weight per aggregator "
+                             f"({len(connections)}), got {self.weights}")
+        self.min_split = min_split
+        self._calls = 0
+
+    @classmethod
+    def build(cls, flat: Any, addresses: Sequence[Tuple[str, int]], *, job: str, rank: int,
+              size: int, connect: Callable[..., Any], connect_kw: Dict[str, Any],
+              weights: Optional[Sequence[float]] = None) -> "MultiAggregator":
+        """``flat`` is this rank's connection to addresses[0]; join the job at the
+        others too (every rank of the job calls this at init)."""
+        conns = [flat]
+        try:
+            for address in addresses[1:]:
+                conns.append(connect(address, job=job, rank=rank, size=size, **connect_kw))
+        except BaseException:
+            for c in conns[1:]:
+                c.close()
+            raise
+        if rank == 0:
+            log.info("netreduce: job %s spread over %d aggregators: %s", job, len(conns),
+                     ", ".join(format_address(c.address) for c in conns))
+        return cls(conns, weights)
+
+    # -- the Algorithm interface ---------------------------------------------------
+    def allreduce(self, src: np.ndarray, dst: Optional[np.ndarray] = None, op: str = "sum",
+                  dtype: Optional[str] = None) -> np.ndarray:
+        src = _check_array(src, "source array")
+        if dst is None:
+            dst = src
+        else:
+            dst = _check_array(dst, "destination array")
+            if dst.dtype != src.dtype or dst.nbytes != src.nbytes:
+                raise ValueError(f"destination ({dst.dtype}, {dst.nbytes} B) does not match "
+                                 f"source ({src.dtype}, {src.nbytes} B)")
+        flat_src, flat_dst = src.reshape(-1), dst.reshape(-1)
+        parts = spread(flat_src.size, src.dtype.itemsize, self.weights, self._calls,
+                       self.min_split)
+        self._calls += 1
+        requests = []
+        errors: List[str] = []
+        for i, a, b in parts:
+            try:
+                requests.append((i, self.connections[i].allreduce_async(
+                    flat_src[a:b], flat_dst[a:b], op=op, dtype=dtype)))
+            except NetReduceError as exc:
+                errors.append(str(exc))
+                break  # the later ranges were never submitted: nothing more to wait for
+        for i, req in requests:
+            try:
+                req.wait()
+            except NetReduceError as exc:
+                errors.append(str(exc))
+        if errors:
+            raise DataPlaneError("; ".join(errors))
+        return dst
+
+    def abort(self, reason: str) -> None:
+        for c in self.connections:
+            try:
+                c.abort(reason)
+            except NetReduceError:
+                pass  # already closed
+
+    def stats(self) -> Dict[str, Any]:
+        out: Dict[str, Any] = {"algorithm": self.name, "aggregators": self.addresses}
+        for i, c in enumerate(self.connections):
+            for k, v in c.stats().items():
+                out[f"agg{i}_{k}"] = v
+                if isinstance(v, (int, float)) and k != "payload_bytes":
+                    out[k] = out.get(k, 0) + v
+        return out
+
+    def counters(self) -> Dict[str, Any]:
+        return self.connections[0].counters()
+
+    def close(self) -> None:
+        conns, self.connections = self.connections, []
+        for c in conns:
+            c.close()
