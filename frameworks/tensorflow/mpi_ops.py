@@ -11,8 +11,9 @@ How a TensorFlow value reaches the core, and back:
   is stateful, so tf.function's automatic control dependencies run netreduce nodes in
   program order on every rank; a blocked node therefore never waits for one that a
   busy TF thread pool has not started yet.
-* A list of tensors (a step's gradients) is one node and one core submission
-  (grouped_allreduce), so negotiation and fusion see the whole step together.
+* grouped_allreduce makes a list of tensors one node and one core submission, so
+  negotiation and fusion see them together (DistributedGradientTape and the Keras
+  optimizer cut a step's gradients at the fusion buffer size: gradient_tape.py).
 
 Names: eager calls without ``name=`` use the core's per-call counter (every rank calls
 in the same order); in a graph the name is derived at trace time from the input tensor's
