@@ -358,6 +358,11 @@ def handle_hello(srv: Any, sess: Any, msg: Dict[str, Any]) -> Dict[str, Any]:
     role = str(msg.get("role", "poll"))
     if not (0 <= rank < size):
         raise RequestError(f"rank {rank} is outside [0, {size}) for job '{job}'")
+    if sess.state.get("negotiation") is not None:  # its close would end only the last
+        raise RequestError(f"rank {rank} of job '{job}': this connection already said hello "
+                           f"as {sess.state['negotiation'][2]} of rank "
+                           f"{sess.state['negotiation'][1]} of job "
+                           f"'{sess.state['negotiation'][0]}'; one per connection")
     admit = getattr(srv, "admit", None)  # the job-secret check (control/auth.py)
     if admit is not None:
         admit(sess, job, rank, msg)

@@ -109,6 +109,9 @@ class ControlServer(socketserver.ThreadingTCPServer):
         name, rank, size = str(msg["job"]), int(msg["rank"]), int(msg["size"])
         if not 0 <= rank < size:
             raise RequestError(f"job '{name}': rank {rank} out of range for world size {size}")
+        if sess.record is not None:  # its release would free only the last one
+            raise RequestError(f"job '{name}' (rank {rank}): this connection already registered "
+                               f"rank {sess.rank} of job '{sess.job}'; one rank per connection")
         self.admit(sess, name, rank, msg)
         views = self._path_views(sess, rank, msg)
         with self.lock:
