@@ -8,13 +8,16 @@ form needs help.
 
 Semantics: ``pushpull`` **sums** over workers, like ``dist_sync``; a Trainer step
 therefore wants the global batch (``trainer.step(batch_size * kv.num_workers)``) to
-average — docs/mxnet.md. Each call waits for its reduction (there is no server to
-hold values between a push and a pull); a call with a list of keys submits them all
-before waiting, so the core negotiates and fuses them together.
+average — docs/mxnet.md. ``pushpull`` hands the arrays to the core and returns; the
+wait for the result runs in MXNet's engine (engine.py), so later MXNet operations on
+the results are ordered after it and the Trainer's per-parameter calls reach the
+core as one burst that it negotiates and fuses together. ``broadcast`` waits.
 """
 from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import threading
 
 import mxnet as mx
 from mxnet import optimizer as mx_optimizer
@@ -22,6 +25,8 @@ from mxnet.kvstore import KVStoreBase
 
 import netreduce as _nr
 
+from . import engine
+from .buffers import HostBuffer
 from .mpi_ops import broadcast_many, reduce_in_place
 
 TYPE = "netreduce"
@@ -65,6 +70,23 @@ class NetReduce(KVStoreBase):
         _nr.init()
         self._updater: Any = None
         self._reduced: Dict[Any, mx.nd.NDArray] = {}  # per key, for update-on-kvstore
+        self._inflight: Dict[str, Any] = {}  # tensor name -> core handle, until done
+        self._failures: List[BaseException] = []  # from reductions finished in the engine
+        self._lock = threading.Lock()
+
+    # --- errors of reductions that finished inside MXNet's engine ----------------------
+    def _raise_failure(self) -> None:
+        with self._lock:
+            failure = self._failures.pop(0) if self._failures else None
+            self._failures.clear()
+        if failure is not None:
+            raise failure
+
+    def synchronize(self) -> None:
+        """Wait for every pushpull issued so far; raise the first error among them
+        (otherwise the store's next call raises it)."""
+        mx.nd.waitall()
+        self._raise_failure()
 
     # --- identity ---------------------------------------------------------------------
     @property
@@ -110,6 +132,7 @@ class NetReduce(KVStoreBase):
         values) into ``out``, or into every ``value`` when ``out`` is None. With an
         optimizer set and ``out`` given, ``out`` is the weight the optimizer updates
         with the summed gradient."""
+        self._raise_failure()
         items = _pairs(key, value, out)
         update = self._updater is not None
         targets, names = [], []
@@ -130,7 +153,7 @@ class NetReduce(KVStoreBase):
                 target += v.as_in_context(target.context)
             targets.append(target)
             names.append(_name(k))
-        reduce_in_place(targets, names, _nr.Sum, what="KVStore.pushpull")
+        self._reduce(targets, names, priority)
         for (k, values, outs), target in zip(items, targets):
             if update and outs is not None:
                 for o in outs:
@@ -139,6 +162,48 @@ class NetReduce(KVStoreBase):
             for dest in (outs if outs is not None else values):
                 if dest is not target:
                     target.copyto(dest)
+
+    def _reduce(self, targets: List[Any], names: List[str], priority: int) -> None:
+        """Sum ``targets`` in place across workers: submitted now, finished by an
+        engine operation that writes them (synchronously for non-CPU arrays, whose
+        host copies must be copied back)."""
+        for name in names:  # the same key again before MXNet needed the last result
+            with self._lock:
+                earlier = self._inflight.pop(name, None)
+            if earlier is not None:
+                self._finish([earlier])
+        self._raise_failure()
+        bufs = [HostBuffer(t, "KVStore.pushpull", n, write=True) for t, n in zip(targets, names)]
+        if any(b.host is not b.nd for b in bufs):
+            reduce_in_place(targets, names, _nr.Sum, what="KVStore.pushpull")
+            return
+        handles = []
+        try:
+            for buf, name in zip(bufs, names):
+                handles.append(_nr.allreduce_async(buf.array, op=_nr.Sum, name=name,
+                                                   inplace=True))
+        finally:
+            if len(handles) < len(bufs):  # a submission failed: nothing may stay in flight
+                self._finish(handles)
+        with self._lock:
+            self._inflight.update(zip(names, handles))
+
+        def finish() -> None:  # in an engine thread, once MXNet is done with targets
+            self._finish(handles)
+            with self._lock:
+                for name, handle in zip(names, handles):
+                    if self._inflight.get(name) is handle:
+                        del self._inflight[name]
+            del bufs[:]  # the NDArrays stay alive until here
+        engine.push(finish, targets, priority)
+
+    def _finish(self, handles: List[Any]) -> None:
+        for handle in handles:
+            try:
+                handle.wait()
+            except BaseException as exc:  # raised by the store's next call
+                with self._lock:
+                    self._failures.append(exc)
 
     # --- optimizer --------------------------------------------------------------------
     def set_optimizer(self, optimizer) -> None:

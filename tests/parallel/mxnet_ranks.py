@@ -144,6 +144,9 @@ def test_mkldnn_layout_weights_are_read_in_row_major_order():
     conv = mx.gluon.nn.Conv2D(64, 11, 4, 2)
     conv.initialize(mx.init.Xavier())
     conv(mx.nd.ones((1, 3, 64, 64)))  # not recorded: inference mode
+    # the forward only *reads* the weight, yet may reorder it in place: let it finish
+    # (MXNet's own asnumpy would otherwise race with it)
+    mx.nd.waitall()
     weight = conv.weight.data()
     expected = weight.asnumpy()  # asnumpy reorders to the default layout itself
     view = buffers.HostBuffer(weight, "test", "w", write=False).array
@@ -340,11 +343,36 @@ def test_mismatched_shapes_name_the_key_and_ranks():
     rank = hvd.rank()
     value = mx.nd.zeros((4 + (rank == 1),))
     with pytest.raises(hvd.NetReduceError) as info:
+        # pushpull returns before the reduction ends (MXNet's engine finishes it);
+        # synchronize(), or else the store's next call, raises what went wrong
         kv.pushpull("mismatch", value)
+        kv.synchronize()
     message = str(info.value)
     assert "'kvstore.mismatch'" in message, message  # the key
     assert "rank 1 sent [5]" in message and "[4]" in message, message  # who sent what
-    # the job goes on: a well-formed key still reduces
+    # the job goes on: a well-formed key still reduces, and nothing is raised twice
     ok = mx.nd.ones((3,))
     kv.pushpull("after-mismatch", ok)
     assert np.all(ok.asnumpy() == hvd.size())
+    kv.synchronize()
+    # without synchronize(), the next call raises it
+    kv.pushpull("mismatch.2", mx.nd.zeros((4 + (rank == 1),)))
+    mx.nd.waitall()
+    with pytest.raises(hvd.NetReduceError, match="'kvstore.mismatch.2'"):
+        kv.pushpull("after-mismatch", ok)
+
+
+def test_pushpull_returns_before_the_reduction_and_mxnet_waits_for_it():
+    """The wait is an engine operation: pushpull returns while the reduction may
+    still run, and reading the result (an MXNet operation) waits for it."""
+    kv = mx.kv.create("netreduce")
+    rank, size = hvd.rank(), hvd.size()
+    arrays = [mx.nd.full((200000,), rank + 1 + i) for i in range(6)]
+    for i, a in enumerate(arrays):
+        kv.pushpull(f"burst.{i}", a, priority=-i)
+    doubled = [a * 2 for a in arrays]  # queued after each reduction by MXNet's engine
+    for i, d in enumerate(doubled):
+        assert np.all(d.asnumpy() == 2 * (size * (size + 1) / 2 + size * i)), i
+    kv.pushpull("burst.0", arrays[0])  # same key again: waits for the first
+    assert np.all(arrays[0].asnumpy() == size * size * (size + 1) / 2)
+    kv.synchronize()
