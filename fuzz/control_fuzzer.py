@@ -17,7 +17,9 @@ a failure, long-polls and payload waits) have their wait fields set to 0 first.
 """
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import sys
 
 import atheris
@@ -98,9 +100,7 @@ def main() -> None:
     for seed in SEEDS:  # the seeds must pass before fuzzing starts
         test_one_input(seed)
     corpus = [a for a in sys.argv[1:] if not a.startswith("-")]
-    if corpus:  # start from the seeds
-        import hashlib
-        import os
+    if corpus and not os.path.isfile(corpus[0]):  # a corpus directory: start from the seeds
         os.makedirs(corpus[0], exist_ok=True)
         for seed in SEEDS:
             with open(os.path.join(corpus[0], hashlib.sha1(seed).hexdigest()), "wb") as f:

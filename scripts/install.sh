@@ -17,6 +17,10 @@ if [ "$what" = test ]; then
   need ip iproute2
   need tc iproute2
   need iperf3 iperf3
+  # scripts/sanitizers.sh: ASan/UBSan builds and libFuzzer (compiler-rt)
+  need clang++ clang
+  ls /usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a >/dev/null 2>&1 || \
+    apt_pkgs+=(libclang-rt-dev)
 fi
 [ -e /usr/include/zlib.h ] || apt_pkgs+=(zlib1g-dev)
 if [ ${#apt_pkgs[@]} -gt 0 ]; then
@@ -37,6 +41,8 @@ extras=torch
 $py -m pip install -q --no-build-isolation -e ".[$extras]"
 
 if [ "$what" = test ]; then
+  # The control-port fuzz harness (fuzz/control_fuzzer.py)
+  $py -c "import atheris" 2>/dev/null || $py -m pip install -q atheris
   # The peers the tests compare against, and one environment per framework group
   # that cannot share this one's numpy (each script caches what it builds under
   # ~/.cache/netreduce and is a no-op when its environment is already complete).

@@ -52,6 +52,10 @@ from netreduce.ops import STORAGE, WIRE_DTYPE
 # operation first: a shape comparison between an allreduce and a broadcast is moot).
 FIELDS = ("kind", "dtype", "shape", "op", "prescale", "postscale", "root")
 Sig = Tuple[str, str, Tuple[int, ...], str, float, float, int]
+# The largest world size: the wire's 12-bit rank field less the group rank
+# (native/wire/roce.h). A larger claim is refused before anything is sized by it
+# (fuzz/control_fuzzer.py found a hello whose size built a set of 10^46 ranks).
+MAX_WORLD = (1 << 12) - 1
 
 
 class RequestError(Exception):
@@ -83,7 +87,7 @@ def mismatch_message(name: str, sigs: Dict[int, Sig]) -> Optional[str]:
             continue
         (a, ranks_a), (b, ranks_b) = list(by_value.items())[:2]
         fa, fb = _fmt(field, a), _fmt(field, b)
-        kind = sigs[min(sigs)][0]
+        kind = sigs[min(sigs)][0].replace("allgatherv", "allgather")
         head = {
             "kind": f"Mismatched operations: One rank did {_article(fa)}, "
                     f"but another rank did {_article(fb)}.",
@@ -113,6 +117,8 @@ def fusion_key(sig: Sig) -> Optional[Tuple[str, str]]:
     if kind in ("barrier", "join"):
         return None
     wire_op = "sum" if kind == "broadcast" or op == "average" else op
+    if kind in ("reducescatter", "allgatherv"):  # executed apart (algorithms/scatter_gather)
+        return (kind, WIRE_DTYPE.get(dtype, dtype), wire_op)
     return (WIRE_DTYPE.get(dtype, dtype), wire_op)
 
 
@@ -142,6 +148,8 @@ def sig_request(name: str, sig: Sig) -> Dict[str, Any]:
 JOIN_UNSUPPORTED = {
     "broadcast": "Broadcast is not supported with Join at this time.",
     "allgather": "Allgather is not supported with Join at this time.",
+    "allgatherv": "Allgather is not supported with Join at this time.",
+    "reducescatter": "Reducescatter is not supported with Join at this time.",
 }
 
 
@@ -356,6 +364,9 @@ def _session(srv: Any, sess: Any) -> Tuple[JobState, int]:
 def handle_hello(srv: Any, sess: Any, msg: Dict[str, Any]) -> Dict[str, Any]:
     job, rank, size = str(msg["job"]), int(msg["rank"]), int(msg["size"])
     role = str(msg.get("role", "poll"))
+    if not 1 <= size <= MAX_WORLD:
+        raise RequestError(f"job '{job}' (rank {rank}): world size {size} out of range "
+                           f"1..{MAX_WORLD}")
     if not (0 <= rank < size):
         raise RequestError(f"rank {rank} is outside [0, {size}) for job '{job}'")
     if sess.state.get("negotiation") is not None:  # its close would end only the last

@@ -1,0 +1,44 @@
+"""scripts/sanitizers.sh in the suite: the native data plane built with ASan + UBSan
+(fuzz/dataplane_selftest.cc against a real aggregator on loopback) and a bounded
+fuzz smoke of the packet decoder, the aggregator's per-packet path and the control
+port's parser (fuzz/README.md). Skipped, with the reason, where clang or atheris is
+missing; under CI (CI=true) their absence is a failure."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def _need(ok: bool, what: str) -> None:
+    if ok:
+        return
+    msg = f"needs {what} (scripts/install.sh test installs it)"
+    if CI:
+        pytest.fail(f"CI must run the sanitizer build: {msg}", pytrace=False)
+    pytest.skip(msg)
+
+
+@pytest.mark.slow
+def test_sanitizer_build_and_fuzz_smoke():
+    _need(shutil.which("clang++") is not None, "clang (apt-get install clang libclang-rt-14-dev)")
+    try:
+        import atheris  # noqa: F401
+        have_atheris = True
+    except ImportError:
+        have_atheris = False
+    _need(have_atheris, "atheris (pip install atheris)")
+    env = dict(os.environ, FUZZ_SECONDS=os.environ.get("FUZZ_SECONDS", "10"), REQUIRE_ATHERIS="1")
+    proc = subprocess.run(["bash", os.path.join(ROOT, "scripts", "sanitizers.sh")], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=900)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-6000:]
+    assert "dataplane selftest passed" in out and "all clean" in out, out[-3000:]
+    runs = [int(line.split()[-1]) for line in out.splitlines()
+            if line.startswith("stat::number_of_executed_units")]
+    assert len(runs) == 3 and all(r > 0 for r in runs), out[-3000:]
