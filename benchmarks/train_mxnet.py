@@ -243,8 +243,18 @@ def run_one(tb, mode: str, args: argparse.Namespace) -> Dict:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def _median(values: List[float]) -> float:
+    values = sorted(values)
+    k = len(values) // 2
+    return values[k] if len(values) % 2 else (values[k - 1] + values[k]) / 2
+
+
 def markdown(meta: Dict, records: List[Dict]) -> str:
-    rates = {r["mode"]: r["samples_per_s"] for r in records if "error" not in r}
+    rates = {}
+    for mode in meta["modes"]:
+        ok = [r["samples_per_s"] for r in records if r["mode"] == mode and "error" not in r]
+        if ok:
+            rates[mode] = _median(ok)
     lines = [
         "# MXNet training throughput on the emulated testbed: netreduce vs dist_sync", "",
         f"- date: {meta['date']}; command: `{meta['command']}`",
@@ -254,17 +264,20 @@ def markdown(meta: Dict, records: List[Dict]) -> str:
         f"- testbed: {meta['ranks']} host namespaces + aggregator namespace, host links "
         f"{meta['rate']} each way, aggregator link {meta['ranks']} x that; mxnet 1.9.1, "
         f"AlexNet-like gluon model, batch {meta['batch']} per rank, SGD momentum 0.9, "
-        f"{meta['warmup']} warm-up + {meta['steps']} timed steps, one run per mode", "",
-        "| mode | samples/s | s/step | wire tx/S | wire rx/S |", "|---|---|---|---|---|"]
+        f"{meta['warmup']} warm-up + {meta['steps']} timed steps, {meta['repeat']} run(s) "
+        "per mode, interleaved", "",
+        "| mode | run | samples/s | s/step | wire tx/S | wire rx/S |", "|---|---|---|---|---|---|"]
     for r in records:
         if "error" in r:
-            lines.append(f"| {r['mode']} | failed: {r['error'][:200]} | | | |")
+            lines.append(f"| {r['mode']} | {r.get('run', 0)} | failed: {r['error'][:200]} | | | |")
             continue
         s = 4 * r["params"]
-        lines.append(f"| {r['mode']} | {r['samples_per_s']:.2f} | {r['seconds'] / r['steps']:.2f} | "
+        lines.append(f"| {r['mode']} | {r.get('run', 0)} | {r['samples_per_s']:.2f} | "
+                     f"{r['seconds'] / r['steps']:.2f} | "
                      + (f"{r['wire_tx_per_step'] / s:.3f} | {r['wire_rx_per_step'] / s:.3f} |"
                         if "wire_tx_per_step" in r else "- | - |"))
-    lines += ["", "Speed-ups (samples/s ratio):", ""]
+    lines += ["", "Median samples/s: " + ", ".join(f"{m} {v:.2f}" for m, v in rates.items()),
+              "", "Speed-ups (ratio of the medians):", ""]
     for nr in ("nr-kv", "nr-hvd"):
         for base in ("dist_sync", "dist_sync-1srv"):
             if nr in rates and base in rates:
@@ -288,14 +301,15 @@ def testbed_main(args: argparse.Namespace) -> int:
     meta = {"date": common.utc_now(), "command": common.command_line(),
             "machine": common.machine_description(), "ranks": args.ranks, "rate": args.rate,
             "batch": args.batch_size, "steps": args.steps, "warmup": args.warmup,
+            "repeat": args.repeat, "modes": args.modes,
             "load_start": "/".join(f"{x:.2f}" for x in os.getloadavg())}
     records = []
     with Testbed(hosts=args.ranks, rate=args.rate, name=args.testbed_name, subnet=args.subnet,
                  replace=True) as tb:
         print("# " + tb.describe().replace("\n", "\n# "), flush=True)
-        for mode in args.modes:
+        for run, mode in [(k, m) for k in range(args.repeat) for m in args.modes]:
             for attempt in range(1 + args.retries):
-                r = dict(run_one(tb, mode, args), attempt=attempt)
+                r = dict(run_one(tb, mode, args), run=run, attempt=attempt)
                 records.append(r)
                 if "error" not in r:
                     break
@@ -324,6 +338,8 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=1, help="OpenMP threads per worker")
     p.add_argument("--rate", default="300mbit", help="each host link's rate each way")
     p.add_argument("--timeout", type=int, default=600, help="seconds per mode")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="runs of every mode, interleaved (median reported)")
     p.add_argument("--retries", type=int, default=2,
                    help="re-runs of a failed mode (ps-lite's servers sometimes abort on a "
                         "loaded host: 'init K first')")

@@ -111,6 +111,7 @@ class NetReduce(KVStoreBase):
     def broadcast(self, key, value, out, priority=0) -> None:
         """Every worker's ``out`` (one NDArray or a list, per key) = rank 0's
         ``value``; ``value`` itself is only changed where it is also an ``out``."""
+        self._raise_failure()
         items = _pairs(key, value, out)
         targets, names = [], []
         for k, values, outs in items:
