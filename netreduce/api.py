@@ -14,6 +14,7 @@ from netreduce import config, environment
 from netreduce.communicator import Communicator, Handle, Tensor
 from netreduce.control.address import parse_addresses
 from netreduce.errors import NetReduceError
+from netreduce.algorithms.scatter_gather import shard_rows
 from netreduce.ops import ReduceOp, as_op, check_array, dtype_name
 
 
@@ -261,6 +262,72 @@ def broadcast(array: np.ndarray, root_rank: int, name: Optional[str] = None, *,
 def broadcast_(array: np.ndarray, root_rank: int, name: Optional[str] = None, *,
                dtype: Optional[str] = None) -> np.ndarray:
     return broadcast_async(array, root_rank, name, inplace=True, dtype=dtype).wait()
+
+
+def _reducescatter_async(arrays: Sequence[np.ndarray], op: Any, name: Optional[str],
+                         prescale_factor: float, postscale_factor: float, grouped: bool,
+                         dtype: Optional[str]) -> Handle:
+    op = as_op(op)
+    arrays = [check_array(a) for a in arrays]
+    for a in arrays:
+        if a.ndim == 0:
+            raise ValueError("Reducescatter does not support scalar inputs")
+    n, r = size(), rank()
+    outputs = [np.empty((shard_rows(a.shape[0], n, r)[1],) + a.shape[1:], dtype=a.dtype)
+               for a in arrays]
+    names, cacheable = _names(name, len(arrays), "reducescatter", grouped)
+    return _submit("reducescatter", arrays, outputs, names, op, prescale_factor,
+                   postscale_factor, -1, dtype, cacheable, grouped)
+
+
+def reducescatter_async(array: np.ndarray, op: ReduceOp = ReduceOp.Average,
+                        name: Optional[str] = None, prescale_factor: float = 1.0,
+                        postscale_factor: float = 1.0, *,
+                        dtype: Optional[str] = None) -> Handle:
+    """Start a reduce-scatter: every rank passes the same shape; synchronize returns
+    this rank's rows of the reduction (first dimension split as Horovod does)."""
+    return _reducescatter_async([array], op, name, prescale_factor, postscale_factor,
+                                False, dtype)
+
+
+def grouped_reducescatter_async(arrays: Sequence[np.ndarray], op: ReduceOp = ReduceOp.Average,
+                                name: Optional[str] = None, prescale_factor: float = 1.0,
+                                postscale_factor: float = 1.0, *,
+                                dtype: Optional[str] = None) -> Handle:
+    return _reducescatter_async(list(arrays), op, name, prescale_factor, postscale_factor,
+                                True, dtype)
+
+
+def _allgather_async(arrays: Sequence[np.ndarray], name: Optional[str], grouped: bool,
+                     dtype: Optional[str]) -> Handle:
+    """Concatenation along the first dimension, whose length may differ by rank: the
+    signature carries the other dimensions only; the executor learns every rank's
+    row count in the same data-plane round as the rest (communicator)."""
+    arrays = [check_array(a).reshape(-1) if a.ndim == 0 else check_array(a) for a in arrays]
+    # placeholders: the result's first dimension is known once every rank's is
+    outputs = [np.empty((0,) + a.shape[1:], dtype=a.dtype) for a in arrays]
+    names, cacheable = _names(name, len(arrays), "allgather", grouped)
+    comm = _comm()
+    handle = Handle(list(outputs), grouped)
+    tensors = []
+    for array, output, tname in zip(arrays, outputs, names):
+        sig = ("allgatherv", dtype_name(array, dtype), tuple(int(d) for d in array.shape[1:]),
+               "", 1.0, 1.0, -1)
+        tensors.append(Tensor(tname, sig, cacheable, None, array, output, handle))
+    comm.submit(tensors)
+    return handle
+
+
+def allgather_async(array: np.ndarray, name: Optional[str] = None, *,
+                    dtype: Optional[str] = None) -> Handle:
+    """Start an all-gather: every rank's ``array`` concatenated along the first
+    dimension, in rank order (the first dimensions may differ)."""
+    return _allgather_async([array], name, False, dtype)
+
+
+def grouped_allgather_async(arrays: Sequence[np.ndarray], name: Optional[str] = None, *,
+                            dtype: Optional[str] = None) -> Handle:
+    return _allgather_async(list(arrays), name, True, dtype)
 
 
 def poll(handle: Handle) -> bool:

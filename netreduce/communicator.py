@@ -97,12 +97,13 @@ class Tensor:
     """One tensor of one submission, from submit to completion."""
 
     __slots__ = ("name", "sig", "cacheable", "op", "array", "output", "handle",
-                 "t_submit", "t_sent", "seq")
+                 "t_submit", "t_sent", "seq", "index")
 
     def __init__(self, name: str, sig: tuple, cacheable: bool, op: Optional[ReduceOp],
                  array: Optional[np.ndarray], output: Optional[np.ndarray], handle: Handle):
         self.name, self.sig, self.cacheable, self.op = name, sig, cacheable, op
         self.array, self.output, self.handle = array, output, handle
+        self.index = len(handle._names)  # position among the handle's outputs
         handle._names.append(name)
         self.t_submit = tl.now_us()
         self.t_sent = 0.0
@@ -141,6 +142,12 @@ class Communicator:
         self.stall_s = float(knobs["NETREDUCE_STALL_TIMEOUT"])
         self.timeout_s = float(knobs["NETREDUCE_TIMEOUT"])
         self._poll_wait_s = min(1.0, self.stall_s / 2)  # long-poll wait at the aggregator
+        # The aggregator reports a tensor that some ranks have not submitted after
+        # this long (the warning, and the names of the missing ranks that the
+        # NETREDUCE_TIMEOUT error gives): no later than 3/4 of the timeout.
+        self._stall_req_s = min(self.stall_s, 0.75 * self.timeout_s)
+        self._missing: Dict[str, List[int]] = {}  # tensor name -> ranks last reported missing
+        self._last_reply_us = 0.0  # when the aggregator last answered a long-poll
         self.fusion = FusionBuffer(int(knobs["NETREDUCE_FUSION_THRESHOLD"]))
         self.timeline = tl.Timeline.from_config(knobs["NETREDUCE_TIMELINE"], rank)
         self.cache = ResponseCache()
@@ -223,14 +230,20 @@ class Communicator:
                     # A long-poll answers within its wait (<= 1 s); an aggregator silent
                     # for NETREDUCE_TIMEOUT beyond that is hung or unreachable.
                     limit = self._poll_wait_s + self.timeout_s if self._poll_out else None
-                    ready, _, _ = select.select(fds, [], [], limit)
-                    if not ready:
+                    due = self._next_deadline()
+                    wait = limit if due is None else max(0.0, due if limit is None
+                                                         else min(limit, due))
+                    ready, _, _ = select.select(fds, [], [], wait)
+                    if not ready and (due is None or wait == limit):
                         raise ControlPlaneError(
                             f"the aggregator at {self.address[0]}:{self.address[1]} did not "
                             f"answer a negotiation request within {limit:.0f} s")
                 if self.neg.poll_conn in ready:
                     self._poll_out = False
                     self._on_reply(self.neg.recv_poll())
+                    self._last_reply_us = tl.now_us()
+                if self._expire_unmatched():
+                    continue
                 if self._wake_r in ready:
                     os.read(self._wake_r, 4096)
                     # One cycle lets the rest of a burst (a backward pass) arrive,
@@ -247,7 +260,7 @@ class Communicator:
         if self._poll_out:
             self.neg.submit(reqs)
         else:
-            self.neg.send_poll(reqs, 1000.0 * self._poll_wait_s, self.stall_s)
+            self.neg.send_poll(reqs, 1000.0 * self._poll_wait_s, self._stall_req_s)
             self._poll_out = True
         now = tl.now_us()
         for t in tensors:
@@ -297,6 +310,9 @@ class Communicator:
             else:
                 self._exec_q.put((entry["seq"], group))
         for stall in reply.get("s", []):
+            self._missing[stall["n"]] = list(stall["missing"])
+            if self.stall_s > self._stall_req_s:
+                continue  # reported early for the timeout's error; not a warning yet
             log.warning("netreduce rank %d: tensor '%s' has waited %.0f s for rank(s) %s, which "
                         "have not submitted it (stalled ranks, or a name only some ranks use)",
                         self.rank, stall["n"], stall.get("age", self.stall_s),
@@ -317,6 +333,52 @@ class Communicator:
             kind, n = m.group(1), int(m.group(2))
             if self.name_counters.get(kind, 0) <= n:
                 self.name_counters[kind] = n + 1
+
+    # --- negotiation timeout ------------------------------------------------------------
+    def _unmatched(self) -> List[Tensor]:
+        # join() legitimately waits for the other ranks to run out of data
+        return [t for t in self._inflight.values() if t.seq < 0 and t.kind != "join"]
+
+    def _next_deadline(self) -> Optional[float]:
+        """Seconds until the oldest tensor not yet negotiated reaches NETREDUCE_TIMEOUT."""
+        with self._lock:
+            if self._failure is not None:
+                return None
+            oldest = min((t.t_submit for t in self._unmatched()
+                          if self._last_reply_us > t.t_sent > 0), default=None)
+        if oldest is None:
+            return None
+        return oldest / 1e6 + self.timeout_s - time.time()
+
+    def _expire_unmatched(self) -> bool:
+        """Fail the job when a tensor has waited NETREDUCE_TIMEOUT for ranks that did
+        not submit it (they wait in another collective, or called another name):
+        without this both sides would wait for each other for ever. The error names
+        the tensor and the missing ranks, and the other ranks are told (abort), so
+        that their own waits fail now as well."""
+        now_us = tl.now_us()
+        with self._lock:
+            if self._failure is not None:
+                return False
+            # only once the aggregator has answered since the tensor went out: a
+            # silent aggregator is the ControlPlaneError's case, not this one
+            late = [t for t in self._unmatched()
+                    if now_us - t.t_submit >= self.timeout_s * 1e6
+                    and self._last_reply_us > t.t_sent > 0]
+        if not late:
+            return False
+        t = min(late, key=lambda x: x.t_submit)
+        missing = self._missing.get(t.name)
+        who = (f"rank{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))}"
+               if missing else "some ranks")
+        kind = "allgather" if t.kind == "allgatherv" else t.kind
+        error = NegotiationError(
+            f"rank {self.rank}: {kind} of tensor '{t.name}' was not submitted by {who} of "
+            f"job '{self.job}' within NETREDUCE_TIMEOUT={self.timeout_s:g} s (are they "
+            "waiting in a different collective? every rank must submit the same "
+            "collectives and names); the job is stopped")
+        self._report_local_failure(error)
+        return True
 
     # --- failure ---------------------------------------------------------------------
     def _watch_loop(self) -> None:
@@ -440,6 +502,10 @@ class Communicator:
     def _execute(self, group: List[Tensor]) -> None:
         first = group[0]
         if first.kind in ("barrier", "join"):
+            return
+        if first.kind in ("allgatherv", "reducescatter"):
+            from netreduce.algorithms.scatter_gather import run as run_scatter_gather
+            run_scatter_gather(self, group)
             return
         wire = WIRE_DTYPE[first.dtype]
         storage = STORAGE[wire]

@@ -18,12 +18,15 @@ from .functions import (allgather_object, broadcast_object, broadcast_optimizer_
                         broadcast_parameters)
 from .mpi_ops import (  # noqa: F401
     Adasum, Average, HorovodInternalError, Max, Min, NetReduceError, Product, ReduceOp, Sum,
-    allgather, allgather_async, allreduce, allreduce_, allreduce_async, allreduce_async_,
+    allreduce, allreduce_, allreduce_async, allreduce_async_,
     barrier, broadcast, broadcast_, broadcast_async, broadcast_async_, cross_rank, cross_size,
     cuda_built, global_process_set, gloo_built, grouped_allreduce, grouped_allreduce_,
     grouped_allreduce_async, grouped_allreduce_async_, init, is_homogeneous, is_initialized,
     join, local_rank, local_size, mpi_built, nccl_built, poll, rank, rocm_built, shutdown, size,
     synchronize)
+from .scatter_gather import (  # noqa: F401
+    allgather, allgather_async, grouped_allgather, grouped_allgather_async,
+    grouped_reducescatter, grouped_reducescatter_async, reducescatter, reducescatter_async)
 from .optimizer import DistributedOptimizer  # noqa: F401
 
 if _dist.is_available():  # torch builds without distributed support lack both seams

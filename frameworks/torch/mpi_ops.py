@@ -229,7 +229,11 @@ class _Buf:
         # the very array it reduced in place or a fresh one
         return isinstance(result, np.ndarray) and np.may_share_memory(result, self.array)
 
-    def to_tensor(self, result: np.ndarray) -> torch.Tensor:
+    def to_tensor_shaped(self, result: np.ndarray) -> torch.Tensor:
+        """Like to_tensor, keeping ``result``'s own shape (a reduce-scatter's shard)."""
+        return self.to_tensor(result, shape=result.shape)
+
+    def to_tensor(self, result: np.ndarray, shape: Any = None) -> torch.Tensor:
         """The core's result array as a tensor shaped, typed and placed like the input."""
         out = torch.from_numpy(np.ascontiguousarray(result))
         dtype = self.tensor.dtype
@@ -237,7 +241,7 @@ class _Buf:
             out = out.view(torch.bfloat16)
         elif out.dtype != dtype:
             out = out.to(dtype)
-        out = out.reshape(self.tensor.shape)
+        out = out.reshape(self.tensor.shape if shape is None else shape)
         if self.tensor.device.type != "cpu":
             out = out.to(self.tensor.device)
         return out
@@ -449,27 +453,7 @@ def broadcast_(tensor, root_rank, name=None, process_set=global_process_set) -> 
     return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
 
 
-# --- allgather (not in the issue's list, but Horovod users call it) --------------------
-def allgather_async(tensor, name=None, process_set=global_process_set) -> int:
-    """Concatenate every rank's tensor along dim 0 (first dims may differ).
-
-    Goes through the aggregator: each rank writes its rows into its own stretch of a
-    zero buffer and the buffers are summed, which moves bits exactly."""
-    _check_process_set(process_set)
-    _Buf(tensor, "allgather_async", name, _MOVABLE)  # validate before any communication
-    rows = tensor.shape[0] if tensor.dim() else 1
-    counts = _nr.allgather_object((rows, tuple(tensor.shape[1:]), str(tensor.dtype)))
-    if len(set(c[1:] for c in counts)) != 1:
-        raise NetReduceError(f"Mismatched allgather tensor shapes or dtypes for {name!r}: "
-                             + ", ".join(f"rank {r}: {c}" for r, c in enumerate(counts)))
-    inner_shape = tuple(tensor.shape[1:]) if tensor.dim() else ()
-    total = sum(c[0] for c in counts)
-    start = sum(c[0] for c in counts[:rank()])
-    padded = torch.zeros((total,) + inner_shape, dtype=tensor.dtype, device=tensor.device)
-    padded[start:start + rows] = tensor.detach().reshape((rows,) + inner_shape)
-    return _exact_sum_async_(padded, name)
-
-
+# --- exact sums (allgather and reducescatter live in scatter_gather.py) ---------------
 def _exact_sum_async_(tensor: torch.Tensor, name: Optional[str]) -> int:
     """In-place Sum of a buffer in which at most one rank holds non-zeros per element:
     delivers every value exactly, for every movable dtype (x + 0 is exact, and 16-bit
@@ -477,10 +461,6 @@ def _exact_sum_async_(tensor: torch.Tensor, name: Optional[str]) -> int:
     buf = _Buf(tensor, "allgather", name, _MOVABLE)
     inner = _nr.allreduce_async(buf.array, op=Sum, name=name, inplace=True, **buf.kwargs)
     return _core_handle(inner, buf.write_back)
-
-
-def allgather(tensor, name=None, process_set=global_process_set) -> torch.Tensor:
-    return synchronize(allgather_async(tensor, name, process_set))
 
 
 # --- barrier, join -------------------------------------------------------------------------

@@ -1,0 +1,190 @@
+"""netreduce.torch's reducescatter family, checked the way Horovod 0.28's
+test/parallel/test_torch.py checks horovod.torch's (test_horovod_reducescatter*):
+values, Horovod's split of the first dimension, ops, scale factors, async fused
+submissions, grouped calls, autograd, and Horovod's errors.
+
+Run on every rank at once by tests/parallel/test_torch_launch.py (2 and 3 ranks).
+"""
+import itertools
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from tests.parallel.launched import LAUNCHED, only_when_launched  # noqa: E402
+
+pytestmark = only_when_launched
+
+if LAUNCHED:
+    import netreduce.torch as hvd
+
+DTYPES = [torch.int32, torch.int64, torch.float16, torch.float32, torch.float64]
+DIMS = [1, 2, 3]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def initialized():
+    hvd.init()
+    yield
+    hvd.barrier()
+
+
+def _data(rank, dim, dtype, rows=None):
+    gen = torch.Generator().manual_seed(1000 + rank)
+    shape = [rows or 17] + [5] * (dim - 1)
+    return torch.randint(-100, 100, shape, generator=gen).to(dtype)
+
+
+def _shard(full, rank, size):
+    """Horovod's split: the first rows % size ranks get one row more."""
+    base, extra = divmod(full.shape[0], size)
+    lo = rank * base + min(rank, extra)
+    return full[lo:lo + base + (1 if rank < extra else 0)]
+
+
+def _all(dim, dtype, size, rows=None):
+    return [_data(r, dim, dtype, rows) for r in range(size)]
+
+
+@pytest.mark.parametrize("dtype,dim", list(itertools.product(DTYPES, DIMS)))
+def test_reducescatter_sum(dtype, dim):
+    rank, size = hvd.rank(), hvd.size()
+    data = _all(dim, dtype, size)
+    out = hvd.reducescatter(data[rank], op=hvd.Sum, name=f"rs.sum.{dtype}.{dim}")
+    expected = _shard(sum(d.double() for d in data), rank, size).to(dtype)
+    assert out.dtype == dtype and out.shape == expected.shape
+    tol = 1e-2 * size if dtype == torch.float16 else 1e-6
+    assert torch.allclose(out.double(), expected.double(), atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_reducescatter_average(dtype):
+    rank, size = hvd.rank(), hvd.size()
+    data = _all(2, dtype, size)
+    out = hvd.reducescatter(data[rank], name=f"rs.avg.{dtype}")  # Average by default
+    total = sum(d.double() for d in data)
+    if dtype in (torch.int32, torch.int64):  # Horovod: integer average truncates
+        expected = (total / size).trunc()
+    else:
+        expected = total / size
+    tol = 1e-2 if dtype == torch.float16 else 1e-6
+    assert torch.allclose(out.double(), _shard(expected, rank, size), atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("rows", [1, 2, 5, 7])
+def test_reducescatter_uneven_split(rows):
+    """5 rows over 2 ranks: 3 and 2 (as Horovod 0.28.1-gloo returns); fewer rows
+    than ranks: the last ranks get empty shards."""
+    rank, size = hvd.rank(), hvd.size()
+    x = torch.arange(rows * 2, dtype=torch.float32).reshape(rows, 2) + rank
+    out = hvd.reducescatter(x, op=hvd.Sum, name=f"rs.rows{rows}")
+    full = sum(torch.arange(rows * 2, dtype=torch.float32).reshape(rows, 2) + r
+               for r in range(size))
+    assert torch.equal(out, _shard(full, rank, size))
+    base, extra = divmod(rows, size)
+    assert out.shape[0] == base + (1 if rank < extra else 0)
+
+
+def test_reducescatter_min_max():
+    rank, size = hvd.rank(), hvd.size()
+    data = _all(2, torch.float32, size)
+    got_min = hvd.reducescatter(data[rank], op=hvd.Min, name="rs.min")
+    got_max = hvd.reducescatter(data[rank], op=hvd.Max, name="rs.max")
+    stack = torch.stack(data)
+    assert torch.equal(got_min, _shard(stack.min(0).values, rank, size))
+    assert torch.equal(got_max, _shard(stack.max(0).values, rank, size))
+
+
+@pytest.mark.parametrize("pre,post", [(2.0, 1.0), (1.0, 0.5), (3.0, 0.25)])
+def test_reducescatter_scale_factors(pre, post):
+    rank, size = hvd.rank(), hvd.size()
+    data = _all(1, torch.float64, size)
+    out = hvd.reducescatter(data[rank], op=hvd.Sum, prescale_factor=pre,
+                            postscale_factor=post, name=f"rs.scale.{pre}.{post}")
+    expected = _shard(sum(d * pre for d in data) * post, rank, size)
+    assert torch.allclose(out, expected)
+
+
+def test_reducescatter_async_fused():
+    """Many async submissions at once: poll() is False before the others have
+    submitted, every result right after synchronize()."""
+    rank, size = hvd.rank(), hvd.size()
+    handles = []
+    for dtype, dim in itertools.product(DTYPES, DIMS):
+        data = _all(dim, dtype, size)
+        handles.append((hvd.reducescatter_async(data[rank], op=hvd.Sum,
+                                                name=f"rs.async.{dtype}.{dim}"), data, dtype))
+    for h, data, dtype in handles:
+        out = hvd.synchronize(h)
+        expected = _shard(sum(d.double() for d in data), rank, size).to(dtype)
+        assert torch.allclose(out.double(), expected.double(), atol=1e-2 * size)
+    # rank 0 submits first; the others only after a barrier that rank 0 enters
+    # after polling: its first polls must say "not done"
+    if rank == 0:
+        pending = hvd.reducescatter_async(torch.ones(4), name="rs.async.late")
+        assert hvd.poll(pending) is False
+        hvd.barrier()
+    else:
+        hvd.barrier()
+        pending = hvd.reducescatter_async(torch.ones(4), name="rs.async.late")
+    assert torch.equal(hvd.synchronize(pending), _shard(torch.ones(4), rank, size))
+
+
+def test_grouped_reducescatter():
+    rank, size = hvd.rank(), hvd.size()
+    a, b = _all(1, torch.float32, size), _all(3, torch.float32, size, rows=6)
+    outs = hvd.grouped_reducescatter([a[rank], b[rank]], op=hvd.Sum, name="rs.grouped")
+    assert torch.equal(outs[0], _shard(sum(a), rank, size))
+    assert torch.allclose(outs[1], _shard(sum(b), rank, size))
+    h = hvd.grouped_reducescatter_async([a[rank], b[rank]], name="rs.grouped.async")
+    outs = hvd.synchronize(h)
+    assert torch.allclose(outs[1], _shard(sum(b) / size, rank, size))
+
+
+@pytest.mark.parametrize("op,factor", [("Sum", "size"), ("Average", 1)])
+def test_reducescatter_grad(op, factor):
+    """Horovod's gradient: allgather of the gradient, times size() for Sum."""
+    rank, size = hvd.rank(), hvd.size()
+    x = torch.ones(2 * size + 1, 3, requires_grad=True)
+    y = hvd.reducescatter(x, op=getattr(hvd, op), name=f"rs.grad.{op}")
+    (y * (rank + 1)).sum().backward()
+    scale = size if factor == "size" else 1
+    expected = torch.cat([torch.full_like(_shard(x, r, size), float(r + 1))
+                          for r in range(size)]) * scale
+    assert torch.equal(x.grad, expected)
+
+
+def test_grouped_reducescatter_grad():
+    rank, size = hvd.rank(), hvd.size()
+    xs = [torch.ones(size, 2, requires_grad=True), torch.ones(size + 1, requires_grad=True)]
+    ys = hvd.grouped_reducescatter(xs, op=hvd.Average, name="rs.ggrad")
+    sum((y * (rank + 1)).sum() for y in ys).backward()
+    for x in xs:
+        expected = torch.cat([torch.full_like(_shard(x, r, size), float(r + 1))
+                              for r in range(size)])
+        assert torch.equal(x.grad, expected)
+
+
+def test_reducescatter_scalar_error():
+    with pytest.raises(ValueError, match="Reducescatter does not support scalar inputs"):
+        hvd.reducescatter(torch.tensor(1.0))
+
+
+def test_reducescatter_shape_mismatch_error():
+    rank = hvd.rank()
+    with pytest.raises(RuntimeError, match="Mismatched reducescatter tensor shapes"):
+        hvd.reducescatter(torch.ones(4 + rank), name="rs.bad.shape")
+
+
+def test_reducescatter_dtype_mismatch_error():
+    rank = hvd.rank()
+    dtype = torch.float32 if rank == 0 else torch.float64
+    with pytest.raises(RuntimeError, match="Mismatched data types"):
+        hvd.reducescatter(torch.ones(4, dtype=dtype), name="rs.bad.dtype")
+
+
+def test_reducescatter_duplicate_name_error():
+    h = hvd.reducescatter_async(torch.ones(4), name="rs.dup")
+    with pytest.raises(ValueError, match="already being reduced"):
+        hvd.reducescatter_async(torch.ones(4), name="rs.dup")
+    hvd.synchronize(h)
