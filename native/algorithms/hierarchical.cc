@@ -119,6 +119,11 @@ Status Hierarchical::Check() {
   }
   const int dead = peers_.FirstDead();
   if (dead >= 0) {
+    // A peer that failed first poisons the segment before it exits: if it did, its
+    // reason names the rank that really died (this one may just have left after it).
+    if (hdr_->abort_word.load(std::memory_order_acquire) != 0) {
+      return Aborted(std::string("the shared-memory all-reduce failed on ") + hdr_->abort_reason);
+    }
     failed_rank_ = cfg_.ranks[dead];
     return Aborted(Who(uint32_t(dead)) + " exited during a shared-memory all-reduce");
   }
@@ -231,7 +236,14 @@ Status Hierarchical::AllReduce(const void* src_v, void* dst_v, size_t count, DTy
     return Status(poisoned_.code(), "shared-memory all-reduce unusable after an earlier failure: " +
                                         poisoned_.message());
   }
-  NR_RETURN_IF_ERROR(Check());
+  {
+    Status st = Check();
+    if (!st.ok()) {  // poison here too: a peer must not mistake our exit for the cause
+      poisoned_ = st;
+      Poison(st);
+      return st;
+    }
+  }
   if (count == 0) return Status::Ok();
   const size_t es = ElementSize(dt);
   const size_t per_chunk = hdr_->chunk_bytes / es;
