@@ -34,6 +34,8 @@ def parse() -> argparse.Namespace:
     p.add_argument("--plot", default="benchmarks/results/simulation.png")
     p.add_argument("--testbed", default="benchmarks/results/testbed.json",
                    help="measured testbed all-reduce records to calibrate against")
+    p.add_argument("--multi-testbed", default="benchmarks/results/multi_aggregator_testbed.json",
+                   help="measured several-aggregator testbed run to calibrate against too")
     p.add_argument("--testbed-latency-us", type=float, default=20.0,
                    help="one-way latency per veth+bridge link of the emulated testbed")
     p.add_argument("--racks", type=int, default=32)
@@ -60,6 +62,8 @@ def main() -> int:
     models = args.models.split(",")
     rows: List[Dict[str, Any]] = []
     calib = ex.calibration(args.testbed, args.testbed_latency_us) if args.testbed else []
+    if args.multi_testbed and os.path.exists(args.multi_testbed):
+        calib += ex.calibration_multi(args.multi_testbed, args.testbed_latency_us)
     for up in [float(u) for u in args.uplink_gbps.split(",")]:
         topo_args = dict(racks=args.racks, hosts_per_rack=args.hosts_per_rack,
                          spines=args.spines, host_gbps=args.host_gbps, uplink_gbps=up,

@@ -15,7 +15,8 @@ import math
 from typing import Any, Dict, List, Optional, Sequence
 
 from benchmarks.sim import models, scenarios as sc
-from netreduce.planner import Job, Topology, from_dict, spine_leaf, split_chunks
+from netreduce.planner import Job, Placement, Problem, Topology, from_dict, spine_leaf, split_chunks
+from netreduce.planner.rounding import evaluate
 
 
 def star(n: int, gbps: float, latency_us: float) -> Topology:
@@ -45,6 +46,38 @@ def calibration(testbed_json: str, latency_us: float) -> List[Dict[str, Any]]:
             sim = sc.ina(sc.place(topo, [job], "fixed"), sc.WIRE["netreduce"])["time_s"]
         rows.append({"impl": rec["impl"], "np": n, "size": size, "rate": rate,
                      "measured_s": rec["time_s"], "simulated_s": sim,
+                     "error": sim / rec["time_s"] - 1.0})
+    return rows
+
+
+def calibration_multi(multi_json: str, latency_us: float) -> List[Dict[str, Any]]:
+    """The several-aggregator testbed run (benchmarks/multi_aggregator.py): np ranks
+    and k aggregators, each in a host namespace behind a link of the same rate; the
+    buffer cut in k equal ranges, range i at aggregator i (what the data path does)."""
+    with open(multi_json, encoding="utf-8") as f:
+        data = json.load(f)
+    a = data["args"]
+    rate = a["rate"]
+    gbps = float(rate.replace("mbit", "")) / 1000 if rate.endswith("mbit") else float(rate.replace("gbit", ""))
+    size = int(a["size"][:-1]) << {"K": 10, "M": 20, "G": 30}[a["size"][-1]]
+    rows = []
+    for rec in data["rows"]:
+        k, n = rec["aggregators"], a["np"]
+        aggs = [f"agg{i}" for i in range(k)]
+        topo = from_dict({"name": f"testbed-{n}+{k}", "latency_us": latency_us,
+                          "switches": ["bridge"],
+                          "hosts": [{"name": f"h{i}", "attach": "bridge", "gbps": gbps}
+                                    for i in range(n)],
+                          "aggregators": [{"name": x, "attach": "bridge", "gbps": gbps}
+                                          for x in aggs]})
+        job = Job("testbed", topo.of_kind("host"), [size // k] * k, rack_aggregation=False,
+                  candidates=aggs)
+        problem = Problem(topo, [job])
+        picks = [(i, [0] * len(problem.options[i][i][2])) for i in range(k)]
+        placement = Placement("spread", problem, picks, evaluate(problem, picks))
+        sim = sc.ina(placement, sc.WIRE["netreduce"])["time_s"]
+        rows.append({"impl": f"netreduce, {k} aggregator(s)", "np": n, "size": size,
+                     "rate": rate, "measured_s": rec["time_s"], "simulated_s": sim,
                      "error": sim / rec["time_s"] - 1.0})
     return rows
 
