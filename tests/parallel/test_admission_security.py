@@ -206,3 +206,64 @@ def test_wrong_key_packets_are_dropped_counted_and_never_added(daemon):
         jc = c.call("counters")["jobs"][job]
         assert jc["bytes_reduced"] == len(payload) and jc["slots_completed"] == 1
         s.close()
+
+
+class _Recorder:
+    """A TCP relay in front of the control port that keeps every byte it carries."""
+
+    def __init__(self, target) -> None:
+        import threading
+        self.target, self.seen = target, bytearray()
+        self.lsock = socket.socket()
+        self.lsock.bind(("127.0.0.1", 0))
+        self.lsock.listen(16)
+        self.address = self.lsock.getsockname()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        import threading
+        while True:
+            try:
+                a, _ = self.lsock.accept()
+            except OSError:
+                return
+            b = socket.create_connection(self.target)
+            for src, dst in ((a, b), (b, a)):
+                threading.Thread(target=self._pipe, args=(src, dst), daemon=True).start()
+
+    def _pipe(self, src, dst) -> None:
+        try:
+            while True:
+                data = src.recv(65536)
+                if not data:
+                    break
+                self.seen += data
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        self.lsock.close()
+
+
+def test_the_secret_never_crosses_the_control_connection(daemon, monkeypatch):
+    relay = _Recorder(daemon.address)
+    monkeypatch.setenv("NETREDUCE_JOB_SECRET", SECRET)
+    job = _job()
+    try:
+        with dataplane.connect(relay.address, job, 0, 1, timeout=10.0) as conn:
+            a = np.arange(1000, dtype=np.int32)
+            conn.allreduce(a)
+            assert (a == np.arange(1000)).all()
+            assert job in conn.counters()["jobs"]
+    finally:
+        relay.close()
+    seen = bytes(relay.seen)
+    assert b'"challenge"' in seen and b'"auth"' in seen  # the proof went through the relay
+    assert SECRET.encode() not in seen and SECRET.encode().hex().encode() not in seen
