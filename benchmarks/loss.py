@@ -214,7 +214,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.testbed:
         from netreduce.testbed import Testbed
         tb = Testbed(hosts=args.ranks, rate="1gbit", name=f"nl{os.getpid() & 0xFFFF:04x}",
-                     subnet="10.78.251.0/24", replace=True)
+                     subnet="10.78.247.0/24", replace=True)
         tb.up()
     try:
         for _ in range(args.repeat):  # interleaved: load drifts hit every cell alike

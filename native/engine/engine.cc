@@ -9,19 +9,24 @@
 // the same slot. A resend is always the very same packet, and always safe: the
 // aggregator adds a contribution once.
 //
-// Loss recovery (docs/protocol.md, "Loss, reordering, duplication"):
-//  - Overtaken: every rank sends in sequence order and an aggregator thread answers in
-//    arrival order, so a result for a later chunk of the same lane (data port) means
-//    an earlier chunk sent no later than it is probably lost. It gets a short reorder
-//    deadline (srtt/4, RACK-style) and is resent then if still unanswered
-//    (fast_retransmits). Holes in the middle of a window cost a fraction of a round
-//    trip.
-//  - Timeout: each chunk's deadline is srtt + 4 rttvar of the measured round trip
-//    (floor retransmit_ms), doubling per retry up to 1 s. While results keep coming,
-//    every expired chunk is resent. Once nothing has completed for a whole timeout
-//    (a stalled rank, a dead path), only the oldest expired chunk is resent, one per
-//    backed-off timeout (timeout_probes), so a stall costs one packet per doubling
-//    rather than a window's worth.
+// Loss recovery (docs/protocol.md, "Loss, reordering, duplication"). Every rank sends
+// in sequence order and an aggregator thread answers in arrival order, so within a
+// lane (the slots one data port serves) results come in sequence order:
+//  - Overtaken: a result for a later chunk of the lane means an earlier chunk, sent no
+//    later than it, is probably lost. It gets a short reorder deadline (srtt/4,
+//    RACK-style) and is resent then if still unanswered.
+//  - Next expected: a result also gives the lane's next outstanding chunk a deadline
+//    of one inter-result gap (its own estimate, gap + 4 gapvar, like RFC 6298's):
+//    the last chunks of a message, which nothing overtakes, are resent a gap after
+//    the previous result instead of a full timeout after their send.
+//    Both early resends count as fast_retransmits and leave the timeout as it was.
+//  - Timeout: once nothing has completed in a lane for srtt + 4 rttvar of the
+//    measured round trip (floor retransmit_ms), the lane's oldest chunk is resent,
+//    one per backed-off timeout (doubling up to 1 s; timeout_probes). A timeout is
+//    relative to the lane's last progress, as TCP restarts its timer on each ACK:
+//    chunks deep in a window wait behind their own predecessors, which a timeout from
+//    each chunk's send would take for loss; and a stalled rank costs one packet per
+//    doubling rather than a window's worth.
 // A chunk without a result for timeout_s fails the operation, naming the aggregator,
 // job, rank and slot. After a failure the engine's sequence is out of step with the
 // job, so it refuses further work.
@@ -29,6 +34,7 @@
 
 #include <arpa/inet.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -58,7 +64,10 @@ struct SlotTrack {
   int64_t deadline_us = 0;
   int64_t rto_us = 0;
   uint32_t retries = 0;
-  bool overtaken = false;  // a later chunk of its lane was answered: deadline is the reorder window
+  bool early = false;  // deadline set by evidence (overtaken, next expected), not a timeout
+  // Sent with no older chunk outstanding in its lane: its round trip is the path's
+  // (and the other ranks' lag), not also the wait behind its predecessors.
+  bool head = false;
   uint8_t header[wire::kHeaderBytes];
   uint8_t trailer[8];
   OutPacket pkt;
@@ -187,6 +196,7 @@ void Engine::SampleRtt(double sample_us) {
   // loaded host, would otherwise set the timeout to the 1 s cap for dozens of chunks.
   // A longer path is still learnt, by a factor of about 1.4 per sample.
   sample_us = std::min(sample_us, srtt_us_ == 0.0 ? double(kInitialRtoUs) : 4.0 * srtt_us_);
+  min_rtt_us_ = min_rtt_us_ == 0 ? int64_t(sample_us) : std::min(min_rtt_us_, int64_t(sample_us));
   if (srtt_us_ == 0.0) {
     srtt_us_ = sample_us;
     rttvar_us_ = sample_us / 2;
@@ -196,6 +206,22 @@ void Engine::SampleRtt(double sample_us) {
   }
   srtt_stat_us_ = uint64_t(srtt_us_);
   rto_stat_us_ = uint64_t(Rto());
+}
+
+void Engine::SampleGap(double sample_us) {
+  if (gap_us_ == 0.0) {
+    gap_us_ = sample_us;
+    gapvar_us_ = sample_us / 2;
+  } else {
+    gapvar_us_ = 0.75 * gapvar_us_ + 0.25 * std::abs(gap_us_ - sample_us);
+    gap_us_ = 0.875 * gap_us_ + 0.125 * sample_us;
+  }
+}
+
+int64_t Engine::GapTimeout() const {
+  // Before the first gap sample: a quarter of the timeout, as for an overtaken chunk.
+  const int64_t est = gap_us_ == 0.0 ? Rto() / 4 : int64_t(gap_us_ + 4.0 * gapvar_us_);
+  return std::max(kReorderFloorUs, est);
 }
 
 int64_t Engine::Rto() const {
@@ -276,7 +302,10 @@ Status Engine::Run(Request& req) {
   // spurious-resend samples raise it then, and the stall rule below keeps what
   // fires anyway to one packet per backed-off timeout.
   const int64_t timeout_us = int64_t(cfg_.timeout_s * 1e6);
-  int64_t next_probe_us = 0;  // no stall probe before this
+  // Per lane: last completion (progress), its chunk, no timeout probe before next_probe.
+  std::vector<int64_t> lane_progress(cfg_.threads, 0), next_probe(cfg_.threads, 0);
+  std::vector<int64_t> lane_last_seq(cfg_.threads, -1);
+  auto lane_of = [&](uint64_t seq) { return size_t(seq % window_ % cfg_.threads); };
   int64_t remaining = nchunks;
 
   auto queue_send = [&](SlotTrack& t) {
@@ -317,6 +346,10 @@ Status Engine::Run(Request& req) {
     Endpoint to{agg_.ip, htons(uint16_t(cfg_.port + slot % cfg_.threads))};
     wire::WriteTrailer(h, sock_->local().ip, to.ip, sock_->local().port, to.port, t.header,
                        payload, t.trailer);
+    t.head = true;
+    for (const SlotTrack& o : slots) {
+      if (&o != &t && o.chunk >= 0 && o.seq < seq && lane_of(o.seq) == lane_of(seq)) t.head = false;
+    }
     t.chunk = c;
     t.seq = seq;
     t.first_send_us = now;
@@ -324,7 +357,7 @@ Status Engine::Run(Request& req) {
     t.rto_us = Rto();
     t.deadline_us = now + t.rto_us;
     t.retries = 0;
-    t.overtaken = false;
+    t.early = false;
     t.pkt.to = to;
     t.pkt.iov[0] = {t.header, wire::kHeaderBytes};
     t.pkt.iov[1] = {const_cast<uint8_t*>(payload), h.length};
@@ -334,11 +367,13 @@ Status Engine::Run(Request& req) {
   };
 
   int64_t now = NowUs();
-  last_progress_us_ = std::max(last_progress_us_, now);
+  for (auto& p : lane_progress) p = now;
   for (int64_t c = 0; c < std::min<int64_t>(window_, nchunks); ++c) {
     start_chunk(slots[(base + uint64_t(c)) % window_], c, now);
   }
 
+  std::vector<SlotTrack*> probes(cfg_.threads, nullptr);
+  bool first_of_batch = true;
   std::vector<uint8_t> storage(kRecvBatch * kRecvBufBytes);
   std::vector<InPacket> in(kRecvBatch);
   for (size_t i = 0; i < kRecvBatch; ++i) in[i].buf = storage.data() + i * kRecvBufBytes;
@@ -361,14 +396,15 @@ Status Engine::Run(Request& req) {
       return Aborted(abort_reason_);
     }
     now = NowUs();
-    // Stalled: nothing completed for a whole timeout. Expired chunks then wait for the
-    // next probe (see the timer sweep below).
-    const bool stalled = now - last_progress_us_ >= Rto();
+    // A chunk without an early deadline is due once its lane has been quiet for a
+    // timeout, and no sooner than the lane's next probe (see the timer sweep below).
+    const int64_t rto = Rto();
     int64_t wait_us = 50000;
     for (auto& t : slots) {
       if (t.chunk < 0) continue;
-      const int64_t due = (stalled && !t.overtaken) ? std::max(t.deadline_us, next_probe_us)
-                                                    : t.deadline_us;
+      const size_t l = lane_of(t.seq);
+      const int64_t due = t.early ? t.deadline_us
+                                  : std::max({t.deadline_us, lane_progress[l] + rto, next_probe[l]});
       wait_us = std::min(wait_us, std::max<int64_t>(0, due - now));
     }
     // The chunk outstanding in the result's slot, if the result is for it.
@@ -402,7 +438,7 @@ Status Engine::Run(Request& req) {
       }
       Retried& r = retried_[h.slot];
       if (r.sample_us >= 0 && h.msg_id == r.msg_id && h.psn == r.psn) {
-        SampleRtt(double(r.sample_us));
+        if (r.head) SampleRtt(double(r.sample_us));
         r.sample_us = -1;
         spurious_retransmits_++;
       }
@@ -412,27 +448,48 @@ Status Engine::Run(Request& req) {
     auto complete = [&](SlotTrack& t) {
       packets_received_++;
       const int64_t t_now = NowUs();
-      last_progress_us_ = t_now;
+      const size_t lane = lane_of(t.seq);
+      // An inter-result gap: t was already on its way when the lane's previous result
+      // came. Only the first result of a receive batch: those behind it in the same
+      // batch waited in the socket, their spacing is the engine's, not the path's.
+      if (first_of_batch && lane_last_seq[lane] >= 0 && t.seq > uint64_t(lane_last_seq[lane]) &&
+          t.last_send_us <= lane_progress[lane]) {
+        SampleGap(double(t_now - lane_progress[lane]));
+      }
+      first_of_batch = false;
+      lane_progress[lane] = t_now;
+      lane_last_seq[lane] = int64_t(t.seq);
       Retried& r = retried_[t.seq % window_];
       if (t.retries == 0) {  // Karn: only unambiguous samples
-        SampleRtt(double(t_now - t.first_send_us));
+        if (t.head) SampleRtt(double(t_now - t.first_send_us));
         r.sample_us = -1;
       } else {
+        r.head = t.head;
         r.msg_id = msg_id;
         r.psn = uint32_t(t.seq & wire::kPsnMask);
         r.sample_us = t_now - t.first_send_us;
       }
-      // Only chunks served by the same aggregator thread (data port) keep the order,
-      // and only those sent no later than `t` was last sent: a chunk resent since
-      // had its own chance.
-      const uint64_t lane = t.seq % window_ % cfg_.threads;
+      // Overtaken: only chunks of t's lane, sent no later than t was last sent (a
+      // chunk resent since had its own chance). Next expected: the lane's oldest chunk
+      // after t, once it has been out for the least round trip seen.
       const int64_t reorder_us = std::max<int64_t>(kReorderFloorUs, int64_t(srtt_us_ / 4));
+      SlotTrack* expected = nullptr;
       for (auto& o : slots) {
-        if (o.chunk >= 0 && !o.overtaken && o.seq < t.seq &&
-            o.seq % window_ % cfg_.threads == lane && o.last_send_us <= t.last_send_us) {
-          o.overtaken = true;
-          o.deadline_us = std::min(o.deadline_us, t_now + reorder_us);
+        if (o.chunk < 0 || lane_of(o.seq) != lane) continue;
+        if (o.seq < t.seq) {
+          if (!o.early && o.last_send_us <= t.last_send_us) {
+            o.early = true;
+            o.deadline_us = std::min(o.deadline_us, t_now + reorder_us);
+          }
+        } else if (o.seq > t.seq && (expected == nullptr || o.seq < expected->seq)) {
+          expected = &o;
         }
+      }
+      if (expected != nullptr && !expected->early) {
+        expected->early = true;
+        expected->deadline_us =
+            std::min(expected->deadline_us,
+                     std::max(t_now + GapTimeout(), expected->last_send_us + min_rtt_us_));
       }
       --remaining;
       const int64_t next = t.chunk + int64_t(window_);
@@ -445,6 +502,7 @@ Status Engine::Run(Request& req) {
 
     // Drain what one socket (unicast, or the job's multicast group) holds.
     auto drain = [&](Transport& sock) -> Status {
+      first_of_batch = true;
       if (jumbo_) {
         // Zero-copy path: peek at the header, then receive the payload straight into
         // its place in the destination buffer.
@@ -503,13 +561,12 @@ Status Engine::Run(Request& req) {
     const size_t nsocks = group_ ? 2 : 1;
     NR_RETURN_IF_ERROR(WaitReadable(socks, nsocks, wait_us));
     for (size_t i = 0; i < nsocks; ++i) NR_RETURN_IF_ERROR(drain(*socks[i]));
-    // Timer sweep. An overtaken chunk is resent at its reorder deadline, its timeout
-    // unchanged. An expired chunk is resent with its timeout doubled -- all of them
-    // while results keep coming, but only the oldest one, once per its backed-off
-    // timeout, when nothing has completed for a whole timeout.
+    // Timer sweep. A chunk with an early deadline is resent then, its timeout
+    // unchanged. In a lane quiet for a whole timeout, the oldest expired chunk is
+    // resent with its timeout doubled, once per that backed-off timeout.
     now = NowUs();
-    const bool quiet = now - last_progress_us_ >= Rto();
-    SlotTrack* probe = nullptr;
+    std::vector<SlotTrack*>& probe = probes;
+    std::fill(probe.begin(), probe.end(), nullptr);
     auto resend = [&](SlotTrack& t) {
       t.retries++;
       t.last_send_us = now;
@@ -525,25 +582,24 @@ Status Engine::Run(Request& req) {
                        ", chunk " + std::to_string(t.chunk) + " of " + std::to_string(nchunks) +
                        "; is netreduce-switch running there and are all ranks alive?");
       }
-      if (t.overtaken) {
-        t.overtaken = false;
+      const size_t l = lane_of(t.seq);
+      if (t.early) {
+        t.early = false;
         t.deadline_us = now + t.rto_us;
         fast_retransmits_++;
         resend(t);
-      } else if (!quiet) {
-        t.rto_us = std::min(t.rto_us * 2, kMaxRtoUs);
-        t.deadline_us = now + t.rto_us;
-        resend(t);
-      } else if (probe == nullptr || t.seq < probe->seq) {
-        probe = &t;
+      } else if (now - lane_progress[l] >= rto && (probe[l] == nullptr || t.seq < probe[l]->seq)) {
+        probe[l] = &t;
       }
     }
-    if (probe != nullptr && now >= next_probe_us) {
-      probe->rto_us = std::min(probe->rto_us * 2, kMaxRtoUs);
-      probe->deadline_us = now + probe->rto_us;
-      next_probe_us = probe->deadline_us;
+    for (size_t l = 0; l < probe.size(); ++l) {
+      SlotTrack* p = probe[l];
+      if (p == nullptr || now < next_probe[l]) continue;
+      p->rto_us = std::min(p->rto_us * 2, kMaxRtoUs);
+      p->deadline_us = now + p->rto_us;
+      next_probe[l] = p->deadline_us;
       timeout_probes_++;
-      resend(*probe);
+      resend(*p);
     }
   }
   return Status::Ok();

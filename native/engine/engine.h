@@ -84,7 +84,8 @@ class Engine {
   uint32_t group_qpn_;
   uint64_t next_seq_ = 0;
   // RTT estimate (RFC 6298 style, microseconds) from results of chunks sent once, and
-  // of chunks whose retransmission proved spurious (see Engine::Run).
+  // of chunks whose retransmission proved spurious; only chunks sent at the head of
+  // their lane (see Engine::Run).
   double srtt_us_ = 0.0;
   double rttvar_us_ = 0.0;
   void SampleRtt(double sample_us);
@@ -96,9 +97,16 @@ class Engine {
     uint32_t msg_id = 0;
     uint32_t psn = 0;
     int64_t sample_us = -1;
+    bool head = false;  // its round trip may feed the estimate (see Engine::Run)
   };
   std::vector<Retried> retried_;
-  int64_t last_progress_us_ = 0;  // when a result last completed a chunk
+  int64_t min_rtt_us_ = 0;  // least round-trip sample (0 = none yet)
+  // Interval between consecutive results of a lane while chunks wait in it (EWMA,
+  // microseconds): when the next chunk's result is due after one arrives.
+  double gap_us_ = 0.0;
+  double gapvar_us_ = 0.0;
+  void SampleGap(double sample_us);
+  int64_t GapTimeout() const;
   uint32_t next_msg_ = 0;
   std::mt19937_64 rng_;
 
