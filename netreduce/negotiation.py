@@ -158,18 +158,20 @@ class NegotiationClient:
         self.timeout = timeout  # NETREDUCE_TIMEOUT: how long a short request may take
         hello = dict(job=job, rank=rank, size=size, threshold=threshold, capacity=capacity,
                      timeout=start_timeout)
-        self.submit_conn = LineConnection(address, timeout=start_timeout)
-        self.poll_conn = LineConnection(address, timeout=start_timeout)
-        self.watch_conn = LineConnection(address, timeout=start_timeout)
         self.requests = 0  # negotiation requests sent (steady state: one per cycle)
         secret = config.get("NETREDUCE_JOB_SECRET")  # proved, never sent (control/auth.py)
+        # Each connection says hello as soon as it is open: the aggregator closes the
+        # oldest of too many connections that have not (control/server.py, Limits).
         try:
+            self.submit_conn = LineConnection(address, timeout=start_timeout)
             self.submit_conn.call("negotiate_hello", role="submit",
                                   reply_within=start_timeout + 10, **hello,
                                   **auth.prove(self.submit_conn.call, secret, job, rank))
+            self.watch_conn = LineConnection(address, timeout=start_timeout)
             self.watch_conn.call("negotiate_hello", role="watch",
                                  reply_within=start_timeout + 10, **hello,
                                  **auth.prove(self.watch_conn.call, secret, job, rank))
+            self.poll_conn = LineConnection(address, timeout=start_timeout)
             reply = self.poll_conn.call("negotiate_hello", role="poll",
                                         reply_within=start_timeout + 10, **hello,
                                         **auth.prove(self.poll_conn.call, secret, job, rank))
