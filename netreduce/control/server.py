@@ -19,6 +19,7 @@ import threading
 from typing import Any, Callable, Dict, List, Optional
 
 from netreduce.control.auth import AuthError, Guard
+from netreduce.control.limits import Limits, PendingConnections
 from netreduce.control.payload import JobPayload, views_of
 
 log = logging.getLogger("netreduce.switch")
@@ -89,7 +90,7 @@ class ControlServer(socketserver.ThreadingTCPServer):
 
     def __init__(self, host: str, port: int, aggregator: Any,
                  payload_explicit: bool = False, guard: Optional[Guard] = None,
-                 limits: Optional["Limits"] = None) -> None:
+                 limits: Optional[Limits] = None) -> None:
         self.aggregator = aggregator
         # Job secrets and the operator's secret (netreduce/control/auth.py); the
         # limits that keep hostile connections from growing memory or threads.
@@ -354,58 +355,3 @@ def _answer(srv: ControlServer, sess: Session, line: bytes) -> "tuple[Dict[str, 
     except (KeyError, TypeError, ValueError, ArithmeticError, RecursionError) as exc:
         return ({} if not isinstance(msg, dict) else msg,
                 {"ok": False, "error": f"malformed request {line[:200]!r}: {exc!r}"})
-
-
-@dataclasses.dataclass
-class Limits:
-    """What one connection may cost the daemon (docs/operations.md, Security)."""
-    line_bytes: int = 16 << 20          # longest request of a connection bound to a job
-    pending_line_bytes: int = 64 << 10  # ... of one that is not (yet)
-    pending_idle_s: float = 30.0        # silence that closes a connection not bound to a job
-    max_pending: int = 1024             # such connections at once; a new one closes the oldest
-
-
-class PendingConnections:
-    """Connections that belong to no job (nor the operator) yet. At most ``limit``:
-    past that, a new connection shuts the oldest one down, so that idle or half-open
-    connections by the thousand never pin threads and memory, while a rank's
-    connection, which sends its register/hello at once, gets through."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = max(1, limit)
-        self._lock = threading.Lock()
-        self._conns: "Dict[int, tuple]" = {}  # insertion order = age
-        self._settled: set = set()
-        self.evicted = 0
-
-    def add(self, sess: Session, sock: socket.socket) -> None:
-        victims = []
-        with self._lock:
-            self._conns[id(sess)] = (sess, sock)
-            while len(self._conns) > self.limit:
-                oldest = next(iter(self._conns))
-                victims.append(self._conns.pop(oldest)[1])
-                self.evicted += 1
-        for victim in victims:
-            try:
-                victim.shutdown(socket.SHUT_RDWR)  # its thread's read returns at once
-            except OSError:
-                pass
-
-    def settle(self, sess: Session) -> None:
-        with self._lock:
-            self._conns.pop(id(sess), None)
-            self._settled.add(id(sess))
-
-    def is_settled(self, sess: Session) -> bool:
-        with self._lock:
-            return id(sess) in self._settled
-
-    def discard(self, sess: Session) -> None:
-        with self._lock:
-            self._conns.pop(id(sess), None)
-            self._settled.discard(id(sess))
-
-    def __len__(self) -> int:
-        with self._lock:
-            return len(self._conns)
