@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import atexit
 import datetime
+import secrets
 import socket
 from typing import Any, List
 
@@ -197,17 +198,25 @@ def _ensure_aggregator(store: Any, rank: int, size: int) -> None:
     if rank == 0:
         from netreduce.switch import spawn
         single_host = environment.discover().local_size == size
-        _embedded_switch = spawn(host="127.0.0.1" if single_host else "0.0.0.0", port=0)
+        # The job's secret (the user's, else a fresh one) travels with the address
+        # through the store, and the aggregator admits only ranks that prove it: one
+        # listening on every address must not take jobs by name alone.
+        secret = config.get("NETREDUCE_JOB_SECRET") or secrets.token_hex(32)
+        _embedded_switch = spawn(host="127.0.0.1" if single_host else "0.0.0.0", port=0,
+                                 extra_args=["--require-secret"])
         atexit.register(_embedded_switch.stop)
         host = "127.0.0.1" if single_host else (config.launcher_environment().get("MASTER_ADDR")
                                                  or socket.getfqdn())
         address = format_address((host, _embedded_switch.address[1]))
+        store.set(key + "/secret", secret)
         store.set(key, address)
     else:
         address = store.get(key).decode()
+        secret = store.get(key + "/secret").decode()
     parse_address(address, what="the aggregator address in torch's store")
-    # netreduce.init() reads the aggregator address from its configuration
+    # netreduce.init() reads the aggregator address and job secret from its configuration
     config.set_for_process("NETREDUCE_SWITCH", address)
+    config.set_for_process("NETREDUCE_JOB_SECRET", secret)
 
 
 def _create(store, rank, size, timeout):
