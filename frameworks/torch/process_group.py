@@ -7,7 +7,8 @@ and returns a ``Work`` backed by a torch future, which DDP's reducer needs to ov
 gradient communication with backward.
 
 Supported: allreduce (SUM, AVG, MIN, MAX), allreduce_coalesced, broadcast, allgather,
-all_gather_into_tensor, reduce (as an allreduce), barrier. Everything else raises
+all_gather_into_tensor, reduce_scatter, reduce_scatter_tensor (the core's reduce-scatter),
+reduce (as an allreduce), barrier; enough for FSDP (examples/pytorch_fsdp.py). Everything else raises
 NotImplementedError naming the collective; create a gloo group for those.
 
 Without MASTER_ADDR/MASTER_PORT in the environment, pass ``init_method="netreduce://"``:
@@ -32,7 +33,7 @@ import netreduce as _nr
 from netreduce import config, environment
 from netreduce.control.address import format_address, parse_address
 
-from . import mpi_ops
+from . import mpi_ops, scatter_gather
 from .futures import completer, cuda_devices
 
 BACKEND_NAME = "netreduce"
@@ -77,6 +78,19 @@ class ProcessGroupNetReduce(dist.ProcessGroup):
             completer.submit(handles, lambda _: result, cuda_devices(tensors)))
 
     # --- identity -------------------------------------------------------------------
+    # torch keeps a group's name on its backends, and this group registers none (it
+    # is its own backend): keep the name here, where DeviceMesh (FSDP2) reads it.
+    def _set_group_name(self, name: str) -> None:
+        self._nr_group_name = name
+        try:
+            super()._set_group_name(name)
+        except RuntimeError:
+            pass
+
+    @property
+    def group_name(self) -> str:
+        return getattr(self, "_nr_group_name", "")
+
     def getBackendName(self) -> str:
         return BACKEND_NAME
 
@@ -116,8 +130,10 @@ class ProcessGroupNetReduce(dist.ProcessGroup):
         each rank writes its stretch of a zeroed buffer and the buffers are summed."""
         numel = tensor.numel()
         with torch.no_grad():
+            # FSDP2 gathers in place: its input is this rank's stretch of the output
+            mine = tensor.reshape(-1).clone()
             flat_out.zero_()
-            flat_out[self._rank * numel:(self._rank + 1) * numel].copy_(tensor.reshape(-1))
+            flat_out[self._rank * numel:(self._rank + 1) * numel].copy_(mine)
         return mpi_ops._exact_sum_async_(flat_out, None)
 
     def allgather(self, output_tensors, input_tensors, opts=None):
@@ -149,6 +165,54 @@ class ProcessGroupNetReduce(dist.ProcessGroup):
 
     _allgather_base = all_gather_single
 
+    def all_gather_single_coalesced(self, outputs, inputs, opts=None):
+        for output, tensor in zip(outputs, inputs):
+            if output.numel() != self._size * tensor.numel() or not output.is_contiguous():
+                raise ValueError("netreduce all_gather_into_tensor_coalesced: each output must "
+                                 f"be contiguous with size * {tensor.numel()} elements")
+        handles = [self._gather_into(o.view(-1), t) for o, t in zip(outputs, inputs)]
+        return self._work(handles, list(outputs), list(outputs))
+
+    allgather_into_tensor_coalesced = all_gather_single_coalesced
+
+    def _scatter_rows(self, flat_in: torch.Tensor, output: torch.Tensor, collective: str,
+                      opts: Any) -> Any:
+        """Reduce ``flat_in`` (size * output.numel() elements, the chunk for rank r at
+        r) and land this rank's chunk in ``output``: the core's reduce-scatter of a
+        (size, numel) matrix, whose split gives every rank exactly its row."""
+        op = _core_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM, collective)
+        numel = output.numel()
+        if flat_in.numel() != self._size * numel:
+            raise ValueError(f"netreduce {collective}: input must have size * {numel} "
+                             f"elements, got {flat_in.numel()}")
+        rows = flat_in.contiguous().view(self._size, numel)
+        handle = scatter_gather.reducescatter_async(rows, op=op)
+
+        def finish(results):
+            with torch.no_grad():
+                output.copy_(results[0].view_as(output))
+            return [output]
+        return _create_work_from_future(
+            completer.submit([handle], finish, cuda_devices([output])))
+
+    def reduce_scatter(self, output_tensors, input_tensors, opts=None):
+        if len(output_tensors) != 1 or len(input_tensors[0]) != self._size:
+            raise ValueError("netreduce reduce_scatter: one output and size() inputs")
+        flat = torch.cat([t.reshape(-1) for t in input_tensors[0]])
+        return self._scatter_rows(flat, output_tensors[0], "reduce_scatter", opts)
+
+    def reduce_scatter_single(self, output, input, opts=None):
+        return self._scatter_rows(input.reshape(-1), output, "reduce_scatter_tensor", opts)
+
+    _reduce_scatter_base = reduce_scatter_single
+
+    def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
+        works = [self._scatter_rows(i.reshape(-1), o, "reduce_scatter_tensor_coalesced", opts)
+                 for o, i in zip(outputs, inputs)]
+        return works[-1] if works else self._work([], [], [])  # completed in order
+
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+
     def barrier(self, opts=None):
         # The core's barrier blocks its caller, so the completer thread calls it: the
         # Work completes when every rank has arrived, and dist.barrier() (which waits
@@ -169,17 +233,14 @@ def _unsupported(collective: str):
         raise NotImplementedError(
             f"the netreduce process group does not implement {collective}; it supports "
             "allreduce, allreduce_coalesced, broadcast, allgather, all_gather_into_tensor, "
-            "reduce and barrier. Use a gloo group for the rest: "
+            "reduce_scatter, reduce_scatter_tensor, reduce and barrier. Use a gloo group for the rest: "
             "dist.new_group(backend='gloo')")
     method.__name__ = collective
     return method
 
 
-for _collective in ("gather", "scatter", "reduce_scatter", "reduce_scatter_single",
-                    "_reduce_scatter_base", "reduce_scatter_tensor_coalesced",
-                    "reduce_scatter_single_coalesced", "alltoall", "alltoall_base",
+for _collective in ("gather", "scatter", "alltoall", "alltoall_base",
                     "all_to_all_single", "send", "recv", "recv_anysource", "allgather_coalesced",
-                    "allgather_into_tensor_coalesced", "all_gather_single_coalesced",
                     "monitored_barrier"):
     setattr(ProcessGroupNetReduce, _collective, _unsupported(_collective))
 

@@ -119,10 +119,28 @@ def test_object_collectives_and_barrier():
     dist.barrier()
 
 
+def test_reduce_scatter_collectives():
+    """reduce_scatter, reduce_scatter_tensor and FSDP2's in-place all-gather (the
+    input is this rank's stretch of the output), as gloo computes them."""
+    rank, size = dist.get_rank(), dist.get_world_size()
+    inputs = [torch.full((3,), float(rank * 10 + r)) for r in range(size)]
+    out = torch.empty(3)
+    dist.reduce_scatter(out, inputs)
+    assert torch.equal(out, torch.full((3,), float(sum(q * 10 + rank for q in range(size)))))
+    flat = torch.arange(size * 4, dtype=torch.float64) * (rank + 1)
+    shard = torch.empty(4, dtype=torch.float64)
+    dist.reduce_scatter_tensor(shard, flat, op=dist.ReduceOp.AVG)
+    mean = sum(q + 1 for q in range(size)) / size
+    assert torch.allclose(shard, torch.arange(rank * 4, rank * 4 + 4, dtype=torch.float64) * mean)
+    gathered = torch.zeros(size * 2, dtype=torch.int64)
+    mine = gathered.narrow(0, rank * 2, 2)
+    mine.fill_(rank + 7)
+    dist.all_gather_into_tensor(gathered, mine)
+    assert torch.equal(gathered, torch.arange(size).repeat_interleave(2) + 7)
+
+
 def test_unsupported_collectives_name_themselves():
     size = dist.get_world_size()
-    with pytest.raises(NotImplementedError, match="reduce_scatter"):
-        dist.reduce_scatter(torch.empty(2), [torch.ones(2)] * size)
     with pytest.raises(NotImplementedError, match="all_to_all_single|alltoall"):
         dist.all_to_all_single(torch.empty(size), torch.ones(size))
     with pytest.raises(NotImplementedError, match="PRODUCT|reduce op"):

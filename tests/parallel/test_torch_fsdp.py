@@ -1,0 +1,55 @@
+"""PyTorch FSDP on the "netreduce" backend against the same run on gloo.
+
+examples/pytorch_fsdp.py trains a small transformer with FullyShardedDataParallel
+(and FSDP2's fully_shard) under netreduce-run; its all-gathers and reduce-scatters
+go through the aggregator. The loss must fall (the example's exit code) and the
+final parameters must match a gloo run: bit for bit with 2 ranks (a sum of two
+floats does not depend on their order), to float32 rounding with 4 (the aggregator
+adds in arrival order, gloo in its ring's).
+"""
+import os
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from netreduce.environment import discover  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+EXAMPLE = os.path.join(ROOT, "examples", "pytorch_fsdp.py")
+
+
+def _run(ranks, backend, flavour, out):
+    env = dict(os.environ, OMP_NUM_THREADS="1", NETREDUCE_TIMEOUT="30",
+               PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
+    cmd = [sys.executable, "-m", "netreduce.launcher", "-np", str(ranks), "--",
+           sys.executable, EXAMPLE, "--backend", backend, "--steps", "8", "--save", str(out)]
+    if flavour == "fsdp2":
+        cmd.append("--fsdp2")
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-5000:]
+    assert "(fell)" in proc.stdout, proc.stdout[-3000:]
+    return proc.stdout, torch.load(out)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(discover().size > 1, reason="starts its own jobs")
+@pytest.mark.parametrize("flavour", ["fsdp", "fsdp2"])
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_fsdp_matches_gloo(tmp_path, flavour, ranks):
+    if flavour == "fsdp2" and ranks == 4:
+        pytest.skip("fully_shard is covered with 2 ranks; 4 adds only CPU time here")
+    out_nr, params_nr = _run(ranks, "netreduce", flavour, tmp_path / "nr.pt")
+    _, params_gloo = _run(ranks, "gloo", flavour, tmp_path / "gloo.pt")
+    # the collectives went through netreduce, not some fallback
+    line = next(ln for ln in out_nr.splitlines() if "netreduce collectives:" in ln)
+    assert int(line.split("collectives:")[1].split()[0]) > 0, line
+    assert params_nr.keys() == params_gloo.keys()
+    for name, value in params_nr.items():
+        if ranks == 2:
+            assert torch.equal(value, params_gloo[name]), name
+        else:
+            assert torch.allclose(value, params_gloo[name], rtol=1e-4, atol=1e-5), name
