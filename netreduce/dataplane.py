@@ -208,9 +208,12 @@ class Connection:
         return self._engine
 
     def allreduce_async(self, src: np.ndarray, dst: Optional[np.ndarray] = None, op: str = "sum",
-                        dtype: Optional[str] = None) -> Request:
+                        dtype: Optional[str] = None, owner: int = -1) -> Request:
         """Start reducing ``src`` across the job's ranks into ``dst`` (``src`` itself
-        when None). Both arrays must stay untouched until the request is done."""
+        when None). Both arrays must stay untouched until the request is done.
+        ``owner`` >= 0: a reduce-scatter shard, whose sum only rank ``owner``
+        receives (the aggregator sends the others completion notices; their ``dst``
+        is left as it was)."""
         src = _check_array(src, "source array")
         name = dtype_name(src, dtype)
         if dst is None:
@@ -226,7 +229,9 @@ class Connection:
             raise ValueError("destination array is read-only")
         engine = self._live()
         try:
-            req = engine.submit(src, dst, _native.DTYPES[name], _native.OPS[op])
+            req = (engine.submit(src, dst, _native.DTYPES[name], _native.OPS[op], owner)
+                   if owner >= 0 else engine.submit(src, dst, _native.DTYPES[name],
+                                                    _native.OPS[op]))
         except _native.EngineError as exc:
             raise _translate(exc, self._where()) from None
         return Request(req, dst, self._where())

@@ -237,6 +237,19 @@ void Aggregator::Loop(uint32_t thread_index) {
 
 void Aggregator::QueueResult(Job& job, const wire::Header& round, uint32_t rank,
                              const uint8_t* payload, uint16_t my_port, ResultBatch& out) {
+  // Owner delivery: every rank but the owner gets the header alone (DMA length 0),
+  // which is all its engine needs to move the slot on.
+  if (wire::OwnerDelivery(round.msg_id) && rank != wire::MsgOwner(round.msg_id)) {
+    wire::Header notice = round;
+    notice.length = 0;
+    notice.pad = 0;
+    return QueueResultPacket(job, notice, rank, payload, my_port, out);
+  }
+  QueueResultPacket(job, round, rank, payload, my_port, out);
+}
+
+void Aggregator::QueueResultPacket(Job& job, const wire::Header& round, uint32_t rank,
+                                   const uint8_t* payload, uint16_t my_port, ResultBatch& out) {
   if (out.full()) out.Flush();
   const bool group = rank == wire::kGroupRank;
   const Endpoint to = group ? job.group : UnpackPeer(job.ranks[rank].peer.load(std::memory_order_relaxed));
@@ -300,6 +313,9 @@ void Aggregator::HandleDatagram(uint32_t thread_index, uint16_t my_port, const I
   if (h.slot >= job.pool.slots() || h.slot % cfg_.threads != thread_index) {
     return drop(Drop::kBadSlot);
   }
+  if (wire::OwnerDelivery(h.msg_id) && wire::MsgOwner(h.msg_id) >= job.size) {
+    return drop(Drop::kBadRank);
+  }
   const DType dt = DType(h.dtype);
   const size_t esize = ElementSize(dt);
   const size_t n = h.length / esize;
@@ -353,7 +369,7 @@ void Aggregator::HandleDatagram(uint32_t thread_index, uint16_t my_port, const I
     s.complete = true;
     jc.Add(jc.slots_completed);
     global_.Add(global_.slots_completed);
-    if (job.group.ip != 0) {
+    if (job.group.ip != 0 && !wire::OwnerDelivery(h.msg_id)) {
       QueueResult(job, h, wire::kGroupRank, acc, my_port, out);
     } else {
       for (uint32_t r = 0; r < job.size; ++r) QueueResult(job, h, r, acc, my_port, out);

@@ -113,6 +113,8 @@ class Aggregator {
   // when rank == wire::kGroupRank.
   void QueueResult(Job& job, const wire::Header& round, uint32_t rank, const uint8_t* payload,
                    uint16_t my_port, ResultBatch& out);
+  void QueueResultPacket(Job& job, const wire::Header& round, uint32_t rank, const uint8_t* payload,
+                         uint16_t my_port, ResultBatch& out);
   std::shared_ptr<Job> Lookup(uint32_t index) const;
 
   AggregatorConfig cfg_;

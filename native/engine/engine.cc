@@ -143,13 +143,14 @@ std::string Engine::Where(uint32_t slot) const {
 }
 
 std::shared_ptr<Engine::Request> Engine::Submit(const void* src, void* dst, size_t count,
-                                                 DType dt, Op op) {
+                                                 DType dt, Op op, int32_t owner) {
   auto r = std::make_shared<Request>();
   r->src = static_cast<const uint8_t*>(src);
   r->dst = static_cast<uint8_t*>(dst);
   r->count = count;
   r->dtype = dt;
   r->op = op;
+  r->owner = owner;
   {
     std::lock_guard<std::mutex> lock(mu_);
     queue_.push_back(r);
@@ -277,7 +278,15 @@ Status Engine::Run(Request& req) {
     return InvalidArgument("message of " + std::to_string(req.count) +
                            " elements exceeds the 2^40-element offset field");
   }
-  const uint32_t msg_id = next_msg_++;
+  if (req.owner >= int32_t(cfg_.size)) {
+    return InvalidArgument("reduce-scatter owner " + std::to_string(req.owner) +
+                           " is not a rank of a job of " + std::to_string(cfg_.size));
+  }
+  // Owner delivery: non-owners expect header-only notices (DMA length 0).
+  const bool notice_only = req.owner >= 0 && uint32_t(req.owner) != cfg_.rank;
+  const uint32_t counter = next_msg_++;
+  const uint32_t msg_id = req.owner >= 0 ? wire::MakeOwnerMsgId(counter, uint32_t(req.owner))
+                                         : (counter & ~wire::kOwnerFlag);
   const uint64_t base = next_seq_;
   next_seq_ += uint64_t(nchunks);
   messages_++;
@@ -416,8 +425,8 @@ Status Engine::Run(Request& req) {
       SlotTrack& t = slots[h.slot];
       if (t.chunk < 0) return nullptr;
       const size_t first = size_t(t.chunk) * chunk_elems;
-      if (h.psn != (t.seq & wire::kPsnMask) || h.offset != first ||
-          h.length != std::min(chunk_elems, req.count - first) * esize) {
+      const size_t expect = notice_only ? 0 : std::min(chunk_elems, req.count - first) * esize;
+      if (h.psn != (t.seq & wire::kPsnMask) || h.offset != first || h.length != expect) {
         return nullptr;  // a duplicate or late result for a chunk already done
       }
       return &t;

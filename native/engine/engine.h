@@ -49,6 +49,7 @@ class Engine {
     size_t count = 0;  // elements
     DType dtype = DType::kF32;
     Op op = Op::kSum;
+    int32_t owner = -1;  // >= 0: reduce-scatter shard, only this rank receives the sum
     std::mutex mu;
     std::condition_variable cv;
     bool done = false;
@@ -60,7 +61,10 @@ class Engine {
 
   // Queues an all-reduce of `count` elements from src into dst (dst may equal src).
   // Both buffers must stay alive until the request is done.
-  std::shared_ptr<Request> Submit(const void* src, void* dst, size_t count, DType dt, Op op);
+  // owner >= 0: only rank `owner` receives the result (dst); the others get a
+  // completion notice per chunk and leave dst untouched.
+  std::shared_ptr<Request> Submit(const void* src, void* dst, size_t count, DType dt, Op op,
+                                  int32_t owner = -1);
   static bool Done(Request& r);
   static Status Wait(Request& r);
   // Fails pending and later requests with `reason`.

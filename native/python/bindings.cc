@@ -70,7 +70,8 @@ struct PyRequest {
   }
 };
 
-std::shared_ptr<PyRequest> SubmitBuffers(Engine& e, py::buffer src, py::buffer dst, int dtype, int op) {
+std::shared_ptr<PyRequest> SubmitBuffers(Engine& e, py::buffer src, py::buffer dst, int dtype, int op,
+                                         int owner = -1) {
   const DType dt = CheckDType(dtype);
   const Op o = CheckOp(op);
   py::buffer_info s = Contiguous(src, false, "source buffer");
@@ -89,7 +90,7 @@ std::shared_ptr<PyRequest> SubmitBuffers(Engine& e, py::buffer src, py::buffer d
   auto r = std::make_shared<PyRequest>();
   r->keep_src = src;
   r->keep_dst = dst;
-  r->req = e.Submit(s.ptr, d.ptr, size_t(sbytes) / esize, dt, o);
+  r->req = e.Submit(s.ptr, d.ptr, size_t(sbytes) / esize, dt, o, int32_t(owner));
   return r;
 }
 
@@ -212,7 +213,8 @@ PYBIND11_MODULE(_native, m) {
            py::arg("window") = 0, py::arg("retransmit_ms") = 50.0, py::arg("timeout_s") = 30.0,
            py::arg("drop_rate") = 0.0, py::arg("seed") = 0, py::arg("group") = "",
            py::arg("group_port") = 0)
-      .def("submit", &SubmitBuffers, py::arg("src"), py::arg("dst"), py::arg("dtype"), py::arg("op"))
+      .def("submit", &SubmitBuffers, py::arg("src"), py::arg("dst"), py::arg("dtype"), py::arg("op"),
+           py::arg("owner") = -1)
       .def("allreduce", [](Engine& e, py::buffer src, py::buffer dst, int dtype, int op) {
              SubmitBuffers(e, src, dst, dtype, op)->Wait();
            }, py::arg("src"), py::arg("dst"), py::arg("dtype"), py::arg("op"))

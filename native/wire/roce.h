@@ -38,6 +38,18 @@ constexpr uint32_t kMaxJobs = 1u << (24 - kRankBits);
 constexpr uint32_t kPsnMask = 0xFFFFFF;
 constexpr uint64_t kMaxOffset = (uint64_t(1) << 40) - 1;  // elements
 
+// Owner delivery (reduce-scatter, docs/protocol.md): ImmDt's top bit set means the
+// slot's result goes to one rank only, named by the next 12 bits; the others get a
+// header-only completion notice (DMA length 0). The low 19 bits count messages.
+constexpr uint32_t kOwnerFlag = 0x80000000u;
+constexpr uint32_t kOwnerShift = 19;
+constexpr uint32_t kMsgCounterMask = (1u << kOwnerShift) - 1;
+inline bool OwnerDelivery(uint32_t msg_id) { return (msg_id & kOwnerFlag) != 0; }
+inline uint32_t MsgOwner(uint32_t msg_id) { return (msg_id >> kOwnerShift) & 0xFFF; }
+inline uint32_t MakeOwnerMsgId(uint32_t counter, uint32_t owner) {
+  return kOwnerFlag | (owner << kOwnerShift) | (counter & kMsgCounterMask);
+}
+
 inline uint32_t MakeQpn(uint32_t job_index, uint32_t rank) {
   return (job_index << kRankBits) | rank;
 }

@@ -4,13 +4,14 @@ The communicator's executor hands a fusion group of ``reducescatter`` or
 ``allgatherv`` tensors here (every rank runs the same group at the same log
 position, so the data-plane messages below line up across ranks).
 
-* reduce-scatter: the group's tensors are prescaled into one buffer, reduced
-  through the aggregator, and each rank keeps its own rows of each tensor (the
-  first dimension split as Horovod splits it: the first ``rows % size`` ranks get a
-  row more). Every rank still receives the whole sum today: the owner-only delivery
-  of docs/protocol.md ("Reduce-scatter") is not in the aggregator yet, so an
-  algorithm that offers ``reducescatter(src, owner_bounds, ...)`` is used when
-  present and this whole-buffer path is the fallback.
+* reduce-scatter: the group's tensors are prescaled into one buffer laid out
+  rank-major (each rank's rows of every tensor together; the first dimension split
+  as Horovod splits it: the first ``rows % size`` ranks get a row more). Over the
+  flat algorithm each rank's stretch is one owner-delivered message: every rank
+  sends the whole buffer, the aggregator sends each stretch's sum to its owner only
+  and a header-only notice to the others (docs/protocol.md, "Reduce-scatter"), so a
+  rank receives S/N. Algorithms without ``reducescatter`` (hierarchical, several
+  aggregators) all-reduce the whole buffer and keep the own stretch.
 * all-gather: the first dimensions may differ by rank and are not in the
   negotiated signature, so one small exact sum (an int64 per rank and tensor, each
   rank writing its own column) tells every rank every row count; then each rank
@@ -45,25 +46,45 @@ def run(comm: Any, group: List[Any]) -> None:
 
 
 def _reducescatter(comm: Any, group: List[Any]) -> None:
+    """The group's tensors laid out rank-major: rank 0's rows of every tensor, then
+    rank 1's, ... so that each rank's shards form one stretch, reduced as one
+    owner-delivered message (or, over an algorithm without owner delivery, the
+    whole buffer all-reduced)."""
+    size, me = comm.size, comm.rank
     first = group[0]
     wire, storage, dp_dtype = _wire(first)
     wire_op = "sum" if first.op is ReduceOp.Average else first.op.wire
-    counts = [t.array.size for t in group]
-    buf = np.empty(sum(counts), dtype=storage)
+    # segments[q] = [(tensor, first element, elements)] of rank q's rows
+    segments = []
+    for q in range(size):
+        row_segs = []
+        for t in group:
+            rows = t.array.shape[0]
+            row = t.array.size // rows if rows else 0
+            lo, count = shard_rows(rows, size, q)
+            row_segs.append((t, lo * row, count * row))
+        segments.append(row_segs)
+    bounds, at = [], 0
+    for q in range(size):
+        start = at
+        at += sum(n for _, _, n in segments[q])
+        bounds.append((start, at))
+    buf = np.empty(at, dtype=storage)
     at = 0
-    for t, n in zip(group, counts):
-        scale_into(buf[at:at + n], t.array.reshape(-1), t.sig[4], t.dtype, wire)
-        at += n
+    for q in range(size):
+        for t, a, n in segments[q]:
+            scale_into(buf[at:at + n], t.array.reshape(-1)[a:a + n], t.sig[4], t.dtype, wire)
+            at += n
     if buf.size:
-        comm.dp.allreduce(buf, None, op=wire_op, dtype=dp_dtype)
-    at = 0
-    for t, n in zip(group, counts):
-        rows = t.array.shape[0]
-        row = n // rows if rows else 0
-        lo, mine = shard_rows(rows, comm.size, comm.rank)
-        factor = t.sig[5] / comm.size if t.op is ReduceOp.Average else t.sig[5]
-        scale_into(t.output.reshape(-1), buf[at + lo * row:at + (lo + mine) * row], factor,
-                   t.dtype, wire)
+        owner_delivery = getattr(comm.dp, "reducescatter", None)
+        if owner_delivery is not None:
+            owner_delivery(buf, bounds, op=wire_op, dtype=dp_dtype)
+        else:
+            comm.dp.allreduce(buf, None, op=wire_op, dtype=dp_dtype)
+    at = bounds[me][0]
+    for t, _, n in segments[me]:
+        factor = t.sig[5] / size if t.op is ReduceOp.Average else t.sig[5]
+        scale_into(t.output.reshape(-1), buf[at:at + n], factor, t.dtype, wire)
         at += n
 
 

@@ -3,7 +3,8 @@
 examples/pytorch_fsdp.py trains a small transformer with FullyShardedDataParallel
 (and FSDP2's fully_shard) under netreduce-run; its all-gathers and reduce-scatters
 go through the aggregator. The loss must fall (the example's exit code) and the
-final parameters must match a gloo run: bit for bit with 2 ranks (a sum of two
+final parameters must match a gloo run (the netreduce run uses the flat algorithm,
+so that its reduce-scatters are the aggregator's owner-delivered ones): bit for bit with 2 ranks (a sum of two
 floats does not depend on their order), to float32 rounding with 4 (the aggregator
 adds in arrival order, gloo in its ring's).
 """
@@ -22,7 +23,9 @@ EXAMPLE = os.path.join(ROOT, "examples", "pytorch_fsdp.py")
 
 
 def _run(ranks, backend, flavour, out):
-    env = dict(os.environ, OMP_NUM_THREADS="1", NETREDUCE_TIMEOUT="30",
+    # flat: every rank's data through the aggregator (on one host the default would
+    # reduce in shared memory), so reduce-scatters are owner-delivered there
+    env = dict(os.environ, OMP_NUM_THREADS="1", NETREDUCE_TIMEOUT="30", NETREDUCE_ALGORITHM="flat",
                PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
     cmd = [sys.executable, "-m", "netreduce.launcher", "-np", str(ranks), "--",
            sys.executable, EXAMPLE, "--backend", backend, "--steps", "8", "--save", str(out)]

@@ -13,8 +13,6 @@ torch = pytest.importorskip("torch")
 
 from tests.parallel.launched import LAUNCHED, only_when_launched  # noqa: E402
 
-pytestmark = only_when_launched
-
 if LAUNCHED:
     import netreduce.torch as hvd
 
@@ -24,6 +22,9 @@ DIMS = [1, 2, 3]
 
 @pytest.fixture(scope="module", autouse=True)
 def initialized():
+    if not LAUNCHED:
+        yield
+        return
     hvd.init()
     yield
     hvd.barrier()
@@ -188,3 +189,65 @@ def test_reducescatter_duplicate_name_error():
     with pytest.raises(ValueError, match="already being reduced"):
         hvd.reducescatter_async(torch.ones(4), name="rs.dup")
     hvd.synchronize(h)
+
+
+# --- owner delivery at the aggregator (the in-network reduce-scatter) --------------------
+_OWNER = """
+import json, numpy as np, netreduce as nr
+from netreduce import api
+nr.init()
+r, n = nr.rank(), nr.size()
+dp = api._communicator().dp
+assert hasattr(dp, "reducescatter"), type(dp)
+x = (np.arange(300_001, dtype=np.float32) % 89) * (r + 1)
+def sent():
+    return sum(j["bytes_out"] for j in dp.counters()["jobs"].values())
+nr.barrier(); b0 = sent()
+got = nr.api.reducescatter_async(x, op=nr.Sum, name="owner.rs").wait()
+nr.barrier(); b1 = sent()
+full = nr.allreduce(x, op=nr.Sum, name="owner.ar")
+nr.barrier(); b2 = sent()
+lo, cnt = api.shard_rows(x.shape[0], n, r)
+assert np.array_equal(got, full[lo:lo + cnt])
+print("BYTES", json.dumps([b1 - b0, b2 - b1]), flush=True)
+nr.shutdown()
+"""
+
+
+@pytest.mark.skipif(LAUNCHED, reason="starts its own job")
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_reducescatter_owner_delivery_sends_each_rank_its_shard(ranks):
+    """Through a unicast aggregator with the flat algorithm, the reduce-scatter's
+    results leave the aggregator once (each shard to its owner, header-only
+    notices to the others), against N copies for the all-reduce of the same data;
+    the shard equals the all-reduce's rows."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from netreduce.switch import spawn
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    switch = spawn(host="127.0.0.1", port=0)
+    try:
+        env = dict(os.environ, NETREDUCE_SWITCH=f"127.0.0.1:{switch.address[1]}",
+                   NETREDUCE_ALGORITHM="flat", NETREDUCE_TIMEOUT="20", OMP_NUM_THREADS="1",
+                   PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH"))
+                                              if p))
+        proc = subprocess.run([sys.executable, "-m", "netreduce.launcher", "-np", str(ranks),
+                               "--", sys.executable, "-c", _OWNER], cwd=root, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              timeout=120)
+    finally:
+        switch.stop()
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    line = next(ln for ln in proc.stdout.splitlines() if "BYTES" in ln)
+    rs_bytes, ar_bytes = json.loads(line.split("BYTES", 1)[1])
+    payload = 300_001 * 4
+    assert payload <= rs_bytes < 1.2 * payload, (rs_bytes, payload)  # one copy + headers
+    assert ar_bytes >= ranks * payload, (ar_bytes, payload)          # a copy per rank
+
+
+# every test above the owner-delivery one runs on the ranks of a launched job
+for _name, _fn in list(globals().items()):
+    if _name.startswith("test_") and "owner_delivery" not in _name:
+        globals()[_name] = only_when_launched(_fn)
