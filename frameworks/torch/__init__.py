@@ -26,7 +26,8 @@ from .mpi_ops import (  # noqa: F401
     synchronize)
 from .scatter_gather import (  # noqa: F401
     allgather, allgather_async, grouped_allgather, grouped_allgather_async,
-    grouped_reducescatter, grouped_reducescatter_async, reducescatter, reducescatter_async)
+    grouped_reducescatter, grouped_reducescatter_async, reducescatter, reducescatter_async,
+    sparse_allreduce_async)
 from .optimizer import DistributedOptimizer  # noqa: F401
 
 if _dist.is_available():  # torch builds without distributed support lack both seams

@@ -86,6 +86,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             # This rank's forward did not use p, another rank's may have: every rank
             # must still submit the tensor, so contribute zeros.
             p.grad = torch.zeros_like(p)
+        if p.grad.is_sparse:
+            if self.sparse_as_dense:
+                p.grad = p.grad.to_dense()
+            else:  # Horovod's: all-gather indices and values; the handle is a function
+                from .scatter_gather import sparse_allreduce_async
+                return sparse_allreduce_async(p.grad, self._parameter_names.get(p), self.op), None
         compressed, ctx = self._compression.compress(p.grad)
         if self.op == Average:
             # Split the average: divide by the factor before the sum, multiply after;
@@ -123,6 +129,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             if handle is None:
                 self._handles[p] = self._allreduce_grad_async(p)
         for p, (handle, ctx) in self._handles.items():
+            if callable(handle):  # a sparse gradient's all-gathers
+                p.grad = handle()
+                self._allreduce_delay[p] = self.backward_passes_per_step
+                continue
             output = synchronize(handle)
             self._allreduce_delay[p] = self.backward_passes_per_step
             decompressed = self._compression.decompress(output, ctx)
@@ -187,9 +197,9 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
         # Grouping only changes how Horovod batches negotiation; netreduce's
         # communicator fuses whatever is ready in a cycle, so it is accepted and ignored.
         pass
-    if sparse_as_dense:
-        raise NotImplementedError("sparse gradients are not supported by netreduce")
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
                dict(_DistributedOptimizer.__dict__))
-    return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step,
-               op, gradient_predivide_factor)
+    opt = cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step,
+              op, gradient_predivide_factor)
+    opt.sparse_as_dense = bool(sparse_as_dense)
+    return opt

@@ -107,6 +107,31 @@ def grouped_allgather(tensors, name=None, process_set=global_process_set) -> Lis
     return list(HorovodGroupedAllgather.apply(name, *tensors))
 
 
+# --- sparse ------------------------------------------------------------------------------
+def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
+    """Horovod's sparse all-reduce: all-gather the indices and the values (each rank
+    may have a different number of non-zeros), then build the summed sparse tensor
+    (duplicate indices add up when it is coalesced). Returns a function that waits
+    and returns the result, as Horovod's does."""
+    _check_process_set(process_set)
+    if not isinstance(tensor, torch.Tensor) or not tensor.is_sparse:
+        raise ValueError("sparse_allreduce_async: expected a sparse torch.Tensor")
+    t = tensor.coalesce() if not tensor.is_coalesced() else tensor
+    indices = allgather_async(t._indices().transpose(0, 1).contiguous(),
+                              name=f"{name}.indices" if name else None)
+    values = allgather_async(t._values().contiguous(), name=f"{name}.values" if name else None)
+
+    def handle():
+        vals = synchronize(values)
+        idx = synchronize(indices)
+        if op == Average:
+            vals = vals / size()
+        if idx.dim() == 0 or vals.dim() == 0:
+            return t.new().resize_as_(t)
+        return torch.sparse_coo_tensor(idx.transpose(0, 1), vals, t.size(), check_invariants=False)
+    return handle
+
+
 # --- reducescatter -----------------------------------------------------------------------
 def _reducescatter_async(tensors, name, op, prescale_factor, postscale_factor, what: str,
                          grouped: bool) -> int:

@@ -169,3 +169,43 @@ def test_collective_mismatch_errors_within_timeout(ranks):
         named = ("'lonely.gather'" in line and f"not submitted by rank{'s' if ranks > 2 else ''}"
                  f" {others} " in line) or ("'__barrier__'" in line and "by rank 0 " in line)
         assert named and "NETREDUCE_TIMEOUT=3 s" in line, line
+
+
+# --- sparse gradients (Horovod all-gathers indices and values) ---------------------------
+@launched
+def test_sparse_allreduce_async(initialized):
+    rank, size = hvd.rank(), hvd.size()
+    dense = torch.zeros(6, 3)
+    dense[rank % 6] = rank + 1.0
+    dense[(rank + 2) % 6, 1] = 10.0
+    handle = hvd.sparse_allreduce_async(dense.to_sparse(), name="sparse.t", op=hvd.Sum)
+    got = handle()
+    assert got.is_sparse
+    expected = torch.zeros(6, 3)
+    for r in range(size):
+        expected[r % 6] += r + 1.0
+        expected[(r + 2) % 6, 1] += 10.0
+    assert torch.equal(got.to_dense(), expected)
+    avg = hvd.sparse_allreduce_async(dense.to_sparse(), name="sparse.avg", op=hvd.Average)()
+    assert torch.allclose(avg.to_dense(), expected / size)
+
+
+@launched
+@pytest.mark.parametrize("sparse_as_dense", [False, True])
+def test_distributed_optimizer_sparse_embedding(initialized, sparse_as_dense):
+    """nn.Embedding(sparse=True): each rank looks up different rows; after step()
+    every rank holds the same weights, those of the averaged dense gradient."""
+    rank, size = hvd.rank(), hvd.size()
+    torch.manual_seed(5)
+    emb = torch.nn.Embedding(10, 4, sparse=True)
+    reference = emb.weight.detach().clone()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(emb.parameters(), lr=1.0),
+                                   named_parameters=emb.named_parameters(),
+                                   sparse_as_dense=sparse_as_dense)
+    emb(torch.tensor([rank, rank + 1])).sum().backward()
+    opt.step()
+    grad = torch.zeros(10, 4)
+    for r in range(size):
+        grad[r] += 1.0
+        grad[r + 1] += 1.0
+    assert torch.allclose(emb.weight.detach(), reference - grad / size)
