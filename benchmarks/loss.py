@@ -204,11 +204,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--repeat", type=int, default=1, help="runs per cell (the median is kept)")
     p.add_argument("--old", default=None, help="tree of an older build to run side by side")
+    p.add_argument("--new", default=None, help="tree of the build under test (default: this checkout)")
     p.add_argument("--testbed", action="store_true", help="namespaces + nftables loss (root)")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     losses = [float(x) for x in args.loss.split(",")]
-    trees = [("new", None)] + ([("old", args.old)] if args.old else [])
+    trees = [("new", args.new)] + ([("old", args.old)] if args.old else [])
     cells: Dict[str, Dict[float, List[Dict]]] = {name: {x: [] for x in losses} for name, _ in trees}
     tb = None
     if args.testbed:

@@ -15,10 +15,10 @@
 //  - Overtaken: a result for a later chunk of the lane means an earlier chunk, sent no
 //    later than it, is probably lost. It gets a short reorder deadline (srtt/4,
 //    RACK-style) and is resent then if still unanswered.
-//  - Next expected: a result also gives the lane's next outstanding chunk a deadline
-//    of one inter-result gap (its own estimate, gap + 4 gapvar, like RFC 6298's):
-//    the last chunks of a message, which nothing overtakes, are resent a gap after
-//    the previous result instead of a full timeout after their send.
+//  - Next expected: when only one chunk of the lane is left outstanding after a
+//    result, it gets a deadline of one inter-result gap (its own estimate, gap + 4
+//    gapvar, like RFC 6298's): the last chunk of a message, which nothing overtakes,
+//    is resent a gap after the previous result instead of a full timeout.
 //    Both early resends count as fast_retransmits and leave the timeout as it was.
 //  - Timeout: once nothing has completed in a lane for srtt + 4 rttvar of the
 //    measured round trip (floor retransmit_ms), the lane's oldest chunk is resent,
@@ -483,6 +483,7 @@ Status Engine::Run(Request& req) {
       // after t, once it has been out for the least round trip seen.
       const int64_t reorder_us = std::max<int64_t>(kReorderFloorUs, int64_t(srtt_us_ / 4));
       SlotTrack* expected = nullptr;
+      size_t later = 0;  // outstanding chunks of the lane after t
       for (auto& o : slots) {
         if (o.chunk < 0 || lane_of(o.seq) != lane) continue;
         if (o.seq < t.seq) {
@@ -490,11 +491,15 @@ Status Engine::Run(Request& req) {
             o.early = true;
             o.deadline_us = std::min(o.deadline_us, t_now + reorder_us);
           }
-        } else if (o.seq > t.seq && (expected == nullptr || o.seq < expected->seq)) {
-          expected = &o;
+        } else if (o.seq > t.seq) {
+          ++later;
+          if (expected == nullptr || o.seq < expected->seq) expected = &o;
         }
       }
-      if (expected != nullptr && !expected->early) {
+      // Only for the lane's last outstanding chunk: any other is covered when a later
+      // one is answered, and a gap deadline on every chunk of a long window misfired
+      // whenever the loaded host descheduled the aggregator for a few gaps.
+      if (expected != nullptr && later == 1 && !expected->early) {
         expected->early = true;
         expected->deadline_us =
             std::min(expected->deadline_us,
