@@ -25,7 +25,7 @@ from .mpi_ops import (  # noqa: F401
     join, local_rank, local_size, mpi_built, nccl_built, poll, rank, rocm_built, shutdown, size,
     synchronize)
 from .scatter_gather import (  # noqa: F401
-    allgather, allgather_async, grouped_allgather, grouped_allgather_async,
+    allgather, allgather_async, alltoall, alltoall_async, grouped_allgather, grouped_allgather_async,
     grouped_reducescatter, grouped_reducescatter_async, reducescatter, reducescatter_async,
     sparse_allreduce_async)
 from .optimizer import DistributedOptimizer  # noqa: F401

@@ -8,7 +8,8 @@ gradient communication with backward.
 
 Supported: allreduce (SUM, AVG, MIN, MAX), allreduce_coalesced, broadcast, allgather,
 all_gather_into_tensor, reduce_scatter, reduce_scatter_tensor (the core's reduce-scatter),
-reduce (as an allreduce), barrier; enough for FSDP (examples/pytorch_fsdp.py). Everything else raises
+all_to_all(_single) (relayed as all-gathers), reduce (as an allreduce), barrier; enough
+for FSDP (examples/pytorch_fsdp.py). Everything else raises
 NotImplementedError naming the collective; create a gloo group for those.
 
 Without MASTER_ADDR/MASTER_PORT in the environment, pass ``init_method="netreduce://"``:
@@ -213,6 +214,37 @@ class ProcessGroupNetReduce(dist.ProcessGroup):
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
+    def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        """all_to_all_single: the Horovod API's alltoall (relayed through the
+        aggregator as all-gathers; scatter_gather.alltoall_async says why)."""
+        splits = torch.tensor(list(input_split_sizes), dtype=torch.int32) \
+            if input_split_sizes else None
+        handle = scatter_gather.alltoall_async(input.contiguous(), splits)
+
+        def finish(results):
+            with torch.no_grad():
+                output.copy_(results[0][0].view_as(output))
+            return [output]
+        return _create_work_from_future(completer.submit([handle], finish, cuda_devices([output])))
+
+    def alltoall(self, output_tensors, input_tensors, opts=None):
+        flat = torch.cat([t.reshape(t.shape[0] if t.dim() else 1, -1) for t in input_tensors]) \
+            if input_tensors[0].dim() else torch.stack(list(input_tensors))
+        splits = torch.tensor([t.shape[0] if t.dim() else 1 for t in input_tensors],
+                              dtype=torch.int32)
+        handle = scatter_gather.alltoall_async(flat.contiguous(), splits)
+
+        def finish(results):
+            got, received = results[0]
+            with torch.no_grad():
+                start = 0
+                for out, rows in zip(output_tensors, received.tolist()):
+                    out.copy_(got[start:start + rows].reshape(out.shape))
+                    start += rows
+            return output_tensors
+        return _create_work_from_future(
+            completer.submit([handle], finish, cuda_devices(list(output_tensors))))
+
     def barrier(self, opts=None):
         # The core's barrier blocks its caller, so the completer thread calls it: the
         # Work completes when every rank has arrived, and dist.barrier() (which waits
@@ -233,14 +265,13 @@ def _unsupported(collective: str):
         raise NotImplementedError(
             f"the netreduce process group does not implement {collective}; it supports "
             "allreduce, allreduce_coalesced, broadcast, allgather, all_gather_into_tensor, "
-            "reduce_scatter, reduce_scatter_tensor, reduce and barrier. Use a gloo group for the rest: "
+            "reduce_scatter, reduce_scatter_tensor, all_to_all(_single), reduce and barrier. Use a gloo group for the rest: "
             "dist.new_group(backend='gloo')")
     method.__name__ = collective
     return method
 
 
-for _collective in ("gather", "scatter", "alltoall", "alltoall_base",
-                    "all_to_all_single", "send", "recv", "recv_anysource", "allgather_coalesced",
+for _collective in ("gather", "scatter", "send", "recv", "recv_anysource", "allgather_coalesced",
                     "monitored_barrier"):
     setattr(ProcessGroupNetReduce, _collective, _unsupported(_collective))
 

@@ -16,8 +16,9 @@ from netreduce import api as _api
 
 from .compression import Compression
 from .mpi_ops import (_MOVABLE, _REDUCIBLE, Average, Sum, _Buf, _check_process_set,
-                      _core_handle, global_process_set, handle_average_backwards_compatibility,
-                      rank, size, synchronize, allreduce)
+                      _core_handle, _Pending, _register, global_process_set,
+                      handle_average_backwards_compatibility, poll, rank, size, synchronize,
+                      allreduce)
 
 
 # --- allgather -------------------------------------------------------------------------
@@ -105,6 +106,88 @@ class HorovodGroupedAllgather(torch.autograd.Function):
 def grouped_allgather(tensors, name=None, process_set=global_process_set) -> List[torch.Tensor]:
     _check_process_set(process_set)
     return list(HorovodGroupedAllgather.apply(name, *tensors))
+
+
+# --- alltoall ------------------------------------------------------------------------------
+def _check_splits(tensor, splits) -> torch.Tensor:
+    n = size()
+    rows = tensor.shape[0] if tensor.dim() else 1
+    if splits is None:
+        if rows % n:
+            raise ValueError("splits not provided, but first dimension of tensor is not an "
+                             "even multiple of the number of workers.")
+        return torch.full((n,), rows // n, dtype=torch.int32)
+    if not isinstance(splits, torch.Tensor):
+        splits = torch.tensor(splits, dtype=torch.int32)
+    if splits.dtype != torch.int32:
+        raise ValueError("alltoall expects splits to contain 32-bit integer elements.")
+    splits = splits.reshape(-1).cpu()
+    if splits.numel() != n:
+        raise ValueError("Number of entries in splits does not equal number of workers.")
+    if bool((splits < 0).any()):
+        raise ValueError(f"alltoall: splits entries must not be negative, got {splits.tolist()}")
+    if int(splits.sum()) > rows:
+        raise ValueError("Sum of splits entries is greater than the first dimension of tensor.")
+    return splits
+
+
+def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set) -> int:
+    """Start sending rows ``splits[r]`` (consecutive, in rank order) of ``tensor`` to
+    rank r; synchronize returns (received rows in rank order, received_splits).
+
+    Relayed through the aggregator: alltoall has nothing to reduce, and ranks have no
+    paths to each other in netreduce (every byte goes rank <-> aggregator), so every
+    rank's send buffer and splits are all-gathered and each rank keeps the rows meant
+    for it. Each rank receives N times what a peer-to-peer alltoall would deliver."""
+    _check_process_set(process_set)
+    mine = _check_splits(tensor, splits)
+    rows = int(mine.sum())
+    data = tensor.reshape((1,) if tensor.dim() == 0 else tensor.shape)[:rows].contiguous()
+    h_data = allgather_async(data, name=f"{name}.data" if name else None)
+    h_splits = allgather_async(mine.reshape(1, -1), name=f"{name}.splits" if name else None)
+    pending = [h_data, h_splits]
+    me = rank()
+
+    def wait():
+        return [synchronize(h) for h in pending]
+
+    def finish(results):
+        gathered, all_splits = results
+        all_splits = all_splits.to(torch.int64)
+        pieces, start = [], 0
+        for q in range(all_splits.shape[0]):
+            offset = start + int(all_splits[q, :me].sum())
+            pieces.append(gathered[offset:offset + int(all_splits[q, me])])
+            start += int(all_splits[q].sum())
+        received = all_splits[:, me].to(torch.int32)
+        return torch.cat(pieces), received
+    return _register(_Pending(lambda: all(poll(h) for h in pending), wait, finish))
+
+
+class HorovodAlltoall(torch.autograd.Function):
+    """Alltoall whose gradient is the alltoall of the gradient with the received
+    splits (Horovod's)."""
+
+    @staticmethod
+    def forward(ctx, tensor, splits, name):
+        output, received = synchronize(alltoall_async(tensor, splits, name))
+        ctx.received = received
+        if splits is None:
+            return output
+        ctx.mark_non_differentiable(received)
+        return output, received
+
+    @staticmethod
+    def backward(ctx, grad_output, *dead):
+        grad, _ = synchronize(alltoall_async(grad_output.contiguous(), ctx.received))
+        return grad, None, None
+
+
+def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
+    """Rows ``splits[r]`` of ``tensor`` to rank r; returns the received rows, and
+    the received splits when ``splits`` was given (autograd-aware)."""
+    _check_process_set(process_set)
+    return HorovodAlltoall.apply(tensor, splits, name)
 
 
 # --- sparse ------------------------------------------------------------------------------

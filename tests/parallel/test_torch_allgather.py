@@ -209,3 +209,70 @@ def test_distributed_optimizer_sparse_embedding(initialized, sparse_as_dense):
         grad[r] += 1.0
         grad[r + 1] += 1.0
     assert torch.allclose(emb.weight.detach(), reference - grad / size)
+
+
+# --- alltoall (relayed through the aggregator as all-gathers) -----------------------------
+@launched
+@pytest.mark.parametrize("dtype,dim", list(itertools.product(
+    [torch.int32, torch.int64, torch.float16, torch.float32, torch.float64], DIMS)))
+def test_alltoall_equal_splits(initialized, dtype, dim):
+    rank, size = hvd.rank(), hvd.size()
+    x = (torch.arange(2 * size).reshape([2 * size] + [1] * (dim - 1)) + 100 * rank).to(dtype)
+    x = x.expand([2 * size] + [3] * (dim - 1)).contiguous()
+    out = hvd.alltoall(x, name=f"a2a.{dtype}.{dim}")
+    expected = torch.cat([(torch.arange(2 * rank, 2 * rank + 2).reshape([2] + [1] * (dim - 1))
+                           + 100 * q).to(dtype).expand([2] + [3] * (dim - 1)) for q in range(size)])
+    assert torch.equal(out, expected)
+
+
+@launched
+def test_alltoall_splits_and_received_splits(initialized):
+    """Rank q sends q + r + 1 rows to rank r (Horovod 0.28.1-gloo with 2 ranks and
+    splits [1, 5] / [4, 2] gives rank 0 [0, 10, 11, 12, 13] with received [1, 4])."""
+    rank, size = hvd.rank(), hvd.size()
+    splits = torch.tensor([rank + r + 1 for r in range(size)], dtype=torch.int32)
+    x = torch.arange(int(splits.sum()) + 2, dtype=torch.float32) + 100 * rank  # 2 rows unsent
+    out, received = hvd.alltoall(x, splits=splits, name="a2a.splits")
+    assert received.dtype == torch.int32
+    assert received.tolist() == [q + rank + 1 for q in range(size)]
+    expected = torch.cat([torch.arange(sum(q + r + 1 for r in range(rank)),
+                                       sum(q + r + 1 for r in range(rank + 1)),
+                                       dtype=torch.float32) + 100 * q for q in range(size)])
+    assert torch.equal(out, expected)
+    h = hvd.alltoall_async(x, splits=splits.tolist(), name="a2a.async")
+    out2, received2 = hvd.synchronize(h)
+    assert torch.equal(out2, expected) and torch.equal(received2, received)
+
+
+@launched
+def test_alltoall_grad(initialized):
+    """The gradient goes back along the received splits (Horovod 0.28.1-gloo, splits
+    [1, 3] / [2, 2]: rank 0's gradient [1, 2, 2, 2], rank 1's [1, 1, 2, 2])."""
+    rank, size = hvd.rank(), hvd.size()
+    splits = torch.tensor([1 + (r + rank) % 2 for r in range(size)], dtype=torch.int32)
+    x = torch.ones(int(splits.sum()), 2, requires_grad=True)
+    out, _ = hvd.alltoall(x, splits=splits, name="a2a.grad")
+    (out * (rank + 1)).sum().backward()
+    expected = torch.cat([torch.full((int(s),), float(r + 1)) for r, s in enumerate(splits)])
+    assert torch.equal(x.grad[:, 0], expected)
+
+
+@launched
+@pytest.mark.parametrize("bad,match", [
+    ("length", "Number of entries in splits does not equal number of workers."),
+    ("sum", "Sum of splits entries is greater than the first dimension of tensor."),
+    ("type", "alltoall expects splits to contain 32-bit integer elements."),
+    ("even", "splits not provided, but first dimension of tensor is not an even multiple"),
+])
+def test_alltoall_errors(initialized, bad, match):
+    size = hvd.size()
+    x = torch.ones(2 * size)
+    with pytest.raises(ValueError, match=match):
+        if bad == "length":
+            hvd.alltoall(x, splits=torch.ones(size + 1, dtype=torch.int32))
+        elif bad == "sum":
+            hvd.alltoall(x, splits=torch.full((size,), 3, dtype=torch.int32))
+        elif bad == "type":
+            hvd.alltoall(x, splits=torch.ones(size, dtype=torch.float32))
+        else:
+            hvd.alltoall(torch.ones(2 * size + 1))

@@ -139,10 +139,30 @@ def test_reduce_scatter_collectives():
     assert torch.equal(gathered, torch.arange(size).repeat_interleave(2) + 7)
 
 
+def test_all_to_all():
+    rank, size = dist.get_rank(), dist.get_world_size()
+    out = torch.empty(size * 2)
+    dist.all_to_all_single(out, torch.arange(size * 2, dtype=torch.float32) + 100 * rank)
+    expected = torch.cat([torch.arange(2 * rank, 2 * rank + 2, dtype=torch.float32) + 100 * q
+                          for q in range(size)])
+    assert torch.equal(out, expected)
+    # uneven: rank q sends q + r + 1 elements to rank r
+    sends = [q + rank + 1 for q in range(size)]
+    recvs = [rank + q + 1 for q in range(size)]
+    src = torch.cat([torch.full((n,), float(10 * rank + r)) for r, n in enumerate(sends)])
+    out = torch.empty(sum(recvs))
+    dist.all_to_all_single(out, src, output_split_sizes=recvs, input_split_sizes=sends)
+    assert torch.equal(out, torch.cat([torch.full((n,), float(10 * q + rank))
+                                       for q, n in enumerate(recvs)]))
+    outs = [torch.empty(2) for _ in range(size)]
+    dist.all_to_all(outs, [torch.full((2,), float(rank * size + r)) for r in range(size)])
+    assert [o.tolist() for o in outs] == [[float(q * size + rank)] * 2 for q in range(size)]
+
+
 def test_unsupported_collectives_name_themselves():
     size = dist.get_world_size()
-    with pytest.raises(NotImplementedError, match="all_to_all_single|alltoall"):
-        dist.all_to_all_single(torch.empty(size), torch.ones(size))
+    with pytest.raises(NotImplementedError, match="scatter"):
+        dist.scatter(torch.empty(2), [torch.ones(2)] * size if dist.get_rank() == 0 else None)
     with pytest.raises(NotImplementedError, match="PRODUCT|reduce op"):
         dist.all_reduce(torch.ones(2), op=dist.ReduceOp.PRODUCT)
 
