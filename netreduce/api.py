@@ -110,6 +110,11 @@ def shutdown() -> None:
     if comm is None:
         return
     try:
+        from netreduce import process_sets
+        process_sets.remove_all()  # their sub-jobs first: members wait for each other there
+    except NetReduceError:
+        pass
+    try:
         comm.shutdown()
     finally:
         try:
@@ -117,6 +122,33 @@ def shutdown() -> None:
         finally:
             if switch_proc is not None:
                 switch_proc.stop()
+
+
+def _sub_communicator(suffix: str, rank: int, size: int) -> Communicator:
+    """A communicator for a sub-job of this job (a process set): admitted at the
+    (first) aggregator as job ``<job>.<suffix>``, flat data plane, its own
+    negotiation. Every member calls this together."""
+    parent = _g.comm
+    if parent is None:
+        raise NetReduceError("netreduce has not been initialized; call netreduce.init() first")
+    knobs = config.snapshot()
+    connect = _connect
+    if connect is None:
+        from netreduce.dataplane import connect
+    from netreduce.algorithms.flat import Flat
+    job = f"{parent.job}.{suffix}"
+    dp = connect(parent.address, job=job, rank=rank, size=size,
+                 timeout=knobs["NETREDUCE_TIMEOUT"], retransmit_ms=knobs["NETREDUCE_RETRANSMIT_MS"],
+                 drop_rate=knobs["NETREDUCE_DROP_RATE"], window=knobs["NETREDUCE_WINDOW"])
+    try:
+        comm = Communicator(rank=rank, size=size, job=job, address=parent.address, dataplane=dp,
+                            knobs=knobs)
+    except BaseException:
+        dp.close()
+        raise
+    comm.dp = Flat(dp)
+    comm.topology = parent.topology
+    return comm
 
 
 def is_initialized() -> bool:

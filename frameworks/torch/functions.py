@@ -7,7 +7,8 @@ import torch
 
 import netreduce as _nr
 
-from .mpi_ops import broadcast_async_, global_process_set, synchronize, _check_process_set
+from .mpi_ops import (broadcast_async_, global_process_set, synchronize, _check_process_set,
+                      _on_process_set, _set_root)
 
 
 def broadcast_parameters(params: Union[Dict[str, torch.Tensor], Iterable[Any]], root_rank: int,
@@ -29,7 +30,8 @@ def broadcast_parameters(params: Union[Dict[str, torch.Tensor], Iterable[Any]], 
         if not torch.is_tensor(tensor):
             continue  # e.g. a model's extra state that is not a tensor
         label = f"{prefix or ''}{name}" if name is not None else f"{prefix or ''}param.{index}"
-        handles.append(broadcast_async_(tensor.data, root_rank, name=f"broadcast.{label}"))
+        handles.append(broadcast_async_(tensor.data, root_rank, name=f"broadcast.{label}",
+                                        process_set=process_set))
     for handle in handles:
         synchronize(handle)
 
@@ -79,10 +81,11 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
             for key, value in sorted(optimizer.state.get(param, {}).items()):
                 if torch.is_tensor(value):
                     handles.append(broadcast_async_(value, root_rank,
-                                                    name=f"optimizer_state.{gi}.{pi}.{key}"))
+                                                    name=f"optimizer_state.{gi}.{pi}.{key}",
+                                                    process_set=process_set))
                 else:
                     scalars[(gi, pi, key)] = value
-    options, scalars = _nr.broadcast_object((options, scalars), root_rank)
+    options, scalars = _nr.broadcast_object((options, scalars), _set_root(root_rank, process_set))
     for handle in handles:
         synchronize(handle)
     for group, opts in zip(optimizer.param_groups, options):
@@ -95,7 +98,7 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None,
                      process_set=global_process_set) -> Any:
     """Return root_rank's ``obj`` (any picklable object) on every rank."""
     _check_process_set(process_set)
-    return _nr.broadcast_object(obj, root_rank)
+    return _nr.broadcast_object(obj, _set_root(root_rank, process_set))
 
 
 def allgather_object(obj: Any, name: Optional[str] = None,
@@ -103,3 +106,8 @@ def allgather_object(obj: Any, name: Optional[str] = None,
     """Return the list of every rank's ``obj``, indexed by rank."""
     _check_process_set(process_set)
     return _nr.allgather_object(obj)
+
+
+for _name in ("broadcast_parameters", "broadcast_optimizer_state", "broadcast_object",
+              "allgather_object"):
+    globals()[_name] = _on_process_set(globals()[_name])

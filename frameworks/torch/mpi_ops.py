@@ -8,6 +8,7 @@ copy because the data plane reads host memory.
 """
 from __future__ import annotations
 
+import functools
 import inspect
 import itertools
 import threading
@@ -19,6 +20,7 @@ import numpy as np
 import torch
 
 import netreduce as _nr
+from netreduce import process_sets as _ps
 
 from .compression import Compression
 
@@ -35,17 +37,11 @@ NetReduceError = _nr.NetReduceError
 HorovodInternalError = NetReduceError
 
 
-class _ProcessSet:
-    """Horovod 0.28 takes ``process_set=``; netreduce has one: the whole job."""
-
-    def included(self) -> bool:
-        return True
-
-    def __repr__(self) -> str:
-        return "global_process_set"
-
-
-global_process_set = _ProcessSet()
+# Process sets (netreduce/process_sets.py): each one a sub-job at the aggregator.
+ProcessSet = _ps.ProcessSet
+global_process_set = _ps.global_process_set
+add_process_set = _ps.add_process_set
+remove_process_set = _ps.remove_process_set
 
 # dtypes netreduce reduces (bfloat16 as a 16-bit pattern; the core carries the
 # narrow integer types in int32 on the wire).
@@ -75,10 +71,10 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
     if comm is not None:
         raise ValueError("netreduce.torch.init(): comm= (an MPI communicator) is not "
                          "supported; netreduce always spans the launched job")
-    if process_sets not in (None, [], [global_process_set]):
-        raise NotImplementedError("netreduce.torch.init(): process sets other than the "
-                                  "global one are not supported")
     _nr.init()
+    for ps in process_sets or ():
+        if ps is not global_process_set:
+            add_process_set(ps)
 
 
 def shutdown() -> None:
@@ -271,8 +267,47 @@ def handle_average_backwards_compatibility(op: Any, average: Optional[bool]) -> 
 
 
 def _check_process_set(process_set: Any) -> None:
-    if process_set is not global_process_set:
-        raise NotImplementedError("netreduce supports only the global process set")
+    if not isinstance(process_set, ProcessSet):
+        raise ValueError(f"process_set must be a ProcessSet (global_process_set or one from "
+                         f"add_process_set()), got {type(process_set).__name__}")
+
+
+def _on_process_set(fn: Callable) -> Callable:
+    """Run ``fn``'s core calls on its ``process_set=`` argument's communicator."""
+    sig = inspect.signature(fn)
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        ps = sig.bind_partial(*args, **kwargs).arguments.get("process_set", global_process_set)
+        _check_process_set(ps)
+        with _ps.using(ps):
+            return fn(*args, **kwargs)
+    return wrapper
+
+
+def _set_aware(cls):
+    """An autograd Function whose backward collectives run on the process set its
+    forward ran on."""
+    fwd, bwd = cls.forward, cls.backward
+
+    def forward(ctx, *args):
+        ctx.nr_process_set = _ps.current()
+        return fwd(ctx, *args)
+
+    def backward(ctx, *grads):
+        with _ps.using(ctx.nr_process_set):
+            return bwd(ctx, *grads)
+    cls.forward, cls.backward = staticmethod(forward), staticmethod(backward)
+    return cls
+
+
+def _set_root(root_rank: int, process_set: Any) -> int:
+    """Horovod names a set's broadcast root by its rank in the job."""
+    if process_set.ranks is None:
+        return root_rank
+    if root_rank not in process_set.ranks:
+        raise ValueError(f"root_rank {root_rank} is not in {process_set}")
+    return process_set.ranks.index(root_rank)
 
 
 def _scales(prescale_factor: float, postscale_factor: float) -> Dict[str, float]:
@@ -305,6 +340,7 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
     return _allreduce_async(tensor, name, op, prescale_factor, postscale_factor, inplace=True)
 
 
+@_set_aware
 class HorovodAllreduce(torch.autograd.Function):
     """All-reduce whose gradient is the all-reduce (same op and scales) of the gradient."""
 
@@ -373,6 +409,7 @@ def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale
     return _grouped_async(tensors, name, op, prescale_factor, postscale_factor, inplace=True)
 
 
+@_set_aware
 class HorovodGroupedAllreduce(torch.autograd.Function):
     @staticmethod
     def forward(ctx, name, op, prescale_factor, postscale_factor, *tensors):
@@ -417,14 +454,15 @@ def _broadcast_async(tensor, root_rank, name, inplace) -> int:
 
 def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set) -> int:
     _check_process_set(process_set)
-    return _broadcast_async(tensor, root_rank, name, inplace=False)
+    return _broadcast_async(tensor, _set_root(root_rank, process_set), name, inplace=False)
 
 
 def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set) -> int:
     _check_process_set(process_set)
-    return _broadcast_async(tensor, root_rank, name, inplace=True)
+    return _broadcast_async(tensor, _set_root(root_rank, process_set), name, inplace=True)
 
 
+@_set_aware
 class HorovodBroadcast(torch.autograd.Function):
     """Broadcast whose gradient is the averaged gradient on the root, zero elsewhere."""
 
@@ -445,7 +483,7 @@ class HorovodBroadcast(torch.autograd.Function):
 def broadcast(tensor, root_rank, name=None, process_set=global_process_set) -> torch.Tensor:
     """Return root_rank's ``tensor`` on every rank (autograd-aware)."""
     _check_process_set(process_set)
-    return HorovodBroadcast.apply(tensor, root_rank, name)
+    return HorovodBroadcast.apply(tensor, _set_root(root_rank, process_set), name)
 
 
 def broadcast_(tensor, root_rank, name=None, process_set=global_process_set) -> torch.Tensor:
@@ -480,3 +518,10 @@ def join(device: int = -1) -> int:
         return int(_nr.join())
     arrivals = _nr.allgather_object(time.time())
     return int(max(range(len(arrivals)), key=lambda r: arrivals[r]))
+
+
+for _name in ("allreduce_async", "allreduce_async_", "allreduce", "allreduce_",
+              "grouped_allreduce_async", "grouped_allreduce_async_", "grouped_allreduce",
+              "grouped_allreduce_", "broadcast_async", "broadcast_async_", "broadcast",
+              "broadcast_", "barrier"):
+    globals()[_name] = _on_process_set(globals()[_name])

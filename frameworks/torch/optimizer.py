@@ -91,7 +91,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 p.grad = p.grad.to_dense()
             else:  # Horovod's: all-gather indices and values; the handle is a function
                 from .scatter_gather import sparse_allreduce_async
-                return sparse_allreduce_async(p.grad, self._parameter_names.get(p), self.op), None
+                return sparse_allreduce_async(p.grad, self._parameter_names.get(p), self.op,
+                                              process_set=self.process_set), None
         compressed, ctx = self._compression.compress(p.grad)
         if self.op == Average:
             # Split the average: divide by the factor before the sum, multiply after;
@@ -101,7 +102,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         else:
             prescale, postscale = 1.0, 1.0
         handle = allreduce_async_(compressed, name=self._parameter_names.get(p), op=self.op,
-                                  prescale_factor=prescale, postscale_factor=postscale)
+                                  prescale_factor=prescale, postscale_factor=postscale,
+                                  process_set=self.process_set)
         return handle, ctx
 
     def _make_hook(self, p: torch.Tensor):
@@ -202,4 +204,5 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
     opt = cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step,
               op, gradient_predivide_factor)
     opt.sparse_as_dense = bool(sparse_as_dense)
+    opt.process_set = process_set
     return opt

@@ -16,7 +16,8 @@ from netreduce import api as _api
 
 from .compression import Compression
 from .mpi_ops import (_MOVABLE, _REDUCIBLE, Average, Sum, _Buf, _check_process_set,
-                      _core_handle, _Pending, _register, global_process_set,
+                      _core_handle, _on_process_set, _Pending, _register, _set_aware,
+                      global_process_set,
                       handle_average_backwards_compatibility, poll, rank, size, synchronize,
                       allreduce)
 
@@ -70,6 +71,7 @@ def _own_rows(grad: torch.Tensor, rows: int) -> torch.Tensor:
     return grad.narrow(0, offset, rows)
 
 
+@_set_aware
 class HorovodAllgather(torch.autograd.Function):
     """Allgather whose gradient is this rank's rows of the averaged gradient."""
 
@@ -90,6 +92,7 @@ def allgather(tensor, name=None, process_set=global_process_set) -> torch.Tensor
     return HorovodAllgather.apply(tensor, name)
 
 
+@_set_aware
 class HorovodGroupedAllgather(torch.autograd.Function):
     @staticmethod
     def forward(ctx, name, *tensors):
@@ -164,6 +167,7 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
     return _register(_Pending(lambda: all(poll(h) for h in pending), wait, finish))
 
 
+@_set_aware
 class HorovodAlltoall(torch.autograd.Function):
     """Alltoall whose gradient is the alltoall of the gradient with the received
     splits (Horovod's)."""
@@ -203,12 +207,13 @@ def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
     indices = allgather_async(t._indices().transpose(0, 1).contiguous(),
                               name=f"{name}.indices" if name else None)
     values = allgather_async(t._values().contiguous(), name=f"{name}.values" if name else None)
+    n = size()  # of the set this runs on, not of the thread that waits
 
     def handle():
         vals = synchronize(values)
         idx = synchronize(indices)
         if op == Average:
-            vals = vals / size()
+            vals = vals / n
         if idx.dim() == 0 or vals.dim() == 0:
             return t.new().resize_as_(t)
         return torch.sparse_coo_tensor(idx.transpose(0, 1), vals, t.size(), check_invariants=False)
@@ -264,6 +269,7 @@ def _scale_grads(ctx, grads):
     return [g * factor if factor != 1 else g for g in grads]
 
 
+@_set_aware
 class HorovodReducescatter(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, name, op, prescale_factor, postscale_factor):
@@ -288,6 +294,7 @@ def reducescatter(tensor, name=None, compression=Compression.none, op=Average,
     return compression.decompress(out, cctx)
 
 
+@_set_aware
 class HorovodGroupedReducescatter(torch.autograd.Function):
     @staticmethod
     def forward(ctx, name, op, prescale_factor, postscale_factor, *tensors):
@@ -311,3 +318,9 @@ def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=A
     outs = HorovodGroupedReducescatter.apply(name, op, prescale_factor, postscale_factor,
                                              *[p[0] for p in pairs])
     return [compression.decompress(t, c) for t, (_, c) in zip(outs, pairs)]
+
+
+for _name in ("allgather_async", "grouped_allgather_async", "allgather", "grouped_allgather",
+              "alltoall_async", "alltoall", "sparse_allreduce_async", "reducescatter_async",
+              "grouped_reducescatter_async", "reducescatter", "grouped_reducescatter"):
+    globals()[_name] = _on_process_set(globals()[_name])

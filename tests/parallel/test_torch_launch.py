@@ -17,7 +17,7 @@ from netreduce.environment import discover  # noqa: E402
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 FILES = ["test_torch.py", "test_torch_optimizer.py", "test_torch_distributed.py",
-         "test_torch_reducescatter.py", "test_torch_allgather.py"]
+         "test_torch_reducescatter.py", "test_torch_allgather.py", "test_torch_process_sets.py"]
 
 
 @pytest.mark.slow

@@ -1,0 +1,150 @@
+"""Process sets: collectives among a subset of the job's ranks (Horovod's
+``add_process_set``).
+
+Each set is a sub-job to the aggregator: its own admission (job name
+``<job>.ps<id>``, ranks numbered 0..k-1 in the set's order), its own slots and its
+own negotiation log, so that a set's collectives never line up with — or wait
+for — those of the job or of another set. Its members run one more communicator
+(negotiation and executor threads) over a flat data-plane connection; the other
+ranks hold only the set's description.
+
+Every rank of the job must call ``add_process_set`` and ``remove_process_set`` in the
+same order (as in Horovod): ids are handed out in call order, so they agree across
+ranks without any exchange.
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Any, Dict, Iterator, List, Optional, Sequence
+
+from netreduce.errors import NetReduceError
+
+
+class ProcessSet:
+    """A subset of the job's ranks (sorted); id 0 is the whole job."""
+
+    def __init__(self, ranks: Optional[Sequence[int]] = None) -> None:
+        self.ranks: Optional[List[int]] = sorted(int(r) for r in ranks) if ranks is not None \
+            else None
+        self.process_set_id: Optional[int] = None
+        self.comm: Any = None  # this rank's communicator of the set (members only)
+
+    def _job_ranks(self) -> List[int]:
+        from netreduce import api
+        return list(range(api.size())) if self.ranks is None else self.ranks
+
+    def included(self) -> bool:
+        from netreduce import api
+        return api.rank() in self._job_ranks()
+
+    def size(self) -> int:
+        return len(self._job_ranks())
+
+    def rank(self) -> int:
+        """This rank's position in the set (-1 when it is not a member)."""
+        from netreduce import api
+        ranks = self._job_ranks()
+        return ranks.index(api.rank()) if api.rank() in ranks else -1
+
+    def __repr__(self) -> str:
+        if self.process_set_id == 0:
+            return "global_process_set"
+        return f"ProcessSet(process_set_id={self.process_set_id}, ranks={self._job_ranks()})"
+
+
+global_process_set = ProcessSet()
+global_process_set.process_set_id = 0
+
+_lock = threading.Lock()
+_sets: Dict[int, ProcessSet] = {}
+_next_id = [1]
+
+
+def add_process_set(process_set: Any) -> ProcessSet:
+    """Register a set (a ProcessSet or a list of ranks) on every rank; members join
+    the set's sub-job at the aggregator (this waits until every member has)."""
+    from netreduce import api
+    ps = process_set if isinstance(process_set, ProcessSet) else ProcessSet(process_set)
+    if ps.ranks is None:
+        raise ValueError("add_process_set(): the global process set is always registered")
+    size = api.size()
+    bad = [r for r in ps.ranks if not 0 <= r < size]
+    if bad or len(set(ps.ranks)) != len(ps.ranks) or not ps.ranks:
+        raise ValueError(f"add_process_set(): ranks {ps.ranks} must be distinct ranks of "
+                         f"the job (0..{size - 1})")
+    if ps.process_set_id is not None:
+        raise ValueError(f"add_process_set(): {ps} is already registered")
+    with _lock:
+        for other in _sets.values():
+            if other.ranks == ps.ranks:
+                raise ValueError(f"add_process_set(): a process set with ranks {ps.ranks} "
+                                 f"already exists ({other})")
+        ps.process_set_id = _next_id[0]
+        _next_id[0] += 1
+        _sets[ps.process_set_id] = ps
+    if api.rank() in ps.ranks:
+        try:
+            ps.comm = api._sub_communicator(f"ps{ps.process_set_id}", ps.ranks.index(api.rank()),
+                                            len(ps.ranks))
+        except BaseException:
+            with _lock:
+                _sets.pop(ps.process_set_id, None)
+            raise
+    return ps
+
+
+def remove_process_set(process_set: ProcessSet) -> bool:
+    """Unregister a set (every rank, same order); False if it was not registered."""
+    if process_set is global_process_set or process_set.process_set_id is None:
+        return False
+    with _lock:
+        found = _sets.pop(process_set.process_set_id, None)
+    if found is None:
+        return False
+    comm, found.comm = found.comm, None
+    if comm is not None:
+        try:
+            comm.shutdown()
+        finally:
+            comm.dp.close()
+    found.process_set_id = None
+    return True
+
+
+def remove_all() -> None:
+    """At shutdown: leave every set's sub-job."""
+    for ps in list(_sets.values()):
+        remove_process_set(ps)
+    _next_id[0] = 1
+
+
+@contextlib.contextmanager
+def using(process_set: Any) -> Iterator[None]:
+    """Run the core calls inside on ``process_set``'s communicator (the global one
+    for None or global_process_set)."""
+    if process_set is None or process_set is global_process_set or \
+            getattr(process_set, "process_set_id", None) == 0:
+        yield
+        return
+    from netreduce import api
+    if not isinstance(process_set, ProcessSet) or process_set.process_set_id not in _sets:
+        raise ValueError(f"process set {process_set!r} is not registered "
+                         "(add_process_set() on every rank first)")
+    if process_set.comm is None:
+        raise NetReduceError(f"rank {api.rank()} is not a member of {process_set}: only its "
+                             "ranks may call collectives on it")
+    previous = getattr(api._tls, "comm", None), getattr(_active, "ps", None)
+    api._tls.comm, _active.ps = process_set.comm, process_set
+    try:
+        yield
+    finally:
+        api._tls.comm, _active.ps = previous
+
+
+_active = threading.local()
+
+
+def current() -> ProcessSet:
+    """The set whose communicator the calling thread is using now."""
+    return getattr(_active, "ps", None) or global_process_set
