@@ -10,7 +10,7 @@ from setuptools import find_packages, setup
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-# frameworks/<name> is installed as netreduce.<name> (DESIGN.md: thin adapters).
+# frameworks/<name> is installed as netreduce.<name> (docs/design.md: thin adapters).
 FRAMEWORKS = {
     "netreduce.torch": "frameworks/torch",
     "netreduce.tensorflow": "frameworks/tensorflow",

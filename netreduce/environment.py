@@ -1,6 +1,6 @@
 """Rank, size, local rank/size and job name, from the launcher already in use.
 
-netreduce does not ship a remote process launcher (DESIGN.md, Control plane): across
+netreduce does not ship a remote process launcher (docs/design.md, launcher and rank discovery): across
 hosts the ranks come from whatever started the processes. Each launcher leaves its
 own variables; the first family that is present wins, in this order:
 

@@ -1,6 +1,6 @@
 """Reduction ops, dtypes and the element-wise work around the wire all-reduce.
 
-The data plane only sums, mins and maxes (DESIGN.md: "Average is a post-scale on the
+The data plane only sums, mins and maxes (docs/design.md: "Average is a post-scale on the
 worker"). Everything else a user asks for is done here, on the worker, in Horovod's
 way: prescale before the sum, postscale (and 1/size for Average) after it; integers
 are scaled in float64 and cast back, float16 and bfloat16 in float32.
