@@ -94,6 +94,35 @@ def add_process_set(process_set: Any) -> ProcessSet:
     return ps
 
 
+def add_members_only(ranks: Sequence[int]) -> ProcessSet:
+    """A set created by its members alone (a torch.distributed sub-group: torch
+    creates the backend on the group's ranks only). Its sub-job is named by its
+    ranks and by how many such sets with those ranks this rank has made, which
+    every member counts alike."""
+    import hashlib
+    from netreduce import api
+    ps = ProcessSet(ranks)
+    if api.rank() not in ps.ranks:
+        raise ValueError(f"rank {api.rank()} is not in {ps.ranks}")
+    digest = hashlib.sha1(",".join(map(str, ps.ranks)).encode()).hexdigest()[:12]
+    with _lock:
+        nth = _group_counts.get(digest, 0)
+        _group_counts[digest] = nth + 1
+        ps.process_set_id = f"g{digest}.{nth}"
+        _sets[ps.process_set_id] = ps
+    try:
+        ps.comm = api._sub_communicator(ps.process_set_id, ps.ranks.index(api.rank()),
+                                        len(ps.ranks))
+    except BaseException:
+        with _lock:
+            _sets.pop(ps.process_set_id, None)
+        raise
+    return ps
+
+
+_group_counts: Dict[str, int] = {}
+
+
 def remove_process_set(process_set: ProcessSet) -> bool:
     """Unregister a set (every rank, same order); False if it was not registered."""
     if process_set is global_process_set or process_set.process_set_id is None:
@@ -117,6 +146,7 @@ def remove_all() -> None:
     for ps in list(_sets.values()):
         remove_process_set(ps)
     _next_id[0] = 1
+    _group_counts.clear()
 
 
 @contextlib.contextmanager

@@ -32,6 +32,7 @@ from torch._C._distributed_c10d import _create_work_from_future
 
 import netreduce as _nr
 from netreduce import config, environment
+from netreduce import process_sets as _ps
 from netreduce.control.address import format_address, parse_address
 
 from . import mpi_ops, scatter_gather
@@ -57,15 +58,19 @@ def _core_op(op: Any, collective: str):
 class ProcessGroupNetReduce(dist.ProcessGroup):
     """A torch ProcessGroup whose collectives are netreduce operations."""
 
-    def __init__(self, store: Any, rank: int, size: int, timeout: datetime.timedelta):
+    def __init__(self, store: Any, rank: int, size: int, timeout: datetime.timedelta,
+                 global_ranks: Any = None):
         super().__init__(rank, size)
         if not mpi_ops.is_initialized():
             mpi_ops.init()
-        if (rank, size) != (mpi_ops.rank(), mpi_ops.size()):
+        # A sub-group (new_group(ranks)) is a process set: a sub-job at the aggregator
+        self._process_set = _ps.global_process_set
+        if global_ranks and len(global_ranks) != mpi_ops.size():
+            self._process_set = _ps.add_members_only(list(global_ranks))
+        elif (rank, size) != (mpi_ops.rank(), mpi_ops.size()):
             raise ValueError(
                 f"netreduce process group: torch asked for rank {rank} of {size}, but netreduce "
-                f"runs as rank {mpi_ops.rank()} of {mpi_ops.size()}; the netreduce backend "
-                "spans the whole job only (use a gloo group for sub-groups)")
+                f"runs as rank {mpi_ops.rank()} of {mpi_ops.size()}")
         self._rank, self._size = rank, size
         self._store = store
         self._timeout = timeout
@@ -251,7 +256,10 @@ class ProcessGroupNetReduce(dist.ProcessGroup):
         # on the Work) still blocks. Running it there also orders it after the
         # collectives issued before it and keeps two barriers from being in flight
         # at once (they share one name in the core).
-        return _create_work_from_future(completer.submit([], lambda _: _nr.barrier()))
+        def arrive(_):
+            with _ps.using(self._process_set):
+                _nr.barrier()
+        return _create_work_from_future(completer.submit([], arrive))
 
     def shutdown(self) -> None:
         pass  # netreduce outlives its process groups; hvd-style shutdown() ends it
@@ -311,9 +319,34 @@ def _ensure_aggregator(store: Any, rank: int, size: int) -> None:
     config.set_for_process("NETREDUCE_JOB_SECRET", secret)
 
 
-def _create(store, rank, size, timeout):
-    _ensure_aggregator(store, rank, size)
-    return ProcessGroupNetReduce(store, rank, size, timeout)
+def _create(opts, backend_options=None):
+    """torch's extended creator API: it names the group's ranks in the job."""
+    store, rank, size = opts.store, opts.group_rank, opts.group_size
+    ranks = list(getattr(opts, "global_ranks_in_group", []) or [])
+    if not ranks:  # the default group
+        _ensure_aggregator(store, rank, size)
+    return ProcessGroupNetReduce(store, rank, size, opts.timeout, global_ranks=ranks)
+
+
+def _on_group_set(method):
+    """Run a collective's core calls on the group's process set."""
+    def wrapper(self, *args, **kwargs):
+        with _ps.using(self._process_set):
+            return method(self, *args, **kwargs)
+    wrapper.__name__ = method.__name__
+    return wrapper
+
+
+for _method in ("allreduce", "allreduce_coalesced", "reduce", "broadcast", "allgather",
+                "all_gather_single", "all_gather_single_coalesced", "reduce_scatter",
+                "reduce_scatter_single", "reduce_scatter_single_coalesced", "alltoall_base",
+                "alltoall"):
+    setattr(ProcessGroupNetReduce, _method, _on_group_set(getattr(ProcessGroupNetReduce, _method)))
+for _alias, _method in (("_allgather_base", "all_gather_single"),
+                        ("allgather_into_tensor_coalesced", "all_gather_single_coalesced"),
+                        ("_reduce_scatter_base", "reduce_scatter_single"),
+                        ("reduce_scatter_tensor_coalesced", "reduce_scatter_single_coalesced")):
+    setattr(ProcessGroupNetReduce, _alias, getattr(ProcessGroupNetReduce, _method))
 
 
 def _rendezvous(url: str, timeout: datetime.timedelta = datetime.timedelta(minutes=5),
@@ -353,5 +386,6 @@ def register() -> None:
     """Make "netreduce" a torch.distributed backend (idempotent)."""
     if not dist.is_available() or BACKEND_NAME in dist.Backend.backend_list:
         return
-    dist.Backend.register_backend(BACKEND_NAME, _create, devices=["cpu", "cuda"])
+    dist.Backend.register_backend(BACKEND_NAME, _create, extended_api=True,
+                                  devices=["cpu", "cuda"])
     dist.register_rendezvous_handler("netreduce", _rendezvous)

@@ -159,6 +159,30 @@ def test_all_to_all():
     assert [o.tolist() for o in outs] == [[float(q * size + rank)] * 2 for q in range(size)]
 
 
+def test_new_group_sub_groups():
+    """new_group(ranks) on the netreduce backend: a process set, a sub-job at the
+    aggregator; collectives see only its ranks (torch gives broadcast's src as a
+    job rank and hands the backend the group rank)."""
+    rank, size = dist.get_rank(), dist.get_world_size()
+    layouts = [[0, 1]] + ([[1, 2]] if size >= 3 else [[1]])
+    groups = [dist.new_group(ranks) for ranks in layouts]  # every rank creates every group
+    for ranks, group in zip(layouts, groups):
+        if rank not in ranks:
+            continue
+        t = torch.full((3,), float(rank + 1))
+        dist.all_reduce(t, group=group)
+        assert torch.equal(t, torch.full((3,), float(sum(r + 1 for r in ranks))))
+        b = torch.full((2,), float(rank))
+        dist.broadcast(b, src=ranks[-1], group=group)
+        assert torch.equal(b, torch.full((2,), float(ranks[-1])))
+        n, me = len(ranks), ranks.index(rank)
+        shard = torch.empty(2)
+        dist.reduce_scatter_tensor(shard, torch.arange(2 * n, dtype=torch.float32), group=group)
+        assert torch.equal(shard, torch.arange(2 * me, 2 * me + 2, dtype=torch.float32) * n)
+        dist.barrier(group=group)
+    dist.barrier()
+
+
 def test_unsupported_collectives_name_themselves():
     size = dist.get_world_size()
     with pytest.raises(NotImplementedError, match="scatter"):
