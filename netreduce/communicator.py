@@ -35,6 +35,7 @@ from netreduce.errors import (ControlPlaneError, NegotiationError, NetReduceErro
                               OperationTimeoutError, RankFailedError, ShutdownError)
 from netreduce.fusion import FusionBuffer
 from netreduce.negotiation import NegotiationClient, ResponseCache, sig_of
+from netreduce import unmatched
 from netreduce.ops import STORAGE, WIRE_DTYPE, ReduceOp, scale_into
 
 log = logging.getLogger("netreduce")
@@ -334,49 +335,14 @@ class Communicator:
             if self.name_counters.get(kind, 0) <= n:
                 self.name_counters[kind] = n + 1
 
-    # --- negotiation timeout ------------------------------------------------------------
-    def _unmatched(self) -> List[Tensor]:
-        # join() legitimately waits for the other ranks to run out of data
-        return [t for t in self._inflight.values() if t.seq < 0 and t.kind != "join"]
-
+    # --- negotiation timeout (netreduce/unmatched.py) -------------------------------
     def _next_deadline(self) -> Optional[float]:
-        """Seconds until the oldest tensor not yet negotiated reaches NETREDUCE_TIMEOUT."""
-        with self._lock:
-            if self._failure is not None:
-                return None
-            oldest = min((t.t_submit for t in self._unmatched()
-                          if self._last_reply_us > t.t_sent > 0), default=None)
-        if oldest is None:
-            return None
-        return oldest / 1e6 + self.timeout_s - time.time()
+        return unmatched.next_deadline(self)
 
     def _expire_unmatched(self) -> bool:
-        """Fail the job when a tensor has waited NETREDUCE_TIMEOUT for ranks that did
-        not submit it (they wait in another collective, or called another name):
-        without this both sides would wait for each other for ever. The error names
-        the tensor and the missing ranks, and the other ranks are told (abort), so
-        that their own waits fail now as well."""
-        now_us = tl.now_us()
-        with self._lock:
-            if self._failure is not None:
-                return False
-            # only once the aggregator has answered since the tensor went out: a
-            # silent aggregator is the ControlPlaneError's case, not this one
-            late = [t for t in self._unmatched()
-                    if now_us - t.t_submit >= self.timeout_s * 1e6
-                    and self._last_reply_us > t.t_sent > 0]
-        if not late:
+        error = unmatched.expired(self)
+        if error is None:
             return False
-        t = min(late, key=lambda x: x.t_submit)
-        missing = self._missing.get(t.name)
-        who = (f"rank{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))}"
-               if missing else "some ranks")
-        kind = "allgather" if t.kind == "allgatherv" else t.kind
-        error = NegotiationError(
-            f"rank {self.rank}: {kind} of tensor '{t.name}' was not submitted by {who} of "
-            f"job '{self.job}' within NETREDUCE_TIMEOUT={self.timeout_s:g} s (are they "
-            "waiting in a different collective? every rank must submit the same "
-            "collectives and names); the job is stopped")
         self._report_local_failure(error)
         return True
 
