@@ -251,3 +251,77 @@ def test_reducescatter_owner_delivery_sends_each_rank_its_shard(ranks):
 for _name, _fn in list(globals().items()):
     if _name.startswith("test_") and "owner_delivery" not in _name:
         globals()[_name] = only_when_launched(_fn)
+
+
+# --- side by side with Horovod 0.28.1 ------------------------------------------------------
+_SAME_AS_HOROVOD = """
+import json, os, torch
+if os.environ.get("USE_HOROVOD") == "1":
+    import horovod.torch as hvd
+else:
+    import netreduce.torch as hvd
+hvd.init()
+r, n = hvd.rank(), hvd.size()
+out = {}
+x = torch.arange(5 * 2, dtype=torch.float32).reshape(5, 2) + r
+out["rs_sum"] = hvd.reducescatter(x, op=hvd.Sum).tolist()
+out["rs_avg_int"] = hvd.reducescatter(torch.ones(7, dtype=torch.int32) * (r + 1)).tolist()
+out["rs_scaled"] = hvd.reducescatter(torch.ones(4, dtype=torch.float64), op=hvd.Sum,
+                                     prescale_factor=2.0, postscale_factor=0.25).tolist()
+out["grouped"] = [t.tolist() for t in hvd.grouped_reducescatter([torch.ones(3), torch.ones(2, 2)],
+                                                                 op=hvd.Sum)]
+for op in ("Sum", "Average"):
+    g = torch.ones(4, 3, requires_grad=True)
+    y = hvd.reducescatter(g, op=getattr(hvd, op))
+    (y * (r + 1)).sum().backward()
+    out["rs_grad_" + op] = g.grad.tolist()
+a = torch.ones(r + 1, 2, requires_grad=True)
+y = hvd.allgather(a)
+(y * torch.arange(y.shape[0]).unsqueeze(1)).sum().backward()
+out["ag"] = y.tolist()
+out["ag_grad"] = a.grad.tolist()
+splits = torch.tensor([1 + (q + r) % 2 for q in range(n)], dtype=torch.int32)
+t = torch.arange(int(splits.sum()), dtype=torch.float32) + 10 * r
+o, rs = hvd.alltoall(t, splits=splits)
+out["a2a"] = [o.tolist(), rs.tolist()]
+try:
+    hvd.reducescatter(torch.tensor(1.0))
+except ValueError as e:
+    out["rs_scalar"] = str(e)
+print("SAME " + json.dumps({"rank": r, "out": out}), flush=True)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(LAUNCHED, reason="starts its own jobs")
+def test_reducescatter_allgather_alltoall_match_horovod():
+    """The same script under horovodrun (Horovod 0.28.1-gloo) and netreduce-run,
+    2 ranks: every value, shape, gradient and the scalar error text agree."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from tests.peers import require_horovodrun
+    horovodrun = require_horovodrun()
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, OMP_NUM_THREADS="1", NETREDUCE_TIMEOUT="30",
+               PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
+
+    def run(cmd, extra):
+        proc = subprocess.run(cmd, cwd=root, env=dict(env, **extra), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, timeout=240)
+        assert proc.returncode == 0, proc.stdout[-4000:]
+        got = {}
+        for line in proc.stdout.splitlines():
+            if "SAME " in line:
+                rec = json.loads(line.split("SAME ", 1)[1])
+                got[rec["rank"]] = rec["out"]
+        assert sorted(got) == [0, 1], proc.stdout[-3000:]
+        return got
+    horovod = run([horovodrun, "-np", "2", "--gloo", "-H", "localhost:2",
+                   sys.executable, "-c", _SAME_AS_HOROVOD], {"USE_HOROVOD": "1"})
+    ours = run([sys.executable, "-m", "netreduce.launcher", "-np", "2", "--",
+                sys.executable, "-c", _SAME_AS_HOROVOD], {})
+    for rank in (0, 1):
+        for key, value in horovod[rank].items():
+            assert ours[rank].get(key) == value, (rank, key, ours[rank].get(key), value)
