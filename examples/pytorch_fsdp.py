@@ -14,6 +14,8 @@ parameters (rank 0) so that a run can be compared with a gloo run.
 import argparse
 import hashlib
 import os
+import statistics
+import time
 import sys
 
 import torch
@@ -94,13 +96,15 @@ def main() -> int:
     model = wrap(TinyTransformer(), args.fsdp2)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
 
-    losses = []
+    losses, step_s = [], []
     for step in range(args.steps):
+        t0 = time.perf_counter()
         tokens, target = batch(step, rank, size, args.batch_size)
         optimizer.zero_grad()
         loss = F.cross_entropy(model(tokens).reshape(-1, VOCAB), target.reshape(-1))
         loss.backward()
         optimizer.step()
+        step_s.append(time.perf_counter() - t0)
         mean = loss.detach().clone()
         dist.all_reduce(mean)
         losses.append(mean.item() / size)
@@ -114,7 +118,9 @@ def main() -> int:
         kind = "fully_shard" if args.fsdp2 else "FSDP"
         print(f"[{kind} on {args.backend}, {size} ranks] loss {losses[0]:.4f} -> "
               f"{losses[-1]:.4f} ({'fell' if fell else 'DID NOT FALL'}); parameters "
-              f"{digest.hexdigest()[:16]}", flush=True)
+              f"{digest.hexdigest()[:16]}; median step "
+              f"{statistics.median(step_s[1:] or step_s) * 1e3:.1f} ms",
+              flush=True)
         if args.backend == "netreduce":  # what went through the aggregator
             calls = netreduce.api._communicator().name_counters
             print(f"netreduce collectives: {calls.get('reducescatter', 0)} reduce-scatters, "
