@@ -311,6 +311,7 @@ Status Engine::Run(Request& req) {
   // spurious-resend samples raise it then, and the stall rule below keeps what
   // fires anyway to one packet per backed-off timeout.
   const int64_t timeout_us = int64_t(cfg_.timeout_s * 1e6);
+  const uint64_t retransmits_at_start = retransmits_;  // the timeout error counts this operation's
   // Per lane: last completion (progress), its chunk, no timeout probe before next_probe.
   std::vector<int64_t> lane_progress(cfg_.threads, 0), next_probe(cfg_.threads, 0);
   std::vector<int64_t> lane_last_seq(cfg_.threads, -1);
@@ -592,7 +593,8 @@ Status Engine::Run(Request& req) {
       if (t.chunk < 0 || t.deadline_us > now) continue;
       if (now - t.first_send_us >= timeout_us) {
         return Timeout("no result from the aggregator within " + std::to_string(cfg_.timeout_s) +
-                       " s (" + std::to_string(t.retries) + " retransmissions) at " + Where(s) +
+                       " s (" + std::to_string(retransmits_ - retransmits_at_start) +
+                       " retransmissions) at " + Where(s) +
                        ", chunk " + std::to_string(t.chunk) + " of " + std::to_string(nchunks) +
                        "; is netreduce-switch running there and are all ranks alive?");
       }

@@ -14,9 +14,13 @@ import subprocess
 import sys
 import uuid
 
+import numpy as np
 import pytest
 
 from benchmarks import loss
+from netreduce import dataplane
+from netreduce.control.client import ControlClient
+from netreduce.errors import DataPlaneError
 from netreduce.switch import spawn
 from tests.parallel.ranks import run_ranks
 
@@ -54,6 +58,25 @@ def test_lossless_runs_resend_little():
         stats = _run(sw.address, 0.0, 6000, seed=7)
     assert stats["dropped_by_knob"] == 0
     assert stats["retransmits"] <= 0.1 * stats["packets_sent"], stats
+
+
+def test_a_stalled_rank_costs_one_probe_per_doubling():
+    # Rank 1 registers and never sends: rank 0's whole window (8 MB is ~120 chunks, 32
+    # slots outstanding) waits. Nothing completes, so only the oldest chunk is resent,
+    # once per doubled timeout (5 ms before any sample: ~8 in 1.5 s) -- not every slot
+    # at every expiry (32 per doubling), and none of them counted as loss evidence.
+    job = "stall-" + uuid.uuid4().hex[:6]
+    with spawn() as sw, ControlClient(sw.address) as ghost:
+        ghost.call("register", job=job, rank=1, size=2)
+        with dataplane.connect(sw.address, job, 0, 2, timeout=1.5) as conn:
+            with pytest.raises(DataPlaneError, match="no result from the aggregator") as info:
+                conn.allreduce(np.ones(2_000_000, np.float32))
+            stats = conn.stats()
+    # The error counts the operation's resends, not those of the slot it names.
+    assert f"({stats['retransmits']} retransmissions)" in str(info.value)
+    assert stats["fast_retransmits"] == 0, stats
+    assert stats["retransmits"] == stats["timeout_probes"], stats
+    assert 3 <= stats["retransmits"] <= 16, stats
 
 
 @contextlib.contextmanager
