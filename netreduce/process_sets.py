@@ -76,8 +76,8 @@ def add_process_set(process_set: Any) -> ProcessSet:
     if ps.process_set_id is not None:
         raise ValueError(f"add_process_set(): {ps} is already registered")
     with _lock:
-        for other in _sets.values():
-            if other.ranks == ps.ranks:
+        for other in _sets.values():  # torch sub-groups (string ids) may share ranks
+            if isinstance(other.process_set_id, int) and other.ranks == ps.ranks:
                 raise ValueError(f"add_process_set(): a process set with ranks {ps.ranks} "
                                  f"already exists ({other})")
         ps.process_set_id = _next_id[0]
