@@ -16,6 +16,9 @@ from typing import Any, List, Optional, Sequence
 import mxnet as mx
 
 import netreduce as _nr
+from netreduce.horovod_queries import (  # noqa: F401  Horovod's process queries
+    shutdown, is_initialized, rank, size, local_rank, local_size, cross_rank,
+    cross_size, mpi_built, gloo_built, nccl_built, rocm_built)
 
 from .buffers import HostBuffer
 
@@ -68,56 +71,8 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
     _nr.init()
 
 
-def shutdown() -> None:
-    _nr.shutdown()
-
-
-def is_initialized() -> bool:
-    return _nr.is_initialized()
-
-
-def rank() -> int:
-    return _nr.rank()
-
-
-def size() -> int:
-    return _nr.size()
-
-
-def local_rank() -> int:
-    return _nr.local_rank()
-
-
-def local_size() -> int:
-    return _nr.local_size()
-
-
-def cross_rank() -> int:
-    return rank() // local_size()
-
-
-def cross_size() -> int:
-    return (size() + local_size() - 1) // local_size()
-
-
-def mpi_built() -> bool:
-    return False
-
-
-def gloo_built() -> bool:
-    return False
-
-
-def nccl_built() -> int:
-    return 0
-
-
 def cuda_built() -> bool:
     return mx.context.num_gpus() > 0
-
-
-def rocm_built() -> bool:
-    return False
 
 
 def barrier(process_set=global_process_set) -> None:

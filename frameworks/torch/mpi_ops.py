@@ -20,6 +20,9 @@ import numpy as np
 import torch
 
 import netreduce as _nr
+from netreduce.horovod_queries import (  # noqa: F401  Horovod's process queries
+    shutdown, is_initialized, rank, size, local_rank, local_size, cross_rank,
+    cross_size, is_homogeneous, mpi_built, gloo_built, nccl_built, rocm_built)
 from netreduce import process_sets as _ps
 
 from .compression import Compression
@@ -77,60 +80,8 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
             add_process_set(ps)
 
 
-def shutdown() -> None:
-    _nr.shutdown()
-
-
-def is_initialized() -> bool:
-    return _nr.is_initialized()
-
-
-def rank() -> int:
-    return _nr.rank()
-
-
-def size() -> int:
-    return _nr.size()
-
-
-def local_rank() -> int:
-    return _nr.local_rank()
-
-
-def local_size() -> int:
-    return _nr.local_size()
-
-
-def cross_rank() -> int:
-    return rank() // local_size()
-
-
-def cross_size() -> int:
-    return (size() + local_size() - 1) // local_size()
-
-
-def is_homogeneous() -> bool:
-    return True
-
-
-def mpi_built() -> bool:
-    return False
-
-
-def gloo_built() -> bool:
-    return False
-
-
-def nccl_built() -> int:
-    return 0
-
-
 def cuda_built() -> bool:
     return torch.cuda.is_available()
-
-
-def rocm_built() -> bool:
-    return False
 
 
 # --- handles ---------------------------------------------------------------------
