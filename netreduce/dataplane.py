@@ -52,6 +52,27 @@ def _check_array(array: Any, what: str) -> np.ndarray:
     return array
 
 
+def check_reduction(src: Any, dst: Any, op: str, dtype: Optional[str],
+                    reducer: str) -> Tuple[np.ndarray, np.ndarray, str]:
+    """The arguments of one reduction, checked before anything is sent: returns
+    (src, dst, dtype name) with ``dst`` = ``src`` for an in-place reduction.
+    ``reducer`` names who reduces in the op error ("the aggregator", "netreduce")."""
+    src = _check_array(src, "source array")
+    name = dtype_name(src, dtype)
+    if dst is None:
+        dst = src
+    else:
+        dst = _check_array(dst, "destination array")
+        if dst.dtype != src.dtype or dst.nbytes != src.nbytes:
+            raise ValueError(f"destination ({dst.dtype}, {dst.nbytes} B) does not match "
+                             f"source ({src.dtype}, {src.nbytes} B)")
+    if op not in OPS:
+        raise ValueError(f"unsupported op {op!r}; {reducer} does {', '.join(OPS)}")
+    if not dst.flags.writeable:
+        raise ValueError("destination array is read-only")
+    return src, dst, name
+
+
 def _translate(exc: Exception, where: str) -> Exception:
     if isinstance(exc, ValueError):
         return exc
@@ -214,19 +235,7 @@ class Connection:
         ``owner`` >= 0: a reduce-scatter shard, whose sum only rank ``owner``
         receives (the aggregator sends the others completion notices; their ``dst``
         is left as it was)."""
-        src = _check_array(src, "source array")
-        name = dtype_name(src, dtype)
-        if dst is None:
-            dst = src
-        else:
-            dst = _check_array(dst, "destination array")
-            if dst.dtype != src.dtype or dst.nbytes != src.nbytes:
-                raise ValueError(f"destination ({dst.dtype}, {dst.nbytes} B) does not match "
-                                 f"source ({src.dtype}, {src.nbytes} B)")
-        if op not in OPS:
-            raise ValueError(f"unsupported op {op!r}; the aggregator does {', '.join(OPS)}")
-        if not dst.flags.writeable:
-            raise ValueError("destination array is read-only")
+        src, dst, name = check_reduction(src, dst, op, dtype, "the aggregator")
         engine = self._live()
         try:
             req = (engine.submit(src, dst, _native.DTYPES[name], _native.OPS[op], owner)

@@ -18,7 +18,7 @@ from typing import Any, Callable, Dict, List, Optional
 import numpy as np
 
 from netreduce import _native
-from netreduce.dataplane import OPS, _check_array, dtype_name
+from netreduce.dataplane import check_reduction
 from netreduce.errors import DataPlaneError, RankFailedError
 from netreduce.topology import Layout
 
@@ -98,19 +98,7 @@ class Hierarchical:
     # -- the Algorithm interface ---------------------------------------------------
     def allreduce(self, src: np.ndarray, dst: Optional[np.ndarray] = None, op: str = "sum",
                   dtype: Optional[str] = None) -> np.ndarray:
-        src = _check_array(src, "source array")
-        name = dtype_name(src, dtype)
-        if dst is None:
-            dst = src
-        else:
-            dst = _check_array(dst, "destination array")
-            if dst.dtype != src.dtype or dst.nbytes != src.nbytes:
-                raise ValueError(f"destination ({dst.dtype}, {dst.nbytes} B) does not match "
-                                 f"source ({src.dtype}, {src.nbytes} B)")
-        if op not in OPS:
-            raise ValueError(f"unsupported op {op!r}; netreduce does {', '.join(OPS)}")
-        if not dst.flags.writeable:
-            raise ValueError("destination array is read-only")
+        src, dst, name = check_reduction(src, dst, op, dtype, "netreduce")
         native = self._live()
         try:
             with self._lock:
