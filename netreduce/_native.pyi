@@ -5,7 +5,7 @@ netreduce.dataplane (connect(address, job, rank, size) -> Connection) instead.""
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 DTYPES: Dict[str, int]  # float32, float64, float16, bfloat16, int32, int64 -> wire code
-OPS: Dict[str, int]     # sum, min, max -> wire code
+OPS: Dict[str, int]     # sum, min, max, product -> wire code
 DEFAULT_PORT: int
 MAX_PAYLOAD: int
 ROCE_MAX_PAYLOAD: int

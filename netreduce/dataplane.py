@@ -24,7 +24,7 @@ _NUMPY_DTYPES = {
     np.dtype(np.int32): "int32",
     np.dtype(np.int64): "int64",
 }
-OPS = ("sum", "min", "max")
+OPS = ("sum", "min", "max", "product")
 
 
 def dtype_name(array: np.ndarray, dtype: Optional[str] = None) -> str:

@@ -1,7 +1,7 @@
 """Reduction ops, dtypes and the element-wise work around the wire all-reduce.
 
-The data plane only sums, mins and maxes (docs/design.md: "Average is a post-scale on the
-worker"). Everything else a user asks for is done here, on the worker, in Horovod's
+The data plane sums, mins, maxes and multiplies (docs/design.md: "Average is a post-scale
+on the worker"). Everything else a user asks for is done here, on the worker, in Horovod's
 way: prescale before the sum, postscale (and 1/size for Average) after it; integers
 are scaled in float64 and cast back, float16 and bfloat16 in float32.
 """
@@ -26,11 +26,13 @@ class ReduceOp(enum.Enum):
 
     @property
     def wire(self) -> str:
-        """The data-plane op: Average is a Sum followed by a division on the worker."""
-        if self in (ReduceOp.Product, ReduceOp.Adasum):
+        """The data-plane op: Average is a Sum followed by a division on the worker.
+        Adasum (a pairwise, norm-dependent combination, not an element-wise slot op)
+        is refused."""
+        if self is ReduceOp.Adasum:
             raise NotImplementedError(
                 f"ReduceOp.{self.name} is not supported by netreduce: the aggregator "
-                "implements sum, min and max (Average = sum / size)")
+                "implements sum, min, max and product (Average = sum / size)")
         return "sum" if self is ReduceOp.Average else self.value
 
 
@@ -66,7 +68,7 @@ def as_op(op) -> ReduceOp:
     else:
         raise TypeError(f"op must be a netreduce.ReduceOp, its name or Horovod's integer "
                         f"value, got {type(op).__name__}")
-    result.wire  # raises NotImplementedError for Product / Adasum
+    result.wire  # raises NotImplementedError for Adasum
     return result
 
 

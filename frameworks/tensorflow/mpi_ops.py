@@ -40,7 +40,7 @@ from .buffers import allgather_array, broadcast_arrays, reduce_arrays
 from .compression import Compression
 
 Average, Sum, Min, Max = _nr.Average, _nr.Sum, _nr.Min, _nr.Max
-Adasum, Product = _nr.Adasum, _nr.Product  # refused by the core with the reason
+Adasum, Product = _nr.Adasum, _nr.Product  # Adasum is refused by the core with the reason
 ReduceOp = _nr.ReduceOp
 NetReduceError = _nr.NetReduceError
 HorovodInternalError = NetReduceError  # the name Horovod code catches

@@ -187,7 +187,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
     so isinstance checks and learning-rate schedulers keep working."""
     _check_process_set(process_set)
     try:
-        # Horovod's integer values and names are accepted; Adasum and Product are
+        # Horovod's integer values and names are accepted; Adasum is
         # refused here, not by the first gradient hook in the middle of backward.
         op = as_op(op)
     except NotImplementedError as exc:

@@ -6,7 +6,7 @@ whose collectives go through the aggregator. Every collective is issued asynchro
 and returns a ``Work`` backed by a torch future, which DDP's reducer needs to overlap
 gradient communication with backward.
 
-Supported: allreduce (SUM, AVG, MIN, MAX), allreduce_coalesced, broadcast, allgather,
+Supported: allreduce (SUM, AVG, MIN, MAX, PRODUCT), allreduce_coalesced, broadcast, allgather,
 all_gather_into_tensor, reduce_scatter, reduce_scatter_tensor (the core's reduce-scatter),
 all_to_all(_single) (relayed as all-gathers), reduce (as an allreduce), barrier; enough
 for FSDP (examples/pytorch_fsdp.py). Everything else raises
@@ -47,12 +47,13 @@ def _core_op(op: Any, collective: str):
     for torch_op, core_op in ((dist.ReduceOp.SUM, mpi_ops.Sum),
                               (dist.ReduceOp.AVG, mpi_ops.Average),
                               (dist.ReduceOp.MIN, mpi_ops.Min),
-                              (dist.ReduceOp.MAX, mpi_ops.Max)):
+                              (dist.ReduceOp.MAX, mpi_ops.Max),
+                              (dist.ReduceOp.PRODUCT, mpi_ops.Product)):
         if op == torch_op:
             return core_op
     name = str(getattr(op, "op", op)).rpartition(".")[2]  # ReduceOp.op is a RedOpType
     raise NotImplementedError(f"netreduce process group: {collective} with reduce op {name} is "
-                              "not supported (SUM, AVG, MIN and MAX are)")
+                              "not supported (SUM, AVG, MIN, MAX and PRODUCT are)")
 
 
 class ProcessGroupNetReduce(dist.ProcessGroup):

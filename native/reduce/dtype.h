@@ -9,8 +9,9 @@ namespace netreduce {
 
 enum class DType : uint8_t { kF32 = 0, kF64 = 1, kF16 = 2, kBF16 = 3, kI32 = 4, kI64 = 5 };
 constexpr int kNumDTypes = 6;
-enum class Op : uint8_t { kSum = 0, kMin = 1, kMax = 2 };
-constexpr int kNumOps = 3;
+// Op codes fill the wire's 2-bit field: every value is a valid op (docs/protocol.md).
+enum class Op : uint8_t { kSum = 0, kMin = 1, kMax = 2, kProduct = 3 };
+constexpr int kNumOps = 4;
 
 inline bool ValidDType(uint8_t d) { return d < kNumDTypes; }
 inline bool ValidOp(uint8_t o) { return o < kNumOps; }

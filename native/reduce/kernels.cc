@@ -4,6 +4,7 @@
 // -march=native and still uses AVX2 where the CPU has it.
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 #include "reduce/dtype.h"
 
@@ -79,13 +80,26 @@ inline uint16_t FloatToBf16(float f) {
 }
 
 // ---- loop templates, inlined into each ISA's entry point --------------------
+// Integer products wrap modulo 2^bits, as numpy's and Horovod's do; multiplying in
+// the unsigned type gives that without signed overflow (undefined behaviour).
+template <typename T>
+__attribute__((always_inline)) inline T Multiply(T a, T b) {
+  if constexpr (std::is_integral<T>::value) {
+    using U = typename std::make_unsigned<T>::type;
+    return T(U(a) * U(b));
+  } else {
+    return a * b;
+  }
+}
+
 template <typename T, Op kOp>
 __attribute__((always_inline)) inline void Combine(T* __restrict acc, const T* __restrict in,
                                                    size_t n) {
   for (size_t i = 0; i < n; ++i) {
     if (kOp == Op::kSum) acc[i] += in[i];
     else if (kOp == Op::kMin) acc[i] = in[i] < acc[i] ? in[i] : acc[i];
-    else acc[i] = in[i] > acc[i] ? in[i] : acc[i];
+    else if (kOp == Op::kMax) acc[i] = in[i] > acc[i] ? in[i] : acc[i];
+    else acc[i] = Multiply(acc[i], in[i]);
   }
 }
 
@@ -95,6 +109,7 @@ __attribute__((always_inline)) inline void CombineOp(Op op, T* acc, const T* in,
     case Op::kSum: Combine<T, Op::kSum>(acc, in, n); break;
     case Op::kMin: Combine<T, Op::kMin>(acc, in, n); break;
     case Op::kMax: Combine<T, Op::kMax>(acc, in, n); break;
+    case Op::kProduct: Combine<T, Op::kProduct>(acc, in, n); break;
   }
 }
 
@@ -108,7 +123,8 @@ __attribute__((always_inline)) inline void CombineWidenBf16(float* __restrict ac
     std::memcpy(&v, &bits, 4);
     if (kOp == Op::kSum) acc[i] += v;
     else if (kOp == Op::kMin) acc[i] = v < acc[i] ? v : acc[i];
-    else acc[i] = v > acc[i] ? v : acc[i];
+    else if (kOp == Op::kMax) acc[i] = v > acc[i] ? v : acc[i];
+    else acc[i] *= v;
   }
 }
 
@@ -141,8 +157,10 @@ __attribute__((always_inline)) inline void AccumulateGeneric(DType d, Op op, voi
         CombineWidenBf16<Op::kSum>(a, s, n);
       } else if (op == Op::kMin) {
         CombineWidenBf16<Op::kMin>(a, s, n);
-      } else {
+      } else if (op == Op::kMax) {
         CombineWidenBf16<Op::kMax>(a, s, n);
+      } else {
+        CombineWidenBf16<Op::kProduct>(a, s, n);
       }
       return;
     }
@@ -154,7 +172,8 @@ __attribute__((always_inline)) inline void AccumulateGeneric(DType d, Op op, voi
         if (first) a[i] = v;
         else if (op == Op::kSum) a[i] += v;
         else if (op == Op::kMin) a[i] = v < a[i] ? v : a[i];
-        else a[i] = v > a[i] ? v : a[i];
+        else if (op == Op::kMax) a[i] = v > a[i] ? v : a[i];
+        else a[i] *= v;
       }
       return;
     }
@@ -179,7 +198,8 @@ __attribute__((target("avx2,f16c,fma"))) void AccumulateAvx2(DType d, Op op, voi
         __m256 cur = _mm256_loadu_ps(a + i);
         if (op == Op::kSum) v = _mm256_add_ps(cur, v);
         else if (op == Op::kMin) v = _mm256_min_ps(v, cur);
-        else v = _mm256_max_ps(v, cur);
+        else if (op == Op::kMax) v = _mm256_max_ps(v, cur);
+        else v = _mm256_mul_ps(cur, v);
       }
       _mm256_storeu_ps(a + i, v);
     }
@@ -252,7 +272,7 @@ const char* DTypeName(DType d) {
   return ValidDType(uint8_t(d)) ? kNames[int(d)] : "unknown";
 }
 const char* OpName(Op o) {
-  static const char* kNames[] = {"sum", "min", "max"};
+  static const char* kNames[] = {"sum", "min", "max", "product"};
   return ValidOp(uint8_t(o)) ? kNames[int(o)] : "unknown";
 }
 

@@ -71,6 +71,37 @@ def test_allreduce_min_max(op, fn):
         assert torch.equal(result, fn(every, dim=0).values), (op, dtype, dim)
 
 
+def _factors(dim, dtype, seed):
+    """Horovod's test_horovod_allreduce_product data is random integers; small ones
+    keep a product over 3 ranks exact in float16 and inside int32."""
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(-9, 10, [17] * dim, generator=gen).to(dtype)
+
+
+def test_allreduce_product():
+    size, rank = hvd.size(), hvd.rank()
+    for dtype, dim in itertools.product(DTYPES, DIMS):
+        every = torch.stack([_factors(dim, dtype, seed=200 + r) for r in range(size)])
+        result = hvd.allreduce(every[rank].clone(), op=hvd.Product, name=f"prod.{dtype}.{dim}")
+        assert result.dtype == dtype and result.shape == every[rank].shape
+        assert torch.equal(result, torch.prod(every, dim=0)), (dtype, dim)
+
+
+def test_allreduce_product_async_fused_and_integer_op():
+    """Fused async submissions (Horovod's op value 5 is Product): poll() is False until
+    the last rank has submitted, every tensor gets its own product."""
+    size, rank = hvd.size(), hvd.rank()
+    if rank != 0:
+        time.sleep(0.5)  # rank 0's polls see its handles still pending
+    tensors = [torch.full((5 + i,), float(rank + 1)) for i in range(4)]
+    handles = [hvd.allreduce_async(t, op=5, name=f"prod.async.{i}") for i, t in enumerate(tensors)]
+    if rank == 0:
+        assert not all(hvd.poll(h) for h in handles), "poll() True before the others submitted"
+    expected = float(np.prod(np.arange(1, size + 1)))
+    for i, h in enumerate(handles):
+        assert torch.all(hvd.synchronize(h) == expected), i
+
+
 def test_allreduce_horovod_integer_ops():
     """Code written against horovod.torch may pass its integer op values."""
     rank, size = hvd.rank(), hvd.size()

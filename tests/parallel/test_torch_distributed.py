@@ -45,6 +45,16 @@ def test_allreduce_ops():
             assert torch.all(tensor == expected), (dtype, op)
 
 
+def test_allreduce_product():
+    """ReduceOp.PRODUCT is the aggregator's product slot op, as gloo computes it."""
+    rank, size = dist.get_rank(), dist.get_world_size()
+    for dtype in (torch.float32, torch.float64, torch.float16, torch.int32, torch.int64):
+        tensor = torch.full((33,), rank + 2, dtype=dtype)
+        dist.all_reduce(tensor, op=dist.ReduceOp.PRODUCT)
+        expected = torch.prod(torch.arange(2, size + 2, dtype=torch.float64))
+        assert torch.all(tensor.double() == expected), dtype
+
+
 def test_async_work_and_future():
     rank, size = dist.get_rank(), dist.get_world_size()
     tensors = [torch.full((1000,), float(rank + i)) for i in range(4)]
@@ -187,8 +197,8 @@ def test_unsupported_collectives_name_themselves():
     size = dist.get_world_size()
     with pytest.raises(NotImplementedError, match="scatter"):
         dist.scatter(torch.empty(2), [torch.ones(2)] * size if dist.get_rank() == 0 else None)
-    with pytest.raises(NotImplementedError, match="PRODUCT|reduce op"):
-        dist.all_reduce(torch.ones(2), op=dist.ReduceOp.PRODUCT)
+    with pytest.raises(NotImplementedError, match="BAND|reduce op"):
+        dist.all_reduce(torch.ones(2, dtype=torch.int32), op=dist.ReduceOp.BAND)
 
 
 def _model():

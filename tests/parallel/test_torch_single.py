@@ -82,13 +82,13 @@ def test_distributed_optimizer_is_the_wrapped_class(hvd):
     hvd.broadcast_parameters(model.state_dict(), 0)
 
 
-@pytest.mark.parametrize("op", ["Adasum", "Product", 2, 5])
+@pytest.mark.parametrize("op", ["Adasum", 2])
 def test_distributed_optimizer_refuses_unsupported_op_at_construction(hvd, op):
     """Not inside the first backward's gradient hook, where Horovod code would meet it."""
     model = torch.nn.Linear(3, 2)
     op = getattr(hvd, op) if isinstance(op, str) else op
     with pytest.raises(NotImplementedError,
-                       match=r"DistributedOptimizer\(op=.*(Adasum|Product) is not supported"):
+                       match=r"DistributedOptimizer\(op=.*Adasum is not supported"):
         hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                  named_parameters=model.named_parameters(), op=op)
 
