@@ -70,6 +70,25 @@ def init() -> None:
         connect = _connect
         if connect is None:
             from netreduce.dataplane import connect
+        from netreduce import job_paths
+        if topo.size > 1 and job_paths.enabled(knobs):
+            # A standby or FALLBACK=host: rank 0 serves negotiation and the job's
+            # rendezvous; the data path may change under the communicator (failover.py).
+            started = job_paths.start(topo, knobs, connect)
+            try:
+                comm = Communicator(rank=topo.rank, size=topo.size, job=topo.job,
+                                    address=started.address, dataplane=started.algorithm,
+                                    knobs=knobs)
+            except BaseException:
+                started.algorithm.close()
+                started.stop()
+                raise
+            comm.topology = topo
+            _g.comm, _g.topology, _g.switch = comm, topo, started
+            if not _g.atexit_registered:
+                atexit.register(shutdown)
+                _g.atexit_registered = True
+            return
         dp = None
         try:
             dp = connect(address, job=topo.job, rank=topo.rank, size=topo.size,

@@ -58,6 +58,28 @@ declare("NETREDUCE_WINDOW", int, 0,
         "slots a worker keeps outstanding; 0 = all the slots the aggregator grants")
 
 
+def _fallback(text: str) -> str:
+    low = text.strip().lower()
+    if low not in ("error", "host"):
+        raise ValueError(f"expected error or host, got {text!r}")
+    return low
+
+
+_fallback.__name__ = "error|host"
+declare("NETREDUCE_FALLBACK", _fallback, "error",
+        "when no aggregator admits the job at start (refused: full, memory limit; or "
+        "unreachable) or the last one dies mid-job: error = fail with a clear error, host = "
+        "all-reduce among the workers themselves (each hosts an in-process aggregator)")
+declare("NETREDUCE_STANDBY_SWITCH", str, "",
+        "standby aggregator(s) HOST[:PORT], comma-separated, tried in order when the "
+        "NETREDUCE_SWITCH path refuses the job or dies mid-job; may name the primary itself "
+        "(a restarted daemon is taken back); empty = no standby")
+declare("NETREDUCE_RENDEZVOUS", str, "",
+        "HOST:PORT where rank 0 serves the job's rendezvous and negotiation when failover is on "
+        "(a standby or FALLBACK=host), independent of the aggregators; empty = MASTER_ADDR and "
+        "MASTER_PORT+1 from the launcher")
+
+
 def _bytes(text: str) -> int:
     """Byte count with an optional K/M/G suffix (powers of 1024): '64M', '1048576'."""
     low = text.strip().lower().rstrip("b").rstrip("i")

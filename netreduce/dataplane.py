@@ -262,6 +262,11 @@ class Connection:
         """The engine's counters, and the job's payload_bytes (payload_reason says why)."""
         return dict(self._live().stats(), payload_bytes=self.payload_bytes)
 
+    def control_socket(self) -> socket.socket:
+        """The control connection's socket, for watching (never reading): the
+        aggregator closing it means it stopped or died (netreduce/failover.py)."""
+        return self._control._sock
+
     def counters(self) -> Dict[str, Any]:
         """The aggregator's counters (global and per job)."""
         self._live()

@@ -1,0 +1,201 @@
+"""Failover and degraded mode (issue 14), real daemons and rank processes on loopback.
+
+* admission: an unreachable or refusing aggregator with NETREDUCE_FALLBACK=host runs
+  the job on the host all-reduce (every rank, exact); with =error every rank gets an
+  error naming the aggregator and the refusal;
+* mid-job: the aggregator SIGKILLed inside a multi-chunk all-reduce, the job goes on
+  on a standby, on the same daemon restarted, or on the host all-reduce; every
+  result bit-identical to numpy and identical across ranks, and at least one rank
+  did hold partial in-place results when the path died;
+* no path left: every rank fails with an error naming the dead aggregator;
+* a Horovod-API torch training loop keeps going across the kill.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from typing import Callable, Dict, List, Optional
+
+import pytest
+
+from netreduce.process import free_tcp_port
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+WORKER = os.path.join(HERE, "failover_worker.py")
+pytestmark = pytest.mark.slow
+
+
+def spawn_switch(port: int = 0, *extra: str):
+    from netreduce.switch import spawn
+    return spawn(host="127.0.0.1", port=port, extra_args=list(extra))
+
+
+def closed_port() -> int:
+    return free_tcp_port()  # nothing listens there once the probe socket closed
+
+
+def launch(tmp_path, n: int, env_extra: Dict[str, str], mode: str = "exact", steps: int = 12,
+           on_mark: Optional[Callable[[], None]] = None, timeout: float = 240,
+           kill_delay: float = 0.01) -> List[dict]:
+    mark = str(tmp_path / f"mark-{uuid.uuid4().hex[:6]}")
+    job = "fo-" + uuid.uuid4().hex[:8]
+    rv = f"127.0.0.1:{free_tcp_port()}"
+    procs = []
+    for r in range(n):
+        env = dict(os.environ, NETREDUCE_JOB=job, NETREDUCE_RANK=str(r), NETREDUCE_SIZE=str(n),
+                   NETREDUCE_RENDEZVOUS=rv, NETREDUCE_TIMEOUT="10",
+                   NETREDUCE_JOB_SECRET="s3cret-" + job,
+                   PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]),
+                   **env_extra)
+        procs.append(subprocess.Popen([sys.executable, WORKER, mode, mark, str(steps)], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    killer = None
+    if on_mark is not None:
+        def watch() -> None:
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline and \
+                    not all(os.path.exists(f"{mark}.{r}") for r in range(n)):
+                time.sleep(0.002)
+            time.sleep(kill_delay)  # every rank is inside the 16 MiB all-reduce now
+            on_mark()
+        killer = threading.Thread(target=watch, daemon=True)
+        killer.start()
+    results = []
+    try:
+        for p in procs:
+            out, err = p.communicate(timeout=timeout)
+            lines = [ln for ln in out.strip().splitlines() if ln.startswith("{")]
+            results.append(dict(json.loads(lines[-1]), returncode=p.returncode, stderr=err[-3000:])
+                           if lines else {"returncode": p.returncode, "stderr": err[-3000:]})
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    if killer is not None:
+        killer.join(5)
+    return results
+
+
+def assert_exact(results: List[dict], steps: int) -> None:
+    for r in results:
+        assert r.get("returncode") == 0 and "failure" not in r and "wrong" not in r, r
+        assert r["checked"] == steps, r
+    assert len({r["digest"] for r in results}) == 1, "ranks disagree"
+
+
+def kill(proc) -> Callable[[], None]:
+    def do() -> None:
+        proc.proc.send_signal(signal.SIGKILL)
+        proc.proc.wait()
+    return do
+
+
+# --- degraded mode at admission ---------------------------------------------------
+def test_unreachable_aggregator_falls_back_to_host(tmp_path):
+    port = closed_port()
+    results = launch(tmp_path, 3, {"NETREDUCE_SWITCH": f"127.0.0.1:{port}",
+                                   "NETREDUCE_FALLBACK": "host"}, steps=6)
+    assert_exact(results, 6)
+    for r in results:
+        assert r["stats"]["path_kind"] == "host" and r["stats"]["degraded_at_start"], r["stats"]
+        assert r["stats"]["failovers"] == 0
+    # logged once, by rank 0, naming the aggregator and why
+    assert f"127.0.0.1:{port}" in results[0]["stderr"] and "NETREDUCE_FALLBACK=host" in \
+        results[0]["stderr"], results[0]["stderr"]
+    assert "NETREDUCE_FALLBACK" not in results[1]["stderr"]
+
+
+@pytest.mark.parametrize("fallback", ["host", "error"])
+def test_refusing_aggregator(tmp_path, fallback):
+    # 1 MiB of slot memory cannot hold one job's pool (32 slots x 64 KiB x 2)
+    with spawn_switch(0, "--memory-mb", "1") as sw:
+        addr = f"{sw.address[0]}:{sw.address[1]}"
+        results = launch(tmp_path, 2, {"NETREDUCE_SWITCH": addr, "NETREDUCE_FALLBACK": fallback},
+                         steps=4)
+    if fallback == "host":
+        assert_exact(results, 4)
+        assert all(r["stats"]["path_kind"] == "host" for r in results)
+    else:
+        for r in results:
+            assert "failure" in r and "AdmissionError" in r["failure"], r
+            assert addr in r["failure"] and "refused" in r["failure"], r["failure"]
+
+
+# --- failover mid-job -------------------------------------------------------------
+def check_failover(results: List[dict], steps: int, to: str) -> None:
+    assert_exact(results, steps)
+    for r in results:
+        assert r["stats"]["failovers"] == 1, r["stats"]
+        assert to in r["stats"]["path"], r["stats"]
+    # The kill landed inside a multi-chunk all-reduce: some rank held part of its
+    # results in place when the path died, and still every result is exact.
+    assert any(r["stats"]["interrupted_partial"] for r in results), \
+        [r["history"] for r in results]
+
+
+def test_sigkill_moves_the_job_to_the_standby(tmp_path):
+    with spawn_switch() as primary, spawn_switch() as standby:
+        a = f"{primary.address[0]}:{primary.address[1]}"
+        b = f"{standby.address[0]}:{standby.address[1]}"
+        results = launch(tmp_path, 3, {"NETREDUCE_SWITCH": a, "NETREDUCE_STANDBY_SWITCH": b},
+                         steps=12, on_mark=kill(primary))
+    check_failover(results, 12, b)
+    assert a in results[0]["history"][0]["from"]
+
+
+def test_sigkill_then_restart_takes_the_same_daemon_back(tmp_path):
+    port = free_tcp_port()
+    box = {"sw": spawn_switch(port)}
+    addr = f"127.0.0.1:{port}"
+
+    def kill_and_restart() -> None:
+        kill(box["sw"])()
+        box["sw"] = spawn_switch(port)
+
+    try:
+        results = launch(tmp_path, 2, {"NETREDUCE_SWITCH": addr, "NETREDUCE_STANDBY_SWITCH": addr},
+                         steps=12, on_mark=kill_and_restart)
+    finally:
+        box["sw"].stop()
+    check_failover(results, 12, addr)
+
+
+def test_sigkill_without_standby_goes_to_host(tmp_path):
+    with spawn_switch() as primary:
+        a = f"{primary.address[0]}:{primary.address[1]}"
+        results = launch(tmp_path, 3, {"NETREDUCE_SWITCH": a, "NETREDUCE_FALLBACK": "host"},
+                         steps=12, on_mark=kill(primary))
+    check_failover(results, 12, "host all-reduce")
+
+
+def test_no_path_left_names_the_aggregator(tmp_path):
+    dead = f"127.0.0.1:{closed_port()}"
+    with spawn_switch() as primary:
+        a = f"{primary.address[0]}:{primary.address[1]}"
+        results = launch(tmp_path, 2, {"NETREDUCE_SWITCH": a, "NETREDUCE_STANDBY_SWITCH": dead},
+                         steps=12, on_mark=kill(primary), timeout=120)
+    for r in results:
+        assert "failure" in r and "DataPlaneError" in r["failure"], r
+        assert a in r["failure"] and dead in r["failure"], r["failure"]
+
+
+def test_torch_training_continues_across_a_kill(tmp_path):
+    pytest.importorskip("torch")
+    with spawn_switch() as primary, spawn_switch() as standby:
+        a = f"{primary.address[0]}:{primary.address[1]}"
+        b = f"{standby.address[0]}:{standby.address[1]}"
+        results = launch(tmp_path, 2, {"NETREDUCE_SWITCH": a, "NETREDUCE_STANDBY_SWITCH": b},
+                         mode="torch", steps=10, on_mark=kill(primary))
+    assert_exact(results, 10)
+    for r in results:
+        assert r["stats"]["failovers"] == 1 and b in r["stats"]["path"], r["stats"]
+        assert r["losses"][-1] < r["losses"][0], r["losses"]
