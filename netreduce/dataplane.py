@@ -110,12 +110,14 @@ class Connection:
     def __init__(self, address: Tuple[str, int], job: str, rank: int, size: int, *,
                  timeout: Optional[float] = None, retransmit_ms: Optional[float] = None,
                  drop_rate: Optional[float] = None, window: Optional[int] = None,
-                 seed: int = 0) -> None:
+                 seed: int = 0, deterministic: Optional[bool] = None) -> None:
         # Unset arguments take the NETREDUCE_* knobs (declared in netreduce.config).
         timeout = config.get("NETREDUCE_TIMEOUT") if timeout is None else timeout
         retransmit_ms = config.get("NETREDUCE_RETRANSMIT_MS") if retransmit_ms is None else retransmit_ms
         drop_rate = config.get("NETREDUCE_DROP_RATE") if drop_rate is None else drop_rate
         window = config.get("NETREDUCE_WINDOW") if window is None else window
+        if deterministic is None:
+            deterministic = config.get("NETREDUCE_DETERMINISTIC")
         self.job, self.rank, self.size = job, rank, size
         self.address = (address[0], int(address[1]))
         self.timeout = timeout
@@ -143,7 +145,8 @@ class Connection:
             proof = auth.prove(self._control.call, config.get("NETREDUCE_JOB_SECRET"), job, rank)
             grant = self._control.call("register", job=job, rank=rank, size=size,
                                        mtu=self.path_mtu, ipv6=ipv6, host=socket.gethostname(),
-                                       await_payload=True, **proof)
+                                       await_payload=True, deterministic=bool(deterministic),
+                                       **proof)
         except ControlPlaneError as exc:
             self._control.close()
             raise AdmissionError(str(exc)) from None
@@ -155,6 +158,8 @@ class Connection:
         self.threads = int(grant["threads"])
         self.payload_bytes = int(grant.get("payload_bytes", 0))  # 0: not fixed yet
         self.payload_reason = str(grant.get("payload_reason", ""))
+        # Slots fold contributions in rank order (NETREDUCE_DETERMINISTIC, agreed at admission).
+        self.deterministic = bool(grant.get("deterministic", False))
         self._missing: list = list(grant.get("missing", []))
         self._start_error: Optional[Exception] = None
         self._started = threading.Event()

@@ -151,7 +151,10 @@ Status Aggregator::SetJobPayload(uint32_t index, uint32_t payload_bytes) {
   // A fresh Job: data threads only ever see a whole one (they hold it by shared_ptr).
   auto job = std::make_shared<Job>(index, old->size, old->key, old->pool.slots(), payload_bytes);
   job->group = old->group;
-  memory_used_ = memory_used_ - old->pool.memory_bytes() + job->pool.memory_bytes();
+  if (old->ordered) {
+    job->ordered = std::make_shared<OrderedSlots>(old->pool.slots(), payload_bytes, old->size);
+  }
+  memory_used_ = memory_used_ - old->memory_bytes() + job->memory_bytes();
   jobs_[index] = job;
   return Status::Ok();
 }
@@ -161,8 +164,37 @@ Status Aggregator::RemoveJob(uint32_t index) {
   if (index == 0 || index >= jobs_.size() || !jobs_[index]) {
     return InvalidArgument("no job with index " + std::to_string(index));
   }
-  memory_used_ -= jobs_[index]->pool.memory_bytes();
+  memory_used_ -= jobs_[index]->memory_bytes();
   jobs_[index].reset();
+  return Status::Ok();
+}
+
+Status Aggregator::SetJobOrdered(uint32_t index) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (index == 0 || index >= jobs_.size() || !jobs_[index]) {
+    return InvalidArgument("no job with index " + std::to_string(index));
+  }
+  Job& job = *jobs_[index];
+  if (job.ordered) return Status::Ok();
+  if (job.counters.packets_in.load(std::memory_order_relaxed) != 0) {
+    return InvalidArgument("job " + std::to_string(index) +
+                           " already carries data: its reduction order is fixed");
+  }
+  const uint64_t need =
+      OrderedSlots::MemoryBytes(job.pool.slots(), job.pool.payload_bytes(), job.size);
+  if (memory_used_ + need > cfg_.memory_limit) {
+    admission_.Refuse(Refusal::kMemory);
+    return Status(Code::kRefused,
+                  "aggregator slot memory exhausted: deterministic reduction "
+                  "(NETREDUCE_DETERMINISTIC=1) needs " + std::to_string(need) +
+                      " more bytes (slots x 2 x (ranks-1) x payload of staging), " +
+                      std::to_string(cfg_.memory_limit - memory_used_) + " of " +
+                      std::to_string(cfg_.memory_limit) + " left (--memory-mb)");
+  }
+  // In place: the job's key has not been handed out yet (no rank has its answer), so
+  // no data thread can get past the key check to read `ordered` concurrently.
+  job.ordered = std::make_shared<OrderedSlots>(job.pool.slots(), job.pool.payload_bytes(), job.size);
+  memory_used_ += need;
   return Status::Ok();
 }
 
@@ -185,7 +217,9 @@ Status Aggregator::JobCounters(uint32_t index, std::map<std::string, uint64_t>* 
   *out = job->counters.Snapshot();
   (*out)["slots"] = job->pool.slots();
   (*out)["payload_bytes"] = job->pool.payload_bytes();
-  (*out)["slot_memory_bytes"] = job->pool.memory_bytes();
+  (*out)["slot_memory_bytes"] = job->memory_bytes();
+  (*out)["deterministic"] = job->ordered ? 1 : 0;
+  (*out)["ordered_staged"] = job->ordered ? job->ordered->staged() : 0;
   return Status::Ok();
 }
 
@@ -360,11 +394,16 @@ void Aggregator::HandleDatagram(uint32_t thread_index, uint16_t my_port, const I
     }
     return;
   }
-  Accumulate(dt, Op(h.op), acc, payload, n, s.count == 0);
+  if (job.ordered) {  // NETREDUCE_DETERMINISTIC: rank order, not arrival order
+    job.ordered->Add(h.slot, h.shadow, rank, dt, Op(h.op), acc, payload, n, s.count == 0);
+  } else {
+    Accumulate(dt, Op(h.op), acc, payload, n, s.count == 0);
+  }
   ++s.count;
   jc.Add(jc.bytes_reduced, h.length);
   global_.Add(global_.bytes_reduced, h.length);
   if (s.count == job.size) {
+    if (job.ordered) job.ordered->Complete(h.slot, h.shadow, dt, Op(h.op), acc, n);
     Finish(dt, acc, n);
     s.complete = true;
     jc.Add(jc.slots_completed);

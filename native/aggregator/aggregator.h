@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "aggregator/counters.h"
+#include "aggregator/ordered_slot.h"
 #include "aggregator/slot_pool.h"
 #include "common/status.h"
 #include "transport/udp/udp_transport.h"
@@ -54,6 +55,12 @@ struct Job {
   };
   std::vector<RankAddr> ranks;
   Endpoint group;  // multicast destination of results; ip 0 = unicast fan-out
+  // NETREDUCE_DETERMINISTIC: contributions folded in rank order (ordered_slot.h);
+  // null = in arrival order.
+  std::shared_ptr<OrderedSlots> ordered;
+  uint64_t memory_bytes() const {
+    return pool.memory_bytes() + (ordered ? ordered->memory_bytes() : 0);
+  }
 };
 
 // Results of one receive batch waiting to leave in one sendmmsg, their headers and
@@ -93,6 +100,11 @@ class Aggregator {
   // returns the memory difference; refused once the job has received a packet.
   Status SetJobPayload(uint32_t index, uint32_t payload_bytes);
   Status RemoveJob(uint32_t index);
+  // Deterministic reduction for an admitted job (NETREDUCE_DETERMINISTIC, negotiated
+  // at admission): its slots fold contributions in rank order; the staging memory
+  // (ordered_slot.h) is charged to the memory limit. Refused once the job has
+  // received a packet.
+  Status SetJobOrdered(uint32_t index);
   // The job's multicast group as "a.b.c.d" and its port, or ("", 0) for unicast.
   std::pair<std::string, uint16_t> Group(uint32_t index) const;
 

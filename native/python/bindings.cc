@@ -136,7 +136,7 @@ PYBIND11_MODULE(_native, m) {
     py::list names;
     for (int i = 0; i < kNumDTypes; ++i) names.append(DTypeName(DType(i)));
     d["dtypes"] = names;
-    d["ops"] = py::make_tuple("sum", "min", "max");
+    d["ops"] = py::make_tuple("sum", "min", "max", "product");
     d["transports"] = py::make_tuple("udp");
     d["wire"] = "RoCEv2 (UDP, BTH+RETH+ImmDt, ICRC); jumbo software extension";
     d["max_payload"] = wire::kMaxPayload;
@@ -173,6 +173,8 @@ PYBIND11_MODULE(_native, m) {
              Throw(a.SetJobPayload(index, payload_bytes));
            }, py::arg("index"), py::arg("payload_bytes"))
       .def("remove_job", [](Aggregator& a, uint32_t index) { Throw(a.RemoveJob(index)); })
+      .def("set_job_ordered", [](Aggregator& a, uint32_t index) { Throw(a.SetJobOrdered(index)); },
+           py::arg("index"))  // NETREDUCE_DETERMINISTIC (aggregator/ordered_slot.h)
       .def("group", &Aggregator::Group, py::arg("index"))
       .def("counters", &Aggregator::GlobalCounters)
       .def("job_counters", [](Aggregator& a, uint32_t index) {

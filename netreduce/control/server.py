@@ -49,6 +49,9 @@ class JobRecord:
     payload_bytes: int = 0
     payload_reason: str = ""
     payload_final: bool = False
+    # NETREDUCE_DETERMINISTIC as the first rank asked: every rank must agree.
+    deterministic: bool = False
+    deterministic_by: int = 0
     # Ranks that will ask for the final payload (register said await_payload) and
     # those that have been answered: the last rank's register returns only once the
     # others have their answer, so data never waits on a control round trip.
@@ -128,8 +131,12 @@ class ControlServer(socketserver.ThreadingTCPServer):
                     index = self.aggregator.add_job(size, key, payload)
                 except Exception as exc:  # refused: max jobs or memory limit
                     raise RequestError(f"job '{name}' (rank {rank}) refused: {exc}") from None
+                deterministic = bool(msg.get("deterministic", False))
+                if deterministic:
+                    self._make_ordered(index, name, rank)
                 job = JobRecord(name, size, index, key, plan=plan, payload_bytes=payload,
-                                payload_reason=reason)
+                                payload_reason=reason, deterministic=deterministic,
+                                deterministic_by=rank)
                 self.jobs[name] = job
                 log.info("job '%s' admitted: index %d, world size %d", name, index, size)
                 views = []
@@ -137,6 +144,12 @@ class ControlServer(socketserver.ThreadingTCPServer):
                 raise RequestError(
                     f"job '{name}': rank {rank} says world size {size}, but the job was "
                     f"registered with world size {job.size}")
+            elif bool(msg.get("deterministic", False)) != job.deterministic:
+                mine, theirs = int(not job.deterministic), int(job.deterministic)
+                raise RequestError(
+                    f"job '{name}': rank {rank} has NETREDUCE_DETERMINISTIC={mine}, but rank "
+                    f"{job.deterministic_by} admitted the job with NETREDUCE_DETERMINISTIC="
+                    f"{theirs}; set it the same on every rank")
             if rank in job.ranks:
                 raise RequestError(
                     f"job '{name}': rank {rank} is already registered (from {job.ranks[rank].peer})")
@@ -158,8 +171,17 @@ class ControlServer(socketserver.ThreadingTCPServer):
         return {"job_index": job.index, "key": job.key, "slots": agg.slots,
                 "payload_bytes": job.payload_bytes if final else 0,
                 "payload_reason": job.payload_reason if final else "", "missing": missing,
-                "data_port": agg.port, "threads": agg.threads,
+                "data_port": agg.port, "threads": agg.threads, "deterministic": job.deterministic,
                 "group": group, "group_port": group_port}
+
+    def _make_ordered(self, index: int, name: str, rank: int) -> None:
+        """The new job's slots fold in rank order (NETREDUCE_DETERMINISTIC); refused
+        (memory), the job is removed again so that the refusal leaves nothing behind."""
+        try:
+            self.aggregator.set_job_ordered(index)
+        except Exception as exc:
+            self.aggregator.remove_job(index)
+            raise RequestError(f"job '{name}' (rank {rank}) refused: {exc}") from None
 
     def _path_views(self, sess: Session, rank: int, msg: Dict[str, Any]) -> List[Any]:
         """The rank's own report of its path MTU and the aggregator's route back."""
