@@ -55,6 +55,8 @@ def collect(switch: Optional[str] = None) -> Dict[str, Any]:
         address = ""
     if address:  # the payload this host's path gives, and what the aggregator chose
         data["aggregator"] = probe(address, what="--switch" if switch else "NETREDUCE_SWITCH")
+    from netreduce.job_paths import describe_config
+    data["failover"] = describe_config()  # docs/failover.md
     return data
 
 
@@ -101,6 +103,8 @@ def print_info(info: Dict[str, Any], out: Optional[Any] = None) -> None:
             w(f"  job name: {env['job_problem']}\n")
     if "aggregator" in info:
         _print_aggregator(info["aggregator"], w)
+    if "failover" in info:
+        w(f"failover: {info['failover']}\n")
     w("knobs (value [source]):\n")
     width = max(len(n) for n in info["knobs"])
     for name, k in info["knobs"].items():

@@ -47,6 +47,24 @@ def enabled(knobs: Dict[str, Any]) -> bool:
     return bool(knobs.get("NETREDUCE_STANDBY_SWITCH")) or knobs.get("NETREDUCE_FALLBACK") == "host"
 
 
+def describe_config() -> str:
+    """One line for `netreduce info`: off, or the paths a job would try in order."""
+    try:
+        knobs = config.snapshot()
+        if not enabled(knobs):
+            return "off (no NETREDUCE_STANDBY_SWITCH, NETREDUCE_FALLBACK=error)"
+        paths = [c.describe() for c in candidates(knobs, None)]
+        if knobs["NETREDUCE_FALLBACK"] == "host":
+            paths.append("the host all-reduce among the job's ranks")
+        try:
+            rv = format_address(rendezvous_address(knobs))
+        except NetReduceError:
+            rv = "none (set NETREDUCE_RENDEZVOUS or MASTER_ADDR/MASTER_PORT)"
+        return f"on: {' -> '.join(paths)}; rendezvous at rank 0: {rv}"
+    except ValueError as exc:
+        return f"<invalid: {exc}>"
+
+
 def rendezvous_address(knobs: Dict[str, Any]) -> Address:
     """NETREDUCE_RENDEZVOUS, else MASTER_ADDR:MASTER_PORT+1 from the launcher."""
     text = knobs.get("NETREDUCE_RENDEZVOUS") or ""

@@ -159,7 +159,13 @@ def test_sigkill_then_restart_takes_the_same_daemon_back(tmp_path):
 
     def kill_and_restart() -> None:
         kill(box["sw"])()
-        box["sw"] = spawn_switch(port)
+        # Not spawn(): its PR_SET_PDEATHSIG would take the daemon down with this
+        # (short-lived) thread, the "parent" the kernel means.
+        proc = subprocess.Popen([sys.executable, "-m", "netreduce.switch", "--host", "127.0.0.1",
+                                 "--port", str(port)], stdout=subprocess.PIPE, text=True)
+        assert proc.stdout is not None and "listening" in proc.stdout.readline()
+        from netreduce.switch import SwitchProcess
+        box["sw"] = SwitchProcess(proc, ("127.0.0.1", port))
 
     try:
         results = launch(tmp_path, 2, {"NETREDUCE_SWITCH": addr, "NETREDUCE_STANDBY_SWITCH": addr},
