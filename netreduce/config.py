@@ -56,6 +56,10 @@ declare("NETREDUCE_DROP_RATE", float, 0.0,
         "fraction [0,1) of outgoing data packets the engine drops on purpose (loss tests)")
 declare("NETREDUCE_WINDOW", int, 0,
         "slots a worker keeps outstanding; 0 = all the slots the aggregator grants")
+declare("NETREDUCE_RACK_SWITCH", str, "",
+        "two-level tree: HOST[:PORT] of this host's rack aggregator (netreduce-switch "
+        "--spine SPINE); data goes through it while NETREDUCE_SWITCH names the spine, "
+        "which admits the job and negotiates; set on every rank or none; empty = one level")
 declare("NETREDUCE_DETERMINISTIC", _bool, False,
         "1 = bit-reproducible reductions: the aggregator folds each slot's contributions in "
         "rank order, not arrival order (costs staging memory, ranks x the slot pool); set "

@@ -12,7 +12,7 @@ from typing import Any, Dict, Optional, Tuple
 import numpy as np
 
 from netreduce import _native, config
-from netreduce.control import auth
+from netreduce.control import auth, rack
 from netreduce.control.address import format_address, resolve
 from netreduce.control.client import ControlClient
 from netreduce.errors import AdmissionError, ControlPlaneError, DataPlaneError
@@ -121,6 +121,8 @@ class Connection:
         self.job, self.rank, self.size = job, rank, size
         self.address = (address[0], int(address[1]))
         self.timeout = timeout
+        # Two levels: data through this host's rack aggregator (control/rack.py).
+        self.rack = rack.parse(config.get("NETREDUCE_RACK_SWITCH"))
         self._engine_args = dict(window=window, retransmit_ms=retransmit_ms, timeout_s=timeout,
                                  drop_rate=drop_rate, seed=seed)
         self._engine: Any = None
@@ -174,14 +176,20 @@ class Connection:
                              name=f"netreduce-payload-{job}-{rank}").start()
 
     def _where(self) -> str:
-        return (f"aggregator {format_address(self.address)}, job '{self.job}', "
+        via = f" via rack aggregator {format_address(self.rack)}" if self.rack else ""
+        return (f"aggregator {format_address(self.address)}{via}, job '{self.job}', "
                 f"rank {self.rank}/{self.size}")
 
     def _start_engine(self) -> None:
+        try:
+            host = rack.join(self) if self.rack else self.address[0]
+        except Exception:
+            self._started.set()
+            raise
         grant = self._grant
         try:
             self._engine = _native.Engine(
-                self.address[0], self.data_port, self.threads, self.job, self.job_index,
+                host, self.data_port, self.threads, self.job, self.job_index,
                 self.rank, self.size, self.key, self.slots, self.payload_bytes,
                 group=str(grant.get("group", "")), group_port=int(grant.get("group_port", 0)),
                 **self._engine_args)

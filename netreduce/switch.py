@@ -91,6 +91,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stop-timeout", type=float, default=10.0,
                    help="on SIGTERM, seconds to wait for connected ranks to leave after "
                         "admission closes and their jobs are told; then exit 0 regardless")
+    p.add_argument("--spine", action="append", default=None, metavar="HOST[:PORT]",
+                   help="make this a rack aggregator of the spine aggregator at HOST: it takes "
+                        "rack jobs from that spine only, sums its rack's ranks and sends one "
+                        "partial sum per slot up (two levels: docs/design.md); repeatable")
+    p.add_argument("--uplink-rto-ms", type=float, default=1.0,
+                   help="rack aggregator: floor of the timeout after which a partial sum the "
+                        "spine has not answered is resent (it follows the spine's round trip)")
+    p.add_argument("--uplink-drop-rate", type=float, default=0.0,
+                   help="testing: share of partial sums sent and spine results received that "
+                        "a rack aggregator drops on purpose")
     return p
 
 
@@ -156,6 +166,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                   max_pending=args.max_pending))
     except (NetReduceError, OSError, ValueError) as exc:
         print(f"netreduce-switch: {exc}", file=sys.stderr)
+        return 2
+    try:  # two levels: rack_grant (spine), rack_job (with --spine)
+        from netreduce import switch_uplink
+        switch_uplink.configure(srv, args.spine, args.uplink_rto_ms, args.uplink_drop_rate)
+    except NetReduceError as exc:
+        print(f"netreduce-switch: {exc}", file=sys.stderr)
+        srv.server_close()
+        agg.stop()
         return 2
     try:  # negotiation handlers register themselves on import (communicator layer)
         importlib.import_module("netreduce.control.negotiation")

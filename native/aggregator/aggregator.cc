@@ -154,6 +154,10 @@ Status Aggregator::SetJobPayload(uint32_t index, uint32_t payload_bytes) {
   if (old->ordered) {
     job->ordered = std::make_shared<OrderedSlots>(old->pool.slots(), payload_bytes, old->size);
   }
+  job->members = old->members;
+  job->member = old->member;
+  job->expected = old->expected;
+  job->uplink = old->uplink;
   memory_used_ = memory_used_ - old->memory_bytes() + job->memory_bytes();
   jobs_[index] = job;
   return Status::Ok();
@@ -165,6 +169,7 @@ Status Aggregator::RemoveJob(uint32_t index) {
     return InvalidArgument("no job with index " + std::to_string(index));
   }
   memory_used_ -= jobs_[index]->memory_bytes();
+  if (jobs_[index]->uplink) routes_.Remove(index);
   jobs_[index].reset();
   return Status::Ok();
 }
@@ -220,6 +225,8 @@ Status Aggregator::JobCounters(uint32_t index, std::map<std::string, uint64_t>* 
   (*out)["slot_memory_bytes"] = job->memory_bytes();
   (*out)["deterministic"] = job->ordered ? 1 : 0;
   (*out)["ordered_staged"] = job->ordered ? job->ordered->staged() : 0;
+  (*out)["members"] = job->expected;
+  if (job->uplink) job->uplink->AddTo(out);
   return Status::Ok();
 }
 
@@ -257,7 +264,8 @@ void Aggregator::Loop(uint32_t thread_index) {
   while (running_.load(std::memory_order_relaxed)) {
     size_t got = 0;
     for (size_t i = 0; i < batch; ++i) in[i].cap = buf_bytes;
-    Status st = sock.RecvBatch(in.data(), batch, 100000, &got);
+    // Partials waiting on a spine (uplink.cc) need their timers looked at often.
+    Status st = sock.RecvBatch(in.data(), batch, routes_.any() ? 1000 : 100000, &got);
     if (!st.ok()) continue;
     if (got > 0) {
       size_t largest = 0;
@@ -265,6 +273,7 @@ void Aggregator::Loop(uint32_t thread_index) {
       batch = batch_for(largest);
     }
     for (size_t i = 0; i < got; ++i) HandleDatagram(thread_index, my_port, in[i], out);
+    UplinkTimers(thread_index, my_port, out);
     out.Flush();
   }
 }
@@ -325,6 +334,7 @@ void Aggregator::HandleDatagram(uint32_t thread_index, uint16_t my_port, const I
     case wire::DecodeError::kBadOpcode: global_.AddDrop(Drop::kBadOpcode); return;
     case wire::DecodeError::kBadLength: global_.AddDrop(Drop::kBadLength); return;
   }
+  if (h.result && HandleUplinkResult(my_port, pkt, h, out)) return;  // a spine's answer
   std::shared_ptr<Job> jp = Lookup(wire::QpnJob(h.dest_qp));
   if (!jp) {
     global_.AddDrop(Drop::kUnknownJob);
@@ -340,7 +350,7 @@ void Aggregator::HandleDatagram(uint32_t thread_index, uint16_t my_port, const I
   };
   const uint32_t rank = wire::QpnRank(h.dest_qp);
   if (h.key != job.key) return drop(Drop::kBadKey);
-  if (rank >= job.size) return drop(Drop::kBadRank);
+  if (rank >= job.size || !job.member[rank]) return drop(Drop::kBadRank);
   if (h.result) return drop(Drop::kResultFlag);
   if (!ValidDType(h.dtype)) return drop(Drop::kBadDtype);
   if (!ValidOp(h.op)) return drop(Drop::kBadOp);
@@ -363,6 +373,8 @@ void Aggregator::HandleDatagram(uint32_t thread_index, uint16_t my_port, const I
   job.ranks[rank].peer.store(PackPeer(pkt.from), std::memory_order_relaxed);
   job.ranks[rank].local_ip.store(pkt.local_ip, std::memory_order_relaxed);
 
+  std::unique_lock<std::mutex> tree_lock;  // a rack's slots: spine results come on any thread
+  if (job.uplink) tree_lock = job.uplink->Lock(h.slot, h.shadow);
   SlotState& s = job.pool.state(h.slot, h.shadow);
   if (s.psn < 0 || PsnNewer(h.psn, uint32_t(s.psn))) {
     // A new round: the previous one on this (slot, shadow) is known to all ranks.
@@ -375,6 +387,7 @@ void Aggregator::HandleDatagram(uint32_t thread_index, uint16_t my_port, const I
     s.offset = h.offset;
     s.msg_id = h.msg_id;
     job.pool.ResetRound(h.slot, h.shadow);
+    if (job.uplink) job.uplink->entry(h.slot, h.shadow).pending = false;
     jc.Add(jc.rounds_started);
     global_.Add(global_.rounds_started);
   } else if (uint32_t(s.psn) != h.psn) {
@@ -391,7 +404,7 @@ void Aggregator::HandleDatagram(uint32_t thread_index, uint16_t my_port, const I
       jc.Add(jc.retransmitted_results);
       global_.Add(global_.retransmitted_results);
       QueueResult(job, h, rank, acc, my_port, out);
-    }
+    }  // a rack's slot waiting on the spine: its uplink timer resends (uplink.cc)
     return;
   }
   if (job.ordered) {  // NETREDUCE_DETERMINISTIC: rank order, not arrival order
@@ -402,16 +415,17 @@ void Aggregator::HandleDatagram(uint32_t thread_index, uint16_t my_port, const I
   ++s.count;
   jc.Add(jc.bytes_reduced, h.length);
   global_.Add(global_.bytes_reduced, h.length);
-  if (s.count == job.size) {
+  if (s.count == job.expected) {
     if (job.ordered) job.ordered->Complete(h.slot, h.shadow, dt, Op(h.op), acc, n);
     Finish(dt, acc, n);
+    if (job.uplink) return StartPartial(job, h, acc, my_port, out);  // the spine completes it
     s.complete = true;
     jc.Add(jc.slots_completed);
     global_.Add(global_.slots_completed);
     if (job.group.ip != 0 && !wire::OwnerDelivery(h.msg_id)) {
       QueueResult(job, h, wire::kGroupRank, acc, my_port, out);
     } else {
-      for (uint32_t r = 0; r < job.size; ++r) QueueResult(job, h, r, acc, my_port, out);
+      for (uint32_t r : job.members) QueueResult(job, h, r, acc, my_port, out);
     }
   }
 }

@@ -14,6 +14,7 @@
 #include "aggregator/counters.h"
 #include "aggregator/ordered_slot.h"
 #include "aggregator/slot_pool.h"
+#include "aggregator/uplink.h"
 #include "common/status.h"
 #include "transport/udp/udp_transport.h"
 #include "wire/roce.h"
@@ -41,7 +42,10 @@ struct AggregatorConfig {
 
 struct Job {
   Job(uint32_t index, uint32_t size, uint32_t key, uint32_t slots, uint32_t payload)
-      : index(index), size(size), key(key), pool(slots, payload, size), ranks(size) {}
+      : index(index), size(size), key(key), pool(slots, payload, size), ranks(size),
+        members(size), member(size, 1), expected(size) {
+    for (uint32_t r = 0; r < size; ++r) members[r] = r;
+  }
   uint32_t index;
   uint32_t size;
   uint32_t key;
@@ -61,6 +65,12 @@ struct Job {
   uint64_t memory_bytes() const {
     return pool.memory_bytes() + (ordered ? ordered->memory_bytes() : 0);
   }
+  // Whose contributions complete a slot and who gets its result: every rank, except
+  // in a two-level tree (SetJobTree; uplink.h): a rack's members, a spine's racks.
+  std::vector<uint32_t> members;
+  std::vector<uint8_t> member;  // by rank
+  uint32_t expected;            // members.size()
+  std::shared_ptr<Uplink> uplink;  // a rack aggregator's job: partials go to the spine
 };
 
 // Results of one receive batch waiting to leave in one sendmmsg, their headers and
@@ -105,6 +115,10 @@ class Aggregator {
   // (ordered_slot.h) is charged to the memory limit. Refused once the job has
   // received a packet.
   Status SetJobOrdered(uint32_t index);
+  // Two levels (uplink.h): the job's members (ranks < its size that complete a slot
+  // and receive results) and, on a rack aggregator, the uplink to the spine's job
+  // (nullptr on the spine). Refused once the job has received a packet.
+  Status SetJobTree(uint32_t index, const std::vector<uint32_t>& members, const UplinkConfig* up);
   // The job's multicast group as "a.b.c.d" and its port, or ("", 0) for unicast.
   std::pair<std::string, uint16_t> Group(uint32_t index) const;
 
@@ -128,6 +142,17 @@ class Aggregator {
   void QueueResultPacket(Job& job, const wire::Header& round, uint32_t rank, const uint8_t* payload,
                          uint16_t my_port, ResultBatch& out);
   std::shared_ptr<Job> Lookup(uint32_t index) const;
+  // Two levels (uplink.cc): the partial sum to the spine, its resends, the spine's
+  // result (true when the packet was one), fan-out to the members.
+  void StartPartial(Job& job, const wire::Header& round, const uint8_t* acc, uint16_t my_port,
+                    ResultBatch& out);
+  void SendPartial(Job& job, Uplink::Entry& e, const uint8_t* acc, uint16_t my_port, ResultBatch& out);
+  bool HandleUplinkResult(uint16_t my_port, const InPacket& pkt, const wire::Header& h,
+                          ResultBatch& out);
+  void FanOut(Job& job, const wire::Header& round, const uint8_t* acc, uint16_t my_port,
+              ResultBatch& out);
+  void UplinkTimers(uint32_t thread_index, uint16_t my_port, ResultBatch& out);
+  UplinkRoutes routes_;
 
   AggregatorConfig cfg_;
   std::vector<std::unique_ptr<UdpTransport>> sockets_;

@@ -173,6 +173,23 @@ PYBIND11_MODULE(_native, m) {
              Throw(a.SetJobPayload(index, payload_bytes));
            }, py::arg("index"), py::arg("payload_bytes"))
       .def("remove_job", [](Aggregator& a, uint32_t index) { Throw(a.RemoveJob(index)); })
+      // Two levels (native/aggregator/uplink.h): members, and on a rack the uplink.
+      .def("set_job_tree", [](Aggregator& a, uint32_t index, const std::vector<uint32_t>& members,
+                              py::object uplink) {
+             if (uplink.is_none()) return Throw(a.SetJobTree(index, members, nullptr));
+             py::dict d = uplink.cast<py::dict>();
+             UplinkConfig u;
+             Throw(ResolveIpv4(d["spine_host"].cast<std::string>(), &u.spine_ip));
+             Throw(ResolveIpv4(d["local_host"].cast<std::string>(), &u.local_ip));
+             u.spine_port = d["spine_port"].cast<uint16_t>();
+             u.spine_threads = d["spine_threads"].cast<uint32_t>();
+             u.job_index = d["job_index"].cast<uint32_t>();
+             u.rank = d["rank"].cast<uint32_t>();
+             u.key = d["key"].cast<uint32_t>();
+             u.rto_floor_us = d["rto_floor_us"].cast<uint32_t>();
+             u.drop_rate = d["drop_rate"].cast<double>();
+             Throw(a.SetJobTree(index, members, &u));
+           }, py::arg("index"), py::arg("members"), py::arg("uplink") = py::none())
       .def("set_job_ordered", [](Aggregator& a, uint32_t index) { Throw(a.SetJobOrdered(index)); },
            py::arg("index"))  // NETREDUCE_DETERMINISTIC (aggregator/ordered_slot.h)
       .def("group", &Aggregator::Group, py::arg("index"))

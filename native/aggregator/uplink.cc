@@ -1,0 +1,293 @@
+// The rack aggregator's uplink (uplink.h) and the Aggregator members that drive it:
+// the tree set-up (SetJobTree), the partial sum sent to the spine, its resends on
+// timeout, and the spine's results fanned out to the rack's members.
+#include "aggregator/uplink.h"
+
+#include <arpa/inet.h>
+#include <time.h>
+
+#include <algorithm>
+#include <cstring>
+#include <thread>
+
+#include "aggregator/aggregator.h"
+
+namespace netreduce {
+namespace {
+
+constexpr uint32_t kMaxRtoUs = 1000000;
+constexpr uint32_t kInitialRtoUs = 5000;  // before the first sample, as the engine
+constexpr uint64_t kScanEveryNs = 200000;
+
+uint64_t NextRandom() {
+  thread_local uint64_t x =
+      (uint64_t(std::hash<std::thread::id>()(std::this_thread::get_id())) << 1) ^ MonotonicNs() ^ 1;
+  x ^= x << 13;
+  x ^= x >> 7;
+  x ^= x << 17;
+  return x;
+}
+
+}  // namespace
+
+uint64_t MonotonicNs() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec);
+}
+
+Uplink::Uplink(const UplinkConfig& cfg, uint32_t slots)
+    : cfg_(cfg), slots_(slots), entries_(size_t(slots) * 2),
+      answered_(std::max<uint32_t>(1, cfg.spine_threads)) {}
+
+uint32_t Uplink::Rto() const {
+  std::lock_guard<std::mutex> lock(est_mu_);
+  if (!sampled_) return std::max(kInitialRtoUs, cfg_.rto_floor_us);
+  const double rto = srtt_us_ + 4 * rttvar_us_;
+  return uint32_t(std::min<double>(kMaxRtoUs, std::max<double>(cfg_.rto_floor_us, rto)));
+}
+
+void Uplink::Sample(uint64_t rtt_ns) {
+  const double r = double(rtt_ns) / 1000.0;
+  std::lock_guard<std::mutex> lock(est_mu_);
+  if (!sampled_) {
+    srtt_us_ = r;
+    rttvar_us_ = r / 2;
+    sampled_ = true;
+    return;
+  }
+  rttvar_us_ = 0.75 * rttvar_us_ + 0.25 * std::abs(srtt_us_ - r);
+  srtt_us_ = 0.875 * srtt_us_ + 0.125 * r;
+}
+
+bool Uplink::Drop() {
+  if (cfg_.drop_rate <= 0) return false;
+  const bool drop = double(NextRandom() >> 11) * (1.0 / 9007199254740992.0) < cfg_.drop_rate;
+  if (drop) dropped.fetch_add(1, std::memory_order_relaxed);
+  return drop;
+}
+
+void Uplink::AddTo(std::map<std::string, uint64_t>* out) const {
+  auto get = [](const std::atomic<uint64_t>& a) { return a.load(std::memory_order_relaxed); };
+  (*out)["uplink_partials_sent"] = get(partials_sent);
+  (*out)["uplink_partials_resent"] = get(partials_resent);
+  (*out)["uplink_results_received"] = get(results_received);
+  (*out)["uplink_results_ignored"] = get(results_ignored);
+  (*out)["uplink_dropped"] = get(dropped);
+  (*out)["uplink_rank"] = cfg_.rank;
+  (*out)["uplink_job_index"] = cfg_.job_index;
+  (*out)["uplink_rto_us"] = Rto();
+}
+
+void UplinkRoutes::Set(uint32_t spine_ip, uint32_t spine_job, uint32_t index) {
+  std::lock_guard<std::mutex> lock(mu_);
+  routes_[(uint64_t(spine_ip) << 32) | spine_job] = index;
+  count_.store(uint32_t(routes_.size()), std::memory_order_relaxed);
+}
+
+void UplinkRoutes::Remove(uint32_t index) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto it = routes_.begin(); it != routes_.end();) {
+    it = it->second == index ? routes_.erase(it) : std::next(it);
+  }
+  count_.store(uint32_t(routes_.size()), std::memory_order_relaxed);
+}
+
+uint32_t UplinkRoutes::Find(uint32_t spine_ip, uint32_t spine_job) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = routes_.find((uint64_t(spine_ip) << 32) | spine_job);
+  return it == routes_.end() ? 0 : it->second;
+}
+
+// -- Aggregator members ----------------------------------------------------------
+
+Status Aggregator::SetJobTree(uint32_t index, const std::vector<uint32_t>& members,
+                              const UplinkConfig* up) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (index == 0 || index >= jobs_.size() || !jobs_[index]) {
+    return InvalidArgument("no job with index " + std::to_string(index));
+  }
+  std::shared_ptr<Job> old = jobs_[index];
+  if (old->counters.packets_in.load(std::memory_order_relaxed) != 0) {
+    return InvalidArgument("job " + std::to_string(index) +
+                           " already carries data: its tree is fixed");
+  }
+  if (members.empty()) return InvalidArgument("a tree level needs at least one member");
+  std::vector<uint8_t> seen(old->size, 0);
+  for (uint32_t r : members) {
+    if (r >= old->size || seen[r]) {
+      return InvalidArgument("member rank " + std::to_string(r) + " is out of range for world size " +
+                             std::to_string(old->size) + " or given twice");
+    }
+    seen[r] = 1;
+  }
+  if (up != nullptr && (up->spine_threads == 0 || up->spine_ip == 0 ||
+                        up->job_index == 0 || up->job_index >= wire::kMaxJobs ||
+                        up->rank >= wire::kMaxRanks - 1)) {
+    return InvalidArgument("incomplete uplink: spine address, threads, job index and rank needed");
+  }
+  // Changed in place (it also carries the deterministic staging and verbs peers):
+  // no data can be under way yet, since no rank holds this level's grant before this
+  // returns, and the data threads take the job under mu_ (Lookup).
+  Job& job = *old;
+  // A spine answers its racks one by one (they are not on one L2 segment); a rack
+  // keeps its job's multicast group for its own members.
+  if (up == nullptr) job.group = Endpoint{};
+  job.members = members;
+  job.member = std::move(seen);
+  job.expected = uint32_t(members.size());
+  if (up != nullptr) {
+    job.uplink = std::make_shared<Uplink>(*up, job.pool.slots());
+    routes_.Set(up->spine_ip, up->job_index, index);
+  }
+  return Status::Ok();
+}
+
+void Aggregator::SendPartial(Job& job, Uplink::Entry& e, const uint8_t* acc, uint16_t my_port,
+                             ResultBatch& out) {
+  Uplink& up = *job.uplink;
+  const UplinkConfig& c = up.config();
+  e.sent_ns = MonotonicNs();
+  if (up.Drop()) return;
+  if (out.full()) out.Flush();
+  wire::Header h = e.round;
+  h.dest_qp = wire::MakeQpn(c.job_index, c.rank);
+  h.key = c.key;
+  h.result = false;
+  // Owner delivery is the rack's business (its members); the spine sums all of it.
+  if (wire::OwnerDelivery(h.msg_id)) h.msg_id &= wire::kMsgCounterMask;
+  const Endpoint to{c.spine_ip, htons(uint16_t(c.spine_port + h.slot % c.spine_threads))};
+  const size_t k = out.pkts.size();
+  uint8_t* hdr = &out.headers[k * wire::kHeaderBytes];
+  uint8_t* trailer = &out.trailers[k * 8];
+  wire::Encode(h, hdr);
+  wire::WriteTrailer(h, c.local_ip, to.ip, my_port, to.port, hdr, acc, trailer);
+  OutPacket p;
+  p.to = to;
+  p.from_ip = c.local_ip;
+  p.iov[0] = {hdr, wire::kHeaderBytes};
+  p.iov[1] = {const_cast<uint8_t*>(acc), h.length};
+  p.iov[2] = {trailer, size_t(h.pad) + wire::kIcrcBytes};
+  p.iovcnt = 3;
+  out.pkts.push_back(p);
+  job.counters.Add(job.counters.packets_out);
+  job.counters.Add(job.counters.bytes_out, wire::DatagramBytes(h.length));
+  global_.Add(global_.packets_out);
+  global_.Add(global_.bytes_out, wire::DatagramBytes(h.length));
+}
+
+void Aggregator::StartPartial(Job& job, const wire::Header& round, const uint8_t* acc,
+                              uint16_t my_port, ResultBatch& out) {
+  Uplink& up = *job.uplink;
+  Uplink::Entry& e = up.entry(round.slot, round.shadow);
+  e.round = round;
+  e.pending = true;
+  e.sends = 1;
+  e.rto_us = up.Rto();
+  SendPartial(job, e, acc, my_port, out);
+  e.first_ns = e.sent_ns;
+  up.partials_sent.fetch_add(1, std::memory_order_relaxed);
+}
+
+bool Aggregator::HandleUplinkResult(uint16_t my_port, const InPacket& pkt, const wire::Header& h,
+                                    ResultBatch& out) {
+  if (!routes_.any()) return false;
+  const uint32_t index = routes_.Find(pkt.from.ip, wire::QpnJob(h.dest_qp));
+  if (index == 0) return false;
+  std::shared_ptr<Job> jp = Lookup(index);
+  if (!jp || !jp->uplink) return false;
+  Job& job = *jp;
+  Uplink& up = *job.uplink;
+  job.counters.Add(job.counters.packets_in);
+  job.counters.Add(job.counters.bytes_in, pkt.len);
+  const uint32_t rank = wire::QpnRank(h.dest_qp);
+  auto ignore = [&] { up.results_ignored.fetch_add(1, std::memory_order_relaxed); };
+  if (h.key != up.config().key || (rank != up.config().rank && rank != wire::kGroupRank) ||
+      h.slot >= job.pool.slots()) {
+    ignore();
+    return true;
+  }
+  if (up.Drop()) return true;
+  if (!wire::IcrcValid(h, pkt.from.ip, pkt.local_ip, pkt.from.port, my_port, pkt.buf)) {
+    ignore();
+    return true;
+  }
+  std::unique_lock<std::mutex> lock = up.Lock(h.slot, h.shadow);
+  Uplink::Entry& e = up.entry(h.slot, h.shadow);
+  SlotState& s = job.pool.state(h.slot, h.shadow);
+  if (!e.pending || e.round.psn != h.psn || e.round.offset != h.offset || s.length != h.length ||
+      e.round.dtype != h.dtype || e.round.op != h.op) {
+    ignore();  // the answer to a resend of a round already complete, or garbage
+    return true;
+  }
+  uint8_t* acc = job.pool.accumulator(h.slot, h.shadow);
+  std::memcpy(acc, pkt.buf + wire::kHeaderBytes, h.length);
+  e.pending = false;
+  s.complete = true;
+  const uint64_t now = MonotonicNs();
+  if (e.sends == 1) up.Sample(now - e.first_ns);
+  up.last_result_ns.store(now, std::memory_order_relaxed);
+  std::atomic<uint64_t>& answered = up.answered_sent_ns(h.slot);
+  uint64_t prev = answered.load(std::memory_order_relaxed);
+  while (prev < e.sent_ns && !answered.compare_exchange_weak(prev, e.sent_ns)) {
+  }
+  up.results_received.fetch_add(1, std::memory_order_relaxed);
+  job.counters.Add(job.counters.slots_completed);
+  global_.Add(global_.slots_completed);
+  FanOut(job, e.round, acc, my_port, out);
+  return true;
+}
+
+void Aggregator::FanOut(Job& job, const wire::Header& round, const uint8_t* acc, uint16_t my_port,
+                        ResultBatch& out) {
+  if (job.group.ip != 0 && !wire::OwnerDelivery(round.msg_id)) {
+    QueueResult(job, round, wire::kGroupRank, acc, my_port, out);
+  } else {
+    for (uint32_t r : job.members) QueueResult(job, round, r, acc, my_port, out);
+  }
+}
+
+void Aggregator::UplinkTimers(uint32_t thread_index, uint16_t my_port, ResultBatch& out) {
+  if (!routes_.any()) return;
+  thread_local uint64_t last_scan = 0;
+  const uint64_t now = MonotonicNs();
+  if (now - last_scan < kScanEveryNs) return;
+  last_scan = now;
+  std::vector<std::shared_ptr<Job>> with_uplink;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& j : jobs_) {
+      if (j && j->uplink) with_uplink.push_back(j);
+    }
+  }
+  for (const auto& jp : with_uplink) {
+    Uplink& up = *jp->uplink;
+    const uint64_t progress = up.last_result_ns.load(std::memory_order_relaxed);
+    for (uint32_t slot = thread_index; slot < up.slots(); slot += cfg_.threads) {
+      const uint64_t answered = up.answered_sent_ns(slot).load(std::memory_order_relaxed);
+      for (uint32_t shadow = 0; shadow < 2; ++shadow) {
+        std::unique_lock<std::mutex> lock = up.Lock(slot, shadow);
+        Uplink::Entry& e = up.entry(slot, shadow);
+        if (!e.pending) continue;
+        if (e.sent_ns < answered) {  // overtaken by a later partial of its lane
+          ++e.sends;
+          up.partials_resent.fetch_add(1, std::memory_order_relaxed);
+          SendPartial(*jp, e, jp->pool.accumulator(slot, shadow), my_port, out);
+          continue;
+        }
+        const uint64_t last = std::max(e.sent_ns, progress);  // a result may be newer than `now`
+        if (last > now || now - last < uint64_t(e.rto_us) * 1000 ||
+            now < up.hold_until_ns.load(std::memory_order_relaxed)) {
+          continue;
+        }
+        e.rto_us = std::min(kMaxRtoUs, e.rto_us * 2);
+        up.hold_until_ns.store(now + uint64_t(e.rto_us) * 1000, std::memory_order_relaxed);
+        ++e.sends;
+        up.partials_resent.fetch_add(1, std::memory_order_relaxed);
+        SendPartial(*jp, e, jp->pool.accumulator(slot, shadow), my_port, out);
+      }
+    }
+  }
+}
+
+}  // namespace netreduce

@@ -1,0 +1,271 @@
+"""Two levels (rack + spine): the control side of netreduce-switch's tree.
+
+The data path is native (native/aggregator/uplink.h); this module sets it up.
+
+* On the **spine** (any netreduce-switch): the job's ranks register there as usual
+  (NETREDUCE_SWITCH names the spine: admission, job secret, payload, negotiation all
+  stay there). A rank that has a rack aggregator (NETREDUCE_RACK_SWITCH) then asks
+  ``rack_grant`` with that address. Once every rank of the job has asked, the racks
+  are known: the distinct rack addresses, numbered by their lowest rank. The number
+  of racks R is the spine job's completion count: the spine job becomes a job of R
+  members (one rank per rack, ``set_job_tree``) and the spine opens one control
+  connection per rack aggregator and asks it (``rack_job``) to take the rack's part
+  of the job. Each rank's answer is its rack's data-plane grant (job index, key,
+  data port). The rack connections stay open while any rank of the tree is
+  connected; closing them ends the racks' parts.
+* On a **rack aggregator** (``netreduce-switch --spine SPINE``): ``rack_job`` is
+  accepted only from the spine's address; it admits a job of the whole world size
+  whose members are the rack's ranks and whose uplink is the spine's job, and frees
+  it when the spine's connection closes.
+
+docs/protocol.md ("Two levels") has the messages and the rules."""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import secrets
+import socket
+import threading
+import time
+from typing import Any, Dict, List, Optional, Sequence
+
+from netreduce.control import server as control
+from netreduce.control.address import format_address, parse_address, resolve
+from netreduce.control.client import ControlClient
+from netreduce.errors import NetReduceError
+
+log = logging.getLogger("netreduce.switch")
+RequestError = control.RequestError
+MAX_WAIT_S = 300.0
+
+
+@dataclasses.dataclass
+class UplinkSettings:
+    """A rack aggregator's view of its spine(s): from --spine and friends."""
+    spines: List[str]
+    spine_ips: List[str]
+    rto_floor_ms: float = 1.0
+    drop_rate: float = 0.0  # testing only: loss on the rack-spine hop
+
+
+def configure(srv: Any, spines: Optional[Sequence[str]], rto_floor_ms: float = 1.0,
+              drop_rate: float = 0.0) -> None:
+    """Make ``srv`` a rack aggregator of the spines named (host or host:port)."""
+    spines = list(spines or [])
+    ips = []
+    for text in spines:
+        host = parse_address(text)[0]
+        try:
+            ips.append(resolve((host, 0))[0])
+        except ValueError as exc:
+            raise NetReduceError(f"--spine {text}: {exc}") from None
+    srv.uplink = UplinkSettings(spines, ips, rto_floor_ms, drop_rate)
+
+
+# -- the spine -----------------------------------------------------------------
+class Tree:
+    """One job run's tree, kept by the spine."""
+
+    def __init__(self, record: Any) -> None:
+        self.record = record
+        self.racks: Dict[int, str] = {}  # rank -> rack aggregator address
+        self.users: set = set()          # sessions that asked; the last one out ends it
+        self.building = False
+        self.done = False
+        self.error = ""
+        self.grants: Dict[str, Dict[str, Any]] = {}
+        self.clients: List[ControlClient] = []
+
+
+_lock = threading.Lock()
+_changed = threading.Condition(_lock)
+_trees: Dict[int, Tree] = {}
+
+
+def _rack_grant(srv: Any, sess: Any, msg: Dict[str, Any]) -> Dict[str, Any]:
+    job = sess.record
+    if job is None:
+        raise RequestError("'rack_grant' before 'register' on this connection")
+    if not job.payload_final:
+        raise RequestError(f"job '{job.name}' (rank {sess.rank}): 'rack_grant' before every "
+                           "rank has registered")
+    rack = str(msg["rack"])
+    wait = max(0.0, min(float(msg.get("wait", 30.0)), MAX_WAIT_S))
+    deadline = time.monotonic() + wait
+    with _changed:
+        tree = _trees.setdefault(id(job), Tree(job))
+        if tree.racks.get(sess.rank, rack) != rack:
+            raise RequestError(f"job '{job.name}': rank {sess.rank} already asked with rack "
+                               f"aggregator {tree.racks[sess.rank]}")
+        tree.racks[sess.rank] = rack
+        tree.users.add(sess)
+        sess.state["rack_tree"] = tree
+        _changed.notify_all()
+        builder = False
+        while not tree.done:
+            if len(tree.racks) == job.size and not tree.building:
+                tree.building = builder = True
+                break
+            left = deadline - time.monotonic()
+            if job.closing and not tree.building:
+                raise RequestError(f"job '{job.name}': a rank left before the tree was built")
+            if left <= 0 and not tree.building:
+                missing = sorted(set(range(job.size)) - set(tree.racks))
+                raise RequestError(
+                    f"job '{job.name}' (rank {sess.rank}): rank(s) {_short(missing)} have not "
+                    f"asked for their rack aggregator within {wait:g} s; NETREDUCE_RACK_SWITCH "
+                    "must be set on every rank of a job or on none")
+            _changed.wait(1.0 if tree.building else left)
+    if builder:
+        try:
+            _build(srv, job, tree)
+        except Exception as exc:  # named in every rank's answer
+            tree.error = str(exc)
+            log.warning("%s", exc)
+        with _changed:
+            tree.done = True
+            _changed.notify_all()
+    if tree.error:
+        raise RequestError(tree.error)
+    return dict(tree.grants[rack])
+
+
+def _short(ranks: List[int], limit: int = 8) -> str:
+    shown = ", ".join(map(str, ranks[:limit]))
+    return shown + (f" (+{len(ranks) - limit} more)" if len(ranks) > limit else "")
+
+
+def _build(srv: Any, job: Any, tree: Tree) -> None:
+    """Number the racks, make the spine's job one of R members, admit each rack's
+    part at its rack aggregator. Runs once per tree, outside the locks."""
+    agg = srv.aggregator
+    racks: List[str] = []
+    for r in sorted(tree.racks):
+        if tree.racks[r] not in racks:
+            racks.append(tree.racks[r])
+    members = {a: [r for r in sorted(tree.racks) if tree.racks[r] == a] for a in racks}
+    try:
+        agg.set_job_tree(job.index, list(range(len(racks))))
+    except Exception as exc:
+        raise NetReduceError(f"job '{job.name}': the spine cannot take {len(racks)} racks: {exc}") from None
+    for i, address in enumerate(racks):
+        where = (f"job '{job.name}': rack aggregator {address} (rack {i} of {len(racks)}, "
+                 f"ranks {_short(members[address])})")
+        try:
+            host, port = parse_address(address)
+            client = ControlClient((host, port), timeout=10.0)
+        except (ValueError, NetReduceError) as exc:
+            raise NetReduceError(f"{where}: {exc}") from None
+        tree.clients.append(client)
+        spine_host = client._sock.getsockname()[0]  # this spine, as the rack reaches it
+        try:
+            reply = client.call("rack_job", job=job.name, size=job.size, members=members[address],
+                                payload_bytes=job.payload_bytes,
+                                spine=dict(host=spine_host, port=agg.port, threads=agg.threads,
+                                           job_index=job.index, key=job.key, rank=i,
+                                           racks=len(racks)))
+        except NetReduceError as exc:
+            raise NetReduceError(f"{where}: {exc}") from None
+        tree.grants[address] = dict(
+            data_host=host, job_index=int(reply["job_index"]), key=int(reply["key"]),
+            slots=min(int(reply["slots"]), int(agg.slots)), data_port=int(reply["data_port"]),
+            threads=int(reply["threads"]), group=str(reply.get("group", "")),
+            group_port=int(reply.get("group_port", 0)), rack=i, racks=len(racks))
+    log.info("job '%s': tree of %d racks: %s", job.name, len(racks),
+             "; ".join(f"{a} ranks {_short(members[a])}" for a in racks))
+
+
+def _spine_disconnect(srv: Any, sess: Any) -> None:
+    tree = sess.state.pop("rack_tree", None)
+    if tree is None:
+        return
+    with _changed:
+        tree.users.discard(sess)
+        if tree.users:
+            return
+        if _trees.get(id(tree.record)) is tree:
+            del _trees[id(tree.record)]
+        _changed.notify_all()
+    for client in tree.clients:  # the racks free their parts
+        client.close()
+
+
+# -- a rack aggregator -----------------------------------------------------------
+def _rack_job(srv: Any, sess: Any, msg: Dict[str, Any]) -> Dict[str, Any]:
+    from netreduce import _native
+    settings: Optional[UplinkSettings] = getattr(srv, "uplink", None)
+    peer_ip = sess.peer.rsplit(":", 1)[0]
+    if settings is None or not settings.spines:
+        raise RequestError("this aggregator takes no rack jobs: start it with --spine HOST "
+                           "(the spine aggregator whose jobs it serves)")
+    if peer_ip not in settings.spine_ips:
+        raise RequestError(f"rack jobs are taken from the spine {', '.join(settings.spines)} "
+                           f"only, not from {peer_ip}")
+    srv.pending.settle(sess)
+    name, size, payload = str(msg["job"]), int(msg["size"]), int(msg["payload_bytes"])
+    members = [int(r) for r in msg["members"]]
+    spine = dict(msg["spine"])
+    spine_where = format_address((str(spine["host"]), int(spine["port"])))
+    agg = srv.aggregator
+    try:
+        mtu, ipv6 = _native.path_mtu(str(spine["host"]), int(spine["port"]))
+    except (ValueError, _native.EngineError) as exc:
+        raise RequestError(f"job '{name}': no route to the spine {spine_where}: {exc}") from None
+    fits = int(_native.payload_for_mtu(mtu, ipv6))
+    if payload > fits:
+        raise RequestError(f"job '{name}': payload {payload} B does not fit this rack "
+                           f"aggregator's path MTU {mtu} toward the spine {spine_where} "
+                           f"({fits} B would); start the spine with --payload-bytes {fits}")
+    key = secrets.randbits(32) or 1
+    try:
+        index = agg.add_job(size, key, payload)
+    except Exception as exc:
+        raise RequestError(f"job '{name}' (rack {spine.get('rank')}) refused: {exc}") from None
+    try:
+        probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        try:
+            probe.connect((str(spine["host"]), int(spine["port"])))
+            local = probe.getsockname()[0]
+        finally:
+            probe.close()
+        agg.set_job_tree(index, members, dict(
+            spine_host=str(spine["host"]), spine_port=int(spine["port"]),
+            spine_threads=int(spine["threads"]), job_index=int(spine["job_index"]),
+            rank=int(spine["rank"]), key=int(spine["key"]), local_host=local,
+            rto_floor_us=int(settings.rto_floor_ms * 1000), drop_rate=float(settings.drop_rate)))
+    except Exception as exc:
+        agg.remove_job(index)
+        raise RequestError(f"job '{name}': cannot set up the uplink to {spine_where}: {exc}") from None
+    record = control.JobRecord(name, size, index, key, payload_bytes=payload, payload_final=True,
+                               payload_reason=f"payload {payload} B: set by the spine {spine_where}")
+    with srv.lock:
+        label = name if name not in srv.jobs else f"{name}#{index}"
+        srv.jobs[label] = record
+    sess.state.setdefault("rack_jobs", []).append((label, record))
+    log.info("job '%s': rack %s of %s, ranks %s, index %d, uplink to %s", name, spine["rank"],
+             spine.get("racks", "?"), _short(members), index, spine_where)
+    group, group_port = agg.group(index)
+    return {"job_index": index, "key": key, "slots": agg.slots, "data_port": agg.port,
+            "threads": agg.threads, "group": group, "group_port": group_port}
+
+
+def _rack_disconnect(srv: Any, sess: Any) -> None:
+    for label, record in sess.state.pop("rack_jobs", []):
+        with srv.lock:
+            if srv.jobs.get(label) is record:
+                del srv.jobs[label]
+        try:
+            srv.aggregator.remove_job(record.index)
+        except Exception:  # already gone
+            pass
+        log.info("job '%s': rack part freed (the spine's connection closed)", record.name)
+
+
+def _disconnect(srv: Any, sess: Any) -> None:
+    _spine_disconnect(srv, sess)
+    _rack_disconnect(srv, sess)
+
+
+control.register_handler("rack_grant", _rack_grant)
+control.register_handler("rack_job", _rack_job)
+control.register_disconnect_hook(_disconnect)

@@ -1,0 +1,208 @@
+"""Two levels on loopback: a spine and two rack aggregators (netreduce-switch --spine),
+two rank processes per rack; every rank registers at the spine (NETREDUCE_SWITCH)
+and sends its data through its rack aggregator (NETREDUCE_RACK_SWITCH).
+
+Checked: exact results for sizes 0, 1, a packet +-1, several MiB and every dtype;
+loss on the worker hop (engine drop knob), on the rack-spine hop (the rack
+aggregators' drop knob) and on both, still exact, with the spine's and the racks'
+counters showing that every byte was added exactly once (bytes_reduced = members x
+bytes) while resent partials arrived as duplicates; the spine killed mid-job gives
+every rank an error naming the spine's and its rack aggregator's addresses; a job
+secret at the spine (--require-secret) composes with the tree."""
+from __future__ import annotations
+
+import os
+import signal
+import uuid
+
+import numpy as np
+import pytest
+
+from netreduce import dataplane
+from netreduce.control.client import ControlClient
+from netreduce.errors import NetReduceError
+from tests.parallel.ranks import run_ranks
+
+PAYLOAD = 65464
+F32_PER_PACKET = PAYLOAD // 4
+SIZES = [0, 1, F32_PER_PACKET - 1, F32_PER_PACKET + 1, 3 * 2**20 // 4 + 7]
+DTYPES = ["float32", "float64", "float16", "bfloat16", "int32", "int64"]
+WIRE_BYTES = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2, "int32": 4, "int64": 8}
+
+
+def _job() -> str:
+    return "tree-" + uuid.uuid4().hex[:8]
+
+
+@pytest.fixture
+def tree(request):
+    """spawn(rack_args=[...], spine_args=[...]) -> (spine, [rack0, rack1])."""
+    from netreduce.switch import spawn
+    started = []
+
+    def start(rack_args=(), spine_args=()):
+        spine = spawn(host="127.0.0.1", port=0, extra_args=list(spine_args))
+        started.append(spine)
+        racks = []
+        for _ in range(2):
+            racks.append(spawn(host="127.0.0.1", port=0,
+                               extra_args=["--spine", "127.0.0.1", *rack_args]))
+            started.append(racks[-1])
+        return spine, racks
+
+    yield start
+    for proc in started:
+        proc.stop()
+
+
+def _values(dtype, rank, count, seed):
+    """Small integers in the dtype (bfloat16 as its bits): every sum is exact."""
+    v = np.random.default_rng(seed * 16 + rank).integers(-8, 8, count)
+    if dtype == "bfloat16":
+        return (v.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+    return v.astype(dtype)
+
+
+def _as_float(a, dtype):
+    return (a.astype(np.uint32) << 16).view(np.float32) if dtype == "bfloat16" else a
+
+
+def _cases():
+    out = []
+    for i, count in enumerate(SIZES):
+        out.append(("float32", "sum", count, i))
+    for j, dtype in enumerate(DTYPES):
+        for k, op in enumerate(("sum", "min", "max")):
+            out.append((dtype, op, 50_003 if op == "sum" else 20_001, 100 + 3 * j + k))
+    return out
+
+
+def _wire_bytes(cases) -> int:
+    return sum(count * WIRE_BYTES[dtype] for dtype, _, count, _ in cases)
+
+
+def _rank(rank, size, spine, racks, job, cases, kw, secret=""):
+    os.environ["NETREDUCE_RACK_SWITCH"] = "%s:%d" % racks[rank * len(racks) // size]
+    if secret:
+        os.environ["NETREDUCE_JOB_SECRET"] = secret
+    with dataplane.connect(spine, job, rank, size, timeout=20.0, **kw) as conn:
+        for dtype, op, count, seed in cases:
+            mine = _values(dtype, rank, count, seed)
+            conn.allreduce(mine, op=op, dtype="bfloat16" if dtype == "bfloat16" else None)
+            every = [_as_float(_values(dtype, r, count, seed), dtype).astype(np.float64)
+                     for r in range(size)]
+            ref = {"sum": np.sum, "min": np.min, "max": np.max}[op](every, axis=0) if every[0].size \
+                else np.zeros(0)
+            np.testing.assert_array_equal(_as_float(mine, dtype).astype(np.float64), ref,
+                                          err_msg=f"{dtype} {op} {count}")
+        out = {"stats": conn.stats(), "rack": conn.rack_index, "racks": conn.racks}
+        if rank == 0:  # every slot is complete at every level once this rank has its results
+            out["spine"] = conn.counters()["jobs"][job]
+            out["rack_counters"] = []
+            for address in racks:
+                with ControlClient(address) as c:
+                    out["rack_counters"].append(c.call("counters")["jobs"][job])
+        return out
+
+
+def _check_once(results, cases):
+    """Every byte added exactly once at every level."""
+    total = _wire_bytes(cases)
+    spine = results[0]["spine"]
+    assert spine["members"] == 2 and spine["bytes_reduced"] == 2 * total, spine
+    for rc in results[0]["rack_counters"]:
+        assert rc["members"] == 2 and rc["bytes_reduced"] == 2 * total, rc
+        assert rc["uplink_results_received"] == rc["uplink_partials_sent"], rc
+    assert [r["rack"] for r in results] == [0, 0, 1, 1]
+    assert all(r["racks"] == 2 for r in results)
+    return spine, results[0]["rack_counters"]
+
+
+def test_exact_through_rack_and_spine(tree):
+    spine, racks = tree()
+    cases = _cases()
+    results = run_ranks(_rank, 4, spine.address, [r.address for r in racks], _job(), cases, {})
+    spine_c, rack_c = _check_once(results, cases)
+    # One partial per slot per rack reached the spine; the only duplicates there are
+    # the racks' timeout probes (a loaded host can make the spine look slow).
+    assert spine_c["slots_completed"] == rack_c[0]["uplink_partials_sent"], (spine_c, rack_c)
+    assert spine_c["duplicates"] <= sum(rc["uplink_partials_resent"] for rc in rack_c)
+    assert spine_c["drops"] == 0 and all(rc["drops"] == 0 for rc in rack_c)
+    # What a rack sends: one partial per slot up (and its probes), one result per
+    # member down (and the answers to the members' resends).
+    for rc in rack_c:
+        assert rc["packets_out"] == (rc["uplink_partials_sent"] + rc["uplink_partials_resent"]
+                                     + 2 * rc["slots_completed"] + rc["retransmitted_results"]), rc
+
+
+@pytest.mark.parametrize("hop", ["worker", "uplink", "both"])
+def test_loss_on_either_hop_is_repaired_once(tree, hop):
+    rack_args = ["--uplink-drop-rate", "0.05", "--uplink-rto-ms", "2"] if hop != "worker" else []
+    kw = {"drop_rate": 0.05, "retransmit_ms": 2.0} if hop != "uplink" else {}
+    spine, racks = tree(rack_args=rack_args)
+    cases = _cases()[:5] + [("float16", "sum", 50_003, 7), ("int64", "max", 20_001, 8)]
+    results = run_ranks(_rank, 4, spine.address, [r.address for r in racks], _job(), cases, kw)
+    spine_c, rack_c = _check_once(results, cases)
+    if hop != "worker":
+        assert sum(rc["uplink_dropped"] for rc in rack_c) > 0
+        assert sum(rc["uplink_partials_resent"] for rc in rack_c) > 0
+        # Resent partials whose first copy did arrive: recognised, not added again.
+        assert spine_c["duplicates"] > 0
+    if hop != "uplink":
+        assert sum(r["stats"]["dropped_by_knob"] for r in results) > 0
+        assert sum(rc["duplicates"] for rc in rack_c) > 0
+
+
+def _until_spine_dies(rank, size, spine, racks, job, spine_pid):
+    os.environ["NETREDUCE_RACK_SWITCH"] = "%s:%d" % racks[rank * len(racks) // size]
+    with dataplane.connect(spine, job, rank, size, timeout=3.0) as conn:
+        a = np.ones(1000, dtype=np.float32)
+        conn.allreduce(a)
+        assert (a == size).all()
+        conn.allreduce(np.ones(1, dtype=np.float32))  # everyone is past the first
+        if rank == 0:
+            os.kill(spine_pid, signal.SIGKILL)
+        try:
+            conn.allreduce(np.ones(100_000, dtype=np.float32))
+        except NetReduceError as exc:
+            return str(exc)
+        return "no error"
+
+
+def test_spine_killed_names_the_spine(tree):
+    spine, racks = tree()
+    errors = run_ranks(_until_spine_dies, 4, spine.address, [r.address for r in racks], _job(),
+                       spine.proc.pid, timeout=60)
+    spine_at = "%s:%d" % spine.address
+    for rank, message in enumerate(errors):
+        rack_at = "%s:%d" % racks[rank // 2].address
+        assert spine_at in message and f"via rack aggregator {rack_at}" in message, message
+
+
+def test_job_secret_at_the_spine(tree):
+    spine, racks = tree(spine_args=["--require-secret"])
+    cases = [("float32", "sum", 100_000, 1), ("int32", "sum", 3, 2)]
+    results = run_ranks(_rank, 4, spine.address, [r.address for r in racks], _job(), cases, {},
+                        "s3cret-tree")
+    _check_once(results, cases)
+
+
+def _mixed(rank, size, spine, racks, job):
+    if rank < 2:
+        os.environ["NETREDUCE_RACK_SWITCH"] = "%s:%d" % racks[0]
+    with dataplane.connect(spine, job, rank, size, timeout=3.0) as conn:
+        try:
+            conn.allreduce(np.ones(10, dtype=np.float32))
+        except NetReduceError as exc:
+            return str(exc)
+        return "no error"
+
+
+def test_rack_on_some_ranks_only_is_refused_by_name(tree):
+    spine, racks = tree()
+    errors = run_ranks(_mixed, 4, spine.address, [r.address for r in racks], _job(), timeout=60)
+    for message in errors[:2]:
+        assert "rank(s) 2, 3 have not asked for their rack aggregator" in message, message
+        assert "NETREDUCE_RACK_SWITCH" in message
+    for message in errors[2:]:  # they wait on ranks that wait on them: the timeout names it
+        assert message != "no error"
