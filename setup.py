@@ -19,8 +19,15 @@ FRAMEWORKS = {
 ADAPTERS = [n for n, p in FRAMEWORKS.items() if os.path.exists(os.path.join(HERE, p, "__init__.py"))]
 
 
+# The verbs transport (native/transport/verbs) needs libibverbs' headers (Debian
+# libibverbs-dev); without them it is left out and `netreduce info` says so.
+HAVE_VERBS = os.path.exists("/usr/include/infiniband/verbs.h")
+
+
 def native_sources():
     found = glob.glob(os.path.join("native", "**", "*.cc"), recursive=True)
+    if not HAVE_VERBS:
+        found = [f for f in found if os.sep + os.path.join("transport", "verbs") + os.sep not in f]
     return sorted(found)
 
 
@@ -30,7 +37,8 @@ ext = Pybind11Extension(
     include_dirs=["native"],
     cxx_std=17,
     extra_compile_args=["-O3", "-fvisibility=hidden", "-Wall", "-Wno-unused-function", "-fwrapv"],
-    libraries=["z"],
+    libraries=["z"] + (["ibverbs"] if HAVE_VERBS else []),
+    define_macros=[("NETREDUCE_HAVE_VERBS", "1")] if HAVE_VERBS else [],
 )
 
 setup(

@@ -56,6 +56,23 @@ declare("NETREDUCE_DROP_RATE", float, 0.0,
         "fraction [0,1) of outgoing data packets the engine drops on purpose (loss tests)")
 declare("NETREDUCE_WINDOW", int, 0,
         "slots a worker keeps outstanding; 0 = all the slots the aggregator grants")
+
+
+def _transport(text: str) -> str:
+    low = text.strip().lower()
+    if low not in ("auto", "verbs", "udp"):
+        raise ValueError(f"expected auto, verbs or udp, got {text!r}")
+    return low
+
+
+_transport.__name__ = "auto|verbs|udp"
+declare("NETREDUCE_TRANSPORT", _transport, "auto",
+        "how a worker's packets leave: verbs = an RDMA UC queue pair (libibverbs; RoCE NIC or "
+        "Soft-RoCE), udp = a kernel UDP socket, auto = verbs when this build has it and a "
+        "RoCEv2 device holds the address that routes to the aggregator, else udp")
+declare("NETREDUCE_VERBS_DEVICE", str, "",
+        "RDMA device for the verbs transport (rxe0, mlx5_0, ...); empty = the one whose GID "
+        "table holds the address that routes to the aggregator")
 declare("NETREDUCE_RACK_SWITCH", str, "",
         "two-level tree: HOST[:PORT] of this host's rack aggregator (netreduce-switch "
         "--spine SPINE); data goes through it while NETREDUCE_SWITCH names the spine, "

@@ -11,7 +11,7 @@ from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 
-from netreduce import _native, config
+from netreduce import _native, config, verbs_transport
 from netreduce.control import auth, rack
 from netreduce.control.address import format_address, resolve
 from netreduce.control.client import ControlClient
@@ -141,6 +141,10 @@ class Connection:
             self.path_mtu, ipv6 = _native.path_mtu(self.address[0], self.address[1])
         except (ValueError, _native.EngineError) as exc:
             raise AdmissionError(f"{self._where()}: {exc}") from None
+        # NETREDUCE_TRANSPORT: a verbs rank reports the MTU its result packets allow.
+        self._verbs = verbs_transport.select(self.address[0], self.path_mtu, self._where)
+        if self._verbs is not None:
+            self.path_mtu = self._verbs.reported_mtu
         self._control = ControlClient(self.address, timeout=timeout)
         try:
             # NETREDUCE_JOB_SECRET: proved on a challenge, never sent (control/auth.py).
@@ -188,11 +192,12 @@ class Connection:
             raise
         grant = self._grant
         try:
+            transport = self._verbs.connect(self) if self._verbs is not None else None
             self._engine = _native.Engine(
                 host, self.data_port, self.threads, self.job, self.job_index,
                 self.rank, self.size, self.key, self.slots, self.payload_bytes,
                 group=str(grant.get("group", "")), group_port=int(grant.get("group_port", 0)),
-                **self._engine_args)
+                transport=transport, **self._engine_args)
         except Exception as exc:
             raise _translate(exc, self._where()) from None
         finally:

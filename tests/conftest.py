@@ -12,6 +12,7 @@ import pytest
 def pytest_configure(config):
     config.addinivalue_line("markers", "root: needs root (network namespaces, nftables)")
     config.addinivalue_line("markers", "slow: takes more than a few seconds")
+    config.addinivalue_line("markers", "softroce: boots a QEMU guest with Soft-RoCE (tests/softroce)")
 
 
 def require_root(*tools: str) -> None:

@@ -294,6 +294,9 @@ void Aggregator::QueueResult(Job& job, const wire::Header& round, uint32_t rank,
 void Aggregator::QueueResultPacket(Job& job, const wire::Header& round, uint32_t rank,
                                    const uint8_t* payload, uint16_t my_port, ResultBatch& out) {
   if (out.full()) out.Flush();
+  if (rank != wire::kGroupRank && job.verbs.Active(rank)) {
+    return QueueVerbsResult(job, round, rank, payload, my_port, out);
+  }
   const bool group = rank == wire::kGroupRank;
   const Endpoint to = group ? job.group : UnpackPeer(job.ranks[rank].peer.load(std::memory_order_relaxed));
   const uint32_t local_ip = job.ranks[group ? 0 : rank].local_ip.load(std::memory_order_relaxed);
@@ -354,6 +357,8 @@ void Aggregator::HandleDatagram(uint32_t thread_index, uint16_t my_port, const I
   if (h.result) return drop(Drop::kResultFlag);
   if (!ValidDType(h.dtype)) return drop(Drop::kBadDtype);
   if (!ValidOp(h.op)) return drop(Drop::kBadOp);
+  const bool verbs = job.verbs.Active(rank);  // round PSN and offset ride in RETH.VA
+  if (verbs && !TranslateVerbsRequest(&h, job.pool.payload_bytes())) return drop(Drop::kBadLength);
   if (h.slot >= job.pool.slots() || h.slot % cfg_.threads != thread_index) {
     return drop(Drop::kBadSlot);
   }
@@ -367,7 +372,8 @@ void Aggregator::HandleDatagram(uint32_t thread_index, uint16_t my_port, const I
     return drop(Drop::kBadLength);
   }
   const uint8_t* payload = pkt.buf + wire::kHeaderBytes;
-  if (!wire::IcrcValid(h, pkt.from.ip, pkt.local_ip, pkt.from.port, my_port, pkt.buf)) {
+  // A NIC's ICRC covers its IPv4 ID, which a UDP socket does not see: not checkable here.
+  if (!verbs && !wire::IcrcValid(h, pkt.from.ip, pkt.local_ip, pkt.from.port, my_port, pkt.buf)) {
     return drop(Drop::kBadIcrc);
   }
   job.ranks[rank].peer.store(PackPeer(pkt.from), std::memory_order_relaxed);

@@ -14,6 +14,7 @@
 #include "aggregator/counters.h"
 #include "aggregator/ordered_slot.h"
 #include "aggregator/slot_pool.h"
+#include "aggregator/verbs_peer.h"
 #include "aggregator/uplink.h"
 #include "common/status.h"
 #include "transport/udp/udp_transport.h"
@@ -59,6 +60,7 @@ struct Job {
   };
   std::vector<RankAddr> ranks;
   Endpoint group;  // multicast destination of results; ip 0 = unicast fan-out
+  VerbsPeerTable verbs{size};  // ranks on an RDMA queue pair (verbs_peer.h)
   // NETREDUCE_DETERMINISTIC: contributions folded in rank order (ordered_slot.h);
   // null = in arrival order.
   std::shared_ptr<OrderedSlots> ordered;
@@ -82,6 +84,7 @@ struct ResultBatch {
   std::vector<OutPacket> pkts;
   std::vector<uint8_t> headers;   // 32 bytes each
   std::vector<uint8_t> trailers;  // 8 each: pad (<= 3) + ICRC (4)
+  std::vector<uint8_t> verbs_heads = std::vector<uint8_t>(kArena * kVerbsResultHeadBytes);
   explicit ResultBatch(UdpTransport* s) : sock(s), headers(kArena * 32), trailers(kArena * 8) {
     pkts.reserve(kArena);
   }
@@ -110,6 +113,10 @@ class Aggregator {
   // returns the memory difference; refused once the job has received a packet.
   Status SetJobPayload(uint32_t index, uint32_t payload_bytes);
   Status RemoveJob(uint32_t index);
+  // A verbs rank's queue pair (verbs_peer.cc): its results become RDMA WRITEs into
+  // its ring; *first_psn is the PSN of the first one (the QP's expected PSN).
+  Status AttachVerbsPeer(uint32_t index, uint32_t rank, const VerbsPeerInfo& info,
+                         uint32_t* first_psn);
   // Deterministic reduction for an admitted job (NETREDUCE_DETERMINISTIC, negotiated
   // at admission): its slots fold contributions in rank order; the staging memory
   // (ordered_slot.h) is charged to the memory limit. Refused once the job has
@@ -141,6 +148,8 @@ class Aggregator {
                    uint16_t my_port, ResultBatch& out);
   void QueueResultPacket(Job& job, const wire::Header& round, uint32_t rank, const uint8_t* payload,
                          uint16_t my_port, ResultBatch& out);
+  void QueueVerbsResult(Job& job, const wire::Header& round, uint32_t rank, const uint8_t* payload,
+                        uint16_t my_port, ResultBatch& out);
   std::shared_ptr<Job> Lookup(uint32_t index) const;
   // Two levels (uplink.cc): the partial sum to the spine, its resends, the spine's
   // result (true when the packet was one), fan-out to the members.

@@ -39,17 +39,16 @@
 #include <cmath>
 #include <cstring>
 
+#include "engine/rtt.h"
 #include "wire/roce.h"
 
 namespace netreduce {
+using namespace engine_timing;
 namespace {
 
 using Clock = std::chrono::steady_clock;
 constexpr size_t kRecvBatch = 64;
 constexpr size_t kRecvBufBytes = 65536;
-constexpr int64_t kMaxRtoUs = 1000000;
-constexpr int64_t kInitialRtoUs = 5000;  // before the first round-trip sample
-constexpr int64_t kReorderFloorUs = 50;  // least reorder window of an overtaken chunk
 
 inline int64_t NowUs() {
   return std::chrono::duration_cast<std::chrono::microseconds>(Clock::now().time_since_epoch())
@@ -104,6 +103,13 @@ Status Engine::Create(const EngineConfig& cfg, std::unique_ptr<Engine>* out) {
   e->agg_ = Endpoint{agg_ip, htons(cfg.port)};
   uint32_t local_ip = 0;
   NR_RETURN_IF_ERROR(LocalAddressFor(e->agg_, &local_ip));
+  if (cfg.transport) {  // a transport the caller opened and connected (verbs)
+    if (!cfg.group.empty()) return InvalidArgument("multicast results need the UDP transport");
+    e->sock_ = cfg.transport;
+    e->thread_ = std::thread([p = e.get()] { p->ThreadMain(); });
+    *out = std::move(e);
+    return Status::Ok();
+  }
   UdpOptions o;
   char buf[INET_ADDRSTRLEN];
   in_addr a;
@@ -111,7 +117,9 @@ Status Engine::Create(const EngineConfig& cfg, std::unique_ptr<Engine>* out) {
   inet_ntop(AF_INET, &a, buf, sizeof(buf));
   o.host = buf;
   o.port = 0;
-  NR_RETURN_IF_ERROR(UdpTransport::Open(o, &e->sock_));
+  std::unique_ptr<UdpTransport> udp;
+  NR_RETURN_IF_ERROR(UdpTransport::Open(o, &udp));
+  e->sock_ = std::move(udp);
   if (!cfg.group.empty()) {
     UdpOptions g;
     g.join_group = cfg.group;
@@ -191,46 +199,6 @@ std::map<std::string, uint64_t> Engine::Stats() const {
           {"rto_us", rto_stat_us_.load()}};
 }
 
-void Engine::SampleRtt(double sample_us) {
-  // One sample moves the estimate at most to 4 srtt (kInitialRtoUs before the first):
-  // a round trip that waited for a rank still starting up, or one descheduled on a
-  // loaded host, would otherwise set the timeout to the 1 s cap for dozens of chunks.
-  // A longer path is still learnt, by a factor of about 1.4 per sample.
-  sample_us = std::min(sample_us, srtt_us_ == 0.0 ? double(kInitialRtoUs) : 4.0 * srtt_us_);
-  min_rtt_us_ = min_rtt_us_ == 0 ? int64_t(sample_us) : std::min(min_rtt_us_, int64_t(sample_us));
-  if (srtt_us_ == 0.0) {
-    srtt_us_ = sample_us;
-    rttvar_us_ = sample_us / 2;
-  } else {
-    rttvar_us_ = 0.75 * rttvar_us_ + 0.25 * std::abs(srtt_us_ - sample_us);
-    srtt_us_ = 0.875 * srtt_us_ + 0.125 * sample_us;
-  }
-  srtt_stat_us_ = uint64_t(srtt_us_);
-  rto_stat_us_ = uint64_t(Rto());
-}
-
-void Engine::SampleGap(double sample_us) {
-  if (gap_us_ == 0.0) {
-    gap_us_ = sample_us;
-    gapvar_us_ = sample_us / 2;
-  } else {
-    gapvar_us_ = 0.75 * gapvar_us_ + 0.25 * std::abs(gap_us_ - sample_us);
-    gap_us_ = 0.875 * gap_us_ + 0.125 * sample_us;
-  }
-}
-
-int64_t Engine::GapTimeout() const {
-  // Before the first gap sample: a quarter of the timeout, as for an overtaken chunk.
-  const int64_t est = gap_us_ == 0.0 ? Rto() / 4 : int64_t(gap_us_ + 4.0 * gapvar_us_);
-  return std::max(kReorderFloorUs, est);
-}
-
-int64_t Engine::Rto() const {
-  const int64_t floor = int64_t(cfg_.retransmit_ms * 1000.0);
-  const int64_t est = srtt_us_ == 0.0 ? kInitialRtoUs : int64_t(srtt_us_ + 4.0 * rttvar_us_);
-  return std::min(std::max(floor, est), kMaxRtoUs);
-}
-
 void Engine::ThreadMain() {
   for (;;) {
     std::shared_ptr<Request> r;
@@ -277,6 +245,10 @@ Status Engine::Run(Request& req) {
   if (req.count - 1 > wire::kMaxOffset) {
     return InvalidArgument("message of " + std::to_string(req.count) +
                            " elements exceeds the 2^40-element offset field");
+  }
+  if (uint64_t(nchunks) > sock_->MaxMessageChunks()) {
+    return InvalidArgument("message of " + std::to_string(nchunks) + " chunks exceeds the " +
+                           std::to_string(sock_->MaxMessageChunks()) + " this transport carries");
   }
   if (req.owner >= int32_t(cfg_.size)) {
     return InvalidArgument("reduce-scatter owner " + std::to_string(req.owner) +
@@ -557,7 +529,8 @@ Status Engine::Run(Request& req) {
         InPacket& p = in[i];
         wire::Header h;
         if (p.len > kRecvBufBytes || wire::Decode(p.buf, p.len, &h) != wire::DecodeError::kOk ||
-            !wire::IcrcValid(h, p.from.ip, p.local_ip, p.from.port, sock.local().port, p.buf)) {
+            (!p.verified &&
+             !wire::IcrcValid(h, p.from.ip, p.local_ip, p.from.port, sock.local().port, p.buf))) {
           ignored_results_++;
           continue;
         }

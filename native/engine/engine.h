@@ -39,6 +39,9 @@ struct EngineConfig {
   uint64_t seed = 0;
   std::string group;               // multicast group of results ("" = unicast only)
   uint16_t group_port = 0;
+  // A transport opened and connected by the caller (transport/verbs/); null = the
+  // engine opens a UDP socket toward host:port itself.
+  std::shared_ptr<Transport> transport;
 };
 
 class Engine {
@@ -81,7 +84,7 @@ class Engine {
   EngineConfig cfg_;
   uint32_t window_;
   bool jumbo_;
-  std::unique_ptr<UdpTransport> sock_;
+  std::shared_ptr<Transport> sock_;
   std::unique_ptr<UdpTransport> group_;  // joined multicast group, when the job has one
   Endpoint agg_;
   uint32_t my_qpn_;

@@ -106,6 +106,8 @@ py::dict HeaderToDict(const wire::Header& h) {
 }  // namespace
 
 void BindHierarchical(py::module_& m);  // hierarchical_bindings.cc
+void BindVerbs(py::module_& m);         // verbs_bindings.cc
+std::shared_ptr<Transport> TransportFromPy(const py::object& obj);  // verbs_bindings.cc
 
 PYBIND11_MODULE(_native, m) {
   m.doc() = "netreduce native data plane: RoCEv2 wire format, aggregator, worker engine";
@@ -137,7 +139,11 @@ PYBIND11_MODULE(_native, m) {
     for (int i = 0; i < kNumDTypes; ++i) names.append(DTypeName(DType(i)));
     d["dtypes"] = names;
     d["ops"] = py::make_tuple("sum", "min", "max", "product");
+#ifdef NETREDUCE_HAVE_VERBS
+    d["transports"] = py::make_tuple("udp", "verbs");
+#else
     d["transports"] = py::make_tuple("udp");
+#endif
     d["wire"] = "RoCEv2 (UDP, BTH+RETH+ImmDt, ICRC); jumbo software extension";
     d["max_payload"] = wire::kMaxPayload;
     d["compiler"] = __VERSION__;
@@ -217,12 +223,14 @@ PYBIND11_MODULE(_native, m) {
       .def(py::init([](const std::string& host, uint16_t port, uint32_t threads, const std::string& job,
                        uint32_t job_index, uint32_t rank, uint32_t size, uint32_t key, uint32_t slots,
                        uint32_t payload_bytes, uint32_t window, double retransmit_ms, double timeout_s,
-                       double drop_rate, uint64_t seed, const std::string& group, uint16_t group_port) {
+                       double drop_rate, uint64_t seed, const std::string& group, uint16_t group_port,
+                       py::object transport) {
              EngineConfig c;
              c.host = host; c.port = port; c.threads = threads; c.job = job; c.job_index = job_index;
              c.rank = rank; c.size = size; c.key = key; c.slots = slots; c.payload_bytes = payload_bytes;
              c.window = window; c.retransmit_ms = retransmit_ms; c.timeout_s = timeout_s;
              c.drop_rate = drop_rate; c.seed = seed; c.group = group; c.group_port = group_port;
+             c.transport = TransportFromPy(transport);
              std::unique_ptr<Engine> e;
              Throw(Engine::Create(c, &e));
              return e;
@@ -231,7 +239,7 @@ PYBIND11_MODULE(_native, m) {
            py::arg("rank"), py::arg("size"), py::arg("key"), py::arg("slots"), py::arg("payload_bytes"),
            py::arg("window") = 0, py::arg("retransmit_ms") = 50.0, py::arg("timeout_s") = 30.0,
            py::arg("drop_rate") = 0.0, py::arg("seed") = 0, py::arg("group") = "",
-           py::arg("group_port") = 0)
+           py::arg("group_port") = 0, py::arg("transport") = py::none())
       .def("submit", &SubmitBuffers, py::arg("src"), py::arg("dst"), py::arg("dtype"), py::arg("op"),
            py::arg("owner") = -1)
       .def("allreduce", [](Engine& e, py::buffer src, py::buffer dst, int dtype, int op) {
@@ -271,4 +279,5 @@ PYBIND11_MODULE(_native, m) {
                              reinterpret_cast<const uint8_t*>(hd.data()),
                              reinterpret_cast<const uint8_t*>(pl.data()), pl.size(), pad);
   });
+  BindVerbs(m);  // after Aggregator: it adds attach_verbs_peer to it
 }

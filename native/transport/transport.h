@@ -1,7 +1,7 @@
 // The seam between the data plane and the wire. The engine and the aggregator see
 // only this interface; transport/udp/ implements it over kernel UDP sockets with
-// sendmmsg/recvmmsg, and a later transport/verbs/ will implement the same file set
-// over RDMA verbs (UC RDMA WRITE with immediate), where the NIC builds the headers
+// sendmmsg/recvmmsg, and transport/verbs/ implements the same interface over an
+// RDMA UC queue pair (RDMA WRITE with immediate), where the NIC builds the headers
 // that the UDP transport's callers build by hand.
 #pragma once
 
@@ -38,6 +38,9 @@ struct InPacket {
   size_t len = 0;
   Endpoint from;
   uint32_t local_ip = 0;  // the address the sender targeted (network order)
+  // The transport has already checked the packet's integrity (a verbs NIC checks the
+  // ICRC before it completes a receive): the caller need not recompute it.
+  bool verified = false;
 };
 
 class Transport {
@@ -55,9 +58,19 @@ class Transport {
                             Endpoint* from) = 0;
   virtual Status RecvScatter(iovec* iov, int iovcnt, size_t* len) = 0;
   virtual Endpoint local() const = 0;
-  // A descriptor that polls readable when datagrams wait (a verbs transport would
-  // give its completion channel's).
+  // A descriptor that polls readable when datagrams wait (the verbs transport
+  // gives its completion channel's).
   virtual int PollFd() const = 0;
+  // Called before waiting on PollFd(): *ready = something can be received now. A
+  // verbs transport arms its completion channel here (and finds completions that
+  // landed before the arm); a socket needs nothing.
+  virtual Status PrepareWait(bool* ready) {
+    *ready = false;
+    return Status::Ok();
+  }
+  // The most chunks one message may have on this transport (verbs: 2^16, the chunk
+  // field of its RETH.VA; docs/protocol.md "Verbs peers").
+  virtual uint64_t MaxMessageChunks() const { return ~uint64_t(0); }
 };
 
 // Waits up to `timeout_us` until any of `n` transports has something to read.

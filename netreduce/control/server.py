@@ -377,3 +377,7 @@ def _answer(srv: ControlServer, sess: Session, line: bytes) -> "tuple[Dict[str, 
     except (KeyError, TypeError, ValueError, ArithmeticError, RecursionError) as exc:
         return ({} if not isinstance(msg, dict) else msg,
                 {"ok": False, "error": f"malformed request {line[:200]!r}: {exc!r}"})
+
+
+# Commands of their own modules (registered on import).
+from netreduce.control import verbs as _verbs  # noqa: E402,F401  verbs_connect

@@ -288,7 +288,12 @@ Status UdpTransport::RecvBatch(InPacket* pkts, size_t max, int64_t timeout_us, s
 Status WaitReadable(Transport* const* transports, size_t n, int64_t timeout_us) {
   pollfd pfds[4];
   n = std::min<size_t>(n, 4);
-  for (size_t i = 0; i < n; ++i) pfds[i] = pollfd{transports[i]->PollFd(), POLLIN, 0};
+  for (size_t i = 0; i < n; ++i) {
+    bool ready = false;
+    NR_RETURN_IF_ERROR(transports[i]->PrepareWait(&ready));
+    if (ready) return Status::Ok();
+    pfds[i] = pollfd{transports[i]->PollFd(), POLLIN, 0};
+  }
   timespec ts{time_t(timeout_us / 1000000), long((timeout_us % 1000000) * 1000)};
   if (ppoll(pfds, n, &ts, nullptr) < 0 && errno != EINTR) return IoError(Errno("ppoll"));
   return Status::Ok();
