@@ -1,0 +1,167 @@
+"""Two levels (rack + spine) against one aggregator on the emulated testbed.
+
+    sudo PYTHONPATH=. python3 benchmarks/two_level.py --rate 200mbit --size 4M --iters 5
+
+The testbed layout of netreduce/testbed/two_level.py, 2 racks x 2 hosts: ranks 0..3
+in h0..h3 (rack 0 = ranks 0, 1; rack 1 = ranks 2, 3), the rack aggregators in h4 and
+h5 (netreduce-switch --spine h6; their links shaped to 3x --rate, a top-of-rack
+switch's ports), the spine in h6; workers' and the spine's links shaped to --rate
+each way. All share one emulated bridge, so the racks are logical (what goes where
+follows the tree). In the same run, mode
+``single`` puts one netreduce-switch in h6 and every rank uses it (NETREDUCE_SWITCH
+only), mode ``tree`` sends every rank's data through its rack aggregator
+(NETREDUCE_RACK_SWITCH) with h6 as the spine. The aggregator/spine link carries
+4 S each way with one aggregator and 2 S (one partial sum per rack) with the tree,
+so the tree should take about half the time when that link binds.
+
+Ranks go through the public API (netreduce.init, allreduce); a checked phase first
+(dtypes, sizes 0, 1, a packet +- 1, exact integers), then --iters timed all-reduces
+of --size bytes of float32; time = slowest rank's median. Wire bytes are the veth
+counters of every node over the whole run (control traffic included).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from typing import Dict, List
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)
+
+from benchmarks.common import parse_size  # noqa: E402
+from netreduce.testbed import Testbed  # noqa: E402
+from netreduce.testbed.two_level import two_level_plan  # noqa: E402
+
+RANKS, RACKS, SPINE = 4, (4, 5), 6
+RANK = r'''
+import json, statistics, sys, time
+import numpy as np
+import netreduce as nr
+nr.init()
+n, iters = int(sys.argv[1]), int(sys.argv[2])
+r, size = nr.rank(), nr.size()
+checked = 0
+for seed, (dtype, count) in enumerate([("float32", 0), ("float32", 1), ("float32", 2237),
+                                      ("float32", 2239), ("float64", 100003), ("int32", 70001),
+                                      ("int64", 5), ("float16", 30011)]):
+    mine = (np.random.default_rng([seed, r]).integers(-8, 8, count)).astype(dtype)
+    want = sum(np.random.default_rng([seed, q]).integers(-8, 8, count) for q in range(size))
+    got = nr.allreduce(mine, op=nr.Sum, name=f"c{seed}")
+    assert np.array_equal(np.asarray(got, dtype=np.float64), np.asarray(want, dtype=np.float64)), (dtype, count)
+    checked += 1
+x = np.full(n, float(r + 1), np.float32)
+times = []
+for i in range(iters):
+    t = time.perf_counter()
+    got = nr.allreduce(x, op=nr.Sum, name=f"t{i}")
+    times.append(time.perf_counter() - t)
+    assert np.all(got == size * (size + 1) / 2), "wrong sum"
+print(json.dumps({"rank": r, "median_s": statistics.median(times), "checked": checked,
+                  "algorithm": nr.api._comm().dp.name}), flush=True)
+nr.shutdown()
+'''
+
+
+def _daemon(tb: Testbed, host: int, args: List[str]) -> subprocess.Popen:
+    node = tb.hosts[host]
+    proc = tb.popen(node, [sys.executable, "-m", "netreduce.switch", "--host", node.address,
+                           "--port", "4791", *args],
+                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 30
+    line = ""
+    while time.monotonic() < deadline and "listening on" not in line:
+        line = proc.stdout.readline()
+        if not line:
+            break
+    if "listening on" not in line:
+        proc.kill()
+        raise RuntimeError(f"netreduce-switch in {node.netns} did not start: {line!r}")
+    return proc
+
+
+def run_mode(tb: Testbed, mode: str, size: int, iters: int, timeout: float = 300,
+             per_host: int = 1) -> Dict:
+    """One job in ``mode`` ('single' or 'tree'): per-rank results and per-node wire
+    bytes. ``per_host`` > 1 runs that many ranks in each worker host (the launcher's
+    local ranks): the hierarchical all-reduce, its shards through the tree."""
+    spine = tb.hosts[SPINE].address
+    daemons = []
+    try:
+        daemons.append(_daemon(tb, SPINE, []))
+        if mode == "tree":
+            for h in RACKS:
+                daemons.append(_daemon(tb, h, ["--spine", spine]))
+        before = tb.counters()
+        job = f"tb2-{mode}-" + uuid.uuid4().hex[:6]
+        procs = []
+        for r in range(RANKS * per_host):
+            host = r // per_host
+            env = dict(os.environ, NETREDUCE_SWITCH=f"{spine}:4791", NETREDUCE_JOB=job,
+                       NETREDUCE_RANK=str(r), NETREDUCE_SIZE=str(RANKS * per_host),
+                       NETREDUCE_LOCAL_RANK=str(r % per_host), NETREDUCE_LOCAL_SIZE=str(per_host),
+                       NETREDUCE_TIMEOUT="60",
+                       PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]))
+            if mode == "tree":
+                env["NETREDUCE_RACK_SWITCH"] = f"{tb.hosts[RACKS[host * 2 // RANKS]].address}:4791"
+            procs.append(tb.popen(host, [sys.executable, "-c", RANK, str(size // 4), str(iters)],
+                                  env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True))
+        ranks = []
+        for p in procs:
+            out, err = p.communicate(timeout=timeout)
+            lines = [ln for ln in out.splitlines() if ln.startswith("{")]
+            if p.returncode != 0 or not lines:
+                raise RuntimeError(f"{mode}: a rank failed (exit {p.returncode}): {err[-3000:]}")
+            ranks.append(json.loads(lines[-1]))
+        after = tb.counters()
+    finally:
+        for proc in daemons:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+    wire = {name: {k: after[name][k] - before[name][k] for k in after[name]} for name in after}
+    return {"mode": mode, "ranks": ranks, "wire": wire,
+            "time_s": max(r["median_s"] for r in ranks)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rate", default="200mbit")
+    ap.add_argument("--size", default="4M")
+    ap.add_argument("--iters", type=int, default=5)
+    ap.add_argument("--name", default="nrtwo")
+    ap.add_argument("--json", default=None, help="write the raw records here")
+    args = ap.parse_args()
+    size = parse_size(args.size)
+    layout = two_level_plan(2, 2, args.rate, name=args.name, subnet="10.78.250.0/24")
+    with Testbed(plan=layout.plan, replace=True) as tb:
+        runs = [run_mode(tb, m, size, args.iters) for m in ("single", "tree", "single", "tree")]
+    by = {m: [r for r in runs if r["mode"] == m] for m in ("single", "tree")}
+    print(f"{'mode':8} {'time s':>8} {'GB/s/rank':>10} {'agg/spine rx MB':>16} "
+          f"{'rack rx MB':>11} {'worker tx MB':>13}")
+    for m, rs in by.items():
+        for r in rs:
+            w = r["wire"]
+            racks = "/".join(f"{w[f'h{h}']['rx_bytes'] / 1e6:.1f}" for h in RACKS) if m == "tree" else "-"
+            worker_tx = sum(w[f"h{i}"]["tx_bytes"] for i in range(RANKS)) / RANKS / 1e6
+            print(f"{m:8} {r['time_s']:8.3f} {size / r['time_s'] / 1e9:10.3f} "
+                  f"{w[f'h{SPINE}']['rx_bytes'] / 1e6:16.1f} {racks:>11} {worker_tx:13.1f}")
+    best = {m: min(r["time_s"] for r in rs) for m, rs in by.items()}
+    print(f"tree vs single aggregator: {best['single'] / best['tree']:.2f}x faster "
+          f"(best of {len(by['tree'])} alternating runs each)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(runs, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

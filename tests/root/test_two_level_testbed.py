@@ -1,0 +1,49 @@
+"""Two levels on the emulated testbed (benchmarks/two_level.py's layout): 2 racks x 2
+hosts, a rack aggregator per rack, a spine, every link shaped. Through the public API,
+exact results (dtypes, sizes 0, 1, a packet +- 1), and the wire bytes on the spine's
+link are one partial sum per rack: about 2x what a worker sends, where one aggregator
+for all four ranks receives about 4x. Needs root; skipped with the reason otherwise."""
+from __future__ import annotations
+
+import pytest
+
+from benchmarks.two_level import RACKS, RANKS, SPINE, run_mode
+from netreduce.testbed import Testbed, why_unusable
+from netreduce.testbed.two_level import two_level_plan
+from tests.root import scratch_testbed_name
+
+REASON = why_unusable()
+pytestmark = [pytest.mark.root, pytest.mark.skipif(REASON is not None, reason=REASON or "")]
+
+
+def test_spine_link_carries_one_partial_per_rack():
+    layout = two_level_plan(2, 2, "1gbit", name=scratch_testbed_name("t2")[:8],
+                            subnet="10.78.251.0/24")
+    assert (layout.rack_aggregators, layout.spine) == (list(RACKS), SPINE)
+    with Testbed(plan=layout.plan, replace=True) as tb:
+        single = run_mode(tb, "single", 2 << 20, 2)
+        tree = run_mode(tb, "tree", 2 << 20, 2)
+    for run in (single, tree):
+        assert all(r["checked"] == 8 and r["algorithm"] == "flat" for r in run["ranks"]), run
+    for run, expect in ((single, RANKS), (tree, len(RACKS))):
+        w = run["wire"]
+        worker_tx = sum(w[f"h{i}"]["tx_bytes"] for i in range(RANKS)) / RANKS
+        ratio = w[f"h{SPINE}"]["rx_bytes"] / worker_tx
+        assert expect * 0.9 < ratio < expect * 1.1, (run["mode"], ratio, w)
+    w = tree["wire"]
+    for h in RACKS:  # two members' data in, one result from the spine
+        worker_tx = sum(w[f"h{i}"]["tx_bytes"] for i in range(RANKS)) / RANKS
+        assert 2.7 < w[f"h{h}"]["rx_bytes"] / worker_tx < 3.3, w
+
+
+def test_hierarchical_hosts_through_the_tree():
+    """Two ranks per host: the hierarchical all-reduce's shards (one sub-job per local
+    rank) each go through the tree; every host link still carries S, the spine's 2 S."""
+    layout = two_level_plan(2, 2, "1gbit", name=scratch_testbed_name("t3")[:8],
+                            subnet="10.78.252.0/24")
+    with Testbed(plan=layout.plan, replace=True) as tb:
+        run = run_mode(tb, "tree", 2 << 20, 2, per_host=2)
+    assert all(r["checked"] == 8 and r["algorithm"] == "hierarchical" for r in run["ranks"]), run
+    w = run["wire"]
+    worker_tx = sum(w[f"h{i}"]["tx_bytes"] for i in range(RANKS)) / RANKS
+    assert 1.8 < w[f"h{SPINE}"]["rx_bytes"] / worker_tx < 2.2, w
