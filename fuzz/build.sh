@@ -13,7 +13,8 @@ mkdir -p "$OUT" "$OBJ"
 SAN="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
 FLAGS="-std=c++17 -g -O1 -Inative -fwrapv $SAN"
 AGG_SRC="native/aggregator/aggregator.cc native/aggregator/counters.cc native/aggregator/slot_pool.cc
-         native/wire/roce.cc $OBJ/kernels.o native/transport/udp/udp_transport.cc"
+         native/wire/roce.cc $OBJ/kernels.o native/transport/udp/udp_transport.cc
+         native/transport/udp/sockaddr.cc"
 ENGINE_SRC="native/engine/engine.cc"
 # clang < 15 lacks __builtin_cpu_supports("f16c"): a shim for kernels.cc only.
 SHIM=""

@@ -13,6 +13,7 @@ import numpy as np
 
 import netreduce
 from netreduce import config, environment
+from netreduce.control.address import parse_address
 from netreduce.control.probe import probe
 
 
@@ -65,7 +66,8 @@ def _print_aggregator(agg: Dict[str, Any], w: Any) -> None:
     if "error" in agg:
         w(f": error: {agg['error']}\n")
         return
-    w(f" ({agg['resolved']})\n" if agg["resolved"] != agg["address"].rsplit(":", 1)[0] else "\n")
+    literal = parse_address(agg["address"])[0]  # "[::1]:4791" -> "::1"
+    w(f" ({agg['resolved']})\n" if agg["resolved"] != literal else "\n")
     if "path_mtu" in agg:
         w(f"  this host: {agg['payload_reason']}\n")
     else:

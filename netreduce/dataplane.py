@@ -132,11 +132,6 @@ class Connection:
             self.address = resolve(self.address)
         except ValueError as exc:
             raise AdmissionError(f"{self._where()}: {exc}") from None
-        if ":" in self.address[0]:
-            raise AdmissionError(
-                f"{self._where()}: the aggregator address is IPv6, but the data plane speaks "
-                "RoCEv2 over IPv4 only; give NETREDUCE_SWITCH an IPv4 address or a host name "
-                "that has one")
         try:
             self.path_mtu, ipv6 = _native.path_mtu(self.address[0], self.address[1])
         except (ValueError, _native.EngineError) as exc:

@@ -20,6 +20,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import netreduce
 from netreduce import switch_service
+from netreduce.control.address import connect_address, family_of, format_address, parse_address
 from netreduce.errors import NetReduceError
 from netreduce.process import detach_and_die_with_parent, terminate
 
@@ -35,7 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "slot and returns the sum to all of them (RoCEv2-framed UDP).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--host", default="0.0.0.0",
-                   help="address to listen on, for the TCP control port and the UDP data ports")
+                   help="address to listen on, for the TCP control port and the UDP data ports: "
+                        "IPv4, IPv6 ('::' serves IPv4 and IPv6 ranks alike) or a host name")
     p.add_argument("--port", type=int, default=DEFAULT_PORT,
                    help="TCP control port; UDP data ports are PORT..PORT+THREADS-1 "
                         "(4791 is RoCEv2's port); 0 picks a free one and prints it")
@@ -117,10 +119,13 @@ def _start_aggregator(native, args) -> Tuple[object, int]:
     for _ in range(attempts):
         port = args.port
         if port == 0:
-            probe = socket.socket()
-            probe.bind((args.host, 0))
-            port = probe.getsockname()[1]
-            probe.close()
+            try:
+                with socket.socket(family_of(args.host)) as probe:
+                    probe.bind((args.host, 0))
+                    port = probe.getsockname()[1]
+            except (OSError, ValueError) as exc:
+                raise NetReduceError(f"cannot listen on {format_address((args.host, 0))}: "
+                                     f"{getattr(exc, 'strerror', None) or exc}") from None
         cap = native.MAX_PAYLOAD if args.payload_bytes is None else args.payload_bytes
         agg = native.Aggregator(args.host, port, args.slots, cap, args.max_jobs,
                                 args.threads, args.memory_mb << 20,
@@ -130,7 +135,7 @@ def _start_aggregator(native, args) -> Tuple[object, int]:
             return agg, port
         except Exception as exc:  # port taken: try another when picking
             last = exc
-    raise NetReduceError(f"netreduce-switch: cannot start on {args.host}:{args.port}: {last}")
+    raise NetReduceError(f"cannot start on {format_address((args.host, args.port))}: {last}")
 
 
 def _raise_fd_limit() -> None:
@@ -180,7 +185,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except ImportError:
         pass
 
-    address = f"{args.host}:{port}"
+    address = format_address((args.host, port))
     metrics = None
     if args.metrics_port is not None:
         from netreduce import switch_metrics  # prometheus_client: only when asked for
@@ -204,7 +209,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     signal.signal(signal.SIGHUP, lambda signum, frame: life.on_status())
     thread = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
     thread.start()
-    print(f"{READY_PREFIX}{args.host}:{port} (udp {port}..{port + args.threads - 1}, "
+    print(f"{READY_PREFIX}{address} (udp {port}..{port + args.threads - 1}, "
           f"{args.slots} slots x {_payload_words(args.payload_bytes)}, max {args.max_jobs} jobs, "
           f"{args.fanout} fan-out)", flush=True)
     while not life.stop.wait(0.2):
@@ -255,14 +260,14 @@ def spawn(host: str = "127.0.0.1", port: int = 0, timeout: float = 30.0,
         if ready:
             line = proc.stdout.readline()
             if line.startswith(READY_PREFIX):
-                addr = line[len(READY_PREFIX):].split()[0]
-                h, _, p = addr.rpartition(":")
-                return SwitchProcess(proc, ("127.0.0.1" if h == "0.0.0.0" else h, int(p)))
+                listen = parse_address(line[len(READY_PREFIX):].split()[0], what="ready line")
+                return SwitchProcess(proc, connect_address(listen))
         if proc.poll() is not None:
             break
     proc.kill()
     proc.wait()
-    raise NetReduceError(f"netreduce-switch did not start on {host}:{port} within {timeout} s "
+    raise NetReduceError(f"netreduce-switch did not start on {format_address((host, port))} "
+                         f"within {timeout} s "
                          f"(exit code {proc.returncode}); command: {' '.join(cmd)}")
 
 

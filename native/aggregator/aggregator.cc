@@ -298,8 +298,10 @@ void Aggregator::QueueResultPacket(Job& job, const wire::Header& round, uint32_t
     return QueueVerbsResult(job, round, rank, payload, my_port, out);
   }
   const bool group = rank == wire::kGroupRank;
-  const Endpoint to = group ? job.group : UnpackPeer(job.ranks[rank].peer.load(std::memory_order_relaxed));
-  const uint32_t local_ip = job.ranks[group ? 0 : rank].local_ip.load(std::memory_order_relaxed);
+  Endpoint to;
+  IpAddr local_ip;  // IPv4 or IPv6, as the rank's packets came
+  job.ranks[group ? 0 : rank].full.Load(&to, &local_ip);
+  if (group) to = job.group;
   const size_t k = out.pkts.size();
   uint8_t* hdr = &out.headers[k * wire::kHeaderBytes];
   uint8_t* trailer = &out.trailers[k * 8];
@@ -307,10 +309,11 @@ void Aggregator::QueueResultPacket(Job& job, const wire::Header& round, uint32_t
   h.dest_qp = wire::MakeQpn(job.index, rank);
   h.result = true;
   wire::Encode(h, hdr);
-  wire::WriteTrailer(h, local_ip, to.ip, my_port, to.port, hdr, payload, trailer);
+  wire::WriteTrailer(h, local_ip, to.address(), my_port, to.port, hdr, payload, trailer);
   OutPacket p;
   p.to = to;
-  p.from_ip = local_ip;
+  p.from_ip = local_ip.is_v4() ? local_ip.v4() : 0;
+  if (!local_ip.is_v4()) p.from_ip6 = local_ip;
   p.iov[0] = {hdr, wire::kHeaderBytes};
   p.iov[1] = {const_cast<uint8_t*>(payload), h.length};
   p.iov[2] = {trailer, size_t(h.pad) + wire::kIcrcBytes};
@@ -373,11 +376,12 @@ void Aggregator::HandleDatagram(uint32_t thread_index, uint16_t my_port, const I
   }
   const uint8_t* payload = pkt.buf + wire::kHeaderBytes;
   // A NIC's ICRC covers its IPv4 ID, which a UDP socket does not see: not checkable here.
-  if (!verbs && !wire::IcrcValid(h, pkt.from.ip, pkt.local_ip, pkt.from.port, my_port, pkt.buf)) {
+  if (!verbs && !wire::IcrcValid(h, pkt.from.address(), pkt.local_address(), pkt.from.port, my_port, pkt.buf)) {
     return drop(Drop::kBadIcrc);
   }
   job.ranks[rank].peer.store(PackPeer(pkt.from), std::memory_order_relaxed);
   job.ranks[rank].local_ip.store(pkt.local_ip, std::memory_order_relaxed);
+  job.ranks[rank].full.Store(pkt.from, pkt.local_address());
 
   std::unique_lock<std::mutex> tree_lock;  // a rack's slots: spine results come on any thread
   if (job.uplink) tree_lock = job.uplink->Lock(h.slot, h.shadow);

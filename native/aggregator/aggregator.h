@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "aggregator/counters.h"
+#include "aggregator/rank_address.h"
 #include "aggregator/ordered_slot.h"
 #include "aggregator/slot_pool.h"
 #include "aggregator/verbs_peer.h"
@@ -54,9 +55,12 @@ struct Job {
   Counters counters;
   // Where each rank's packets come from and which local address they target:
   // (ip << 32 | port << 16) packed, written by whichever data thread saw it last.
+  // IPv4 only (0 for an IPv6 rank); `full` holds either family (rank_address.h)
+  // and is what unicast results are sent by.
   struct RankAddr {
     std::atomic<uint64_t> peer{0};
     std::atomic<uint32_t> local_ip{0};
+    RankAddress full;
   };
   std::vector<RankAddr> ranks;
   Endpoint group;  // multicast destination of results; ip 0 = unicast fan-out

@@ -98,10 +98,10 @@ Status Engine::Create(const EngineConfig& cfg, std::unique_ptr<Engine>* out) {
     return InvalidArgument("drop rate must be in [0, 1), got " + std::to_string(cfg.drop_rate));
   }
   std::unique_ptr<Engine> e(new Engine(cfg));
-  uint32_t agg_ip = 0;
-  NR_RETURN_IF_ERROR(ResolveIpv4(cfg.host, &agg_ip));
-  e->agg_ = Endpoint{agg_ip, htons(cfg.port)};
-  uint32_t local_ip = 0;
+  IpAddr agg_ip;  // IPv4 or IPv6 (transport/udp/sockaddr.h)
+  NR_RETURN_IF_ERROR(ResolveHost(cfg.host, &agg_ip));
+  e->agg_ = Endpoint::Of(agg_ip, htons(cfg.port));
+  IpAddr local_ip;  // of the aggregator's family: the socket below binds it
   NR_RETURN_IF_ERROR(LocalAddressFor(e->agg_, &local_ip));
   if (cfg.transport) {  // a transport the caller opened and connected (verbs)
     if (!cfg.group.empty()) return InvalidArgument("multicast results need the UDP transport");
@@ -111,10 +111,7 @@ Status Engine::Create(const EngineConfig& cfg, std::unique_ptr<Engine>* out) {
     return Status::Ok();
   }
   UdpOptions o;
-  char buf[INET_ADDRSTRLEN];
-  in_addr a;
-  a.s_addr = local_ip;
-  inet_ntop(AF_INET, &a, buf, sizeof(buf));
+  const std::string buf = ToString(local_ip);
   o.host = buf;
   o.port = 0;
   std::unique_ptr<UdpTransport> udp;
@@ -142,7 +139,11 @@ Engine::~Engine() {
   if (thread_.joinable()) thread_.join();
 }
 
-std::string Engine::AggregatorAddress() const { return cfg_.host + ":" + std::to_string(cfg_.port); }
+std::string Engine::AggregatorAddress() const {
+  const std::string port = std::to_string(cfg_.port);  // IPv6 in brackets: "[fd00::1]:4791"
+  return cfg_.host.find(':') != std::string::npos ? "[" + cfg_.host + "]:" + port
+                                                  : cfg_.host + ":" + port;
+}
 
 std::string Engine::Where(uint32_t slot) const {
   return "aggregator " + AggregatorAddress() + ", job '" + cfg_.job + "' (index " +
@@ -325,8 +326,10 @@ Status Engine::Run(Request& req) {
     h.msg_id = msg_id;
     wire::Encode(h, t.header);
     const uint8_t* payload = req.src + first * esize;
-    Endpoint to{agg_.ip, htons(uint16_t(cfg_.port + slot % cfg_.threads))};
-    wire::WriteTrailer(h, sock_->local().ip, to.ip, sock_->local().port, to.port, t.header,
+    Endpoint to = agg_;
+    to.port = htons(uint16_t(cfg_.port + slot % cfg_.threads));
+    wire::WriteTrailer(h, sock_->local().address(), to.address(), sock_->local().port, to.port,
+                       t.header,
                        payload, t.trailer);
     t.head = true;
     for (const SlotTrack& o : slots) {
@@ -530,7 +533,7 @@ Status Engine::Run(Request& req) {
         wire::Header h;
         if (p.len > kRecvBufBytes || wire::Decode(p.buf, p.len, &h) != wire::DecodeError::kOk ||
             (!p.verified &&
-             !wire::IcrcValid(h, p.from.ip, p.local_ip, p.from.port, sock.local().port, p.buf))) {
+             !wire::IcrcValid(h, p.from.address(), p.local_address(), p.from.port, sock.local().port, p.buf))) {
           ignored_results_++;
           continue;
         }

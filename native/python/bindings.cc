@@ -279,5 +279,17 @@ PYBIND11_MODULE(_native, m) {
                              reinterpret_cast<const uint8_t*>(hd.data()),
                              reinterpret_cast<const uint8_t*>(pl.data()), pl.size(), pad);
   });
+  // The same from address text (IPv4 or IPv6 literals) and host-order ports.
+  m.def("compute_icrc_for", [](const std::string& src, const std::string& dst, uint16_t src_port,
+                               uint16_t dst_port, py::bytes header, py::bytes payload, uint32_t pad) {
+    IpAddr s_ip, d_ip;
+    Throw(ResolveHost(src, &s_ip));
+    Throw(ResolveHost(dst, &d_ip));
+    std::string hd = header, pl = payload;
+    return wire::ComputeIcrc(s_ip, d_ip, htons(src_port), htons(dst_port),
+                             reinterpret_cast<const uint8_t*>(hd.data()),
+                             reinterpret_cast<const uint8_t*>(pl.data()), pl.size(), pad);
+  }, py::arg("src"), py::arg("dst"), py::arg("src_port"), py::arg("dst_port"), py::arg("header"),
+     py::arg("payload"), py::arg("pad"));
   BindVerbs(m);  // after Aggregator: it adds attach_verbs_peer to it
 }

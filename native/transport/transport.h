@@ -11,22 +11,46 @@
 #include <cstdint>
 #include <string>
 
+#include "common/ip_address.h"
 #include "common/status.h"
 
 namespace netreduce {
 
-// An IPv4 endpoint, both fields in network byte order.
+// An IPv4 or IPv6 endpoint, the port in network byte order. IPv4 lives in `ip`
+// (network order), as everything written for IPv4 reads it; an IPv6 endpoint has
+// v6 set, ip = 0 and its address in `ip6` (common/ip_address.h). address() is the
+// one view of both that code serving either family uses; Of() builds either.
 struct Endpoint {
   uint32_t ip = 0;
   uint16_t port = 0;
-  bool operator==(const Endpoint& o) const { return ip == o.ip && port == o.port; }
+  IpAddr ip6;       // the IPv6 address, when v6
+  bool v6 = false;  // an IPv6 endpoint ("::" included)
+
+  static Endpoint Of(const IpAddr& a, uint16_t port_be) {
+    Endpoint e;
+    e.port = port_be;
+    if (a.is_v4()) {
+      e.ip = a.v4();
+    } else {
+      e.ip6 = a;
+      e.v6 = true;
+    }
+    return e;
+  }
+  bool is_v6() const { return v6; }
+  IpAddr address() const { return v6 ? ip6 : IpAddr::V4(ip); }
+  bool operator==(const Endpoint& o) const {
+    return ip == o.ip && port == o.port && v6 == o.v6 && ip6 == o.ip6;
+  }
 };
-std::string ToString(const Endpoint& e);
+// "10.0.0.1:4791" or "[fd00::1]:4791".
+inline std::string ToString(const Endpoint& e) { return ToString(e.address(), e.port); }
 
 // One datagram to send, gathered from up to three pieces (header, payload, trailer).
 struct OutPacket {
   Endpoint to;
-  uint32_t from_ip = 0;  // source address to use (network order); 0 = the kernel's choice
+  uint32_t from_ip = 0;  // IPv4 source address to use (network order); 0 = the kernel's choice
+  IpAddr from_ip6;       // IPv6 source address to use, if set (it wins over from_ip)
   iovec iov[3];
   int iovcnt = 0;
 };
@@ -37,7 +61,10 @@ struct InPacket {
   size_t cap = 0;
   size_t len = 0;
   Endpoint from;
-  uint32_t local_ip = 0;  // the address the sender targeted (network order)
+  uint32_t local_ip = 0;  // the IPv4 address the sender targeted (network order)
+  IpAddr local_ip6;       // the IPv6 address the sender targeted, if it was IPv6
+  // The targeted address of either family.
+  IpAddr local_address() const { return local_ip6.unspecified() ? IpAddr::V4(local_ip) : local_ip6; }
   // The transport has already checked the packet's integrity (a verbs NIC checks the
   // ICRC before it completes a receive): the caller need not recompute it.
   bool verified = false;

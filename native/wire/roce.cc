@@ -64,34 +64,48 @@ DecodeError Decode(const uint8_t* pkt, size_t len, Header* h) {
   return DecodeError::kOk;
 }
 
-uint32_t ComputeIcrc(uint32_t src_ip_be, uint32_t dst_ip_be, uint16_t src_port_be,
+uint32_t ComputeIcrc(const IpAddr& src, const IpAddr& dst, uint16_t src_port_be,
                      uint16_t dst_port_be, const uint8_t* header, const uint8_t* payload,
                      size_t payload_len, size_t pad) {
-  // 8 x 0xFF (masked LRH) + IPv4 header (20) + UDP header (8) + BTH (12).
-  uint8_t pseudo[8 + 20 + 8 + kBthBytes];
+  // 8 x 0xFF (masked LRH) + IP header (20 or 40) + UDP header (8) + BTH (12).
+  uint8_t pseudo[8 + 40 + 8 + kBthBytes];
   std::memset(pseudo, 0xFF, 8);
   uint8_t* ip = pseudo + 8;
   const size_t udp_len = 8 + kHeaderBytes + payload_len + pad + kIcrcBytes;
-  ip[0] = 0x45;             // version 4, IHL 5
-  ip[1] = 0xFF;             // TOS masked
-  Put16(ip + 2, uint16_t(20 + udp_len));
-  Put16(ip + 4, 0);         // ID: 0 for DF datagrams of unconnected sockets
-  Put16(ip + 6, 0x4000);    // DF
-  ip[8] = 0xFF;             // TTL masked
-  ip[9] = 17;               // UDP
-  Put16(ip + 10, 0xFFFF);   // header checksum masked
-  std::memcpy(ip + 12, &src_ip_be, 4);
-  std::memcpy(ip + 16, &dst_ip_be, 4);
-  uint8_t* udp = ip + 20;
+  size_t ip_len;
+  if (dst.is_v4()) {
+    ip_len = 20;
+    ip[0] = 0x45;             // version 4, IHL 5
+    ip[1] = 0xFF;             // TOS masked
+    Put16(ip + 2, uint16_t(20 + udp_len));
+    Put16(ip + 4, 0);         // ID: 0 for DF datagrams of unconnected sockets
+    Put16(ip + 6, 0x4000);    // DF
+    ip[8] = 0xFF;             // TTL masked
+    ip[9] = 17;               // UDP
+    Put16(ip + 10, 0xFFFF);   // header checksum masked
+    std::memcpy(ip + 12, src.bytes + 12, 4);
+    std::memcpy(ip + 16, dst.bytes + 12, 4);
+  } else {
+    ip_len = 40;
+    // Version 6, then traffic class (8 bits) and flow label (20 bits) masked.
+    ip[0] = 0x6F;
+    ip[1] = ip[2] = ip[3] = 0xFF;
+    Put16(ip + 4, uint16_t(udp_len));  // payload length: what follows the IPv6 header
+    ip[6] = 17;               // next header: UDP
+    ip[7] = 0xFF;             // hop limit masked
+    std::memcpy(ip + 8, src.bytes, 16);
+    std::memcpy(ip + 24, dst.bytes, 16);
+  }
+  uint8_t* udp = ip + ip_len;
   std::memcpy(udp, &src_port_be, 2);
   std::memcpy(udp + 2, &dst_port_be, 2);
   Put16(udp + 4, uint16_t(udp_len));
   Put16(udp + 6, 0xFFFF);   // UDP checksum masked
   uint8_t* bth = udp + 8;
   std::memcpy(bth, header, kBthBytes);
-  bth[4] = 0xFF;            // resv8a masked
+  bth[4] = 0xFF;            // FECN, BECN, resv6 masked
   uLong crc = crc32(0L, Z_NULL, 0);
-  crc = crc32(crc, pseudo, sizeof(pseudo));
+  crc = crc32(crc, pseudo, uInt(8 + ip_len + 8 + kBthBytes));
   crc = crc32(crc, header + kBthBytes, kHeaderBytes - kBthBytes);
   if (payload_len) crc = crc32(crc, payload, uInt(payload_len));
   static const uint8_t kZeros[4] = {0, 0, 0, 0};
@@ -99,26 +113,24 @@ uint32_t ComputeIcrc(uint32_t src_ip_be, uint32_t dst_ip_be, uint16_t src_port_b
   return uint32_t(crc);
 }
 
-void WriteTrailer(const Header& h, uint32_t src_ip_be, uint32_t dst_ip_be, uint16_t src_port_be,
+void WriteTrailer(const Header& h, const IpAddr& src, const IpAddr& dst, uint16_t src_port_be,
                   uint16_t dst_port_be, const uint8_t* header, const uint8_t* payload,
                   uint8_t* trailer) {
   std::memset(trailer, 0, h.pad);
   uint32_t icrc = 0;
   if (!h.jumbo) {
-    icrc = ComputeIcrc(src_ip_be, dst_ip_be, src_port_be, dst_port_be, header, payload, h.length,
-                       h.pad);
+    icrc = ComputeIcrc(src, dst, src_port_be, dst_port_be, header, payload, h.length, h.pad);
   }
   std::memcpy(trailer + h.pad, &icrc, 4);  // little-endian on the wire, as rxe stores it
 }
 
-bool IcrcValid(const Header& h, uint32_t src_ip_be, uint32_t dst_ip_be, uint16_t src_port_be,
+bool IcrcValid(const Header& h, const IpAddr& src, const IpAddr& dst, uint16_t src_port_be,
                uint16_t dst_port_be, const uint8_t* pkt) {
   if (h.jumbo) return true;
   const uint8_t* payload = pkt + kHeaderBytes;
   uint32_t want;
   std::memcpy(&want, payload + h.length + h.pad, 4);
-  return ComputeIcrc(src_ip_be, dst_ip_be, src_port_be, dst_port_be, pkt, payload, h.length,
-                     h.pad) == want;
+  return ComputeIcrc(src, dst, src_port_be, dst_port_be, pkt, payload, h.length, h.pad) == want;
 }
 
 }  // namespace wire

@@ -14,6 +14,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "common/ip_address.h"
+
 namespace netreduce {
 namespace wire {
 
@@ -27,7 +29,8 @@ constexpr size_t kHeaderBytes = kBthBytes + kRethBytes + kImmBytes;  // 32
 constexpr size_t kIcrcBytes = 4;
 constexpr size_t kRoceMaxPayload = 4096;  // the largest RoCE MTU
 // IPv4 (20) + UDP (8) + header (32) + payload + ICRC (4) must fit 65535 bytes;
-// rounded down to a multiple of 8 so every dtype's elements fit whole.
+// rounded down to a multiple of 8 so every dtype's elements fit whole. (IPv6's
+// payload length excludes its 40-byte header, so the same datagram fits there too.)
 constexpr size_t kMaxPayload = 65464;
 constexpr uint8_t kAckReqBit = 0x80;  // BTH byte 8
 constexpr uint8_t kExtJumbo = 0x40;   // BTH byte 8, reserved bit: software jumbo payload
@@ -96,25 +99,48 @@ inline size_t DatagramBytes(size_t payload) {
   return kHeaderBytes + PaddedLength(payload) + kIcrcBytes;
 }
 
-// The ICRC as RoCEv2 defines it: CRC-32 (IEEE 802.3) over 8 bytes of 0xFF, the IPv4
-// header and UDP header with their variant fields (TOS, TTL, IP checksum, UDP
-// checksum) set to all ones, the BTH with its byte 4 set to 0xFF, the rest of the
-// headers, the payload and the pad. IPv4 ID is 0 and DF is set: netreduce's sockets
-// are unconnected with IP_PMTUDISC_DO, for which Linux sends ID 0. Addresses and
-// ports are in network byte order. Returned as the value to store little-endian.
-uint32_t ComputeIcrc(uint32_t src_ip_be, uint32_t dst_ip_be, uint16_t src_port_be,
+// The ICRC as RoCEv2 defines it: CRC-32 (IEEE 802.3) over 8 bytes of 0xFF (the
+// masked LRH), the IP header with its variant fields set to all ones, the UDP header
+// with its checksum set to all ones, the BTH with its byte 4 (FECN, BECN, resv6) set
+// to 0xFF, the rest of the headers, the payload and the pad. Variant fields:
+//  - IPv4 (20 bytes): TOS, TTL and header checksum. IPv4 ID is 0 and DF is set:
+//    netreduce's sockets are unconnected with IP_PMTUDISC_DO, for which Linux sends
+//    ID 0.
+//  - IPv6 (40 bytes): traffic class, flow label and hop limit, so the first four
+//    bytes are 6F FF FF FF; payload length = UDP length, next header 17.
+// The family is the destination's: an IPv4(-mapped) address means an IPv4 packet.
+// Ports in network byte order. Returned as the value to store little-endian.
+uint32_t ComputeIcrc(const IpAddr& src, const IpAddr& dst, uint16_t src_port_be,
                      uint16_t dst_port_be, const uint8_t* header, const uint8_t* payload,
                      size_t payload_len, size_t pad);
 
 // Writes the trailer of a packet with header `h`: the pad's zero bytes, then the ICRC
-// (0 on jumbo packets); `trailer` holds at least 8 bytes. Endpoints in network order.
-void WriteTrailer(const Header& h, uint32_t src_ip_be, uint32_t dst_ip_be, uint16_t src_port_be,
+// (0 on jumbo packets); `trailer` holds at least 8 bytes. Ports in network order.
+void WriteTrailer(const Header& h, const IpAddr& src, const IpAddr& dst, uint16_t src_port_be,
                   uint16_t dst_port_be, const uint8_t* header, const uint8_t* payload,
                   uint8_t* trailer);
 // Whether a received datagram `pkt` (already decoded into `h`) carries the ICRC its
 // addresses and ports call for; jumbo packets carry none and always pass.
-bool IcrcValid(const Header& h, uint32_t src_ip_be, uint32_t dst_ip_be, uint16_t src_port_be,
+bool IcrcValid(const Header& h, const IpAddr& src, const IpAddr& dst, uint16_t src_port_be,
                uint16_t dst_port_be, const uint8_t* pkt);
+
+// The same over IPv4 addresses in network byte order.
+inline uint32_t ComputeIcrc(uint32_t src_ip_be, uint32_t dst_ip_be, uint16_t src_port_be,
+                            uint16_t dst_port_be, const uint8_t* header, const uint8_t* payload,
+                            size_t payload_len, size_t pad) {
+  return ComputeIcrc(IpAddr::V4(src_ip_be), IpAddr::V4(dst_ip_be), src_port_be, dst_port_be,
+                     header, payload, payload_len, pad);
+}
+inline void WriteTrailer(const Header& h, uint32_t src_ip_be, uint32_t dst_ip_be,
+                         uint16_t src_port_be, uint16_t dst_port_be, const uint8_t* header,
+                         const uint8_t* payload, uint8_t* trailer) {
+  WriteTrailer(h, IpAddr::V4(src_ip_be), IpAddr::V4(dst_ip_be), src_port_be, dst_port_be, header,
+               payload, trailer);
+}
+inline bool IcrcValid(const Header& h, uint32_t src_ip_be, uint32_t dst_ip_be,
+                      uint16_t src_port_be, uint16_t dst_port_be, const uint8_t* pkt) {
+  return IcrcValid(h, IpAddr::V4(src_ip_be), IpAddr::V4(dst_ip_be), src_port_be, dst_port_be, pkt);
+}
 
 }  // namespace wire
 }  // namespace netreduce

@@ -100,13 +100,45 @@ def format_address(address: Address) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+def unmap(host: str) -> str:
+    """An IPv4-mapped IPv6 address ('::ffff:10.0.0.1', how a dual-stack socket names
+    IPv4 peers) as the IPv4 address it is; anything else unchanged."""
+    if ":" in host:
+        try:
+            mapped = ipaddress.IPv6Address(host).ipv4_mapped
+        except ValueError:
+            return host
+        if mapped is not None:
+            return str(mapped)
+    return host
+
+
 def resolve(address: Address) -> Address:
-    """(host, port) with a host name replaced by its address, IPv4 preferred (the
-    data plane speaks RoCEv2 over IPv4); ValueError naming the host otherwise."""
+    """(host, port) with a host name replaced by its address (an IPv4 or IPv6
+    literal; a name with both kinds of address takes its IPv4 one, as the native
+    ResolveHost does); ValueError naming the host otherwise."""
     host, port = address
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)
     except socket.gaierror as exc:
         raise ValueError(f"aggregator host {host!r} does not resolve: {exc.strerror}") from None
     v4 = [i for i in infos if i[0] == socket.AF_INET]
-    return str((v4 or infos)[0][4][0]), int(port)
+    return unmap(str((v4 or infos)[0][4][0]).split("%", 1)[0]), int(port)
+
+
+def family_of(host: str) -> socket.AddressFamily:
+    """The socket family that binds ``host``: AF_INET6 for an IPv6 address ('::'
+    listens on both families), AF_INET for IPv4; a name, as it resolves."""
+    if ":" not in host:
+        try:
+            ipaddress.IPv4Address(host)
+        except ValueError:
+            host = resolve((host, 0))[0]
+    return socket.AF_INET6 if ":" in host else socket.AF_INET
+
+
+def connect_address(listen: Address) -> Address:
+    """Where to reach a daemon listening on ``listen`` from this host: the wildcard
+    ('0.0.0.0', '::') is reached on loopback ('127.0.0.1', '::1')."""
+    host, port = listen
+    return {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host), int(port)

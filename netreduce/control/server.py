@@ -18,6 +18,7 @@ import socketserver
 import threading
 from typing import Any, Callable, Dict, List, Optional
 
+from netreduce.control.address import family_of, format_address, parse_address, unmap
 from netreduce.control.auth import AuthError, Guard
 from netreduce.control.limits import Limits, PendingConnections
 from netreduce.control.payload import JobPayload, views_of
@@ -106,7 +107,13 @@ class ControlServer(socketserver.ThreadingTCPServer):
         self.lock = threading.Lock()
         self.payload_fixed = threading.Condition(self.lock)
         self.jobs: Dict[str, JobRecord] = {}
+        self.address_family = family_of(host)  # IPv6 hosts; "::" serves both families
         super().__init__((host, port), _ConnectionHandler)
+
+    def server_bind(self) -> None:
+        if self.address_family == socket.AF_INET6:  # "::": IPv4 ranks too, as the UDP ports
+            self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        super().server_bind()
 
     # -- built-in commands ----------------------------------------------------
     def register(self, sess: Session, msg: Dict[str, Any]) -> Dict[str, Any]:
@@ -186,7 +193,7 @@ class ControlServer(socketserver.ThreadingTCPServer):
     def _path_views(self, sess: Session, rank: int, msg: Dict[str, Any]) -> List[Any]:
         """The rank's own report of its path MTU and the aggregator's route back."""
         from netreduce import _native
-        peer_ip = sess.peer.rsplit(":", 1)[0]
+        peer_ip = parse_address(sess.peer, what="the rank's control connection")[0]
         reported = None
         if msg.get("mtu"):
             reported = (int(msg["mtu"]), bool(msg.get("ipv6", False)))
@@ -297,7 +304,8 @@ class _ConnectionHandler(socketserver.StreamRequestHandler):
         srv: ControlServer = self.server  # type: ignore[assignment]
         sock: socket.socket = self.request
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sess = Session("%s:%d" % self.client_address[:2])
+        # "10.0.0.3:5501" or "[fd00::3]:5501"; an IPv4 rank on a dual-stack port as IPv4
+        sess = Session(format_address((unmap(self.client_address[0]), self.client_address[1])))
         srv.pending.add(sess, sock)
         limits = srv.limits
         try:

@@ -12,96 +12,80 @@
 
 namespace netreduce {
 
-std::string ToString(const Endpoint& e) {
-  char buf[INET_ADDRSTRLEN] = {0};
-  in_addr a;
-  a.s_addr = e.ip;
-  inet_ntop(AF_INET, &a, buf, sizeof(buf));
-  return std::string(buf) + ":" + std::to_string(ntohs(e.port));
-}
-
 static std::string Errno(const char* what) {
   return std::string(what) + ": " + strerror(errno);
 }
 
+// Room for one IP_PKTINFO and one IPV6_PKTINFO: a dual-stack socket may deliver both
+// for an IPv4 datagram.
+constexpr size_t kCmsgSpace = CMSG_SPACE(sizeof(in_pktinfo)) + CMSG_SPACE(sizeof(in6_pktinfo));
+
 Status ResolveIpv4(const std::string& host, uint32_t* ip) {
-  in_addr a;
-  if (inet_pton(AF_INET, host.c_str(), &a) == 1) {
-    *ip = a.s_addr;
-    return Status::Ok();
+  IpAddr a;
+  NR_RETURN_IF_ERROR(ResolveHost(host, &a));
+  if (!a.is_v4()) {
+    return InvalidArgument("'" + host + "' is an IPv6 address; multicast groups are IPv4 "
+                           "(use an IPv4 --multicast-base, or --fanout unicast over IPv6)");
   }
-  addrinfo hints{};
-  hints.ai_family = AF_INET;
-  hints.ai_socktype = SOCK_DGRAM;
-  addrinfo* res = nullptr;
-  int rc = getaddrinfo(host.c_str(), nullptr, &hints, &res);
-  if (rc != 0 || res == nullptr) {
-    return InvalidArgument("cannot resolve host '" + host + "': " + gai_strerror(rc));
-  }
-  *ip = reinterpret_cast<sockaddr_in*>(res->ai_addr)->sin_addr.s_addr;
-  freeaddrinfo(res);
+  *ip = a.v4();
   return Status::Ok();
 }
 
-Status LocalAddressFor(const Endpoint& peer, uint32_t* ip) {
-  int fd = socket(AF_INET, SOCK_DGRAM, 0);
+Status LocalAddressFor(const Endpoint& peer, IpAddr* ip) {
+  const int family = FamilyFor(peer.address());
+  int fd = socket(family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return IoError(Errno("socket"));
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  sa.sin_addr.s_addr = peer.ip;
-  sa.sin_port = peer.port;
-  if (connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0) {
+  sockaddr_storage sa{};
+  socklen_t len = 0;
+  ToSockaddr(peer, family, &sa, &len);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&sa), len) != 0) {
     Status st = IoError(Errno(("no route to aggregator " + ToString(peer)).c_str()));
     close(fd);
     return st;
   }
-  socklen_t len = sizeof(sa);
+  len = sizeof(sa);
   getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
   close(fd);
-  *ip = sa.sin_addr.s_addr;
+  *ip = FromSockaddr(sa).address();
+  return Status::Ok();
+}
+
+Status LocalAddressFor(const Endpoint& peer, uint32_t* ip) {
+  IpAddr a;
+  NR_RETURN_IF_ERROR(LocalAddressFor(peer, &a));
+  if (!a.is_v4()) return InvalidArgument("no IPv4 address toward " + ToString(peer));
+  *ip = a.v4();
   return Status::Ok();
 }
 
 Status PathMtu(const std::string& host, uint16_t port, int* mtu, bool* ipv6) {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_DGRAM;
-  hints.ai_flags = AI_NUMERICSERV;
-  addrinfo* res = nullptr;
-  const std::string service = std::to_string(port);
-  int rc = getaddrinfo(host.c_str(), service.c_str(), &hints, &res);
-  if (rc != 0 || res == nullptr) {
-    return InvalidArgument("cannot resolve host '" + host + "': " + gai_strerror(rc));
-  }
-  // IPv4 first: the data plane speaks RoCEv2 over IPv4.
-  addrinfo* pick = res;
-  for (addrinfo* a = res; a != nullptr; a = a->ai_next) {
-    if (a->ai_family == AF_INET) { pick = a; break; }
-  }
-  const bool v6 = pick->ai_family == AF_INET6;
-  int fd = socket(pick->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) {
-    freeaddrinfo(res);
-    return IoError(Errno("socket"));
-  }
+  IpAddr ip;
+  NR_RETURN_IF_ERROR(ResolveHost(host, &ip));
+  const Endpoint peer = Endpoint::Of(ip, htons(port));
+  const bool v6 = !ip.is_v4();
+  const int family = FamilyFor(ip);
+  int fd = socket(family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return IoError(Errno("socket"));
+  const int level = v6 ? IPPROTO_IPV6 : IPPROTO_IP;
   int pmtu = v6 ? IPV6_PMTUDISC_DO : IP_PMTUDISC_DO;
-  setsockopt(fd, v6 ? IPPROTO_IPV6 : IPPROTO_IP, v6 ? IPV6_MTU_DISCOVER : IP_MTU_DISCOVER, &pmtu,
-             sizeof(pmtu));
+  setsockopt(fd, level, v6 ? IPV6_MTU_DISCOVER : IP_MTU_DISCOVER, &pmtu, sizeof(pmtu));
+  sockaddr_storage sa{};
+  socklen_t salen = 0;
+  ToSockaddr(peer, family, &sa, &salen);
   Status st = Status::Ok();
-  if (connect(fd, pick->ai_addr, pick->ai_addrlen) != 0) {
-    st = IoError(Errno(("no route to aggregator " + host + " port " + service).c_str()));
+  if (connect(fd, reinterpret_cast<sockaddr*>(&sa), salen) != 0) {
+    st = IoError(Errno(("no route to aggregator " + ToString(peer)).c_str()));
   } else {
     int value = 0;
     socklen_t len = sizeof(value);
-    if (getsockopt(fd, v6 ? IPPROTO_IPV6 : IPPROTO_IP, v6 ? IPV6_MTU : IP_MTU, &value, &len) != 0) {
-      st = IoError(Errno(("path MTU toward " + host).c_str()));
+    if (getsockopt(fd, level, v6 ? IPV6_MTU : IP_MTU, &value, &len) != 0) {
+      st = IoError(Errno(("path MTU toward " + ToString(peer)).c_str()));
     } else {
       *mtu = value;
       *ipv6 = v6;
     }
   }
   close(fd);
-  freeaddrinfo(res);
   return st;
 }
 
@@ -114,12 +98,19 @@ static void SetBuffer(int fd, int force_opt, int opt, int bytes) {
 }
 
 Status UdpTransport::Open(const UdpOptions& opts, std::unique_ptr<UdpTransport>* out) {
-  uint32_t ip = 0;
-  NR_RETURN_IF_ERROR(ResolveIpv4(opts.join_group.empty() ? opts.host : opts.join_group, &ip));
-  int fd = socket(AF_INET, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  IpAddr ip;
+  NR_RETURN_IF_ERROR(ResolveHost(opts.join_group.empty() ? opts.host : opts.join_group, &ip));
+  const int family = FamilyFor(ip);
+  const bool v6 = family == AF_INET6;
+  if (!opts.join_group.empty() && v6) {
+    return InvalidArgument("multicast group " + opts.join_group + " is IPv6; multicast fan-out "
+                           "is IPv4 (use --fanout unicast for IPv6 ranks)");
+  }
+  int fd = socket(family, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) return IoError(Errno("socket"));
   SetBuffer(fd, SO_RCVBUFFORCE, SO_RCVBUF, opts.rcvbuf_bytes);
   SetBuffer(fd, SO_SNDBUFFORCE, SO_SNDBUF, opts.sndbuf_bytes);
+  // The IPv4 options hold on an AF_INET6 socket too, for its IPv4 (mapped) traffic.
   int pmtu = IP_PMTUDISC_DO;
   setsockopt(fd, IPPROTO_IP, IP_MTU_DISCOVER, &pmtu, sizeof(pmtu));
   int one = 1, zero = 0;
@@ -129,34 +120,51 @@ Status UdpTransport::Open(const UdpOptions& opts, std::unique_ptr<UdpTransport>*
   setsockopt(fd, IPPROTO_IP, IP_MULTICAST_ALL, &zero, sizeof(zero));
   setsockopt(fd, IPPROTO_IP, IP_MULTICAST_LOOP, &one, sizeof(one));
   setsockopt(fd, IPPROTO_IP, IP_MULTICAST_TTL, &opts.multicast_ttl, sizeof(opts.multicast_ttl));
+  if (v6) {
+    int pmtu6 = IPV6_PMTUDISC_DO;
+    setsockopt(fd, IPPROTO_IPV6, IPV6_MTU_DISCOVER, &pmtu6, sizeof(pmtu6));
+    setsockopt(fd, IPPROTO_IPV6, IPV6_RECVPKTINFO, &one, sizeof(one));
+    // "::" serves both families; a specific IPv6 address only its own.
+    int v6only = ip.unspecified() ? 0 : 1;
+    setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &v6only, sizeof(v6only));
+  }
   if (!opts.join_group.empty()) {
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
     uint32_t iface = 0;
     Status st = ResolveIpv4(opts.group_iface, &iface);
     ip_mreq mreq{};
-    mreq.imr_multiaddr.s_addr = ip;
+    mreq.imr_multiaddr.s_addr = ip.v4();
     mreq.imr_interface.s_addr = iface;
     if (!st.ok() || setsockopt(fd, IPPROTO_IP, IP_ADD_MEMBERSHIP, &mreq, sizeof(mreq)) != 0) {
       Status err = st.ok() ? IoError(Errno(("join multicast group " + opts.join_group + " on " +
                                             opts.group_iface).c_str()))
-                           : st;
+                           : InvalidArgument("multicast group " + opts.join_group +
+                                             " (IPv4) on interface " + opts.group_iface + ": " +
+                                             st.message());
       close(fd);
       return err;
     }
   }
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  sa.sin_addr.s_addr = ip;
-  sa.sin_port = htons(opts.port);
-  if (bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0) {
-    Status st = IoError(Errno(("bind UDP " + opts.host + ":" + std::to_string(opts.port)).c_str()));
+  sockaddr_storage sa{};
+  socklen_t salen = 0;
+  ToSockaddr(Endpoint::Of(ip, htons(opts.port)), family, &sa, &salen);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&sa), salen) != 0) {
+    Status st = IoError(Errno(("bind UDP " + ToString(ip, htons(opts.port))).c_str()));
     close(fd);
     return st;
   }
   socklen_t len = sizeof(sa);
   getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
-  out->reset(new UdpTransport(fd, Endpoint{sa.sin_addr.s_addr, sa.sin_port}));
+  out->reset(new UdpTransport(fd, family, FromSockaddr(sa)));
   return Status::Ok();
+}
+
+void UdpTransport::Reserve(size_t count) {
+  if (msgs_.size() < count) {
+    msgs_.resize(count);
+    addrs_.resize(count);
+    cmsg_.resize(count * kCmsgSpace);
+  }
 }
 
 UdpTransport::~UdpTransport() {
@@ -164,40 +172,45 @@ UdpTransport::~UdpTransport() {
 }
 
 Status UdpTransport::SendBatch(OutPacket* pkts, size_t n) {
-  constexpr size_t kCmsgSpace = CMSG_SPACE(sizeof(in_pktinfo));
-  const bool choose_source = local_.ip == htonl(INADDR_ANY);
+  const bool choose_source = local_.address().unspecified();
   size_t done = 0;
   while (done < n) {
     const size_t count = std::min<size_t>(n - done, 1024);
-    if (msgs_.size() < count) {
-      msgs_.resize(count);
-      addrs_.resize(count);
-      cmsg_.resize(count * kCmsgSpace);
-    }
+    Reserve(count);
     for (size_t i = 0; i < count; ++i) {
       OutPacket& p = pkts[done + i];
-      sockaddr_in& sa = addrs_[i];
-      sa = sockaddr_in{};
-      sa.sin_family = AF_INET;
-      sa.sin_addr.s_addr = p.to.ip;
-      sa.sin_port = p.to.port;
       msghdr& h = msgs_[i].msg_hdr;
       h = msghdr{};
-      h.msg_name = &sa;
-      h.msg_namelen = sizeof(sa);
+      socklen_t salen = 0;
+      if (!ToSockaddr(p.to, family_, &addrs_[i], &salen)) {
+        return IoError("cannot send to IPv6 peer " + ToString(p.to) + " from the IPv4 socket " +
+                       ToString(local_) + " (bind \"::\" to serve both families)");
+      }
+      h.msg_name = &addrs_[i];
+      h.msg_namelen = salen;
       h.msg_iov = p.iov;
       h.msg_iovlen = p.iovcnt;
-      if (choose_source && p.from_ip != 0) {
+      const IpAddr source = p.from_ip6.unspecified() ? IpAddr::V4(p.from_ip) : p.from_ip6;
+      if (choose_source && !source.unspecified()) {
         char* c = &cmsg_[i * kCmsgSpace];
         memset(c, 0, kCmsgSpace);
         h.msg_control = c;
-        h.msg_controllen = kCmsgSpace;
-        cmsghdr* cm = CMSG_FIRSTHDR(&h);
-        cm->cmsg_level = IPPROTO_IP;
-        cm->cmsg_type = IP_PKTINFO;
-        cm->cmsg_len = CMSG_LEN(sizeof(in_pktinfo));
-        in_pktinfo* pi = reinterpret_cast<in_pktinfo*>(CMSG_DATA(cm));
-        pi->ipi_spec_dst.s_addr = p.from_ip;
+        cmsghdr* cm;
+        if (family_ == AF_INET) {
+          h.msg_controllen = CMSG_SPACE(sizeof(in_pktinfo));
+          cm = CMSG_FIRSTHDR(&h);
+          cm->cmsg_level = IPPROTO_IP;
+          cm->cmsg_type = IP_PKTINFO;
+          cm->cmsg_len = CMSG_LEN(sizeof(in_pktinfo));
+          reinterpret_cast<in_pktinfo*>(CMSG_DATA(cm))->ipi_spec_dst.s_addr = source.v4();
+        } else {  // IPv6, or IPv4 mapped on a dual-stack socket: the kernel takes both
+          h.msg_controllen = CMSG_SPACE(sizeof(in6_pktinfo));
+          cm = CMSG_FIRSTHDR(&h);
+          cm->cmsg_level = IPPROTO_IPV6;
+          cm->cmsg_type = IPV6_PKTINFO;
+          cm->cmsg_len = CMSG_LEN(sizeof(in6_pktinfo));
+          memcpy(&reinterpret_cast<in6_pktinfo*>(CMSG_DATA(cm))->ipi6_addr, source.bytes, 16);
+        }
       }
     }
     int rc = sendmmsg(fd_, msgs_.data(), unsigned(count), 0);
@@ -222,7 +235,8 @@ Status UdpTransport::SendBatch(OutPacket* pkts, size_t n) {
                        "the path's MTU fell after the job was admitted with a payload that fit, "
                        "or a hop has a smaller MTU than the hosts' interfaces; start "
                        "netreduce-switch with --payload-bytes at most the smallest MTU - 64 "
-                       "(e.g. 8936 for MTU 9000, 1432 for 1500, 4096 for RoCE's 4200)");
+                       "(IPv4; MTU - 84 over IPv6), a multiple of 8 (e.g. 8936 for MTU 9000, "
+                       "1432 for 1500, 1416 for 1500 over IPv6, 4096 for RoCE's 4200)");
       }
       return IoError(Errno(("sendmmsg to " + ToString(pkts[done].to)).c_str()));
     }
@@ -232,14 +246,9 @@ Status UdpTransport::SendBatch(OutPacket* pkts, size_t n) {
 }
 
 Status UdpTransport::RecvBatch(InPacket* pkts, size_t max, int64_t timeout_us, size_t* got) {
-  constexpr size_t kCmsgSpace = CMSG_SPACE(sizeof(in_pktinfo));
   *got = 0;
   max = std::min<size_t>(max, 1024);
-  if (msgs_.size() < max) {
-    msgs_.resize(max);
-    addrs_.resize(max);
-    cmsg_.resize(max * kCmsgSpace);
-  }
+  Reserve(max);
   if (iovs_.size() < max) iovs_.resize(max);
   iovec* iovs = iovs_.data();
   for (size_t i = 0; i < max; ++i) {
@@ -248,7 +257,7 @@ Status UdpTransport::RecvBatch(InPacket* pkts, size_t max, int64_t timeout_us, s
     msghdr& h = msgs_[i].msg_hdr;
     h = msghdr{};
     h.msg_name = &addrs_[i];
-    h.msg_namelen = sizeof(sockaddr_in);
+    h.msg_namelen = sizeof(sockaddr_storage);
     h.msg_iov = &iovs[i];
     h.msg_iovlen = 1;
     h.msg_control = &cmsg_[i * kCmsgSpace];
@@ -273,11 +282,18 @@ Status UdpTransport::RecvBatch(InPacket* pkts, size_t max, int64_t timeout_us, s
     msghdr& h = msgs_[i].msg_hdr;
     p.len = msgs_[i].msg_len;
     if (h.msg_flags & MSG_TRUNC) p.len = p.cap + 1;  // oversize: caller drops it
-    p.from = Endpoint{addrs_[i].sin_addr.s_addr, addrs_[i].sin_port};
+    p.from = FromSockaddr(addrs_[i]);
     p.local_ip = local_.ip;
+    p.local_ip6 = local_.ip6;
     for (cmsghdr* cm = CMSG_FIRSTHDR(&h); cm != nullptr; cm = CMSG_NXTHDR(&h, cm)) {
       if (cm->cmsg_level == IPPROTO_IP && cm->cmsg_type == IP_PKTINFO) {
         p.local_ip = reinterpret_cast<in_pktinfo*>(CMSG_DATA(cm))->ipi_addr.s_addr;
+        p.local_ip6 = IpAddr();
+      } else if (cm->cmsg_level == IPPROTO_IPV6 && cm->cmsg_type == IPV6_PKTINFO) {
+        const Endpoint local =
+            Endpoint::Of(IpAddr::V6(reinterpret_cast<in6_pktinfo*>(CMSG_DATA(cm))->ipi6_addr), 0);
+        p.local_ip = local.ip;  // an IPv4 datagram on a dual-stack socket comes mapped
+        p.local_ip6 = local.ip6;
       }
     }
   }
@@ -302,14 +318,14 @@ Status WaitReadable(Transport* const* transports, size_t n, int64_t timeout_us) 
 Status UdpTransport::PeekHeader(uint8_t* buf, size_t n, int64_t timeout_us, size_t* len,
                                 Endpoint* from) {
   *len = 0;
-  sockaddr_in sa{};
-  socklen_t salen = sizeof(sa);
+  sockaddr_storage sa{};
   for (int attempt = 0; attempt < 2; ++attempt) {
+    socklen_t salen = sizeof(sa);
     ssize_t rc = recvfrom(fd_, buf, n, MSG_PEEK | MSG_TRUNC | MSG_DONTWAIT,
                           reinterpret_cast<sockaddr*>(&sa), &salen);
     if (rc >= 0) {
       *len = size_t(rc);  // MSG_TRUNC: the datagram's full length
-      *from = Endpoint{sa.sin_addr.s_addr, sa.sin_port};
+      *from = FromSockaddr(sa);
       return Status::Ok();
     }
     if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR && errno != ECONNREFUSED) {
