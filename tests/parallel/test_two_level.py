@@ -206,3 +206,56 @@ def test_rack_on_some_ranks_only_is_refused_by_name(tree):
         assert "NETREDUCE_RACK_SWITCH" in message
     for message in errors[2:]:  # they wait on ranks that wait on them: the timeout names it
         assert message != "no error"
+
+
+def test_public_api_negotiates_at_the_spine(tree):
+    """netreduce.init/allreduce on every rank: negotiation at the spine, data through
+    the racks; every dtype x op x size exact and identical on every rank."""
+    import json
+    import subprocess
+    import sys
+    here = os.path.dirname(os.path.abspath(__file__))
+    repo = os.path.dirname(os.path.dirname(here))
+    spine, racks = tree()
+    job = _job()
+    procs = []
+    for r in range(4):
+        env = dict(os.environ, NETREDUCE_SWITCH="%s:%d" % spine.address,
+                   NETREDUCE_RACK_SWITCH="%s:%d" % racks[r // 2].address, NETREDUCE_JOB=job,
+                   NETREDUCE_RANK=str(r), NETREDUCE_SIZE="4", NETREDUCE_TIMEOUT="20",
+                   NETREDUCE_ALGORITHM="flat",  # one host: auto would take shared memory
+                   PYTHONPATH=os.pathsep.join([repo, os.environ.get("PYTHONPATH", "")]))
+        procs.append(subprocess.Popen(
+            [sys.executable, os.path.join(here, "multi_aggregator_worker.py"), "exact"],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    results = []
+    try:
+        for p in procs:
+            out, err = p.communicate(timeout=240)
+            lines = [ln for ln in out.splitlines() if ln.startswith("{")]
+            assert p.returncode == 0 and lines, err[-3000:]
+            results.append(json.loads(lines[-1]))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for r in results:
+        assert "failure" not in r and r["algorithm"] == "flat" and r["checked"] == 72, r
+    assert len({r["digest"] for r in results}) == 1
+
+
+def test_rack_jobs_only_from_the_configured_spine():
+    from netreduce.switch import spawn
+    with spawn(host="127.0.0.1", port=0, extra_args=["--spine", "127.0.0.2"]) as rack, \
+            spawn(host="127.0.0.1", port=0) as plain:
+        request = dict(job="x", size=2, members=[0], payload_bytes=1024,
+                       spine=dict(host="127.0.0.2", port=4791, threads=1, job_index=1, key=5,
+                                  rank=0, racks=1))
+        with ControlClient(rack.address) as c:
+            with pytest.raises(NetReduceError, match="taken from the spine 127.0.0.2 only, "
+                                                     "not from 127.0.0.1"):
+                c.call("rack_job", **request)
+        with ControlClient(plain.address) as c:
+            with pytest.raises(NetReduceError, match="takes no rack jobs: start it with --spine"):
+                c.call("rack_job", **request)
