@@ -107,14 +107,13 @@ def _rack_grant(srv: Any, sess: Any, msg: Dict[str, Any]) -> Dict[str, Any]:
                 tree.building = builder = True
                 break
             left = deadline - time.monotonic()
-            if job.closing and not tree.building:
-                raise RequestError(f"job '{job.name}': a rank left before the tree was built")
-            if left <= 0 and not tree.building:
+            if (job.closing or left <= 0) and not tree.building:
                 missing = sorted(set(range(job.size)) - set(tree.racks))
+                why = "and a rank has left the job" if job.closing else f"within {wait:g} s"
                 raise RequestError(
                     f"job '{job.name}' (rank {sess.rank}): rank(s) {_short(missing)} have not "
-                    f"asked for their rack aggregator within {wait:g} s; NETREDUCE_RACK_SWITCH "
-                    "must be set on every rank of a job or on none")
+                    f"asked for their rack aggregator {why}; NETREDUCE_RACK_SWITCH must be set "
+                    "on every rank of a job or on none")
             _changed.wait(1.0 if tree.building else left)
     if builder:
         try:
