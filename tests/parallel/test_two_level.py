@@ -208,6 +208,7 @@ def test_rack_on_some_ranks_only_is_refused_by_name(tree):
         assert message != "no error"
 
 
+@pytest.mark.slow
 def test_public_api_negotiates_at_the_spine(tree):
     """netreduce.init/allreduce on every rank: negotiation at the spine, data through
     the racks; every dtype x op x size exact and identical on every rank."""
