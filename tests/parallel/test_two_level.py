@@ -260,3 +260,35 @@ def test_rack_jobs_only_from_the_configured_spine():
         with ControlClient(plain.address) as c:
             with pytest.raises(NetReduceError, match="takes no rack jobs: start it with --spine"):
                 c.call("rack_job", **request)
+
+
+@pytest.mark.parametrize("rack_args, spine_args", [
+    (["--threads", "2"], ["--threads", "3"]),   # spine results arrive on any rack thread
+    (["--fanout", "multicast"], ["--fanout", "multicast"]),  # racks multicast, spine unicasts
+])
+def test_threads_and_fanout(tree, rack_args, spine_args):
+    spine, racks = tree(rack_args=rack_args, spine_args=spine_args)
+    cases = _cases()[:5] + [("float16", "sum", 50_003, 9), ("bfloat16", "max", 20_001, 10)]
+    results = run_ranks(_rank, 4, spine.address, [r.address for r in racks], _job(), cases, {})
+    _check_once(results, cases)
+
+
+def _owners(rank, size, spine, racks, job, count):
+    """Owner delivery (reduce-scatter shards) through the tree: each rank's stretch
+    goes to its owner only; the others get completion notices."""
+    os.environ["NETREDUCE_RACK_SWITCH"] = "%s:%d" % racks[rank * len(racks) // size]
+    with dataplane.connect(spine, job, rank, size, timeout=20.0) as conn:
+        got = []
+        for owner in range(size):
+            src = np.full(count, float(rank + 1 + owner), np.float32)
+            dst = np.full(count, -1.0, np.float32)
+            conn.allreduce_async(src, dst, owner=owner).wait()
+            want = sum(r + 1 + owner for r in range(size)) if owner == rank else -1.0
+            got.append(bool((dst == want).all()))
+        return got
+
+
+def test_owner_delivery_through_the_tree(tree):
+    spine, racks = tree()
+    results = run_ranks(_owners, 4, spine.address, [r.address for r in racks], _job(), 100_003)
+    assert all(all(r) for r in results), results
