@@ -10,11 +10,11 @@ signatures; with synchronous calls the order of the calls is the order of execut
 """
 from __future__ import annotations
 
-import warnings
 from typing import Any, List, Optional, Sequence
 
 import mxnet as mx
 
+from netreduce.horovod_args import handle_average_backwards_compatibility  # noqa: F401
 import netreduce as _nr
 from netreduce.horovod_queries import (  # noqa: F401  Horovod's process queries
     shutdown, is_initialized, rank, size, local_rank, local_size, cross_rank,
@@ -81,19 +81,6 @@ def barrier(process_set=global_process_set) -> None:
 
 
 # --- ops ---------------------------------------------------------------------------------
-def handle_average_backwards_compatibility(op: Any, average: Optional[bool]) -> Any:
-    if op is not None:
-        if average is not None:
-            raise ValueError("The op parameter supersedes average. "
-                             "Please provide only one of them.")
-        return op
-    if average is not None:
-        warnings.warn("Parameter `average` has been replaced with `op` and will be removed "
-                      "in v1.0", DeprecationWarning, stacklevel=3)
-        return Average if average else Sum
-    return Average
-
-
 def reduce_in_place(tensors: Sequence[Any], names: Sequence[Optional[str]], op: Any,
                     prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                     what: str = "allreduce_") -> None:

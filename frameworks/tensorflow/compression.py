@@ -1,49 +1,26 @@
 """Gradient compression around an all-reduce (horovod.tensorflow.Compression)."""
 from __future__ import annotations
 
-from typing import Any, Tuple
-
 import tensorflow as tf
 
+from netreduce.compression import Compressor, HalfCompressor, NoneCompressor
 
-class Compressor:
-    """compress() runs before the all-reduce, decompress() after it, on every rank."""
-
-    @staticmethod
-    def compress(tensor: tf.Tensor) -> Tuple[tf.Tensor, Any]:
-        raise NotImplementedError
-
-    @staticmethod
-    def decompress(tensor: tf.Tensor, ctx: Any) -> tf.Tensor:
-        raise NotImplementedError
+__all__ = ["Compression", "Compressor", "NoneCompressor", "FP16Compressor"]
 
 
-class NoneCompressor(Compressor):
-    @staticmethod
-    def compress(tensor):
-        return tensor, None
+class FP16Compressor(HalfCompressor):
+    """Floating-point tensors travel as float16; the aggregator accumulates float16 in
+    float32 and rounds once."""
+
+    half = tf.float16
 
     @staticmethod
-    def decompress(tensor, ctx):
-        return tensor
-
-
-class FP16Compressor(Compressor):
-    """Floating-point tensors travel as float16 (half the bytes on the wire); the
-    aggregator accumulates float16 in float32 and rounds once."""
+    def wants_half(dtype):
+        return dtype.is_floating and dtype != tf.float16
 
     @staticmethod
-    def compress(tensor):
-        dtype = tensor.dtype
-        if dtype.is_floating and dtype != tf.float16:
-            return tf.cast(tensor, tf.float16), dtype
-        return tensor, dtype
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        if ctx is not None and ctx.is_floating and tensor.dtype != ctx:
-            return tf.cast(tensor, ctx)
-        return tensor
+    def cast(tensor, dtype):
+        return tf.cast(tensor, dtype)
 
 
 class Compression:

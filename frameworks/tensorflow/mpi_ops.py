@@ -24,12 +24,12 @@ it in ``tf.errors.UnknownError`` whose message carries the netreduce message.
 from __future__ import annotations
 
 import re
-import warnings
 from typing import Any, Callable, List, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
 
+from netreduce.horovod_args import handle_average_backwards_compatibility  # noqa: F401
 import netreduce as _nr
 from netreduce.horovod_queries import (  # noqa: F401  Horovod's process queries
     shutdown, is_initialized, rank, size, local_rank, local_size, cross_rank,
@@ -85,19 +85,6 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
 
 def cuda_built() -> bool:
     return False
-
-
-def handle_average_backwards_compatibility(op: Any, average: Optional[bool]) -> Any:
-    if op is not None:
-        if average is not None:
-            raise ValueError("The op parameter supersedes average. "
-                             "Please provide only one of them.")
-        return op
-    if average is not None:
-        warnings.warn("Parameter `average` has been replaced with `op` and will be removed "
-                      "in v1.0", DeprecationWarning, stacklevel=3)
-        return Average if average else Sum
-    return Average
 
 
 # --- the graph seam ----------------------------------------------------------------------

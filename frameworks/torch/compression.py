@@ -1,48 +1,26 @@
 """Gradient compression applied around an all-reduce (horovod.torch.Compression)."""
 from __future__ import annotations
 
-from typing import Any, Tuple
-
 import torch
 
+from netreduce.compression import Compressor, HalfCompressor, NoneCompressor
 
-class Compressor:
-    """compress() runs before the all-reduce, decompress() after it, on every rank."""
-
-    @staticmethod
-    def compress(tensor: torch.Tensor) -> Tuple[torch.Tensor, Any]:
-        raise NotImplementedError
-
-    @staticmethod
-    def decompress(tensor: torch.Tensor, ctx: Any) -> torch.Tensor:
-        raise NotImplementedError
+__all__ = ["Compression", "Compressor", "NoneCompressor", "FP16Compressor"]
 
 
-class NoneCompressor(Compressor):
-    @staticmethod
-    def compress(tensor):
-        return tensor, None
+class FP16Compressor(HalfCompressor):
+    """Floating-point tensors travel as float16; the aggregator accumulates float16 in
+    float32 and rounds once."""
+
+    half = torch.float16
 
     @staticmethod
-    def decompress(tensor, ctx):
-        return tensor
-
-
-class FP16Compressor(Compressor):
-    """Floating-point tensors travel as float16 (half the bytes on the wire); the
-    aggregator accumulates float16 in float32 and rounds once."""
+    def wants_half(dtype):
+        return dtype.is_floating_point and dtype != torch.float16
 
     @staticmethod
-    def compress(tensor):
-        if tensor.dtype.is_floating_point and tensor.dtype != torch.float16:
-            return tensor.type(torch.float16), tensor.dtype
-        return tensor, tensor.dtype
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        if ctx is not None and ctx.is_floating_point and tensor.dtype != ctx:
-            return tensor.type(ctx)
-        return tensor
+    def cast(tensor, dtype):
+        return tensor.type(dtype)
 
 
 class Compression:

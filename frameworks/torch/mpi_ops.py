@@ -13,12 +13,12 @@ import inspect
 import itertools
 import threading
 import time
-import warnings
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 import torch
 
+from netreduce.horovod_args import handle_average_backwards_compatibility  # noqa: F401
 import netreduce as _nr
 from netreduce.horovod_queries import (  # noqa: F401  Horovod's process queries
     shutdown, is_initialized, rank, size, local_rank, local_size, cross_rank,
@@ -202,19 +202,6 @@ class _Buf:
         with torch.no_grad():
             self.tensor.copy_(self.to_tensor(result))
         return self.tensor
-
-
-def handle_average_backwards_compatibility(op: Any, average: Optional[bool]) -> Any:
-    if op is not None:
-        if average is not None:
-            raise ValueError("The op parameter supersedes average. "
-                             "Please provide only one of them.")
-        return op
-    if average is not None:
-        warnings.warn("Parameter `average` has been replaced with `op` and will be removed "
-                      "in v1.0", DeprecationWarning, stacklevel=3)
-        return Average if average else Sum
-    return Average
 
 
 def _check_process_set(process_set: Any) -> None:
