@@ -73,6 +73,9 @@ declare("NETREDUCE_TRANSPORT", _transport, "auto",
 declare("NETREDUCE_VERBS_DEVICE", str, "",
         "RDMA device for the verbs transport (rxe0, mlx5_0, ...); empty = the one whose GID "
         "table holds the address that routes to the aggregator")
+declare("NETREDUCE_PLACEMENT", str, "",
+        "several aggregators: a JSON file from the planner (Placement.save_weights) giving "
+        "each NETREDUCE_SWITCH address its share of every buffer; empty = equal shares")
 declare("NETREDUCE_RACK_SWITCH", str, "",
         "two-level tree: HOST[:PORT] of this host's rack aggregator (netreduce-switch "
         "--spine SPINE); data goes through it while NETREDUCE_SWITCH names the spine, "

@@ -17,7 +17,9 @@ buffer size, the call's position in the job's sequence (identical on every rank:
 the negotiated execution order) and the weights, so every rank cuts alike.
 
 Placement policy (``spread``): ranges proportional to ``weights`` (equal unless
-given: the aggregators' throughputs, e.g. from netreduce.planner); buffers below
+given: NETREDUCE_PLACEMENT names a file written by the planner,
+netreduce.planner.Placement.save_weights, with each aggregator's share of the job's
+bytes under the GRID, hash or fixed policy, read by ``planned_weights``); buffers below
 ``min_split`` bytes are not cut but sent whole to one aggregator, round-robin by
 call (a chunk per aggregator, like the planner's ``hash`` policy), so a small
 tensor costs one round trip, not k.
@@ -27,12 +29,14 @@ naming its address; the other ranges still complete (their aggregators are fine)
 and the error names every aggregator that failed."""
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from netreduce.control.address import format_address
+from netreduce import config
+from netreduce.control.address import format_address, parse_address, resolve
 from netreduce.dataplane import _check_array
 from netreduce.errors import DataPlaneError, NetReduceError
 
@@ -54,6 +58,29 @@ def spread(count: int, itemsize: int, weights: Sequence[float], call: int,
         bounds.append(int(round(count * acc / total)))
     bounds.append(count)
     return [(i, a, b) for i, (a, b) in enumerate(zip(bounds, bounds[1:])) if b > a]
+
+
+def planned_weights(addresses: Sequence[Tuple[str, int]], path: str) -> List[float]:
+    """Each aggregator's share from the planner's file ``path`` (NETREDUCE_PLACEMENT),
+    in the order of ``addresses``; every rank reads the same file, so every rank cuts
+    alike. An aggregator the file gives no share is refused by name."""
+    try:
+        with open(path) as f:
+            doc = json.load(f)
+        given = {format_address(resolve(parse_address(a))): float(w)
+                 for a, w in doc["weights"].items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise NetReduceError(f"NETREDUCE_PLACEMENT={path}: not a placement file "
+                             f"(Placement.save_weights): {exc}") from None
+    weights = []
+    for address in addresses:
+        name = format_address(address)
+        if given.get(name, 0.0) <= 0:
+            raise NetReduceError(f"NETREDUCE_PLACEMENT={path} gives aggregator {name} no "
+                                 f"share (it has {', '.join(sorted(given)) or 'none'}); plan "
+                                 "with every NETREDUCE_SWITCH aggregator as a candidate root")
+        weights.append(given[name])
+    return weights
 
 
 class MultiAggregator:
@@ -84,9 +111,18 @@ class MultiAggregator:
             for c in conns[1:]:
                 c.close()
             raise
+        placement = config.get("NETREDUCE_PLACEMENT")
+        if weights is None and placement:
+            try:
+                weights = planned_weights([c.address for c in conns], placement)
+            except BaseException:
+                for c in conns[1:]:
+                    c.close()
+                raise
         if rank == 0:
-            log.info("netreduce: job %s spread over %d aggregators: %s", job, len(conns),
-                     ", ".join(format_address(c.address) for c in conns))
+            log.info("netreduce: job %s spread over %d aggregators: %s (weights %s)", job,
+                     len(conns), ", ".join(format_address(c.address) for c in conns),
+                     weights or "equal")
         return cls(conns, weights)
 
     # -- the Algorithm interface ---------------------------------------------------

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 from typing import Dict, List, Optional, Sequence
 
 import numpy as np
@@ -47,6 +48,30 @@ class Placement:
 
     def legs(self) -> List[Leg]:
         return self.problem.legs(self.picks)
+
+    def shares(self, job: int = 0) -> Dict[str, float]:
+        """Fraction of job ``job``'s bytes summed at each root aggregator."""
+        chunks = self.problem.jobs[job].chunks
+        total = float(sum(chunks)) or 1.0
+        out: Dict[str, float] = {}
+        for root, nbytes in zip(self.roots()[job], chunks):
+            out[root] = out.get(root, 0.0) + nbytes / total
+        return out
+
+    def save_weights(self, path: str, addresses: Dict[str, str], job: int = 0) -> None:
+        """Write the file NETREDUCE_PLACEMENT reads: each root's share of the job's
+        bytes under its aggregator's address (``addresses``: topology name ->
+        "host:port" as in NETREDUCE_SWITCH). The several-aggregator data path then
+        cuts every buffer in these proportions (netreduce/algorithms/multi_aggregator.py)."""
+        shares = self.shares(job)
+        missing = sorted(set(shares) - set(addresses))
+        if missing:
+            raise PlannerError(f"no address given for root aggregator(s) {', '.join(missing)}")
+        doc = {"policy": self.policy, "job": self.problem.jobs[job].name,
+               "congestion_s": self.congestion, "approximation": self.approximation,
+               "weights": {addresses[name]: share for name, share in sorted(shares.items())}}
+        with open(path, "w") as f:
+            json.dump(doc, f, indent=1)
 
     def edge_loads(self) -> np.ndarray:
         return self.problem.loads(self.problem.choice(self.picks))
