@@ -371,6 +371,10 @@ void Aggregator::HandleDatagram(uint32_t thread_index, uint16_t my_port, const I
   const DType dt = DType(h.dtype);
   const size_t esize = ElementSize(dt);
   const size_t n = h.length / esize;
+  // A reduce-scatter owner's contribution to its own shard is header only: it counts
+  // in the slot and adds nothing; the owner combines its own data with the result.
+  const bool marker =
+      h.length == 0 && wire::OwnerDelivery(h.msg_id) && rank == wire::MsgOwner(h.msg_id);
   if (h.length % esize != 0 || n * AccumSize(dt) > job.pool.payload_bytes()) {
     return drop(Drop::kBadLength);
   }
@@ -402,10 +406,13 @@ void Aggregator::HandleDatagram(uint32_t thread_index, uint16_t my_port, const I
     global_.Add(global_.rounds_started);
   } else if (uint32_t(s.psn) != h.psn) {
     return drop(Drop::kStale);
-  } else if (s.dtype != h.dtype || s.op != h.op || s.length != h.length ||
+  } else if (s.dtype != h.dtype || s.op != h.op ||
+             (s.length != h.length && !marker && s.length != 0) ||
              s.offset != h.offset || s.msg_id != h.msg_id) {
     return drop(Drop::kInconsistent);
   }
+  // The round's first data (a round the owner's header-only packet began has none).
+  const bool first_data = !marker && (s.count == 0 || s.length == 0);
   uint8_t* acc = job.pool.accumulator(h.slot, h.shadow);
   if (!job.pool.TestAndSet(h.slot, h.shadow, rank)) {
     jc.Add(jc.duplicates);
@@ -413,21 +420,28 @@ void Aggregator::HandleDatagram(uint32_t thread_index, uint16_t my_port, const I
     if (s.complete) {
       jc.Add(jc.retransmitted_results);
       global_.Add(global_.retransmitted_results);
+      h.length = s.length;  // an owner's header-only resend gets the whole result
+      h.pad = uint8_t(wire::PaddedLength(h.length) - h.length);
       QueueResult(job, h, rank, acc, my_port, out);
     }  // a rack's slot waiting on the spine: its uplink timer resends (uplink.cc)
     return;
   }
+  if (first_data) s.length = h.length;
   if (job.ordered) {  // NETREDUCE_DETERMINISTIC: rank order, not arrival order
-    job.ordered->Add(h.slot, h.shadow, rank, dt, Op(h.op), acc, payload, n, s.count == 0);
-  } else {
-    Accumulate(dt, Op(h.op), acc, payload, n, s.count == 0);
+    job.ordered->Add(h.slot, h.shadow, rank, dt, Op(h.op), acc, payload, s.length / esize,
+                     s.count == 0, marker);
+  } else if (!marker) {
+    Accumulate(dt, Op(h.op), acc, payload, n, first_data);
   }
   ++s.count;
   jc.Add(jc.bytes_reduced, h.length);
   global_.Add(global_.bytes_reduced, h.length);
   if (s.count == job.expected) {
-    if (job.ordered) job.ordered->Complete(h.slot, h.shadow, dt, Op(h.op), acc, n);
-    Finish(dt, acc, n);
+    const size_t rn = s.length / esize;  // the round's elements (a marker carries none)
+    h.length = s.length;  // the result carries them, whoever's packet completed the slot
+    h.pad = uint8_t(wire::PaddedLength(h.length) - h.length);
+    if (job.ordered) job.ordered->Complete(h.slot, h.shadow, dt, Op(h.op), acc, rn);
+    Finish(dt, acc, rn);
     if (job.uplink) return StartPartial(job, h, acc, my_port, out);  // the spine completes it
     s.complete = true;
     jc.Add(jc.slots_completed);

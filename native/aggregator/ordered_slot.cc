@@ -35,7 +35,8 @@ void OrderedSlots::Fold(size_t i, DType dt, Op op, uint8_t* acc, const uint8_t* 
 }
 
 void OrderedSlots::Add(uint32_t slot, uint32_t shadow, uint32_t rank, DType dt, Op op,
-                       uint8_t* acc, const uint8_t* payload, size_t n, bool round_start) {
+                       uint8_t* acc, const uint8_t* payload, size_t n, bool round_start,
+                       bool empty) {
   const size_t i = Index(slot, shadow);
   uint8_t* kept = &kept_[i * size_];
   if (round_start) {
@@ -44,15 +45,19 @@ void OrderedSlots::Add(uint32_t slot, uint32_t shadow, uint32_t rank, DType dt, 
     std::memset(kept, 0, size_);
   }
   if (rank != next_[i]) {  // a lower rank's contribution is still missing: keep this one
+    if (empty) {
+      kept[rank] = kEmpty;
+      return;
+    }
     std::memcpy(Stage(i, rank), payload, n * ElementSize(dt));
-    kept[rank] = 1;
+    kept[rank] = kStaged;
     staged_.fetch_add(1, std::memory_order_relaxed);
     return;
   }
-  Fold(i, dt, op, acc, payload, n);
+  if (!empty) Fold(i, dt, op, acc, payload, n);
   uint32_t r = rank + 1;
   for (; r < size_ && kept[r]; ++r) {  // the kept ones that now follow on
-    Fold(i, dt, op, acc, Stage(i, r), n);
+    if (kept[r] == kStaged) Fold(i, dt, op, acc, Stage(i, r), n);
     kept[r] = 0;
   }
   next_[i] = r;
@@ -63,7 +68,7 @@ void OrderedSlots::Complete(uint32_t slot, uint32_t shadow, DType dt, Op op, uin
   const size_t i = Index(slot, shadow);
   uint8_t* kept = &kept_[i * size_];
   for (uint32_t r = next_[i]; r < size_; ++r) {  // behind a rank that never contributes
-    if (!kept[r]) continue;
+    if (kept[r] != kStaged) continue;
     Fold(i, dt, op, acc, Stage(i, r), n);
     kept[r] = 0;
   }

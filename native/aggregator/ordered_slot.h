@@ -44,9 +44,11 @@ class OrderedSlots {
 
   // `rank`'s first contribution to the round on (slot, shadow): `n` elements in wire
   // type at `payload`, `acc` the slot's accumulator. `round_start`: the first
-  // contribution of a new round (forgets what the previous round kept).
+  // contribution of a new round (forgets what the previous round kept). `empty`: the
+  // rank counts but adds nothing (a reduce-scatter owner's header-only contribution
+  // to its own shard, which it combines itself).
   void Add(uint32_t slot, uint32_t shadow, uint32_t rank, DType dt, Op op, uint8_t* acc,
-           const uint8_t* payload, size_t n, bool round_start);
+           const uint8_t* payload, size_t n, bool round_start, bool empty = false);
   // The round's last contribution is in: folds what is still kept, in rank order, so
   // that `acc` holds the rank-order fold of every contribution.
   void Complete(uint32_t slot, uint32_t shadow, DType dt, Op op, uint8_t* acc, size_t n);
@@ -66,7 +68,10 @@ class OrderedSlots {
   uint32_t size_;
   std::vector<uint32_t> next_;    // per (slot, shadow): lowest rank not folded yet
   std::vector<uint8_t> folded_;   // per (slot, shadow): anything folded into acc yet
-  std::vector<uint8_t> kept_;     // per (slot, shadow, rank): staged, not folded yet
+  // per (slot, shadow, rank): 0 nothing kept, kStaged payload waiting, kEmpty counted
+  // contribution with nothing to fold
+  std::vector<uint8_t> kept_;
+  static constexpr uint8_t kStaged = 1, kEmpty = 2;
   size_t stage_bytes_;
   uint8_t* stage_;  // its own mapping, returned to the system when the job goes
   std::atomic<uint64_t> staged_{0};

@@ -257,6 +257,9 @@ Status Engine::Run(Request& req) {
   }
   // Owner delivery: non-owners expect header-only notices (DMA length 0).
   const bool notice_only = req.owner >= 0 && uint32_t(req.owner) != cfg_.rank;
+  // The owner's own stretch: headers only (the slot counts them), its own data combined
+  // with the others' sum on arrival, so a rank sends (N-1)/N of the buffer, not all.
+  const bool own_shard = req.owner >= 0 && uint32_t(req.owner) == cfg_.rank && cfg_.size > 1;
   const uint32_t counter = next_msg_++;
   const uint32_t msg_id = req.owner >= 0 ? wire::MakeOwnerMsgId(counter, uint32_t(req.owner))
                                          : (counter & ~wire::kOwnerFlag);
@@ -321,7 +324,7 @@ Status Engine::Run(Request& req) {
     h.slot = uint16_t(slot);
     h.offset = first;
     h.key = cfg_.key;
-    h.length = uint32_t(n * esize);
+    h.length = own_shard ? 0 : uint32_t(n * esize);
     h.pad = uint8_t(wire::PaddedLength(h.length) - h.length);
     h.msg_id = msg_id;
     wire::Encode(h, t.header);
@@ -508,10 +511,17 @@ Status Engine::Run(Request& req) {
           if (ours) t = match(h);
           size_t got_len = 0;
           if (t != nullptr) {
+            // An owner's own shard lands in scratch first: its place holds the rank's
+            // own contribution, which the others' sum is combined with.
+            const size_t at = size_t(t->chunk) * chunk_elems * esize;
+            uint8_t* into = own_shard ? storage.data() : req.dst + at;
             iovec iov[3] = {{peek, wire::kHeaderBytes},
-                            {req.dst + size_t(t->chunk) * chunk_elems * esize, h.length},
+                            {into, h.length},
                             {trailer, size_t(h.pad) + wire::kIcrcBytes}};
             NR_RETURN_IF_ERROR(sock.RecvScatter(iov, 3, &got_len));
+            if (own_shard) {
+              CombineInto(req.dtype, req.op, req.dst + at, req.src + at, into, h.length / esize);
+            }
             complete(*t);
           } else {
             iovec iov = {storage.data(), kRecvBufBytes};
@@ -542,8 +552,13 @@ Status Engine::Run(Request& req) {
           late_result(h);
           continue;
         }
-        std::memcpy(req.dst + size_t(t->chunk) * chunk_elems * esize, p.buf + wire::kHeaderBytes,
-                    h.length);
+        const size_t at = size_t(t->chunk) * chunk_elems * esize;
+        if (own_shard) {  // the others' sum, combined with this rank's own contribution
+          CombineInto(req.dtype, req.op, req.dst + at, req.src + at, p.buf + wire::kHeaderBytes,
+                      h.length / esize);
+        } else {
+          std::memcpy(req.dst + at, p.buf + wire::kHeaderBytes, h.length);
+        }
         complete(*t);
       }
       return Status::Ok();

@@ -35,6 +35,10 @@ const char* OpName(Op o);
 // acc[i] = in[i] (first contribution, widened for 16-bit floats) or op(acc[i], in[i]).
 // `acc` is in accumulator type, `in` in wire type; n elements.
 void Accumulate(DType d, Op op, void* acc, const void* in, size_t n, bool first);
+// dst[i] = own[i] op other[i], all three in wire type (16-bit floats combined in
+// float32 and rounded once); `dst` may be `own`. What a reduce-scatter's owner does
+// with the sum of the other ranks' contributions to its own shard.
+void CombineInto(DType d, Op op, void* dst, const void* own, const void* other, size_t n);
 // Turn a finished accumulator into wire type, in place (narrowing 16-bit floats into
 // the first half of the buffer; a no-op for the other dtypes).
 void Finish(DType d, void* acc, size_t n);

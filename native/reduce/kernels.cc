@@ -265,6 +265,29 @@ void Finish(DType d, void* acc, size_t n) {
   }
 }
 
+void CombineInto(DType d, Op op, void* dst, const void* own, const void* other, size_t n) {
+  const size_t es = ElementSize(d);
+  if (AccumSize(d) == es) {
+    if (dst != own) std::memmove(dst, own, n * es);
+    Accumulate(d, op, dst, other, n, false);
+    return;
+  }
+  // 16-bit floats: widen a block, combine, narrow once (Finish packs the halves into
+  // the block's first half).
+  constexpr size_t kBlock = 1024;
+  float wide[kBlock];
+  uint8_t* out = static_cast<uint8_t*>(dst);
+  const uint8_t* a = static_cast<const uint8_t*>(own);
+  const uint8_t* b = static_cast<const uint8_t*>(other);
+  for (size_t i = 0; i < n; i += kBlock) {
+    const size_t m = n - i < kBlock ? n - i : kBlock;
+    Accumulate(d, op, wide, a + i * es, m, true);
+    Accumulate(d, op, wide, b + i * es, m, false);
+    Finish(d, wide, m);
+    std::memcpy(out + i * es, wide, m * es);
+  }
+}
+
 const char* SimdPath() { return GetDispatch().avx2 ? "avx2+f16c" : "generic"; }
 
 const char* DTypeName(DType d) {
