@@ -31,7 +31,8 @@ REPO = os.path.dirname(HERE)
 
 
 # --- worker (one rank) ------------------------------------------------------------------
-def _worker(impl: str, size_bytes: int, iters: int) -> None:
+def _worker(impl: str, size_bytes: int, iters: int,
+            only: tuple = ("reducescatter", "allgather")) -> None:
     import torch
     torch.set_num_threads(1)
     if impl == "horovod":
@@ -67,6 +68,8 @@ def _worker(impl: str, size_bytes: int, iters: int) -> None:
     times: Dict[str, List[float]] = {"reducescatter": [], "allgather": []}
     for i in range(iters + 1):
         for kind, fn, x in (("reducescatter", rs, full), ("allgather", ag, part)):
+            if kind not in only:
+                continue
             barrier()
             t0 = time.perf_counter()
             out = fn(x)
@@ -137,12 +140,14 @@ def main() -> int:
     parser.add_argument("--iters", type=int, default=5)
     parser.add_argument("--impls", default="netreduce,gloo,horovod")
     parser.add_argument("--json", default="")
+    parser.add_argument("--only", default="reducescatter,allgather",
+                        help="worker: the collectives to run")
     args = parser.parse_args()
     text = str(args.size).upper().rstrip("B").rstrip("I")
     scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
     size_bytes = int(float(text.rstrip("KMG")) * scale)
     if args.worker:
-        _worker(args.worker, size_bytes, args.iters)
+        _worker(args.worker, size_bytes, args.iters, tuple(args.only.split(",")))
         return 0
     impls = args.impls.split(",")
     results = {impl: _run(impl, args.np, size_bytes, args.iters) for impl in impls}
