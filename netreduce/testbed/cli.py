@@ -43,6 +43,9 @@ def _parser() -> argparse.ArgumentParser:
                     help="queue behind each shaper, in ms of line rate; beyond it packets drop (default 50)")
     up.add_argument("--subnet", default="10.77.0.0/24",
                     help="IPv4 /24 for the testbed: hosts .1-.N, aggregator .250, bridge .254")
+    up.add_argument("--ipv6", action="store_true",
+                    help="also give every node an IPv6 address (fd00:A:B:C::/64 named after --subnet, "
+                         "same last number: aggregator ::fa)")
     up.add_argument("--replace", action="store_true", help="tear down a testbed of the same name first")
 
     run = sub.add_parser("run", help="run a command inside a host's namespace")
@@ -71,7 +74,8 @@ def _dispatch(args) -> int:
     if args.cmd == "up":
         tb = Testbed(args.hosts, args.rate, name=args.name, subnet=args.subnet,
                      aggregator_rate=args.aggregator_rate, mtu=args.mtu, queue_ms=args.queue_ms,
-                     loss=args.loss, loss_proto=args.loss_proto, replace=args.replace)
+                     loss=args.loss, loss_proto=args.loss_proto, replace=args.replace,
+                     ipv6=args.ipv6)
         tb.up()  # a failure half-way tears down what was built before raising
         print(tb.describe())
         print(f"run commands with: netreduce-testbed --name {args.name} run --host 0 -- CMD ...; "

@@ -67,6 +67,7 @@ class Node:
     peer: str        # the veth end left in the root namespace, plugged into the bridge
     rate_bps: int    # shaped rate of this node's link, each direction
     ifname: str = NS_IFNAME
+    address6: str = ""  # IPv6 address inside the namespace ("" unless the plan has IPv6)
 
     @property
     def index(self) -> Optional[int]:
@@ -85,6 +86,7 @@ class Plan:
     queue_ms: float
     loss: float
     loss_proto: str
+    subnet6: str = ""  # the /64 of the nodes' IPv6 addresses ("" = IPv4 only)
 
     @property
     def nodes(self) -> List[Node]:
@@ -125,9 +127,11 @@ def check_name(name: str) -> str:
 
 def make_plan(hosts: int, rate, *, name: str = "nrtb", subnet: str = "10.77.0.0/24",
               aggregator_rate=None, mtu: int = 9000, queue_ms: float = 50.0,
-              loss: float = 0.0, loss_proto: str = "all") -> Plan:
+              loss: float = 0.0, loss_proto: str = "all", ipv6: bool = False) -> Plan:
     """The testbed's layout. `aggregator_rate` defaults to hosts x rate (a switch's
-    aggregate port bandwidth), so the aggregator's link is never the bottleneck."""
+    aggregate port bandwidth), so the aggregator's link is never the bottleneck.
+    `ipv6` also gives every node an IPv6 address, in the unique-local /64 named after
+    the IPv4 subnet (10.77.0.0/24 -> fd00:a:4d::/64), with the same last number."""
     check_name(name)
     if not 1 <= hosts <= MAX_HOSTS:
         raise TestbedError(f"--hosts must be 1..{MAX_HOSTS}, got {hosts}")
@@ -148,13 +152,21 @@ def make_plan(hosts: int, rate, *, name: str = "nrtb", subnet: str = "10.77.0.0/
     host_bps = parse_rate(rate)
     agg_bps = parse_rate(aggregator_rate) if aggregator_rate else hosts * host_bps
     base = net.network_address
+    a, b, c, _ = base.packed
+    net6 = ipaddress.ip_network(f"fd00:{a:x}:{b:x}:{c:x}::/64") if ipv6 else None
+
+    def v6(last: int) -> str:
+        return str(net6.network_address + last) if net6 is not None else ""
+
     nodes = [Node(name=f"h{i}", netns=f"{name}-h{i}", address=str(base + i + 1),
-                  peer=f"{name}-h{i}", rate_bps=host_bps) for i in range(hosts)]
+                  peer=f"{name}-h{i}", rate_bps=host_bps, address6=v6(i + 1))
+             for i in range(hosts)]
     agg = Node(name=AGGREGATOR, netns=f"{name}-{AGGREGATOR}", address=str(base + AGGREGATOR_OCTET),
-               peer=f"{name}-{AGGREGATOR}", rate_bps=agg_bps)
+               peer=f"{name}-{AGGREGATOR}", rate_bps=agg_bps, address6=v6(AGGREGATOR_OCTET))
     return Plan(name=name, hosts=nodes, aggregator=agg, bridge=f"{name}-br",
                 bridge_address=str(base + BRIDGE_OCTET), prefixlen=24, mtu=mtu,
-                queue_ms=float(queue_ms), loss=float(loss), loss_proto=loss_proto)
+                queue_ms=float(queue_ms), loss=float(loss), loss_proto=loss_proto,
+                subnet6=str(net6) if net6 is not None else "")
 
 
 def tbf_burst_bytes(rate_bps: int, mtu: int) -> int:

@@ -168,10 +168,11 @@ class Testbed:
     def __init__(self, hosts: int = 4, rate="1gbit", *, name: str = "nrtb",
                  subnet: str = "10.77.0.0/24", aggregator_rate=None, mtu: int = 9000,
                  queue_ms: float = 50.0, loss: float = 0.0, loss_proto: str = "all",
-                 replace: bool = False, plan: Optional[Plan] = None):
+                 replace: bool = False, plan: Optional[Plan] = None, ipv6: bool = False):
         self.plan = plan or make_plan(hosts, rate, name=name, subnet=subnet,
                                       aggregator_rate=aggregator_rate, mtu=mtu,
-                                      queue_ms=queue_ms, loss=loss, loss_proto=loss_proto)
+                                      queue_ms=queue_ms, loss=loss, loss_proto=loss_proto,
+                                      ipv6=ipv6)
         self.replace = replace
         self.is_up = False
         self._old_sigterm = None
@@ -217,7 +218,8 @@ class Testbed:
                  f"loss {p.loss:g} ({p.loss_proto}) on each namespace's input"]
         for n in p.nodes:
             lines.append(f"  {n.name:>4}  netns {n.netns:<12} {n.address:<15} "
-                         f"{format_rate(n.rate_bps):>8} each way  (root-side veth {n.peer})")
+                         f"{format_rate(n.rate_bps):>8} each way  (root-side veth {n.peer})"
+                         + (f"  {n.address6}" if n.address6 else ""))
         return "\n".join(lines)
 
     # -- life cycle ----------------------------------------------------------
@@ -278,12 +280,17 @@ class Testbed:
             _disable_ipv6_root(node.peer)
             sh.ip("link", "set", node.peer, "master", p.bridge)
             sh.ip("link", "set", node.peer, "up")
+            no6 = "0" if p.subnet6 else "1"  # IPv6 only where the plan gives addresses
             sh.run(["ip", "netns", "exec", node.netns, "sysctl", "-q", "-w",
-                    "net.ipv6.conf.all.disable_ipv6=1", "net.ipv6.conf.default.disable_ipv6=1",
+                    f"net.ipv6.conf.all.disable_ipv6={no6}",
+                    f"net.ipv6.conf.default.disable_ipv6={no6}",
                     f"net.ipv4.ipfrag_high_thresh={IPFRAG_HIGH_THRESH}",
                     f"net.ipv4.ipfrag_low_thresh={IPFRAG_LOW_THRESH}"])
             sh.ip("link", "set", "lo", "up", netns=node.netns)
             sh.ip("addr", "add", f"{node.address}/{p.prefixlen}", "dev", NS_IFNAME, netns=node.netns)
+            if node.address6:  # nodad: usable at once, no duplicate detection to wait for
+                sh.ip("addr", "add", f"{node.address6}/64", "dev", NS_IFNAME, "nodad",
+                      netns=node.netns)
             sh.ip("link", "set", NS_IFNAME, "up", netns=node.netns)
             self._shape(node)
             self._write_hosts(node)
