@@ -158,6 +158,37 @@ class MultiAggregator:
             raise DataPlaneError("; ".join(errors))
         return dst
 
+    def reducescatter(self, src: np.ndarray, bounds: Sequence[Tuple[int, int]], op: str = "sum",
+                      dtype: Optional[str] = None) -> None:
+        """Owner delivery over several aggregators: rank r's stretch ``bounds[r]`` is
+        spread over the aggregators like any buffer, each part a message whose sum only
+        rank r receives (docs/protocol.md, "Reduce-scatter"); in place."""
+        flat = _check_array(src, "source array").reshape(-1)
+        requests = []
+        errors: List[str] = []
+        for owner, (lo, hi) in enumerate(bounds):
+            if hi <= lo:
+                continue
+            parts = spread(hi - lo, flat.dtype.itemsize, self.weights, self._calls,
+                           self.min_split)
+            self._calls += 1  # every rank counts the same calls: the same aggregator picks
+            for i, a, b in parts:
+                try:
+                    requests.append(self.connections[i].allreduce_async(
+                        flat[lo + a:lo + b], None, op=op, dtype=dtype, owner=owner))
+                except NetReduceError as exc:
+                    errors.append(str(exc))
+                    break
+            if errors:
+                break
+        for req in requests:
+            try:
+                req.wait()
+            except NetReduceError as exc:
+                errors.append(str(exc))
+        if errors:
+            raise DataPlaneError("; ".join(errors))
+
     def abort(self, reason: str) -> None:
         for c in self.connections:
             try:

@@ -95,3 +95,55 @@ def test_each_rank_sends_the_others_stretches_only(switch, size):
         a, b = _bounds(COUNT, size)[rank]
         others = (COUNT - (b - a)) * 4  # payload bytes of the other ranks' stretches
         assert sent == others or (retransmits > 0 and sent > others), (rank, sent, others)
+
+
+_TWO_AGGREGATORS = """
+import json, numpy as np, netreduce as nr
+from netreduce import api
+nr.init()
+r, n = nr.rank(), nr.size()
+dp = api._communicator().dp
+x = (np.arange(400_003, dtype=np.float32) % 89) * (r + 1)
+def out_bytes():
+    return sum(j["bytes_out"] for c in dp.connections for j in c.counters()["jobs"].values())
+nr.barrier(); b0 = out_bytes()
+got = nr.api.reducescatter_async(x, op=nr.Sum, name="two.rs").wait()
+nr.barrier(); b1 = out_bytes()
+full = nr.allreduce(x, op=nr.Sum, name="two.ar")
+lo, cnt = api.shard_rows(x.shape[0], n, r)
+assert np.array_equal(got, full[lo:lo + cnt])
+print("BYTES", json.dumps([type(dp).__name__, b1 - b0]), flush=True)
+nr.shutdown()
+"""
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_owner_delivery_over_two_aggregators(ranks):
+    """Each rank's stretch is spread over both aggregators, each part delivered to its
+    owner alone: the results leave the aggregators once, not N times."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from netreduce.switch import spawn
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    switches = [spawn(host="127.0.0.1", port=0) for _ in range(2)]
+    try:
+        env = dict(os.environ, NETREDUCE_ALGORITHM="flat", NETREDUCE_TIMEOUT="20",
+                   NETREDUCE_SWITCH=",".join(f"127.0.0.1:{s.address[1]}" for s in switches),
+                   OMP_NUM_THREADS="1",
+                   PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH"))
+                                              if p))
+        proc = subprocess.run([sys.executable, "-m", "netreduce.launcher", "-np", str(ranks),
+                               "--", sys.executable, "-c", _TWO_AGGREGATORS], cwd=root, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              timeout=120)
+    finally:
+        for s in switches:
+            s.stop()
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    line = next(ln for ln in proc.stdout.splitlines() if "BYTES" in ln)
+    kind, rs_bytes = json.loads(line.split("BYTES", 1)[1])
+    assert kind == "MultiAggregator"
+    payload = 400_003 * 4
+    assert payload <= rs_bytes < 1.2 * payload, (rs_bytes, payload)  # one copy + headers
