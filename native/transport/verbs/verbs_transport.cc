@@ -196,6 +196,21 @@ Status VerbsTransport::ReapSends(bool block) {
 Status VerbsTransport::SendBatch(OutPacket* pkts, size_t n) {
   if (!connected_) return InvalidArgument("verbs transport used before Connect()");
   NR_RETURN_IF_ERROR(ReapSends(false));
+  // One linked list of work requests per batch: one doorbell (for rxe, one system
+  // call) for the whole batch rather than one per packet.
+  wrs_.resize(n);
+  sges_.resize(n);
+  size_t chained = 0;
+  auto post = [&]() -> Status {
+    if (chained == 0) return Status::Ok();
+    for (size_t k = 0; k + 1 < chained; ++k) wrs_[k].next = &wrs_[k + 1];
+    wrs_[chained - 1].next = nullptr;
+    ibv_send_wr* bad = nullptr;
+    const int rc = ibv_post_send(qp_, wrs_.data(), &bad);
+    chained = 0;
+    if (rc != 0) return VerbsError("ibv_post_send", rc);
+    return Status::Ok();
+  };
   for (size_t i = 0; i < n; ++i) {
     const OutPacket& p = pkts[i];
     const uint8_t* hdr = static_cast<const uint8_t*>(p.iov[0].iov_base);
@@ -212,28 +227,30 @@ Status VerbsTransport::SendBatch(OutPacket* pkts, size_t n) {
       return InvalidArgument("verbs transport: chunk offset " + std::to_string(h.offset) +
                              " is not one of the first 2^16 chunks of a message");
     }
-    if (send_head_ - send_done_ >= send_entries_) NR_RETURN_IF_ERROR(ReapSends(true));
+    if (send_head_ - send_done_ >= send_entries_) {
+      NR_RETURN_IF_ERROR(post());
+      NR_RETURN_IF_ERROR(ReapSends(true));
+    }
     uint8_t* slot = &send_ring_[size_t(send_head_ % send_entries_) * send_stride_];
     if (payload) std::memcpy(slot, p.iov[1].iov_base, payload);
     const uint64_t va = (uint64_t(h.dtype & 0xF) << 60) | (uint64_t(h.op & 3) << 58) |
                         (uint64_t(h.shadow & 1) << 57) | (uint64_t(h.slot) << 40) |
                         verbs_wire::PackRound(h.psn, chunk);
-    ibv_sge sge{reinterpret_cast<uintptr_t>(slot), uint32_t(payload), send_mr_->lkey};
-    ibv_send_wr wr{};
-    ibv_send_wr* bad = nullptr;
+    sges_[chained] = ibv_sge{reinterpret_cast<uintptr_t>(slot), uint32_t(payload), send_mr_->lkey};
+    ibv_send_wr& wr = wrs_[chained];
+    wr = ibv_send_wr{};
     wr.wr_id = send_head_;
-    wr.sg_list = payload ? &sge : nullptr;
+    wr.sg_list = payload ? &sges_[chained] : nullptr;
     wr.num_sge = payload ? 1 : 0;
     wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
     wr.send_flags = IBV_SEND_SIGNALED;
     wr.imm_data = htonl(h.msg_id);
     wr.wr.rdma.remote_addr = va;
     wr.wr.rdma.rkey = h.key;
-    const int rc = ibv_post_send(qp_, &wr, &bad);
-    if (rc != 0) return VerbsError("ibv_post_send", rc);
+    ++chained;
     ++send_head_;
   }
-  return Status::Ok();
+  return post();
 }
 
 Status VerbsTransport::PrepareWait(bool* ready) {

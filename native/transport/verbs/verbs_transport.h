@@ -90,6 +90,8 @@ class VerbsTransport : public Transport {
   uint32_t send_entries_ = 0, send_stride_ = 0;
   uint64_t send_head_ = 0, send_done_ = 0;  // posted / completed send work requests
   std::vector<ibv_wc> pending_;             // completions polled by PrepareWait
+  std::vector<ibv_send_wr> wrs_;            // one batch's chained work requests
+  std::vector<ibv_sge> sges_;
   bool connected_ = false;
   uint64_t unacked_events_ = 0;
 };

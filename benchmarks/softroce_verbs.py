@@ -1,0 +1,94 @@
+#!/usr/bin/env python3
+"""Verbs vs UDP transport inside a Soft-RoCE guest (issue 13), in one boot.
+
+One QEMU guest (TCG, 1 vCPU; scripts/softroce/run_guest.sh) runs a worker that
+all-reduces the same buffers through an aggregator on the host twice per round:
+once on the verbs transport (rxe0 UC queue pair) and once on the UDP transport (a
+kernel socket on the guest's eth0), alternating for --rounds rounds. Both jobs use
+the same payload (the aggregator runs with --payload-bytes 992, the most a verbs
+result packet carries at rxe's 1024-byte MTU), so the figures compare per-packet
+costs: the worker process's CPU seconds (user + system, getrusage) per GB reduced,
+and the throughput (GB reduced per wall second). Root only.
+
+    python3 benchmarks/softroce_verbs.py --mib 4 --repeat 8 --rounds 2
+
+TCG emulates every guest instruction: the figures compare the two transports on
+the same emulated CPU and say nothing about hardware RoCE NICs."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from netreduce.switch import spawn  # noqa: E402
+from tests.softroce.harness import REPO, SoftRoceBed, guest_python  # noqa: E402
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--mib", type=float, default=4.0, help="MiB per all-reduce (float32)")
+    ap.add_argument("--repeat", type=int, default=8, help="all-reduces per measurement")
+    ap.add_argument("--rounds", type=int, default=2, help="verbs/udp alternations")
+    ap.add_argument("--out", default="", help="write the raw records (JSON) here")
+    args = ap.parse_args()
+    if os.geteuid() != 0:
+        print("softroce_verbs.py: needs root (tap, bridge, qemu)", file=sys.stderr)
+        return 2
+    count = int(args.mib * (1 << 20) / 4)
+    work = Path(tempfile.mkdtemp(prefix="nr-softroce-bench-"))
+    rundir = work / "guest"
+    with SoftRoceBed(work) as bed:
+        agg = spawn(host=bed.host_ip, port=4791, threads=1, payload_bytes=992)
+        try:
+            phases = []
+            for r in range(args.rounds):
+                for transport in ("verbs", "udp") if r % 2 == 0 else ("udp", "verbs"):
+                    phases.append({"switch": f"{bed.host_ip}:4791", "job": f"{transport}-{r}",
+                                   "rank": 0, "size": 1, "repeat": args.repeat,
+                                   "env": {"NETREDUCE_TRANSPORT": transport},
+                                   "cases": [["float32", 1024], ["float32", count]]})
+            rundir.mkdir()
+            (rundir / "plan.json").write_text(json.dumps({"phases": phases}))
+            worker = REPO / "tests" / "softroce" / "guest_worker.py"
+            script = (f"export HOME=/root PYTHONDONTWRITEBYTECODE=1\ncd /tmp\n"
+                      f"chroot /hostroot {guest_python()} {worker} /mnt/share/plan.json "
+                      f"/mnt/share/result.json\n")
+            rc = bed.boot(rundir, script, timeout=900)
+        finally:
+            agg.stop()
+    result = json.loads((rundir / "result.json").read_text())
+    if rc != 0 or not result["ok"]:
+        print(f"guest failed (rc {rc}); see {rundir}/out.log", file=sys.stderr)
+        return 1
+    rows = {}
+    for p in result["phases"]:
+        case = p["cases"][-1]  # the first (1024 elements) only warms the path up
+        gb = case["bytes"] / 1e9
+        rows.setdefault(p["transport"], []).append(
+            {"gb": gb, "cpu_s_per_gb": case["cpu_s"] / gb, "gb_per_s": gb / case["wall_s"],
+             "packets_sent": p["stats"]["packets_sent"], "retransmits": p["stats"]["retransmits"]})
+    print(f"{args.mib:g} MiB float32 x {args.repeat} per measurement, payload 992 B, "
+          f"{args.rounds} rounds; guest: QEMU TCG, 1 vCPU")
+    print(f"{'transport':>9} {'CPU s/GB':>10} {'Gbit/s':>8}  (per round)")
+    med = {}
+    for t, rs in rows.items():
+        cpu = sorted(r["cpu_s_per_gb"] for r in rs)
+        thr = sorted(r["gb_per_s"] * 8 for r in rs)
+        med[t] = (cpu[len(cpu) // 2], thr[len(thr) // 2])
+        print(f"{t:>9} {med[t][0]:>10.1f} {med[t][1]:>8.3f}  "
+              + ", ".join(f"{r['cpu_s_per_gb']:.1f}/{r['gb_per_s'] * 8:.3f}" for r in rs))
+    if "verbs" in med and "udp" in med:
+        print(f"verbs/udp: CPU per GB {med['verbs'][0] / med['udp'][0]:.2f}x, "
+              f"throughput {med['verbs'][1] / med['udp'][1]:.2f}x")
+    if args.out:
+        Path(args.out).write_text(json.dumps({"args": vars(args), "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
