@@ -5,7 +5,9 @@ host all-reduce gives when no aggregator does, and how long a failover takes.
 Loopback, N rank processes through the public API (netreduce.allreduce, so
 negotiation included), every configuration in the same run:
 
-* ``aggregator``  NETREDUCE_SWITCH = a netreduce-switch daemon, failover off;
+* ``aggregator``  NETREDUCE_SWITCH = a netreduce-switch daemon, failover off
+                  (NETREDUCE_ALGORITHM=flat everywhere: on one host auto would take
+                  the shared-memory path, which failover does not combine with);
 * ``failover``    the same daemon with a standby named (NETREDUCE_STANDBY_SWITCH):
                   the scratch copy and rank 0's coordinator are the difference;
 * ``host``        NETREDUCE_FALLBACK=host with an unreachable aggregator: the
@@ -17,7 +19,8 @@ negotiation included), every configuration in the same run:
 
     PYTHONPATH=. python benchmarks/failover.py --np 4 --sizes 1M,16M,64M --json out.json
 
-Time per all-reduce = the slowest rank's median over --iters after a warm-up.
+Time per all-reduce = the slowest rank's median over --iters after a warm-up, then
+the median over --repeat interleaved runs.
 """
 from __future__ import annotations
 
@@ -90,6 +93,9 @@ def run(impl: str, n: int, sizes: List[int], iters: int, switches: List[object])
     env = dict(os.environ, NETREDUCE_JOB=job, NETREDUCE_SIZE=str(n),
                NETREDUCE_RENDEZVOUS=f"127.0.0.1:{free_tcp_port()}", MASTER_ADDR="127.0.0.1",
                MASTER_PORT=str(free_tcp_port()), WORLD_SIZE=str(n),
+               # one host: auto would pick the shared-memory hierarchical all-reduce,
+               # which failover does not combine with; compare flat with flat
+               NETREDUCE_ALGORITHM="flat",
                PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]))
     addr = lambda sw: f"{sw.address[0]}:{sw.address[1]}"  # noqa: E731
     if impl in ("aggregator", "failover", "kill"):
@@ -130,6 +136,7 @@ def main() -> int:
     ap.add_argument("--np", type=int, default=4)
     ap.add_argument("--sizes", default="1M,16M,64M")
     ap.add_argument("--iters", type=int, default=12)
+    ap.add_argument("--repeat", type=int, default=3, help="runs of every impl, interleaved")
     ap.add_argument("--impls", default="aggregator,failover,host,gloo,kill")
     ap.add_argument("--json", default=None)
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
@@ -142,23 +149,30 @@ def main() -> int:
     sys.path.insert(0, REPO)
     from netreduce.switch import spawn
     records = []
-    for impl in args.impls.split(","):
-        switches = [spawn(host="127.0.0.1", port=0), spawn(host="127.0.0.1", port=0)]
-        try:
-            records.append(run(impl, args.np, sizes, args.iters, switches))
-        finally:
-            for sw in switches:
-                sw.stop()
-        print(json.dumps(records[-1]), flush=True)
-    base = {r["impl"]: r for r in records}
-    print(f"\n{'size':>8} " + " ".join(f"{i:>11}" for i in base) + "   (median ms, slowest rank)")
+    impls = args.impls.split(",")
+    for rep in range(args.repeat):  # interleaved, so that load changes hit every impl
+        for impl in impls:
+            switches = [spawn(host="127.0.0.1", port=0), spawn(host="127.0.0.1", port=0)]
+            try:
+                records.append(dict(run(impl, args.np, sizes, args.iters, switches), repeat=rep))
+            finally:
+                for sw in switches:
+                    sw.stop()
+            print(json.dumps(records[-1]), flush=True)
+
+    def median(impl: str, nbytes: int, key: str = "median_s") -> float:
+        return float(np.median([r["sizes"][str(nbytes)][key] for r in records
+                                if r["impl"] == impl]))
+    print(f"\n{'size':>8} " + " ".join(f"{i:>11}" for i in impls)
+          + f"   (ms: median over {args.repeat} runs of the slowest rank's median)")
     for nbytes in sizes:
-        print(f"{nbytes >> 20:>7}M " + " ".join(
-            f"{base[i]['sizes'][str(nbytes)]['median_s'] * 1e3:>11.2f}" for i in base))
-    if "kill" in base:
-        k = base["kill"]["sizes"][str(sizes[-1])]
-        print(f"kill: slowest step {k['max_s'] * 1e3:.0f} ms vs median {k['median_s'] * 1e3:.1f} ms; "
-              f"{base['kill']['stats']}")
+        print(f"{nbytes >> 20:>7}M " + " ".join(f"{median(i, nbytes) * 1e3:>11.2f}" for i in impls))
+    if "kill" in impls:
+        for r in records:
+            if r["impl"] == "kill":
+                k = r["sizes"][str(sizes[-1])]
+                print(f"kill run {r['repeat']}: slowest step {k['max_s'] * 1e3:.0f} ms vs median "
+                      f"{k['median_s'] * 1e3:.1f} ms; {r['stats']}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"records": records, "load": os.getloadavg()}, f, indent=1)

@@ -322,7 +322,8 @@ class Failover:
             words = np.zeros((nbytes + 3) // 4, np.int32)
             if self.rank == holder:
                 words.view(np.uint8)[:nbytes] = self._bufs[lo % 2][:nbytes]
-            path.allreduce(words)
+            if words.size:  # the same on every rank: the holder's size
+                path.allreduce(words)
             if done == lo:
                 self._bufs[lo % 2][:nbytes] = words.view(np.uint8)[:nbytes]
                 from_peer = 1
