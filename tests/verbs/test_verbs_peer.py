@@ -1,0 +1,133 @@
+"""The aggregator's side of verbs peers, without an RDMA stack: hand-made requests
+as a UC queue pair's NIC would send them (round PSN and chunk in RETH.VA, the NIC's
+own BTH PSN, an ICRC the aggregator cannot check), a UDP rank in the same job, and
+the results checked field by field as a NIC's responder would before accepting
+them. The whole path against a real NIC (Soft-RoCE) is tests/softroce."""
+from __future__ import annotations
+
+import socket
+import struct
+
+import numpy as np
+import pytest
+
+from netreduce import _native
+from tests.softroce import roce_pcap
+
+AGG, PEER, UDP_RANK = "127.77.0.2", "127.77.0.1", "127.77.0.3"
+P = 992                      # payload bytes (rxe's 1024 B MTU less the result header)
+CHUNK = P // 4               # float32 elements per chunk
+RING_VA, RKEY, ENTRIES, STRIDE = 0x7F0012340000, 0xABCDE, 8, 1024
+WORKER_QPN = 0x11A
+
+
+def _be(ip: str) -> int:
+    return struct.unpack("<I", socket.inet_aton(ip))[0]
+
+
+@pytest.fixture
+def agg():
+    a = _native.Aggregator(host=AGG, port=4791, threads=1, payload_bytes=P)
+    try:
+        a.start()
+    except _native.EngineError as exc:
+        pytest.skip(f"cannot bind {AGG}:4791: {exc}")
+    yield a
+    a.stop()
+
+
+def _sock(ip: str, port: int = 0) -> socket.socket:
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.bind((ip, port))
+    s.settimeout(5.0)
+    return s
+
+
+def _request(index, rank, key, round_psn, chunk, values, nic_psn=None, msg_id=7):
+    """The packet a verbs worker's NIC sends (nic_psn set) or a UDP rank sends."""
+    payload = values.astype(np.float32).tobytes()
+    verbs = nic_psn is not None
+    hdr = _native.encode_header(dict(
+        dest_qp=(index << 12) | rank, psn=nic_psn if verbs else round_psn, dtype=0, op=0,
+        shadow=0, slot=chunk % 4, key=key, length=len(payload), msg_id=msg_id,
+        offset=(round_psn << 16 | chunk) if verbs else chunk * CHUNK))
+    return hdr, payload
+
+
+def test_results_to_a_verbs_peer_are_what_its_nic_accepts(agg):
+    index = agg.add_job(2, 0x5EED, P)
+    first_psn = agg.attach_verbs_peer(index, 0, PEER, WORKER_QPN, RING_VA, RKEY, ENTRIES, STRIDE)
+    try:
+        nic = _sock(PEER, 4791)   # where the aggregator answers the verbs peer: its RoCEv2 port
+    except OSError as exc:
+        pytest.skip(f"cannot bind {PEER}:4791 (a daemon holds the wildcard?): {exc}")
+    udp = _sock(UDP_RANK)
+    try:
+        sent = {}
+        for k, chunk in enumerate((0, 1)):
+            a = np.arange(CHUNK, dtype=np.float32) + chunk
+            b = np.full(CHUNK, 100.0 * (chunk + 1), dtype=np.float32)
+            sent[chunk] = a + b
+            h0, p0 = _request(index, 0, 0x5EED, 500 + chunk, chunk, a, nic_psn=9000 + 3 * k)
+            nic.sendto(h0 + p0 + b"\0\0\0\0", (AGG, 4791))  # ICRC: not checkable, not checked
+            h1, p1 = _request(index, 1, 0x5EED, 500 + chunk, chunk, b)
+            sport = udp.getsockname()[1]
+            icrc = _native.compute_icrc(_be(UDP_RANK), _be(AGG), socket.htons(sport),
+                                        socket.htons(4791), h1, p1, 0)
+            udp.sendto(h1 + p1 + struct.pack("<I", icrc), (AGG, 4791))
+        for k, chunk in enumerate((0, 1)):
+            pkt, src = nic.recvfrom(4096)
+            assert src == (AGG, 4791)
+            # BTH: UC RDMA WRITE Only with Immediate to the worker's QP, the aggregator's
+            # consecutive PSNs from the one verbs_connect gave; no pad (992 % 4 == 0).
+            assert pkt[0] == 0x2B and pkt[1] == 0 and pkt[2:4] == b"\xff\xff"
+            assert int.from_bytes(pkt[5:8], "big") == WORKER_QPN
+            assert int.from_bytes(pkt[9:12], "big") == (first_psn + k) & 0xFFFFFF
+            va, rkey, dmalen, imm = struct.unpack(">QIII", pkt[12:32])
+            assert (va, rkey, imm) == (RING_VA + k * STRIDE, RKEY, k) and dmalen == 32 + P
+            inner = _native.decode_header(pkt[32:32 + 32 + P] + b"\0\0\0\0")
+            assert inner["result"] and inner["psn"] == 500 + chunk and inner["offset"] == chunk * CHUNK
+            assert inner["dest_qp"] == index << 12 and inner["msg_id"] == 7
+            got = np.frombuffer(pkt[64:64 + P], dtype=np.float32)
+            assert np.array_equal(got, sent[chunk])
+            # ICRC as the NIC checks it: IPv4 with ID 0 and DF (the aggregator's socket).
+            udp_len = 8 + len(pkt)
+            ip = struct.pack(">BBHHHBBH4s4s", 0x45, 0, 20 + udp_len, 0, 0x4000, 64, 17, 0,
+                             socket.inet_aton(AGG), socket.inet_aton(PEER))
+            assert roce_pcap.icrc_ok(ip, struct.pack(">HHHH", 4791, 4791, udp_len, 0), pkt)
+            # The UDP rank in the same job gets the ordinary result.
+            r, _ = udp.recvfrom(4096)
+            h = _native.decode_header(r)
+            assert h["result"] and h["psn"] == 500 + chunk
+            assert np.array_equal(np.frombuffer(r[32:32 + P], dtype=np.float32), sent[chunk])
+    finally:
+        nic.close()
+        udp.close()
+
+
+def test_a_verbs_peer_is_refused_where_a_nic_could_not_reach_it():
+    a = _native.Aggregator(host="127.0.0.1", port=0, threads=2)
+    a.start()
+    try:
+        index = a.add_job(1, 1, 0)
+        with pytest.raises(ValueError, match="--threads 1"):
+            a.attach_verbs_peer(index, 0, PEER, WORKER_QPN, RING_VA, RKEY, ENTRIES, STRIDE)
+    finally:
+        a.stop()
+    a = _native.Aggregator(host="127.0.0.1", port=0, threads=1)
+    a.start()
+    try:
+        index = a.add_job(1, 1, 0)
+        with pytest.raises(ValueError, match="4791"):
+            a.attach_verbs_peer(index, 0, PEER, WORKER_QPN, RING_VA, RKEY, ENTRIES, STRIDE)
+    finally:
+        a.stop()
+
+
+def test_a_result_ring_too_small_for_the_payload_is_refused(agg):
+    index = agg.add_job(1, 1, P)
+    with pytest.raises(ValueError, match="cannot hold results"):
+        agg.attach_verbs_peer(index, 0, PEER, WORKER_QPN, RING_VA, RKEY, ENTRIES, P)
+    with pytest.raises(ValueError, match="already attached"):
+        agg.attach_verbs_peer(index, 0, PEER, WORKER_QPN, RING_VA, RKEY, ENTRIES, STRIDE)
+        agg.attach_verbs_peer(index, 0, PEER, WORKER_QPN, RING_VA, RKEY, ENTRIES, STRIDE)
