@@ -154,3 +154,12 @@ def test_daemon_refuses_an_ipv6_address_it_does_not_have():
     out = subprocess.run([sys.executable, "-m", "netreduce.switch", "--host", "2001:db8::7",
                           "--port", "0"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "[2001:db8::7]" in out.stderr, out.stderr
+
+
+def test_multicast_fan_out_refuses_ipv6_ranks_with_the_fix():
+    # Multicast groups are IPv4 (--multicast-base): an IPv6 rank cannot join one, and
+    # is told so, with the aggregator named, instead of waiting for results.
+    with spawn(host="::1", port=0, fanout="multicast") as sw:
+        with pytest.raises(NetReduceError, match=r"\[::1\]:\d+.*IPv4.*--fanout unicast"):
+            with dataplane.connect(sw.address, _job(), 0, 1, timeout=5.0) as conn:
+                conn.allreduce(np.ones(4, np.float32))

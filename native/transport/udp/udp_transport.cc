@@ -103,8 +103,8 @@ Status UdpTransport::Open(const UdpOptions& opts, std::unique_ptr<UdpTransport>*
   const int family = FamilyFor(ip);
   const bool v6 = family == AF_INET6;
   if (!opts.join_group.empty() && v6) {
-    return InvalidArgument("multicast group " + opts.join_group + " is IPv6; multicast fan-out "
-                           "is IPv4 (use --fanout unicast for IPv6 ranks)");
+    return Status(Code::kRefused, "multicast group " + opts.join_group + " is IPv6; multicast "
+                                  "fan-out is IPv4 (use --fanout unicast for IPv6 ranks)");
   }
   int fd = socket(family, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) return IoError(Errno("socket"));
@@ -131,6 +131,14 @@ Status UdpTransport::Open(const UdpOptions& opts, std::unique_ptr<UdpTransport>*
   if (!opts.join_group.empty()) {
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
     uint32_t iface = 0;
+    IpAddr iface_ip;
+    if (ResolveHost(opts.group_iface, &iface_ip).ok() && !iface_ip.is_v4()) {
+      close(fd);  // an IPv6 rank: it cannot join an IPv4 group
+      return Status(Code::kRefused, "the aggregator sends results to multicast group " +
+                                        opts.join_group + ", IPv4, but this rank reaches it over "
+                                        "IPv6 (" + opts.group_iface + "): start netreduce-switch "
+                                        "with --fanout unicast for IPv6 ranks");
+    }
     Status st = ResolveIpv4(opts.group_iface, &iface);
     ip_mreq mreq{};
     mreq.imr_multiaddr.s_addr = ip.v4();
