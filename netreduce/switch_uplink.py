@@ -90,6 +90,12 @@ def _rack_grant(srv: Any, sess: Any, msg: Dict[str, Any]) -> Dict[str, Any]:
         raise RequestError(f"job '{job.name}' (rank {sess.rank}): 'rack_grant' before every "
                            "rank has registered")
     rack = str(msg["rack"])
+    if getattr(job, "deterministic", False):
+        # A rack sums its members in arrival order, so rank-order folding would hold
+        # at the spine only: refuse rather than promise bits the tree cannot keep.
+        raise RequestError(f"job '{job.name}' (rank {sess.rank}): NETREDUCE_DETERMINISTIC=1 "
+                           "is not available through rack aggregators (NETREDUCE_RACK_SWITCH); "
+                           "unset one of the two")
     wait = max(0.0, min(float(msg.get("wait", 30.0)), MAX_WAIT_S))
     deadline = time.monotonic() + wait
     with _changed:

@@ -292,3 +292,22 @@ def test_owner_delivery_through_the_tree(tree):
     spine, racks = tree()
     results = run_ranks(_owners, 4, spine.address, [r.address for r in racks], _job(), 100_003)
     assert all(all(r) for r in results), results
+
+
+def _deterministic(rank, size, spine, racks, job):
+    os.environ["NETREDUCE_RACK_SWITCH"] = "%s:%d" % racks[rank * len(racks) // size]
+    os.environ["NETREDUCE_DETERMINISTIC"] = "1"
+    try:
+        with dataplane.connect(spine, job, rank, size, timeout=5.0) as conn:
+            conn.allreduce(np.ones(10, dtype=np.float32))
+    except NetReduceError as exc:
+        return str(exc)
+    return "no error"
+
+
+def test_deterministic_mode_is_refused_through_racks(tree):
+    spine, racks = tree()
+    for message in run_ranks(_deterministic, 4, spine.address, [r.address for r in racks],
+                             _job(), timeout=60):
+        assert "NETREDUCE_DETERMINISTIC=1 is not available through rack aggregators" in message, \
+            message
