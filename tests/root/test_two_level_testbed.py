@@ -47,3 +47,17 @@ def test_hierarchical_hosts_through_the_tree():
     w = run["wire"]
     worker_tx = sum(w[f"h{i}"]["tx_bytes"] for i in range(RANKS)) / RANKS
     assert 1.8 < w[f"h{SPINE}"]["rx_bytes"] / worker_tx < 2.2, w
+
+
+def test_loss_on_every_link_still_exact():
+    """1 % UDP loss on every namespace's input (nftables): workers' packets, partial
+    sums, the spine's results and the racks' results are all lost now and then; every
+    result still exact (the ranks check them)."""
+    layout = two_level_plan(2, 2, "1gbit", name=scratch_testbed_name("t4")[:8],
+                            subnet="10.78.253.0/24")
+    with Testbed(plan=layout.plan, replace=True) as tb:
+        tb.set_loss(0.01, proto="udp")
+        run = run_mode(tb, "tree", 2 << 20, 3)
+        drops = tb.loss_drops()
+    assert all(r["checked"] == 8 for r in run["ranks"]), run
+    assert drops[f"h{SPINE}"] > 0 and all(drops[f"h{h}"] > 0 for h in RACKS), drops
