@@ -36,6 +36,7 @@ from netreduce.errors import (ControlPlaneError, NegotiationError, NetReduceErro
 from netreduce.fusion import FusionBuffer
 from netreduce.negotiation import NegotiationClient, ResponseCache, sig_of
 from netreduce import unmatched
+from netreduce.response_cache import ROUND_SEQ, Agreement
 from netreduce.ops import STORAGE, WIRE_DTYPE, ReduceOp, scale_into
 
 log = logging.getLogger("netreduce")
@@ -156,7 +157,12 @@ class Communicator:
                                   threshold=self.fusion.capacity,
                                   capacity=int(knobs["NETREDUCE_CACHE_CAPACITY"]),
                                   start_timeout=float(knobs["NETREDUCE_START_TIMEOUT"]),
-                                  timeout=float(knobs["NETREDUCE_TIMEOUT"]))
+                                  timeout=float(knobs["NETREDUCE_TIMEOUT"]),
+                                  agree=bool(knobs.get("NETREDUCE_CACHE_AGREEMENT", True)))
+        # Steady state without the coordinator (netreduce/response_cache.py), when the
+        # job agreed on it at hello (every rank must run the same rounds).
+        self.agreement = (Agreement(self, self.neg.width, self.neg.threshold)
+                          if getattr(self.neg, "agree", False) and size > 1 else None)
         self._lock = threading.Lock()
         self._inflight: Dict[str, Tensor] = {}
         self._new: List[Tensor] = []
@@ -200,8 +206,10 @@ class Communicator:
                                      "(wait for the first with synchronize())")
             for t in tensors:
                 self._inflight[t.name] = t
-            self._new.extend(tensors)
-        os.write(self._wake_w, b"x")
+            rest = self.agreement.route(list(tensors)) if self.agreement else tensors
+            self._new.extend(rest)
+        if rest:
+            os.write(self._wake_w, b"x")
 
     # --- negotiation thread --------------------------------------------------------
     def _negotiate_loop(self) -> None:
@@ -215,7 +223,7 @@ class Communicator:
                     # handed to the executor need nothing more from the coordinator
                     # (failures come through the watch), so a steady step costs one
                     # request, not one plus an idle re-poll.
-                    busy = any(t.seq < 0 for t in self._inflight.values())
+                    busy = any(t.seq == -1 for t in self._inflight.values())
                     # After a clean departure, entries up to ``after`` still run here:
                     # keep reading the log until we have them all.
                     catching_up = self._failure is not None and self._fail_after is not None \
@@ -381,7 +389,8 @@ class Communicator:
         if not caught_up:
             os.write(self._wake_w, b"x")  # the negotiation thread polls for the rest
         self._complete(doomed, error)
-        if abort and running is not None and (after is None or running > after):
+        if (abort or running == ROUND_SEQ) and running is not None and \
+                (after is None or running > after):
             if after is None:
                 # Died unannounced: it may have contributed to the running entry just
                 # before dying (its results are then already on their way here), so
@@ -415,46 +424,52 @@ class Communicator:
 
     # --- executor thread ---------------------------------------------------------------
     def _execute_loop(self) -> None:
+        if self.agreement is not None:
+            self.agreement.loop()  # rounds between the groups (response_cache.py)
+            return
         while True:
             item = self._exec_q.get()
             if item is None:
                 return
-            seq, group = item
+            self._run_item(*item)
+
+    def _run_item(self, seq: int, group: List[Tensor]) -> None:
+        """Execute one group: a log entry's (seq >= 0) or one agreed by a round (-1)."""
+        with self._lock:
+            failure, after = self._failure, self._fail_after
+            runnable = failure is None or (after is not None and seq <= after)
+            if runnable:
+                self._executing = seq
+        if not runnable:
+            self._complete(group, failure)
+            return
+        try:
+            self._execute(group)
+            self._complete(group)
+        except NetReduceError as exc:
             with self._lock:
-                failure, after = self._failure, self._fail_after
-                runnable = failure is None or (after is not None and seq <= after)
-                if runnable:
-                    self._executing = seq
-            if not runnable:
-                self._complete(group, failure)
-                continue
-            try:
-                self._execute(group)
-                self._complete(group)
-            except NetReduceError as exc:
-                with self._lock:
-                    remote = self._failure
-                if remote is None:
-                    # Our own data plane failed: say which tensors, keeping the
-                    # aggregator / job / slot text that says where.
-                    exc = _naming(exc, f"rank {self.rank}: reducing "
-                                       f"{tensor_names([t.name for t in group])} failed")
-                self._complete(group, remote or exc)
-                if remote is None:
-                    self._report_local_failure(exc)
-            except Exception as exc:
-                # The other ranks ran (or wait in) this message: we are out of step
-                # with them from here on, so this is fatal for the job, not the group.
-                log.exception("netreduce executor failed on %s", [t.name for t in group])
-                error = NetReduceError(f"rank {self.rank} failed to reduce "
-                                       f"{[t.name for t in group][:5]}: {exc!r}")
-                self._complete(group, error)
-                self._report_local_failure(error)
-            finally:
-                with self._lock:
-                    self._executing = None
-                    self._done_seq = max(self._done_seq, seq)
-                self.groups_executed += 1
+                remote = self._failure
+            if remote is None:
+                # Our own data plane failed: say which tensors, keeping the
+                # aggregator / job / slot text that says where.
+                exc = _naming(exc, f"rank {self.rank}: reducing "
+                                   f"{tensor_names([t.name for t in group])} failed")
+            self._complete(group, remote or exc)
+            if remote is None:
+                self._report_local_failure(exc)
+        except Exception as exc:
+            # The other ranks ran (or wait in) this message: we are out of step
+            # with them from here on, so this is fatal for the job, not the group.
+            log.exception("netreduce executor failed on %s", [t.name for t in group])
+            error = NetReduceError(f"rank {self.rank} failed to reduce "
+                                   f"{[t.name for t in group][:5]}: {exc!r}")
+            self._complete(group, error)
+            self._report_local_failure(error)
+        finally:
+            with self._lock:
+                self._executing = None
+                self._done_seq = max(self._done_seq, seq)
+            self.groups_executed += 1
 
     def _report_local_failure(self, exc: NetReduceError) -> None:
         # Our data plane broke (timeout, aggregator gone): tell the others so that

@@ -128,6 +128,9 @@ declare("NETREDUCE_FUSION_THRESHOLD", _bytes, 64 * 1024 * 1024,
 declare("NETREDUCE_CACHE_CAPACITY", int, 1024,
         "tensor names the response cache remembers; a cached name costs an int per step, "
         "not a request")
+declare("NETREDUCE_CACHE_AGREEMENT", _bool, True,
+        "cached tensors are agreed on by the ranks through the data plane (a tiny MIN "
+        "all-reduce of a bit vector), not the coordinator; 0 = every step asks it")
 declare("NETREDUCE_STALL_TIMEOUT", float, 60.0,
         "seconds before a warning names a tensor and the ranks that have not submitted it")
 declare("NETREDUCE_START_TIMEOUT", float, 120.0,

@@ -1,13 +1,15 @@
-"""Rank side of negotiation: requests, the response cache, and the two connections to
+"""Rank side of negotiation: requests, the response cache, and the connection to
 the coordinator (netreduce/control/negotiation.py has the protocol essay).
 
-The ``poll`` connection carries one outstanding ``negotiate`` request at a time — it
-submits what this rank has and blocks at the aggregator until the global log has
-something new. The background thread waits on that socket and on its own wake-up
-pipe with select(), so a submission made while the poll is blocked goes out at once
-on the ``submit`` connection instead of waiting for the poll to time out. The
-``watch`` connection holds one request that the coordinator answers only when the
-job fails, so failures arrive even when no negotiation is outstanding.
+One connection per rank carries three kinds of request at once, each with an id
+(control/mux.py): one outstanding ``negotiate`` — it submits what this rank has and
+long-polls at the aggregator until the global log has something new; the
+background thread waits on its reply (a pipe) and on its own wake-up pipe with
+select(), so a submission made while the poll is out goes at once as a
+``negotiate_submit``; and one ``negotiate_watch`` that the coordinator answers only
+when the job fails, so failures arrive even when no negotiation is outstanding.
+Tensors already in the response cache skip all of this in the steady state
+(netreduce/response_cache.py).
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from netreduce import config
 from netreduce.control import auth
+from netreduce.control.mux import Mailbox, Multiplexed
 from netreduce.errors import ControlPlaneError
 
 Sig = Tuple[str, str, Tuple[int, ...], str, float, float, int]
@@ -57,8 +60,16 @@ class LineConnection:
         return b"\n" in self._buf
 
     def recv(self, timeout: Optional[float] = None) -> Dict[str, Any]:
-        self.sock.settimeout(timeout)
+        reply = self.recv_line(timeout)
+        if not reply.get("ok", False):
+            raise ControlPlaneError(f"aggregator {self.where()}: "
+                                    f"{reply.get('error', 'request refused')}")
+        return reply
+
+    def recv_line(self, timeout: Optional[float] = None) -> Dict[str, Any]:
+        """The next reply as it came (ok=false included)."""
         try:
+            self.sock.settimeout(timeout)
             while b"\n" not in self._buf:
                 chunk = self.sock.recv(1 << 16)
                 if not chunk:
@@ -77,11 +88,11 @@ class LineConnection:
             except OSError:
                 pass  # closed meanwhile by shutdown(); the error above says enough
         line, self._buf = self._buf.split(b"\n", 1)
-        reply = json.loads(line)
-        if not reply.get("ok", False):
-            raise ControlPlaneError(f"aggregator {self.where()}: "
-                                    f"{reply.get('error', 'request refused')}")
-        return reply
+        try:
+            return json.loads(line)
+        except ValueError:
+            raise ControlPlaneError(f"the aggregator at {self.where()} sent a reply that is "
+                                    f"not JSON: {line[:200]!r}") from None
 
     def call(self, cmd: str, reply_within: Optional[float] = None,
              **fields: Any) -> Dict[str, Any]:
@@ -93,6 +104,12 @@ class LineConnection:
         return self.sock.fileno()
 
     def close(self) -> None:
+        try:
+            # shutdown first: a thread blocked in recv() on this socket (control/mux.py's
+            # reader) would keep it open, and the aggregator would never see it close
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
         try:
             self.sock.close()
         except OSError:
@@ -148,64 +165,62 @@ class ResponseCache:
 
 
 class NegotiationClient:
-    """The two connections of one rank, after the hello handshake (which returns
-    once every rank of the job has joined, or fails naming the missing ranks)."""
+    """One rank's connection to the coordinator, after the hello handshake (which
+    returns once every rank of the job has joined, or fails naming the missing
+    ranks). Its long-poll, submissions and failure watch share the connection
+    (control/mux.py): the coordinator answers each when it can."""
 
     def __init__(self, address: Tuple[str, int], job: str, rank: int, size: int, *,
                  threshold: int, capacity: int, start_timeout: float,
-                 timeout: float = 30.0) -> None:
+                 timeout: float = 30.0, agree: bool = False) -> None:
         self.address, self.job, self.rank, self.size = address, job, rank, size
         self.timeout = timeout  # NETREDUCE_TIMEOUT: how long a short request may take
         hello = dict(job=job, rank=rank, size=size, threshold=threshold, capacity=capacity,
-                     timeout=start_timeout)
+                     timeout=start_timeout, agree=int(agree))
         self.requests = 0  # negotiation requests sent (steady state: one per cycle)
         secret = config.get("NETREDUCE_JOB_SECRET")  # proved, never sent (control/auth.py)
-        # Each connection says hello as soon as it is open: the aggregator closes the
-        # oldest of too many connections that have not (control/server.py, Limits).
+        self.conn = LineConnection(address, timeout=start_timeout)
+        where = self.conn.where()
+        self.poll_conn = Mailbox(where)  # the long-poll's reply, select()-able
         try:
-            self.submit_conn = LineConnection(address, timeout=start_timeout)
-            self.submit_conn.call("negotiate_hello", role="submit",
-                                  reply_within=start_timeout + 10, **hello,
-                                  **auth.prove(self.submit_conn.call, secret, job, rank))
-            self.watch_conn = LineConnection(address, timeout=start_timeout)
-            self.watch_conn.call("negotiate_hello", role="watch",
-                                 reply_within=start_timeout + 10, **hello,
-                                 **auth.prove(self.watch_conn.call, secret, job, rank))
-            self.poll_conn = LineConnection(address, timeout=start_timeout)
-            reply = self.poll_conn.call("negotiate_hello", role="poll",
-                                        reply_within=start_timeout + 10, **hello,
-                                        **auth.prove(self.poll_conn.call, secret, job, rank))
+            # Hello at once: the aggregator closes the oldest of too many connections
+            # that have not (control/limits.py).
+            reply = self.conn.call("negotiate_hello", role="all",
+                                   reply_within=start_timeout + 10, **hello,
+                                   **auth.prove(self.conn.call, secret, job, rank))
+            self.mux = Multiplexed(self.conn)
         except Exception:
             self.close()
             raise
         self.next_seq = int(reply.get("seq", 0))
+        # The job's settings, from its first rank's hello: every rank runs the same
+        # agreement rounds (netreduce/response_cache.py) over the same vector width.
+        self.agree = bool(reply.get("agree", False))
+        self.width = int(reply.get("capacity", capacity))
+        self.threshold = int(reply.get("threshold", threshold))
 
     def send_poll(self, reqs: List[Any], wait_ms: float, stall_s: float) -> None:
         self.requests += 1
-        self.poll_conn.send("negotiate", reqs=reqs, ack=self.next_seq, wait_ms=wait_ms,
-                            stall_s=stall_s)
+        self.mux.send("negotiate", self.poll_conn.deliver, reqs=reqs, ack=self.next_seq,
+                      wait_ms=wait_ms, stall_s=stall_s)
 
     def recv_poll(self) -> Dict[str, Any]:
-        return self.poll_conn.recv()
+        return self.poll_conn.take()
 
     def submit(self, reqs: List[Any]) -> None:
         self.requests += 1
-        self.submit_conn.call("negotiate_submit", reqs=reqs, reply_within=self.timeout)
+        self.mux.call("negotiate_submit", self.timeout, reqs=reqs)
 
     def watch(self) -> Dict[str, Any]:
         """Blocks until the coordinator reports the job failed (or this rank left)."""
-        self.watch_conn.send("negotiate_watch")
-        return self.watch_conn.recv()
+        return self.mux.call("negotiate_watch", None)
 
     def bye(self, done: int) -> None:
-        self.submit_conn.call("negotiate_bye", done=done, reply_within=min(self.timeout, 10.0))
+        self.mux.call("negotiate_bye", min(self.timeout, 10.0), done=done)
 
     def abort(self, reason: str) -> None:
-        self.submit_conn.call("negotiate_abort", reason=reason,
-                              reply_within=min(self.timeout, 10.0))
+        self.mux.call("negotiate_abort", min(self.timeout, 10.0), reason=reason)
 
     def close(self) -> None:
-        for conn in (getattr(self, "poll_conn", None), getattr(self, "submit_conn", None),
-                     getattr(self, "watch_conn", None)):
-            if conn is not None:
-                conn.close()
+        self.conn.close()
+        self.poll_conn.close()

@@ -46,6 +46,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 
 from netreduce import fusion
+from netreduce.control.waits import Topic, Wait
 from netreduce.ops import STORAGE, WIRE_DTYPE
 
 # Signature fields, in the order mismatches are reported (Horovod checks the
@@ -171,6 +172,7 @@ class JobState:
         self.name, self.size = name, size
         self.threshold, self.capacity = threshold, capacity
         self.cond = threading.Condition()
+        self.topic = Topic(self.cond)            # parked requests (control/waits.py)
         self.joined: set = set()
         self.conns: Dict[int, set] = {}          # rank -> roles connected now
         self.left: Dict[int, str] = {}           # rank -> why it left
@@ -183,12 +185,16 @@ class JobState:
         self.log: List[Dict[str, Any]] = []
         self.base = 0                            # seq of log[0]
         self.acked: Dict[int, int] = {}          # rank -> next seq it expects
+        self.at_base = 0                         # live ranks whose ack is still ``base``
         self.messages = 0                        # negotiation requests served (tests)
         # Horovod's join: ranks that called join() and count as having submitted
         # every other tensor (they contribute zeros) until all ranks have joined.
         self.join_ranks: set = set()
         self.last_join = -1
         self.previous: Optional["JobState"] = None  # the run this one replaced
+        # Ranks agree on cached tensors among themselves (netreduce/response_cache.py):
+        # fixed by the job's first hello, so that every rank runs the same rounds.
+        self.agree = False
 
     # --- submissions -----------------------------------------------------------
     def submit(self, rank: int, reqs: List[Any]) -> None:
@@ -216,8 +222,10 @@ class JobState:
             elif self._complete(entry):
                 del self.pending[name]
                 self.ready.append((name, entry))
+        logged = len(self.log)
         self._flush()
-        self.cond.notify_all()
+        if len(self.log) != logged:  # what parked long-polls wait for; a submission
+            self.topic.notify()      # alone would wake every rank's poll for nothing
 
     def _complete(self, entry: _Pending) -> bool:
         """Every rank submitted it, or has joined (and will contribute zeros)."""
@@ -306,12 +314,36 @@ class JobState:
 
     # --- reading the log -------------------------------------------------------
     def ack(self, rank: int, seq: int) -> None:
-        self.acked[rank] = max(self.acked.get(rank, 0), seq)
-        live = [self.acked.get(r, 0) for r in self.joined if r not in self.left]
+        old = self.acked.get(rank, self.base)
+        self.acked[rank] = new = max(old, seq)
+        # Only the last live rank to move past the oldest entry can free log entries:
+        # count those still there instead of taking the minimum over 1,000 ranks on
+        # every request.
+        if rank in self.left or new == old or old != self.base:
+            return
+        self.at_base -= 1
+        if self.at_base <= 0:
+            self._trim()
+
+    def joined_at_base(self, rank: int) -> None:
+        if rank not in self.acked:
+            self.acked[rank] = self.base
+            self.at_base += 1
+
+    def gone(self, rank: int) -> None:
+        """``rank`` just left: it no longer holds the log back."""
+        if self.acked.get(rank) == self.base and rank in self.joined:
+            self.at_base -= 1
+            if self.at_base <= 0:
+                self._trim()
+
+    def _trim(self) -> None:
+        live = [self.acked.get(r, self.base) for r in self.joined if r not in self.left]
         low = min(live) if live else self.base + len(self.log)
         if low > self.base:
             del self.log[:low - self.base]
             self.base = low
+        self.at_base = sum(1 for v in live if v == self.base)
 
     def since(self, seq: int) -> List[Dict[str, Any]]:
         return self.log[max(0, seq - self.base):]
@@ -331,7 +363,7 @@ class JobState:
     def fail(self, message: str, rank: int, after: Optional[int]) -> None:
         if self.failure is None:
             self.failure = {"msg": message, "rank": rank, "after": after}
-            self.cond.notify_all()
+            self.topic.notify()
 
 
 # --- handlers -------------------------------------------------------------------
@@ -390,6 +422,7 @@ def handle_hello(srv: Any, sess: Any, msg: Dict[str, Any]) -> Dict[str, Any]:
         if state is None:
             state = table[job] = JobState(job, size, int(msg.get("threshold", 64 << 20)),
                                           int(msg.get("capacity", 1024)))
+            state.agree = bool(msg.get("agree", 0))
             state.previous = previous
             if previous is not None:
                 previous.previous = None  # keep one run back, not the whole history
@@ -404,24 +437,29 @@ def handle_hello(srv: Any, sess: Any, msg: Dict[str, Any]) -> Dict[str, Any]:
         roles.add(role)
         sess.state["negotiation"] = (job, rank, role)
         sess.state["negotiation_state"] = state
-        if role != "poll":
+        if role not in ("poll", "all"):  # "all": one multiplexed connection (control/mux.py)
             return {"size": size}
         state.joined.add(rank)
-        state.acked.setdefault(rank, state.base)
-        state.cond.notify_all()
+        state.joined_at_base(rank)
+        state.topic.notify()
         deadline = time.monotonic() + float(msg.get("timeout", 120.0))
-        while len(state.joined) < size and state.failure is None:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
+
+        def joined(w: Wait) -> Optional[Dict[str, Any]]:
+            if state.failure is not None:
+                raise RequestError(state.failure["msg"])
+            if len(state.joined) >= size:
+                return {"size": size, "seq": state.base + len(state.log),
+                        "agree": int(state.agree), "capacity": state.capacity,
+                        "threshold": state.threshold}
+            if time.monotonic() >= deadline:
                 missing = sorted(set(range(size)) - state.joined)
                 raise RequestError(f"rank{'s' if len(missing) > 1 else ''} "
                                    f"{', '.join(map(str, missing))} of job '{job}' did not "
                                    f"join within {msg.get('timeout', 120.0)} s"
                                    f"{_still_in_previous_run(state, missing)}")
-            state.cond.wait(remaining)
-        if state.failure is not None:
-            raise RequestError(state.failure["msg"])
-        return {"size": size, "seq": state.base + len(state.log)}
+            w.due = deadline
+            return None
+        return Wait(state.topic, joined, deadline)  # type: ignore[return-value]
 
 
 def _still_in_previous_run(state: JobState, missing: List[int]) -> str:
@@ -449,19 +487,21 @@ def handle_negotiate(srv: Any, sess: Any, msg: Dict[str, Any]) -> Dict[str, Any]
         ack = int(msg.get("ack", 0))
         state.ack(rank, ack)
         deadline = time.monotonic() + wait_s
-        while True:
+
+        def news(w: Wait) -> Optional[Dict[str, Any]]:
             entries, stalls = state.since(ack), state.stalls(rank, stall_s)
-            remaining = deadline - time.monotonic()
-            if entries or stalls or state.failure is not None or remaining <= 0:
-                break
-            # wake no later than the next stall deadline among this rank's tensors
-            state.cond.wait(min(remaining, max(stall_s / 4, 0.01)))
-        reply: Dict[str, Any] = {"e": entries}
-        if stalls:
-            reply["s"] = stalls
-        if state.failure is not None:
-            reply["f"] = state.failure
-        return reply
+            now = time.monotonic()
+            if not (entries or stalls or state.failure is not None or now >= deadline):
+                # poll again no later than the next stall deadline among its tensors
+                w.due = min(deadline, now + max(stall_s / 4, 0.01))
+                return None
+            reply: Dict[str, Any] = {"e": entries}
+            if stalls:
+                reply["s"] = stalls
+            if state.failure is not None:
+                reply["f"] = state.failure
+            return reply
+        return Wait(state.topic, news, deadline)  # type: ignore[return-value]
 
 
 def handle_submit(srv: Any, sess: Any, msg: Dict[str, Any]) -> Dict[str, Any]:
@@ -477,10 +517,12 @@ def handle_watch(srv: Any, sess: Any, msg: Dict[str, Any]) -> Dict[str, Any]:
     tells a rank, at once, that another rank is gone — even while it is busy in the
     data plane and has no negotiation outstanding."""
     state, rank = _session(srv, sess)
-    with state.cond:
-        while state.failure is None and rank not in state.left:
-            state.cond.wait(1.0)
-        return {"f": state.failure} if state.failure is not None else {}
+
+    def failed(w: Wait) -> Optional[Dict[str, Any]]:
+        if state.failure is not None:
+            return {"f": state.failure}
+        return {} if rank in state.left else None
+    return Wait(state.topic, failed)  # type: ignore[return-value]
 
 
 def handle_bye(srv: Any, sess: Any, msg: Dict[str, Any]) -> Dict[str, Any]:
@@ -488,8 +530,10 @@ def handle_bye(srv: Any, sess: Any, msg: Dict[str, Any]) -> Dict[str, Any]:
     ranks may finish those; anything later can never complete."""
     state, rank = _session(srv, sess)
     with state.cond:
-        state.left.setdefault(rank, "shutdown")
-        state.cond.notify_all()  # releases this rank's own watch
+        if rank not in state.left:
+            state.left[rank] = "shutdown"
+            state.gone(rank)
+        state.topic.notify()  # releases this rank's own watch
         if len(state.left) < state.size:
             state.fail(f"rank {rank} called shutdown() while this rank still had "
                        "operations that need it", rank, int(msg.get("done", -1)))
@@ -516,6 +560,7 @@ def on_disconnect(srv: Any, sess: Any) -> None:
         state.conns.get(rank, set()).discard(role)
         if rank not in state.left:
             state.left[rank] = "disconnected"
+            state.gone(rank)
             state.fail(f"rank {rank} disconnected from the aggregator without calling "
                        "shutdown() (the process died or was killed)", rank, None)
         gone = all(not state.conns.get(r) for r in state.conns)
@@ -541,7 +586,7 @@ def install(server_module: Any) -> None:
     global RequestError
     RequestError = server_module.RequestError  # noqa: F811 — answer ok=false the server's way
     for name, fn in HANDLERS.items():
-        server_module.register_handler(name, fn)
+        server_module.register_handler(name, fn, inline=True)
     server_module.register_disconnect_hook(on_disconnect)
 
 

@@ -1,10 +1,11 @@
-"""The aggregator's control port: a threaded TCP server speaking JSON lines.
+"""The aggregator's control port: a TCP server speaking JSON lines.
 
-One thread per connection, so a handler may block (a barrier, a negotiation round
-waiting for ranks). Built-in commands: ``register`` (job admission and rank
+All connections are served by one event-loop thread (netreduce/control/loop.py); a
+handler that has to wait (a hello for the other ranks, a long-poll) returns a
+``Wait`` (control/waits.py) instead of blocking. Built-in commands: ``register`` (job admission and rank
 check-in, with the path MTU the rank sees), ``payload`` (wait until the job's
 payload is fixed: netreduce.control.payload), ``release``, ``counters``. Other modules add commands with
-``register_handler`` and learn of closed connections (a rank that died or shut
+``register_handler`` (blocking ones run on a small thread pool) and learn of closed connections (a rank that died or shut
 down) with ``register_disconnect_hook``; ``netreduce.control.negotiation`` does so
 at import time."""
 from __future__ import annotations
@@ -14,14 +15,16 @@ import json
 import logging
 import secrets
 import socket
-import socketserver
 import threading
+import time
 from typing import Any, Callable, Dict, List, Optional
 
 from netreduce.control.address import family_of, format_address, parse_address, unmap
 from netreduce.control.auth import AuthError, Guard
 from netreduce.control.limits import Limits, PendingConnections
+from netreduce.control.loop import Conn, EventLoop
 from netreduce.control.payload import JobPayload, views_of
+from netreduce.control.waits import Topic, Wait, resolve
 
 log = logging.getLogger("netreduce.switch")
 # How long the last rank's register waits for the earlier ranks to be told the payload.
@@ -74,23 +77,27 @@ class Session:
 Handler = Callable[["ControlServer", Session, Dict[str, Any]], Dict[str, Any]]
 DisconnectHook = Callable[["ControlServer", Session], None]
 HANDLERS: Dict[str, Handler] = {}
+INLINE: set = set()  # commands whose handlers never block (they may return a Wait)
 DISCONNECT_HOOKS: List[DisconnectHook] = []
 
 
-def register_handler(cmd: str, fn: Handler) -> None:
+def register_handler(cmd: str, fn: Handler, inline: bool = False) -> None:
+    """Add a command. ``inline``: the handler returns at once (a reply or a Wait) and
+    runs on the event-loop thread; otherwise it may block, on the thread pool."""
     HANDLERS[cmd] = fn
+    if inline:
+        INLINE.add(cmd)
+    else:
+        INLINE.discard(cmd)
 
 
 def register_disconnect_hook(fn: DisconnectHook) -> None:
     DISCONNECT_HOOKS.append(fn)
 
 
-class ControlServer(socketserver.ThreadingTCPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-    # Every rank opens several control connections at start-up; socketserver's default
-    # backlog of 5 would drop some of a large job's and cost each a 1 s SYN retry.
-    request_queue_size = 1024
+class ControlServer:
+    # A large job's ranks connect at once: a short backlog drops SYNs, each a 1 s retry.
+    request_queue_size = 4096
 
     def __init__(self, host: str, port: int, aggregator: Any,
                  payload_explicit: bool = False, guard: Optional[Guard] = None,
@@ -106,14 +113,92 @@ class ControlServer(socketserver.ThreadingTCPServer):
         self.payload_explicit = payload_explicit
         self.lock = threading.Lock()
         self.payload_fixed = threading.Condition(self.lock)
+        self.payload_topic = Topic(self.payload_fixed)
         self.jobs: Dict[str, JobRecord] = {}
-        self.address_family = family_of(host)  # IPv6 hosts; "::" serves both families
-        super().__init__((host, port), _ConnectionHandler)
+        family = family_of(host)  # IPv6 hosts; "::" serves IPv4 ranks too, as the UDP ports
+        self.socket = socket.create_server((host, port), family=family,
+                                           backlog=self.request_queue_size,
+                                           dualstack_ipv6=family == socket.AF_INET6
+                                           and host == "::" and socket.has_dualstack_ipv6())
+        self.socket.setblocking(False)
+        self.server_address = self.socket.getsockname()[:2]
+        self.loop = EventLoop(self, self.socket)
+        self._serving = threading.Event()
 
-    def server_bind(self) -> None:
-        if self.address_family == socket.AF_INET6:  # "::": IPv4 ranks too, as the UDP ports
-            self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-        super().server_bind()
+    # -- serving (socketserver's names, which the daemon and tests use) -------------
+    def serve_forever(self, poll_interval: float = 0.5) -> None:
+        """Serve until shutdown(); connections stay served after it (a draining
+        daemon still answers its jobs) until the process ends."""
+        self.loop.start()
+        while not self._serving.wait(poll_interval):
+            pass
+
+    def shutdown(self) -> None:
+        """Accept no new connection; serve_forever returns."""
+        self.loop.stop_accepting()
+        self._serving.set()
+
+    def server_close(self) -> None:
+        self.loop.close_listener()
+
+    # -- the loop's callbacks ------------------------------------------------------
+    def new_session(self, addr: Any) -> "Session":
+        # "10.0.0.3:5501" or "[fd00::3]:5501"; an IPv4 rank on a dual-stack port as IPv4
+        return Session(format_address((unmap(addr[0]), addr[1])))
+
+    def opened(self, sess: "Session", sock: socket.socket) -> None:
+        self.pending.add(sess, sock)
+
+    def bound(self, sess: "Session") -> bool:
+        return self.pending.is_settled(sess)
+
+    def limit_of(self, sess: "Session") -> int:
+        return self.limits.line_bytes if self.bound(sess) else self.limits.pending_line_bytes
+
+    def closed(self, sess: "Session") -> None:
+        self.pending.discard(sess)
+        for hook in DISCONNECT_HOOKS:
+            try:
+                hook(self, sess)
+            except Exception:  # a hook's bug must not take the daemon down
+                log.exception("disconnect hook failed")
+        self.release(sess)
+        self.guard.unbind(sess)
+
+    def begin(self, loop: EventLoop, conn: Conn, line: bytes) -> None:
+        """One request line: answered now, parked as a Wait, or run on the pool."""
+        msg, reply = _parse(line)
+        if reply is not None:
+            loop.send(conn, reply)
+            return
+        rid = msg.get("id")
+        sequential = not isinstance(rid, (int, str)) or isinstance(rid, bool)
+        conn.busy = conn.busy or sequential
+
+        def answer(result: Optional[Dict[str, Any]], error: Optional[BaseException]) -> None:
+            out = _reply_of(line, result, error)
+            if not sequential:
+                out["id"] = rid
+            loop.send(conn, out)
+            if out.get("payload_bytes") and msg.get("cmd") == "payload":
+                self.payload_delivered(conn.sess)
+            loop.finished(conn, sequential)
+
+        cmd = msg.get("cmd")
+        if isinstance(cmd, str) and cmd in HANDLERS and cmd not in INLINE:
+            future = loop.pool.submit(lambda: resolve(_dispatch(self, conn.sess, msg)))
+            future.add_done_callback(lambda f: loop.call_soon(
+                lambda: None if conn.closed else answer(*_outcome(f))))
+            return
+        try:
+            result = _dispatch(self, conn.sess, msg)
+        except Exception as exc:
+            answer(None, exc)
+            return
+        if isinstance(result, Wait):
+            loop.park(conn, result, answer)
+        else:
+            answer(result, None)
 
     # -- built-in commands ----------------------------------------------------
     def register(self, sess: Session, msg: Dict[str, Any]) -> Dict[str, Any]:
@@ -163,23 +248,33 @@ class ControlServer(socketserver.ThreadingTCPServer):
             self._settle_payload(job, views, name, rank)
             job.ranks[rank] = sess
             sess.job, sess.rank, sess.record = name, rank, job
-            if len(job.ranks) == job.size:
+            last = len(job.ranks) == job.size
+            if last:
                 job.payload_final = True
-                self.payload_fixed.notify_all()
+                self.payload_topic.notify()
                 log.info("job '%s': %s", name, job.payload_reason)
-                self.payload_fixed.wait_for(
-                    lambda: job.awaiting <= job.informed or job.closing, timeout=INFORM_WAIT_S)
             elif msg.get("await_payload"):
                 job.awaiting.add(rank)
-            final = job.payload_final
-            missing = sorted(set(range(job.size)) - set(job.ranks))
         agg = self.aggregator
         group, group_port = agg.group(job.index)
-        return {"job_index": job.index, "key": job.key, "slots": agg.slots,
-                "payload_bytes": job.payload_bytes if final else 0,
-                "payload_reason": job.payload_reason if final else "", "missing": missing,
-                "data_port": agg.port, "threads": agg.threads, "deterministic": job.deterministic,
-                "group": group, "group_port": group_port}
+        informed_by = time.monotonic() + INFORM_WAIT_S
+
+        def grant(w: Wait) -> Optional[Dict[str, Any]]:
+            # The last rank's answer waits (at most INFORM_WAIT_S) until the ranks that
+            # asked for the payload have it: data never waits on a control round trip.
+            if last and not (job.awaiting <= job.informed or job.closing) and \
+                    time.monotonic() < informed_by:
+                w.due = informed_by
+                return None
+            final = job.payload_final
+            return {"job_index": job.index, "key": job.key, "slots": agg.slots,
+                    "payload_bytes": job.payload_bytes if final else 0,
+                    "payload_reason": job.payload_reason if final else "",
+                    "missing": sorted(set(range(job.size)) - set(job.ranks)),
+                    "data_port": agg.port, "threads": agg.threads,
+                    "deterministic": job.deterministic,
+                    "group": group, "group_port": group_port}
+        return Wait(self.payload_topic, grant)  # type: ignore[return-value]
 
     def _make_ordered(self, index: int, name: str, rank: int) -> None:
         """The new job's slots fold in rank order (NETREDUCE_DETERMINISTIC); refused
@@ -224,7 +319,7 @@ class ControlServer(socketserver.ThreadingTCPServer):
         with self.lock:
             if sess.record is not None:
                 sess.record.informed.add(sess.rank)
-                self.payload_fixed.notify_all()
+                self.payload_topic.notify()
 
     def wait_payload(self, sess: Session, msg: Dict[str, Any]) -> Dict[str, Any]:
         """The job's payload once every rank has registered; payload_bytes 0 and the
@@ -233,14 +328,19 @@ class ControlServer(socketserver.ThreadingTCPServer):
         if job is None:
             raise RequestError("'payload' before 'register' on this connection")
         wait = max(0.0, min(float(msg.get("wait", 0.0)), 5.0))
-        with self.payload_fixed:
-            self.payload_fixed.wait_for(lambda: job.payload_final or job.closing, timeout=wait)
+        deadline = time.monotonic() + wait
+
+        def fixed(w: Wait) -> Optional[Dict[str, Any]]:
+            if not (job.payload_final or job.closing) and time.monotonic() < deadline:
+                w.due = deadline
+                return None
             if not job.payload_final and job.closing:
                 raise RequestError(f"job '{job.name}': a rank left before every rank had "
                                    "registered; this run of the job is over")
             missing = sorted(set(range(job.size)) - set(job.ranks))
             return {"payload_bytes": job.payload_bytes if job.payload_final else 0,
                     "payload_reason": job.payload_reason, "missing": missing}
+        return Wait(self.payload_topic, fixed)  # type: ignore[return-value]
 
     def release(self, sess: Session) -> None:
         """Drop the session's rank from its job; the last rank out frees the pool."""
@@ -250,7 +350,7 @@ class ControlServer(socketserver.ThreadingTCPServer):
                 return
             del job.ranks[sess.rank]
             job.closing = True
-            self.payload_fixed.notify_all()
+            self.payload_topic.notify()
             if not job.ranks:
                 if self.jobs.get(job.name) is job:
                     del self.jobs[job.name]
@@ -299,92 +399,68 @@ class ControlServer(socketserver.ThreadingTCPServer):
         return {"global": dict(self.aggregator.counters()), "jobs": jobs, "hidden_jobs": hidden}
 
 
-class _ConnectionHandler(socketserver.StreamRequestHandler):
-    def handle(self) -> None:
-        srv: ControlServer = self.server  # type: ignore[assignment]
-        sock: socket.socket = self.request
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        # "10.0.0.3:5501" or "[fd00::3]:5501"; an IPv4 rank on a dual-stack port as IPv4
-        sess = Session(format_address((unmap(self.client_address[0]), self.client_address[1])))
-        srv.pending.add(sess, sock)
-        limits = srv.limits
-        try:
-            while True:
-                # Until the connection belongs to a job (or the operator): short lines,
-                # and silence closes it; then requests of any size up to line_bytes.
-                bound = srv.pending.is_settled(sess)
-                limit = limits.line_bytes if bound else limits.pending_line_bytes
-                sock.settimeout(None if bound else limits.pending_idle_s)
-                try:
-                    line = self.rfile.readline(limit + 1)
-                except socket.timeout:
-                    log.debug("%s: silent for %.0f s before binding to a job: closed",
-                              sess.peer, limits.pending_idle_s)
-                    break
-                if not line:
-                    break
-                if len(line) > limit:
-                    self._send({"ok": False, "error": f"request longer than {limit} bytes "
-                                "(the control port's limit); closing the connection"})
-                    break
-                msg, reply = _answer(srv, sess, line)
-                self._send(reply)
-                if reply.get("payload_bytes") and msg.get("cmd") == "payload":
-                    srv.payload_delivered(sess)
-        except (ConnectionError, OSError, ValueError):
-            pass  # reset, evicted (shut down by PendingConnections) or closed meanwhile
-        finally:
-            srv.pending.discard(sess)
-            for hook in DISCONNECT_HOOKS:
-                try:
-                    hook(srv, sess)
-                except Exception:  # a hook's bug must not take the daemon down
-                    log.exception("disconnect hook failed")
-            srv.release(sess)
-            srv.guard.unbind(sess)
-
-    def _send(self, reply: Dict[str, Any]) -> None:
-        self.request.settimeout(None)
-        self.wfile.write((json.dumps(reply, separators=(",", ":")) + "\n").encode())
-        self.wfile.flush()
-
-    @staticmethod
-    def _dispatch(srv: ControlServer, sess: Session, msg: Dict[str, Any]) -> Dict[str, Any]:
-        cmd = msg.get("cmd")
-        if cmd == "challenge":
-            return srv.guard.challenge(sess)
-        if cmd == "register":
-            return srv.register(sess, msg)
-        if cmd == "payload":
-            return srv.wait_payload(sess, msg)
-        if cmd == "release":
-            srv.release(sess)
-            return {}
-        if cmd == "counters":
-            return srv.counters(sess, msg)
-        if cmd == "ping":
-            return {}
-        handler = HANDLERS.get(cmd)
-        if handler is None:
-            raise RequestError(f"unknown command {cmd!r}")
-        return handler(srv, sess, msg)
+def _dispatch(srv: ControlServer, sess: Session, msg: Dict[str, Any]) -> Any:
+    """A request's reply dict, or a Wait for one."""
+    cmd = msg.get("cmd")
+    if cmd == "challenge":
+        return srv.guard.challenge(sess)
+    if cmd == "register":
+        return srv.register(sess, msg)
+    if cmd == "payload":
+        return srv.wait_payload(sess, msg)
+    if cmd == "release":
+        srv.release(sess)
+        return {}
+    if cmd == "counters":
+        return srv.counters(sess, msg)
+    if cmd == "ping":
+        return {}
+    handler = HANDLERS.get(cmd) if isinstance(cmd, str) else None
+    if handler is None:
+        raise RequestError(f"unknown command {cmd!r}")
+    return handler(srv, sess, msg)
 
 
-def _answer(srv: ControlServer, sess: Session, line: bytes) -> "tuple[Dict[str, Any], Dict[str, Any]]":
-    """One request line -> (the request, its reply). Hostile input (not JSON, not an
-    object, absurd values, nesting deep enough to exhaust the parser) is answered
-    with ok=false, never an exception: fuzz/control_fuzzer.py drives this."""
-    msg: Any = {}
+def _parse(line: bytes) -> "tuple[Dict[str, Any], Optional[Dict[str, Any]]]":
+    """(request, None), or ({}, the error reply) for a line that is no request."""
     try:
         msg = json.loads(line)
         if not isinstance(msg, dict):
             raise TypeError(f"a request is a JSON object, not {type(msg).__name__}")
-        return msg, dict(_ConnectionHandler._dispatch(srv, sess, msg), ok=True)
-    except RequestError as exc:
-        return msg if isinstance(msg, dict) else {}, {"ok": False, "error": str(exc)}
-    except (KeyError, TypeError, ValueError, ArithmeticError, RecursionError) as exc:
-        return ({} if not isinstance(msg, dict) else msg,
-                {"ok": False, "error": f"malformed request {line[:200]!r}: {exc!r}"})
+        return msg, None
+    except (TypeError, ValueError, RecursionError) as exc:
+        return {}, {"ok": False, "error": f"malformed request {line[:200]!r}: {exc!r}"}
+
+
+def _reply_of(line: bytes, result: Optional[Dict[str, Any]],
+              error: Optional[BaseException]) -> Dict[str, Any]:
+    """Hostile input (absurd values, wrong types) is answered with ok=false, never an
+    exception: fuzz/control_fuzzer.py drives this."""
+    if error is None:
+        return dict(result or {}, ok=True)
+    if isinstance(error, RequestError):
+        return {"ok": False, "error": str(error)}
+    if isinstance(error, (KeyError, TypeError, ValueError, ArithmeticError, RecursionError)):
+        return {"ok": False, "error": f"malformed request {line[:200]!r}: {error!r}"}
+    log.error("control request %r failed", line[:200], exc_info=error)
+    return {"ok": False, "error": f"internal error on the control port: {error!r}"}
+
+
+def _outcome(future: Any) -> "tuple[Optional[Dict[str, Any]], Optional[BaseException]]":
+    error = future.exception()
+    return (None, error) if error is not None else (future.result(), None)
+
+
+def _answer(srv: ControlServer, sess: Session, line: bytes) -> "tuple[Dict[str, Any], Dict[str, Any]]":
+    """One request line -> (the request, its reply), waiting on this thread if the
+    handler returns a Wait (the fuzzer drives this)."""
+    msg, reply = _parse(line)
+    if reply is not None:
+        return msg, reply
+    try:
+        return msg, _reply_of(line, resolve(_dispatch(srv, sess, msg)), None)
+    except Exception as exc:
+        return msg, _reply_of(line, None, exc)
 
 
 # Commands of their own modules (registered on import).

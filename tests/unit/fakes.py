@@ -17,6 +17,7 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 
 from netreduce.control import negotiation as coord
+from netreduce.control.waits import resolve
 from netreduce.errors import DataPlaneError
 
 
@@ -37,19 +38,33 @@ class FakeControlServer:
         class Handler(socketserver.StreamRequestHandler):
             def handle(self) -> None:
                 sess = _Session()
+                out = threading.Lock()
+
+                def answer(msg: Dict[str, Any]) -> None:
+                    fn = coord.HANDLERS.get(msg.get("cmd"))
+                    try:
+                        if fn is None:
+                            raise coord.RequestError(f"unknown command {msg.get('cmd')!r}")
+                        reply = {"ok": True, **resolve(fn(fake, sess, msg))}
+                    except coord.RequestError as exc:
+                        reply = {"ok": False, "error": str(exc)}
+                    if "id" in msg:
+                        reply["id"] = msg["id"]
+                    try:
+                        with out:
+                            self.wfile.write((json.dumps(reply) + "\n").encode())
+                            self.wfile.flush()
+                    except (ConnectionError, OSError, ValueError):
+                        pass
+
                 try:
                     for line in self.rfile:
                         msg = json.loads(line)
                         fake.requests += 1
-                        fn = coord.HANDLERS.get(msg.get("cmd"))
-                        try:
-                            if fn is None:
-                                raise coord.RequestError(f"unknown command {msg.get('cmd')!r}")
-                            reply = {"ok": True, **fn(fake, sess, msg)}
-                        except coord.RequestError as exc:
-                            reply = {"ok": False, "error": str(exc)}
-                        self.wfile.write((json.dumps(reply) + "\n").encode())
-                        self.wfile.flush()
+                        if "id" in msg:  # answered whenever it can be, like the real server
+                            threading.Thread(target=answer, args=(msg,), daemon=True).start()
+                        else:
+                            answer(msg)
                 except (ConnectionError, OSError):
                     pass
                 finally:

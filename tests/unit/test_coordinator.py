@@ -5,6 +5,16 @@ import time
 import pytest
 
 from netreduce.control import negotiation as coord
+from netreduce.control.waits import resolve
+
+
+def _blocking(handler):
+    """A handler that may return a Wait (control/waits.py), resolved on this thread."""
+    return lambda *a, **k: resolve(handler(*a, **k))
+
+
+hello_, negotiate_, watch_ = (_blocking(coord.handle_hello), _blocking(coord.handle_negotiate),
+                              _blocking(coord.handle_watch))
 
 
 class Srv:
@@ -30,9 +40,9 @@ def job():
     submit = [Sess() for _ in range(2)]
 
     def hello(r):
-        coord.handle_hello(srv, submit[r], {"job": "j", "rank": r, "size": 2, "role": "submit",
+        hello_(srv, submit[r], {"job": "j", "rank": r, "size": 2, "role": "submit",
                                             "threshold": 1000})
-        coord.handle_hello(srv, sessions[r], {"job": "j", "rank": r, "size": 2, "role": "poll",
+        hello_(srv, sessions[r], {"job": "j", "rank": r, "size": 2, "role": "poll",
                                               "threshold": 1000, "timeout": 5})
 
     ts = [threading.Thread(target=hello, args=(r,)) for r in range(2)]
@@ -44,7 +54,7 @@ def job():
 
 
 def neg(srv, sess, reqs=(), ack=0, wait_ms=0, stall_s=60.0):
-    return coord.handle_negotiate(srv, sess, {"reqs": list(reqs), "ack": ack, "wait_ms": wait_ms,
+    return negotiate_(srv, sess, {"reqs": list(reqs), "ack": ack, "wait_ms": wait_ms,
                                               "stall_s": stall_s})
 
 
@@ -157,13 +167,13 @@ def test_job_is_forgotten_when_everyone_left(job):
 def test_hello_times_out_naming_missing_ranks():
     srv = Srv()
     with pytest.raises(coord.RequestError, match="ranks 1, 2 of job 'lone' did not join"):
-        coord.handle_hello(srv, Sess(), {"job": "lone", "rank": 0, "size": 3, "timeout": 0.1})
+        hello_(srv, Sess(), {"job": "lone", "rank": 0, "size": 3, "timeout": 0.1})
 
 
 def test_same_rank_twice_is_refused(job):
     srv, _, _ = job
     with pytest.raises(coord.RequestError, match="rank 0 of job 'j' is already connected"):
-        coord.handle_hello(srv, Sess(), {"job": "j", "rank": 0, "size": 2, "role": "poll"})
+        hello_(srv, Sess(), {"job": "j", "rank": 0, "size": 2, "role": "poll"})
 
 
 def test_log_is_trimmed_once_everyone_read_it(job):

@@ -1,0 +1,274 @@
+"""The steady state without the coordinator: Horovod's response-cache agreement,
+run through netreduce's own data plane (docs/design.md, "Control plane").
+
+Once the coordinator has negotiated a tensor, it carries a small integer id (the
+response cache, netreduce/negotiation.py). A later submission of the same name with
+the same signature does not go to the coordinator: the ranks agree among themselves,
+with one tiny all-reduce through the aggregator (op MIN on an int32 vector) that the
+executor thread runs between data-plane messages — a *round*:
+
+    v[0]      log entries this rank has received from the coordinator (MIN: all have)
+    v[1]      1 = this rank has nothing in flight (MIN: 0 when any rank is busy)
+    v[2 + i]  cache id i: 2 = submitted here, 1 = not (yet), 0 = invalidate it
+
+After a round every rank knows the same three things and acts on them in the same
+order: (1) the coordinator's log entries below v[0], in log order — they arrived
+asynchronously, so they wait for the round that proves every rank has them; (2) the
+ids that are 2 everywhere, fused by fusion.plan in id order; (3) the ids that are 0:
+banned, and every rank that holds one sends it to the coordinator instead, where the
+usual checks, stall reports and NETREDUCE_TIMEOUT errors (naming the tensor and the
+missing ranks) apply. A rank sends 0 for an id when its own signature for that name
+changed (the coordinator then reports the mismatch or assigns a new id: re-caching),
+when it has joined (Horovod's join needs the coordinator's zeros), and when a
+submission has waited ``stale_s`` without every rank agreeing. A banned id is
+allowed again once its tensor's coordinator entry has executed — the same point in
+every rank's sequence.
+
+Why the choice of path is the same on every rank: a name has one operation in
+flight at a time, its next submission comes after the previous one completed, and
+everything that decides the path (the id, learned before the previous execution;
+the bans, applied at a round or at an execution) is fixed by then on every rank.
+
+A rank with work starts a round at once (or after NETREDUCE_CYCLE_TIME when it
+wakes from an idle spell, to batch a burst); a rank with nothing joins rounds at
+``IDLE_S`` intervals, so that a rank waiting on a tensor that another rank never
+submits learns so within that (and ``stale_s`` later hands it to the coordinator,
+whose timeout error names the missing ranks). An idle job costs 1/IDLE_S tiny
+all-reduces per second. Before a rank's first submission it runs no round: init()
+still uses the flat data plane for the host-layout exchange.
+"""
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import time
+from typing import Any, Dict, List, Optional, Set, Tuple
+
+import numpy as np
+
+from netreduce import fusion
+from netreduce.control.negotiation import fusion_key, nbytes
+from netreduce.errors import NegotiationError, NetReduceError
+
+WAKE = ("wake",)            # put on the executor's queue: new local work
+BITS_SEQ = -2               # Tensor.seq of a submission waiting in the agreement
+GROUP_SEQ = -1              # executing a group agreed by a round (no log position)
+ROUND_SEQ = 1 << 62         # executing a round: any failure aborts it
+INVALID, WAITING, READY = 0, 1, 2
+HEADER = 2
+MAX_WIDTH = 4096            # ids a round covers (int32 each); larger ids stay with the coordinator
+IDLE_S = 0.05               # a rank with nothing follows others' rounds at this pace at most
+NOTICE_GRACE_S = 2.0        # a failed round waits this long for the coordinator's reason
+
+
+class Agreement:
+    """One communicator's rounds. ``route`` runs on user threads (under the
+    communicator's lock), ``loop`` is the executor thread."""
+
+    def __init__(self, comm: Any, width: int, threshold: int) -> None:
+        self.comm = comm
+        self.width = max(0, min(int(width), MAX_WIDTH))
+        self.threshold = int(threshold)
+        self.stale_s = min(0.5, 0.05 * comm.timeout_s)
+        self.lock = threading.Lock()
+        self.pending: Dict[int, Any] = {}       # id -> Tensor submitted here, not agreed
+        self.since: Dict[int, float] = {}       # id -> when (monotonic)
+        self.invalidate: Set[int] = set()       # ids to send as 0 next round
+        self.banned: Set[int] = set()
+        self.armed = False
+        self.vec = np.empty(HEADER + self.width, dtype=np.int32)
+        self.rounds = 0                         # statistics (tests, benchmarks)
+        self.agreed = 0                         # tensors executed without the coordinator
+        self.fallbacks = 0                      # tensors sent back to the coordinator
+
+    # --- user threads -------------------------------------------------------------
+    def route(self, tensors: List[Any]) -> List[Any]:
+        """Take the submissions that every rank sends through the agreement; return
+        the rest (for the coordinator). Caller holds the communicator's lock."""
+        rest, took = [], False
+        cache = self.comm.cache
+        with self.lock:
+            self.armed = True
+            for t in tensors:
+                known = cache.id_of.get(t.name)
+                if known is None or t.kind == "join":
+                    rest.append(t)
+                    continue
+                i, sig = known
+                if sig != t.sig or i >= self.width or i in self.banned:
+                    if sig != t.sig and i < self.width:
+                        self.invalidate.add(i)  # the others may hold it here
+                    rest.append(t)
+                    continue
+                t.seq = BITS_SEQ
+                cache.hits += 1
+                self.pending[i] = t
+                self.since[i] = time.monotonic()
+                took = True
+        if took or rest:
+            self.comm._exec_q.put(WAKE)
+        return rest
+
+    # --- executor thread ------------------------------------------------------------
+    def loop(self) -> None:
+        comm, q = self.comm, self.comm._exec_q
+        held: List[Tuple[int, list]] = []
+        received = 0
+        hot = stopping = False
+        while True:
+            if comm._failure is not None or not self.armed:
+                # The plain executor: entries as they come (after a failure, those up
+                # to ``after`` still run; the communicator's rules decide).
+                for item in _take(q, None):
+                    if item is None:
+                        stopping = True
+                    elif item is not WAKE:
+                        held.append(item)
+                if comm._failure is not None or not self.armed:
+                    for seq, group in held:
+                        comm._run_item(seq, group)
+                    held = []
+                    if stopping:
+                        return
+                continue
+            local = bool(held or self.pending or self.invalidate)
+            if stopping and not held:
+                return
+            # With work here: a round now. Without: follow the others' rounds, at
+            # IDLE_S at most, so that a rank waiting for us learns within that that
+            # we have not submitted its tensor (and can fall back to the coordinator).
+            wait = 0.0 if local else IDLE_S
+            items = _take(q, wait)
+            if not local and not hot and items and comm.cycle_s > 0:
+                time.sleep(comm.cycle_s)        # woke from idle: let the burst arrive
+                items += _take(q, 0.0)
+            for item in items:
+                if item is None:
+                    stopping = True
+                elif item is not WAKE:
+                    held.append(item)
+                    received = max(received, item[0] + 1)
+            if comm._failure is not None:
+                continue
+            result = self._round(received, bool(held or self.pending or comm._inflight))
+            if result is None:
+                continue                        # failed: the plain executor takes over
+            hot = result[1] == 0
+            agreed_seq = int(result[0])
+            run = [h for h in held if h[0] < agreed_seq]
+            held = [h for h in held if h[0] >= agreed_seq]
+            for seq, group in run:
+                self._allow(group)
+                comm._run_item(seq, group)
+            self._apply(result[HEADER:])
+
+    def _round(self, received: int, busy: bool) -> Optional[np.ndarray]:
+        comm, vec = self.comm, self.vec
+        now = time.monotonic()
+        with comm._lock, self.lock:
+            joined = any(t.kind == "join" and t.seq < 0 for t in comm._inflight.values())
+            vec[0] = received
+            vec[1] = 0 if busy else 1
+            vec[HEADER:] = WAITING
+            for i in self.pending:
+                vec[HEADER + i] = INVALID if now - self.since[i] > self.stale_s else READY
+            for i in self.invalidate:
+                vec[HEADER + i] = INVALID
+            self.invalidate.clear()
+            if joined:
+                vec[HEADER:] = INVALID          # joined: the coordinator sends the zeros
+        with comm._lock:
+            if comm._failure is not None:
+                return None
+            comm._executing = ROUND_SEQ
+        try:
+            comm.dp.allreduce(vec, None, op="min")
+            self.rounds += 1
+            return vec.copy()
+        except NetReduceError as exc:
+            # A peer's death often breaks the round (shared memory notices at once)
+            # just before the coordinator says who died and how: prefer its word.
+            deadline = time.monotonic() + NOTICE_GRACE_S
+            while comm._failure is None and time.monotonic() < deadline:
+                time.sleep(0.01)
+            if comm._failure is None:
+                comm._report_local_failure(self._round_error(exc))
+            return None
+        except Exception as exc:  # a bug here must not leave users hanging
+            comm._report_local_failure(NetReduceError(
+                f"rank {comm.rank}: the agreement round failed: {exc!r}"))
+            return None
+        finally:
+            with comm._lock:
+                comm._executing = None
+
+    def _round_error(self, exc: NetReduceError) -> NetReduceError:
+        with self.lock:
+            names = [t.name for t in self.pending.values()]
+        from netreduce.communicator import tensor_names
+        what = tensor_names(names) if names else "no cached tensor"
+        return NegotiationError(
+            f"rank {self.comm.rank} of job '{self.comm.job}': the ranks' agreement on cached "
+            f"tensors did not complete ({what} waiting here): {exc}; a rank that neither "
+            "submits nor leaves for NETREDUCE_TIMEOUT stops the job")
+
+    def _apply(self, marks: np.ndarray) -> None:
+        """Act on a round's result: bans, fallbacks, then the agreed groups."""
+        comm = self.comm
+        invalid = np.flatnonzero(marks == INVALID)
+        ready = np.flatnonzero(marks == READY)
+        moved, agreed = [], []
+        with comm._lock:
+            with self.lock:
+                for i in invalid.tolist():
+                    self.banned.add(i)
+                    t = self.pending.pop(i, None)
+                    self.since.pop(i, None)
+                    if t is not None:
+                        t.seq = -1
+                        moved.append(t)
+                for i in ready.tolist():
+                    agreed.append(self.pending.pop(i))
+                    self.since.pop(i, None)
+            if moved:
+                comm._new.extend(moved)
+        if moved:
+            self.fallbacks += len(moved)
+            os.write(comm._wake_w, b"x")
+        if not agreed:
+            return
+        items = [(t.name, fusion_key(t.sig), nbytes(t.sig)) for t in agreed]
+        for group in fusion.plan(items, self.threshold):
+            tensors = [agreed[k] for k in group]
+            for t in tensors:
+                t.seq = GROUP_SEQ
+            self.agreed += len(tensors)
+            comm._run_item(GROUP_SEQ, tensors)
+
+    def _allow(self, group: List[Any]) -> None:
+        """A coordinator entry runs at the same point everywhere: its ids may be agreed
+        on again (the next submission of the name comes after this execution)."""
+        cache = self.comm.cache
+        with self.lock:
+            for t in group:
+                known = cache.id_of.get(t.name) if t is not None else None
+                if known is not None and known[1] == t.sig:
+                    self.banned.discard(known[0])
+
+
+def _take(q: "queue.Queue[Any]", wait: Optional[float]) -> List[Any]:
+    """Everything on the queue; blocks up to ``wait`` (None: until one item) first."""
+    items = []
+    try:
+        if wait is None:
+            items.append(q.get())
+        elif wait > 0:
+            items.append(q.get(timeout=wait))
+    except queue.Empty:
+        pass
+    while True:
+        try:
+            items.append(q.get_nowait())
+        except queue.Empty:
+            return items

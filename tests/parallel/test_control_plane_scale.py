@@ -1,0 +1,98 @@
+"""The coordinator at scale, against a real netreduce-switch on loopback: 200
+simulated ranks (one control connection each, the rank side of the protocol on one
+asyncio loop, no data plane) join one job and negotiate a few steps. The daemon
+serves them all from its event loop: its thread count does not grow with the
+ranks, every rank reads the same log, and a rank that dies fails the others'
+long-polls with an error naming it. (1,000 ranks: benchmarks/control_plane.py.)"""
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+
+from netreduce.switch import spawn
+
+RANKS = 200
+
+
+def _threads(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("Threads:"))
+
+
+async def _call(reader, writer, msg):
+    writer.write((json.dumps(msg) + "\n").encode())
+    return json.loads(await reader.readline())
+
+
+def _req(step):
+    return {"n": f"g{step}", "k": "allreduce", "d": "float32", "s": [8], "o": "sum"}
+
+
+async def _job(address, job, steps, pid, die=None):
+    joined = asyncio.Event()
+    threads_while_parked = []
+
+    async def rank(r):
+        reader, writer = await asyncio.open_connection(*address)
+        hello = await _call(reader, writer, {"cmd": "negotiate_hello", "role": "all", "job": job,
+                                             "rank": r, "size": RANKS, "timeout": 60})
+        assert hello["ok"], hello
+        if r == 0:
+            joined.set()
+        seq, seen = hello["seq"], []
+        for step in range(steps):
+            if die is not None and r == die and step == 1:
+                writer.close()  # killed: its connection closes, nothing else
+                return None
+            # the long-poll and the submission of the same step, in flight together
+            # on one connection (ids), as the rank-side client sends them
+            poll = {"cmd": "negotiate", "id": 2 * step, "reqs": [_req(step)], "ack": seq,
+                    "wait_ms": 1000, "stall_s": 60}
+            writer.write((json.dumps(poll) + "\n").encode())
+            while True:
+                reply = json.loads(await reader.readline())
+                assert reply["ok"], reply
+                if reply.get("f"):
+                    writer.close()
+                    return reply["f"]
+                if reply["e"]:
+                    break
+                writer.write((json.dumps(dict(poll, reqs=[], id=2 * step + 1)) + "\n").encode())
+            seq = reply["e"][-1]["seq"] + 1
+            seen.extend(e["t"] for e in reply["e"])
+        await _call(reader, writer, {"cmd": "negotiate_bye", "done": seq - 1})
+        writer.close()
+        return seen
+
+    async def sample():
+        await joined.wait()
+        threads_while_parked.append(_threads(pid))
+
+    results = await asyncio.gather(*(rank(r) for r in range(RANKS)), sample())
+    return results[:-1], threads_while_parked[0]
+
+
+def test_two_hundred_ranks_join_and_negotiate_on_one_event_loop():
+    proc = spawn(host="127.0.0.1", port=0)
+    try:
+        idle_threads = _threads(proc.proc.pid)
+        seen, threads = asyncio.run(_job(proc.address, "scale-" + uuid.uuid4().hex[:6], 4,
+                                         proc.proc.pid))
+        assert all(s == seen[0] for s in seen)  # one global order
+        assert sum(len(t) for t in seen[0]) == 4  # every step's tensor, once
+        assert threads <= idle_threads + 2, (idle_threads, threads)
+    finally:
+        proc.stop()
+
+
+def test_a_dead_rank_among_two_hundred_is_named_to_the_others():
+    proc = spawn(host="127.0.0.1", port=0)
+    try:
+        results, _ = asyncio.run(_job(proc.address, "die-" + uuid.uuid4().hex[:6], 3,
+                                      proc.proc.pid, die=137))
+        failures = [r for i, r in enumerate(results) if i != 137]
+        assert all(isinstance(f, dict) and "rank 137 disconnected" in f["msg"]
+                   for f in failures), failures[:3]
+    finally:
+        proc.stop()
