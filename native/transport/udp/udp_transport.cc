@@ -24,8 +24,9 @@ Status ResolveIpv4(const std::string& host, uint32_t* ip) {
   IpAddr a;
   NR_RETURN_IF_ERROR(ResolveHost(host, &a));
   if (!a.is_v4()) {
-    return InvalidArgument("'" + host + "' is an IPv6 address; multicast groups are IPv4 "
-                           "(use an IPv4 --multicast-base, or --fanout unicast over IPv6)");
+    return InvalidArgument("'" + host + "' is an IPv6 address where only IPv4 is supported "
+                           "(multicast groups, verbs peers and the rack-to-spine uplink are "
+                           "IPv4)");
   }
   *ip = a.v4();
   return Status::Ok();

@@ -58,7 +58,8 @@ class UdpTransport : public Transport {
 };
 
 // Resolves "host" (name or dotted quad) to a network-order IPv4 address; an IPv6
-// address is an error that says so (multicast groups are IPv4).
+// address is an error that says so (multicast groups, verbs peers and the
+// rack-to-spine uplink are IPv4).
 Status ResolveIpv4(const std::string& host, uint32_t* ip);
 // The local address the kernel would use to reach `peer` (a connected probe socket).
 Status LocalAddressFor(const Endpoint& peer, IpAddr* ip);
