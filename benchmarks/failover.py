@@ -82,6 +82,7 @@ def worker(impl: str, sizes: List[int], iters: int, mark: str) -> None:
             out[str(nbytes)] = times
         out["stats"] = {k: v for k, v in nr.api._comm().dp.stats().items()
                         if k in ("failovers", "path", "algorithm")}  # type: ignore[assignment]
+        out["history"] = getattr(nr.api._comm().dp, "history", [])  # type: ignore[assignment]
         nr.shutdown()
     print(json.dumps(out), flush=True)
 
@@ -128,6 +129,7 @@ def run(impl: str, n: int, sizes: List[int], iters: int, switches: List[object])
         rec["sizes"][str(nbytes)] = {"median_s": float(np.median(slowest)),
                                      "max_s": float(slowest.max())}
     rec["stats"] = outs[0].get("stats")
+    rec["history"] = outs[0].get("history")
     return rec
 
 
@@ -172,7 +174,7 @@ def main() -> int:
             if r["impl"] == "kill":
                 k = r["sizes"][str(sizes[-1])]
                 print(f"kill run {r['repeat']}: slowest step {k['max_s'] * 1e3:.0f} ms vs median "
-                      f"{k['median_s'] * 1e3:.1f} ms; {r['stats']}")
+                      f"{k['median_s'] * 1e3:.1f} ms; {r['stats']}; {r['history']}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"records": records, "load": os.getloadavg()}, f, indent=1)

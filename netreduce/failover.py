@@ -41,6 +41,7 @@ import logging
 import select
 import socket
 import threading
+import time
 from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
@@ -275,6 +276,7 @@ class Failover:
 
     # -- recovery --------------------------------------------------------------------
     def _recover(self, gen: int, reason: str) -> None:
+        t0 = time.monotonic()
         with self._cond:
             if self._gen != gen or self._failed is not None:
                 return
@@ -292,6 +294,7 @@ class Failover:
             last = self._nbytes[(done - 1) % 2] if done else 0
             now = self._nbytes[done % 2] if pending is not None else 0
         partial = pending is not None and _received(old) > self._rx_start
+        t_parked = time.monotonic()
         states = self.rv.gather(f"recover-{gen}", {"done": done, "pending": pending is not None,
                                                    "last": last, "now": now, "partial": partial})
         dones = [int(s["done"]) for s in states]
@@ -309,12 +312,14 @@ class Failover:
         # The paths after the failed one, then those before it, the failed one last
         # (it may come back: a restarted daemon).
         order = [(old_index + k) % n for k in range(1, n + 1)]
+        t_agreed = time.monotonic()
         index, path, reasons = self.opener.first(self.cands, order, f"gen{gen + 1}",
                                                  reach_for=min(self.timeout, 10.0))
         if path is None:
             raise DataPlaneError(
                 f"rank {self.rank} of job '{self.job}': {failed.describe()} failed ({reason}) "
                 f"and no other path admitted every rank: {' | '.join(reasons)}")
+        t_opened = time.monotonic()
         from_peer = 0
         if hi > lo:
             holder = dones.index(hi)
@@ -330,7 +335,11 @@ class Failover:
         record = {"gen": gen, "from": failed.describe(), "to": self.cands[index].describe(),
                   "reason": reason, "completed": dones, "from_peer": from_peer,
                   "redone": int(pending is not None and not from_peer),
-                  "partial_ranks": sum(1 for s in states if s["partial"])}
+                  "partial_ranks": sum(1 for s in states if s["partial"]),
+                  # seconds: abort until the executor left the path; the exchange;
+                  # admission at the new path; the whole recovery (no redo included)
+                  "parked_s": round(t_parked - t0, 4), "exchange_s": round(t_agreed - t_parked, 4),
+                  "open_s": round(t_opened - t_agreed, 4), "recovery_s": round(time.monotonic() - t0, 4)}
         with self._cond:
             if from_peer:
                 self._done, self._pending = lo + 1, None
