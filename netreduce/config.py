@@ -70,6 +70,18 @@ declare("NETREDUCE_TRANSPORT", _transport, "auto",
         "how a worker's packets leave: verbs = an RDMA UC queue pair (libibverbs; RoCE NIC or "
         "Soft-RoCE), udp = a kernel UDP socket, auto = verbs when this build has it and a "
         "RoCEv2 device holds the address that routes to the aggregator, else udp")
+def _qp_type(text: str) -> str:
+    low = text.strip().lower()
+    if low not in ("rc", "uc"):
+        raise ValueError(f"expected rc or uc, got {text!r}")
+    return low
+
+
+_qp_type.__name__ = "rc|uc"
+declare("NETREDUCE_VERBS_QP", _qp_type, "rc",
+        "queue pair type of the verbs transport: rc = the NIC repairs loss (the aggregator "
+        "answers as an RC responder and requester: ACK/NAK, PSN/MSN per QP, go-back-N); "
+        "uc = loss repaired by netreduce's own retransmission, as for UDP")
 declare("NETREDUCE_VERBS_DEVICE", str, "",
         "RDMA device for the verbs transport (rxe0, mlx5_0, ...); empty = the one whose GID "
         "table holds the address that routes to the aggregator")

@@ -43,20 +43,21 @@ class VerbsChoice:
         window = int(conn._engine_args.get("window") or 0) or conn.slots
         device = config.get("NETREDUCE_VERBS_DEVICE")
         try:
-            t = _native.VerbsTransport(self.aggregator_ip, conn.payload_bytes, window, device)
+            t = _native.VerbsTransport(self.aggregator_ip, conn.payload_bytes, window, device,
+                                       rc=config.get("NETREDUCE_VERBS_QP") == "rc")
             info = t.info()
             reply = conn._control.call(
                 "verbs_connect", ip=info["ip"], qpn=info["qpn"], ring_va=info["ring_va"],
                 ring_rkey=info["ring_rkey"], ring_entries=info["ring_entries"],
-                ring_stride=info["ring_stride"])
+                ring_stride=info["ring_stride"], rc=info["rc"], psn=info["psn"])
             t.connect(int(reply["qpn"]), int(reply["psn"]))
         except (ValueError, _native.EngineError, ControlPlaneError) as exc:
             if self.mode == "auto":
                 log.warning("%s: verbs transport unavailable (%s); using UDP", conn._where(), exc)
                 return None
             raise DataPlaneError(f"{conn._where()}: NETREDUCE_TRANSPORT=verbs: {exc}") from None
-        log.info("%s: verbs transport on %s (GID index %d, QPN %d)", conn._where(),
-                 info["device"], info["gid_index"], info["qpn"])
+        log.info("%s: verbs transport on %s (GID index %d, %s QPN %d)", conn._where(),
+                 info["device"], info["gid_index"], "RC" if info["rc"] else "UC", info["qpn"])
         self.transport = t
         return t
 

@@ -274,6 +274,7 @@ void Aggregator::Loop(uint32_t thread_index) {
     }
     for (size_t i = 0; i < got; ++i) HandleDatagram(thread_index, my_port, in[i], out);
     UplinkTimers(thread_index, my_port, out);
+    VerbsTimers(my_port, out);
     out.Flush();
   }
 }
@@ -333,6 +334,9 @@ void Aggregator::HandleDatagram(uint32_t thread_index, uint16_t my_port, const I
   if (pkt.len > pkt.cap) {  // the kernel truncated it: larger than any job's payload
     global_.AddDrop(Drop::kBadLength);
     return;
+  }
+  if (pkt.len >= wire::kBthBytes && VerbsRcOpcode(pkt.buf[0]) && HandleVerbsRc(pkt, my_port, out)) {
+    return;  // an RC peer's ACK, or a request its responder state answers without the slots
   }
   switch (wire::Decode(pkt.buf, pkt.len, &h)) {
     case wire::DecodeError::kOk: break;

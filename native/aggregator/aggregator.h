@@ -154,6 +154,12 @@ class Aggregator {
                          uint16_t my_port, ResultBatch& out);
   void QueueVerbsResult(Job& job, const wire::Header& round, uint32_t rank, const uint8_t* payload,
                         uint16_t my_port, ResultBatch& out);
+  // RC verbs peers (verbs_rc.cc): their ACKs and requests before the slot path (true:
+  // consumed), and the retransmission of results they have not acknowledged.
+  bool HandleVerbsRc(const InPacket& pkt, uint16_t my_port, ResultBatch& out);
+  void VerbsTimers(uint16_t my_port, ResultBatch& out);
+  std::mutex verbs_mu_;  // guards rc_peers_
+  std::vector<std::pair<std::weak_ptr<Job>, uint32_t>> rc_peers_;
   std::shared_ptr<Job> Lookup(uint32_t index) const;
   // Two levels (uplink.cc): the partial sum to the spine, its resends, the spine's
   // result (true when the packet was one), fan-out to the members.

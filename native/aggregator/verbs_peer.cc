@@ -26,8 +26,11 @@ inline void Put64(uint8_t* p, uint64_t v) { Put32(p, uint32_t(v >> 32)); Put32(p
 // is `payload` + `pad` zero bytes: the same rule as wire::ComputeIcrc (masked LRH,
 // IPv4 with TOS/TTL/checksum masked and ID 0 as this host's DF datagrams carry, UDP
 // with its checksum masked, BTH byte 4 masked), for headers longer than 32 bytes.
-uint32_t Icrc(uint32_t src_ip_be, uint32_t dst_ip_be, uint16_t src_port_be, uint16_t dst_port_be,
-              const uint8_t* head, size_t head_len, const uint8_t* payload, size_t len, size_t pad) {
+}  // namespace
+
+uint32_t VerbsIcrc(uint32_t src_ip_be, uint32_t dst_ip_be, uint16_t src_port_be, uint16_t dst_port_be,
+                   const uint8_t* head, size_t head_len, const uint8_t* payload, size_t len,
+                   size_t pad) {
   uint8_t pseudo[8 + 20 + 8 + wire::kBthBytes];
   std::memset(pseudo, 0xFF, 8);
   uint8_t* ip = pseudo + 8;
@@ -58,8 +61,6 @@ uint32_t Icrc(uint32_t src_ip_be, uint32_t dst_ip_be, uint16_t src_port_be, uint
   return uint32_t(crc);
 }
 
-}  // namespace
-
 bool TranslateVerbsRequest(wire::Header* h, uint32_t payload_bytes) {
   const uint64_t chunk_elems = payload_bytes / AccumSize(DType(h->dtype));
   const uint64_t field = h->offset;
@@ -80,12 +81,12 @@ size_t BuildVerbsResult(VerbsPeer& peer, const wire::Header& round, uint32_t src
   const uint8_t pad = uint8_t(wire::PaddedLength(round.length) - round.length);
   // BTH: RDMA WRITE Only with Immediate, SE/M 0, PadCnt, TVer 0, default P_Key,
   // the worker's QP, AckReq 0 (UC), the aggregator's PSN for this QP.
-  head[0] = wire::kOpcodeUcWriteOnlyImm;
+  head[0] = info.rc ? kOpcodeRcWriteOnlyImm : wire::kOpcodeUcWriteOnlyImm;
   head[1] = uint8_t((pad & 3) << 4);
   Put16(head + 2, wire::kDefaultPKey);
   head[4] = 0;
   Put24(head + 5, info.qpn);
-  head[8] = 0;
+  head[8] = info.rc ? wire::kAckReqBit : 0;  // an RC requester asks for every ACK
   Put24(head + 9, psn);
   // RETH: the ring entry, its R_Key, header + payload; ImmDt: the entry.
   Put64(head + 12, info.ring_va + uint64_t(entry) * info.stride);
@@ -94,7 +95,7 @@ size_t BuildVerbsResult(VerbsPeer& peer, const wire::Header& round, uint32_t src
   Put32(head + 28, entry);
   wire::Encode(round, head + wire::kHeaderBytes);
   std::memset(trailer, 0, pad);
-  const uint32_t icrc = Icrc(src_ip_be, info.ip, src_port_be, htons(verbs_wire::kRoceV2Port), head,
+  const uint32_t icrc = VerbsIcrc(src_ip_be, info.ip, src_port_be, htons(verbs_wire::kRoceV2Port), head,
                              kVerbsResultHeadBytes, payload, round.length, pad);
   std::memcpy(trailer + pad, &icrc, 4);  // little-endian on the wire, as rxe stores it
   return size_t(pad) + wire::kIcrcBytes;
@@ -128,7 +129,13 @@ Status Aggregator::AttachVerbsPeer(uint32_t index, uint32_t rank, const VerbsPee
   p.info = info;
   p.next_psn = uint32_t(std::random_device{}()) & wire::kPsnMask;
   p.next_entry = 0;
+  p.rc = VerbsRcState{};
+  p.rc.expect_psn = info.worker_psn & wire::kPsnMask;
   *first_psn = p.next_psn;
+  if (info.rc) {
+    std::lock_guard<std::mutex> lock(verbs_mu_);
+    rc_peers_.emplace_back(job, rank);
+  }
   p.active.store(true, std::memory_order_release);
   return Status::Ok();
 }
@@ -152,6 +159,7 @@ void Aggregator::QueueVerbsResult(Job& job, const wire::Header& round, uint32_t 
   p.iov[2] = {trailer, tlen};
   p.iovcnt = 3;
   out.pkts.push_back(p);
+  if (peer.info.rc) RememberUnacked(peer, p);
   const size_t bytes = kVerbsResultHeadBytes + wire::PaddedLength(h.length) + wire::kIcrcBytes;
   job.counters.Add(job.counters.packets_out);
   job.counters.Add(job.counters.bytes_out, bytes);

@@ -9,8 +9,11 @@
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <memory>
+#include <vector>
 
+#include "transport/transport.h"
 #include "wire/roce.h"
 
 namespace netreduce {
@@ -23,6 +26,23 @@ struct VerbsPeerInfo {
   uint32_t rkey = 0;
   uint32_t entries = 0;
   uint32_t stride = 0;
+  bool rc = false;          // an RC queue pair: the aggregator is its responder and requester
+  uint32_t worker_psn = 0;  // RC: the first PSN the worker's QP sends
+};
+
+// RC state of one peer (verbs_rc.cc): the responder's expected PSN and MSN for the
+// worker's requests, and the results sent but not yet acknowledged (go-back-N).
+struct VerbsRcState {
+  uint32_t expect_psn = 0;
+  uint32_t msn = 0;
+  bool nak_sent = false;  // one sequence NAK per gap, as a responder must
+  struct Unacked {
+    uint32_t psn;
+    int64_t sent_us;
+    std::vector<uint8_t> pkt;  // the whole UDP payload, as first sent
+  };
+  std::deque<Unacked> unacked;
+  uint64_t retransmits = 0;
 };
 
 struct VerbsPeer {
@@ -31,6 +51,7 @@ struct VerbsPeer {
   // Only the one data thread that serves a verbs job touches these (--threads 1).
   uint32_t next_psn = 0;
   uint32_t next_entry = 0;
+  VerbsRcState rc;
 };
 
 // Per job, by rank. Ranks attach from control threads while data threads read.
@@ -60,8 +81,19 @@ constexpr size_t kVerbsResultHeadBytes = wire::kHeaderBytes + wire::kHeaderBytes
 // Builds the result `round` (already the result header for this rank) to `peer`:
 // writes kVerbsResultHeadBytes into `head` and pad + ICRC into `trailer` (8 bytes),
 // advancing the peer's PSN and ring entry. Returns the trailer's length.
+// RC peers get RC RDMA WRITE Only with Immediate with AckReq set.
 size_t BuildVerbsResult(VerbsPeer& peer, const wire::Header& round, uint32_t src_ip_be,
                         uint16_t src_port_be, const uint8_t* payload, uint8_t* head,
                         uint8_t* trailer);
+
+constexpr uint8_t kOpcodeRcWriteOnlyImm = 0x0B;
+constexpr uint8_t kOpcodeRcAck = 0x11;
+inline bool VerbsRcOpcode(uint8_t op) { return op == kOpcodeRcWriteOnlyImm || op == kOpcodeRcAck; }
+// Keeps a copy of RC result `p` (its iovs) until the worker's NIC acknowledges it.
+void RememberUnacked(VerbsPeer& peer, const OutPacket& p);
+// RoCEv2's ICRC over `head` (BTH first, head_len bytes) + payload + pad zeros.
+uint32_t VerbsIcrc(uint32_t src_ip_be, uint32_t dst_ip_be, uint16_t src_port_be,
+                   uint16_t dst_port_be, const uint8_t* head, size_t head_len,
+                   const uint8_t* payload, size_t len, size_t pad);
 
 }  // namespace netreduce

@@ -50,6 +50,7 @@ py::dict InfoDict(const VerbsLocalInfo& i) {
   d["qpn"] = i.qpn; d["psn"] = i.psn; d["ring_va"] = i.ring_va; d["ring_rkey"] = i.ring_rkey;
   d["ring_entries"] = i.ring_entries; d["ring_stride"] = i.ring_stride;
   d["mtu_bytes"] = i.mtu_bytes;
+  d["rc"] = i.rc;
   d["max_payload"] = verbs_wire::MaxPayloadForMtu(i.mtu_bytes);
   return d;
 }
@@ -79,17 +80,19 @@ void BindVerbs(py::module_& m) {
      "The RDMA device, RoCEv2 GID index, local address and MTU for the path to the aggregator.");
   py::class_<VerbsTransport, std::shared_ptr<VerbsTransport>>(m, "VerbsTransport")
       .def(py::init([](const std::string& aggregator, uint32_t payload_bytes, uint32_t window,
-                       const std::string& device) {
+                       const std::string& device, bool rc) {
              VerbsOptions o;
              o.aggregator_ip = Ipv4(aggregator);
              o.payload_bytes = payload_bytes;
              o.window = window;
              o.device = device;
+             o.rc = rc;
              std::unique_ptr<VerbsTransport> t;
              ThrowStatus(VerbsTransport::Open(o, &t));
              return std::shared_ptr<VerbsTransport>(std::move(t));
            }),
-           py::arg("aggregator"), py::arg("payload_bytes"), py::arg("window"), py::arg("device") = "")
+           py::arg("aggregator"), py::arg("payload_bytes"), py::arg("window"), py::arg("device") = "",
+           py::arg("rc") = false)
       .def("info", [](const VerbsTransport& t) { return InfoDict(t.info()); })
       .def("connect", [](VerbsTransport& t, uint32_t qpn, uint32_t psn) {
              ThrowStatus(t.Connect(qpn, psn));
@@ -105,17 +108,20 @@ void BindVerbs(py::module_& m) {
   py::object cls = py::type::of<Aggregator>();
   cls.attr("attach_verbs_peer") = py::cpp_function(
       [](Aggregator& a, uint32_t index, uint32_t rank, const std::string& ip, uint32_t qpn,
-         uint64_t ring_va, uint32_t rkey, uint32_t entries, uint32_t stride) {
+         uint64_t ring_va, uint32_t rkey, uint32_t entries, uint32_t stride, bool rc,
+         uint32_t worker_psn) {
         VerbsPeerInfo info;
         info.ip = Ipv4(ip);
         info.qpn = qpn; info.ring_va = ring_va; info.rkey = rkey;
         info.entries = entries; info.stride = stride;
+        info.rc = rc; info.worker_psn = worker_psn;
         uint32_t psn = 0;
         ThrowStatus(a.AttachVerbsPeer(index, rank, info, &psn));
         return psn;
       },
       py::name("attach_verbs_peer"), py::is_method(cls), py::sibling(py::getattr(cls, "attach_verbs_peer", py::none())),
       py::arg("index"), py::arg("rank"), py::arg("ip"), py::arg("qpn"), py::arg("ring_va"),
-      py::arg("rkey"), py::arg("entries"), py::arg("stride"),
+      py::arg("rkey"), py::arg("entries"), py::arg("stride"), py::arg("rc") = false,
+      py::arg("worker_psn") = 0,
       "Results for (job index, rank) go to this RDMA queue pair; returns their first PSN.");
 }

@@ -5,7 +5,8 @@ A worker on the verbs transport registers like any rank, then announces its UC
 queue pair: its address (the IPv4 of its RoCEv2 GID), QPN and the registered result
 ring (VA, R_Key, entries, stride). The aggregator answers with the QPN the worker
 must address (the rank's netreduce QPN, (job index << 12) | rank) and the first PSN
-of the results it will send (the worker's expected PSN)."""
+of the results it will send (the worker's expected PSN). An RC queue pair also
+sends its first PSN (``psn``), where the aggregator's responder starts."""
 from __future__ import annotations
 
 from typing import Any, Dict
@@ -27,7 +28,8 @@ def verbs_connect(srv: Any, sess: Any, msg: Dict[str, Any]) -> Dict[str, Any]:
         raise RequestError(f"job '{job.name}' rank {sess.rank}: this aggregator has no verbs support")
     try:
         psn = attach(job.index, sess.rank, str(msg["ip"]), int(msg["qpn"]), int(msg["ring_va"]),
-                     int(msg["ring_rkey"]), int(msg["ring_entries"]), int(msg["ring_stride"]))
+                     int(msg["ring_rkey"]), int(msg["ring_entries"]), int(msg["ring_stride"]),
+                     rc=bool(msg.get("rc", False)), worker_psn=int(msg.get("psn", 0)))
     except (ValueError, RuntimeError) as exc:
         raise RequestError(f"job '{job.name}' rank {sess.rank}: verbs queue pair refused: {exc}") from None
     return {"qpn": (job.index << 12) | sess.rank, "psn": int(psn)}

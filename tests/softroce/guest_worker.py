@@ -7,6 +7,7 @@ PLAN holds {"phases": [{"switch": "ip:port", "job": ..., "rank": r, "size": n,
 pattern(count) * (r + 1), so every element of the sum is pattern * n(n+1)/2."""
 from __future__ import annotations
 
+import glob
 import json
 import os
 import resource
@@ -26,11 +27,23 @@ def cpu_seconds() -> float:
     return r.ru_utime + r.ru_stime
 
 
+def rdma_counters() -> dict:
+    """The hw_counters of every RDMA port (Soft-RoCE: rxe0/1), name -> value."""
+    out = {}
+    for d in glob.glob("/sys/class/infiniband/*/ports/*/hw_counters/*"):
+        try:
+            out[os.path.basename(d)] = int(open(d).read())
+        except (OSError, ValueError):
+            pass
+    return out
+
+
 def run_phase(phase: dict) -> dict:
     from netreduce import dataplane
     host, port = phase["switch"].rsplit(":", 1)
     rank, size = int(phase["rank"]), int(phase["size"])
     out = {"job": phase["job"], "cases": [], "ok": True}
+    before = rdma_counters()
     conn = dataplane.connect((host, int(port)), phase["job"], rank, size,
                              timeout=float(phase.get("timeout", 240)))
     try:
@@ -55,6 +68,8 @@ def run_phase(phase: dict) -> dict:
             out["verbs"] = {k: v for k, v in verbs.transport.info().items()}
     finally:
         conn.close()
+    after = rdma_counters()
+    out["rdma_counters"] = {k: v - before.get(k, 0) for k, v in after.items()}
     return out
 
 

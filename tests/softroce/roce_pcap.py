@@ -88,6 +88,22 @@ def psn_gaps(packets: List[RocePacket], src: str) -> Dict[int, int]:
     return dict(gaps)
 
 
+def psn_skips(stream: List[RocePacket]) -> Dict[int, int]:
+    """Per destination QP of one sender's packets: how often the PSN jumped forward by
+    more than one (a packet missing on the wire). Repeats (retransmissions) are not
+    skips."""
+    last: Dict[int, int] = {}
+    skips: Dict[int, int] = defaultdict(int)
+    for p in stream:
+        if p.dest_qp in last:
+            d = (p.psn - last[p.dest_qp]) & 0xFFFFFF
+            if 1 < d < 0x800000:
+                skips[p.dest_qp] += 1
+        skips.setdefault(p.dest_qp, 0)
+        last[p.dest_qp] = p.psn
+    return dict(skips)
+
+
 def tshark_summary(path: Path) -> Dict[str, int]:
     """Counts of what tshark's dissector makes of the capture: RoCE frames by opcode
     name, and any frame it flags malformed or with an error-level expert note."""

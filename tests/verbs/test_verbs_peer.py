@@ -131,3 +131,77 @@ def test_a_result_ring_too_small_for_the_payload_is_refused(agg):
     with pytest.raises(ValueError, match="already attached"):
         agg.attach_verbs_peer(index, 0, PEER, WORKER_QPN, RING_VA, RKEY, ENTRIES, STRIDE)
         agg.attach_verbs_peer(index, 0, PEER, WORKER_QPN, RING_VA, RKEY, ENTRIES, STRIDE)
+
+
+def _rc_request(index, key, round_psn, chunk, values, nic_psn):
+    hdr, payload = _request(index, 0, key, round_psn, chunk, values, nic_psn=nic_psn)
+    hdr = bytes([0x0B]) + hdr[1:8] + bytes([0x80]) + hdr[9:]  # RC WRITE Only Imm, AckReq
+    return hdr + payload + b"\0\0\0\0"
+
+
+def _aeth(pkt):
+    assert pkt[0] == 0x11 and int.from_bytes(pkt[5:8], "big") == WORKER_QPN  # Acknowledge
+    return int.from_bytes(pkt[9:12], "big"), pkt[12], int.from_bytes(pkt[13:16], "big")
+
+
+def test_rc_peer_gets_acks_naks_and_go_back_n_results(agg):
+    """The aggregator as an RC responder (ACK, duplicate re-ACK, one sequence NAK per
+    gap) and requester (AckReq on results, resend from a NAKed PSN)."""
+    index = agg.add_job(1, 0x5EED, P)
+    first_psn = agg.attach_verbs_peer(index, 0, PEER, WORKER_QPN, RING_VA, RKEY, ENTRIES,
+                                      STRIDE, rc=True, worker_psn=100)
+    try:
+        nic = _sock(PEER, 4791)
+    except OSError as exc:
+        pytest.skip(f"cannot bind {PEER}:4791: {exc}")
+    try:
+        ones = np.ones(CHUNK, dtype=np.float32)
+
+        def recv_all(n):
+            return [nic.recvfrom(4096)[0] for _ in range(n)]
+
+        nic.sendto(_rc_request(index, 0x5EED, 700, 0, ones, nic_psn=100), (AGG, 4791))
+        got = recv_all(2)
+        acks = [p for p in got if p[0] == 0x11]
+        results = [p for p in got if p[0] == 0x0B]
+        assert len(acks) == 1 and _aeth(acks[0]) == (100, 0x1F, 1)  # ACK, MSN 1
+        assert len(results) == 1 and results[0][8] & 0x80  # RC result asks for an ACK
+        assert int.from_bytes(results[0][9:12], "big") == first_psn
+        # The NIC resends PSN 100 (our ACK "was lost"): acknowledged again, not reduced.
+        nic.sendto(_rc_request(index, 0x5EED, 700, 0, ones, nic_psn=100), (AGG, 4791))
+        assert _aeth(recv_all(1)[0]) == (100, 0x1F, 1)
+        # PSN 102 while 101 is expected: one NAK (sequence error) naming 101, twice sent.
+        for _ in range(2):
+            nic.sendto(_rc_request(index, 0x5EED, 701, 1, ones, nic_psn=102), (AGG, 4791))
+        assert _aeth(recv_all(1)[0]) == (101, 0x60, 1)
+        nic.settimeout(0.05)
+        with pytest.raises(socket.timeout):
+            nic.recvfrom(4096)
+        nic.settimeout(5.0)
+        # 101 then 102: both taken, both results sent (PSNs first+1, first+2).
+        nic.sendto(_rc_request(index, 0x5EED, 701, 1, ones, nic_psn=101), (AGG, 4791))
+        nic.sendto(_rc_request(index, 0x5EED, 702, 2, ones, nic_psn=102), (AGG, 4791))
+        got = recv_all(4)
+        psns = sorted(int.from_bytes(p[9:12], "big") for p in got if p[0] == 0x0B)
+        assert psns == [(first_psn + 1) & 0xFFFFFF, (first_psn + 2) & 0xFFFFFF]
+        # The worker's NIC NAKs first+1 (it lost it): the aggregator resends first+1 and
+        # first+2 in order (first is implicitly acknowledged by the NAK).
+        nak = bytearray(16)
+        nak[0] = 0x11
+        nak[2:4] = b"\xff\xff"
+        nak[5:8] = ((index << 12) | 0).to_bytes(3, "big")
+        nak[9:12] = ((first_psn + 1) & 0xFFFFFF).to_bytes(3, "big")
+        nak[12] = 0x60
+        nic.sendto(bytes(nak) + b"\0\0\0\0", (AGG, 4791))
+        again = [int.from_bytes(p[9:12], "big") for p in recv_all(2)]
+        assert again == [(first_psn + 1) & 0xFFFFFF, (first_psn + 2) & 0xFFFFFF]
+        # Acknowledged: nothing more is resent, not even by the 200 ms timer.
+        ack = bytearray(nak)
+        ack[9:12] = ((first_psn + 2) & 0xFFFFFF).to_bytes(3, "big")
+        ack[12] = 0x1F
+        nic.sendto(bytes(ack) + b"\0\0\0\0", (AGG, 4791))
+        nic.settimeout(0.5)
+        with pytest.raises(socket.timeout):
+            nic.recvfrom(4096)
+    finally:
+        nic.close()

@@ -101,9 +101,12 @@ Status VerbsTransport::Open(const VerbsOptions& opts, std::unique_ptr<VerbsTrans
   qa.cap.max_recv_wr = info.ring_entries;
   qa.cap.max_send_sge = 1;
   qa.cap.max_recv_sge = 1;
-  qa.qp_type = IBV_QPT_UC;
+  qa.qp_type = opts.rc ? IBV_QPT_RC : IBV_QPT_UC;
+  info.rc = opts.rc;
   qa.sq_sig_all = 1;
-  if ((t->qp_ = ibv_create_qp(t->pd_, &qa)) == nullptr) return VerbsError("ibv_create_qp(UC)", errno);
+  if ((t->qp_ = ibv_create_qp(t->pd_, &qa)) == nullptr) {
+    return VerbsError(opts.rc ? "ibv_create_qp(RC)" : "ibv_create_qp(UC)", errno);
+  }
   ibv_qp_attr a{};
   a.qp_state = IBV_QPS_INIT;
   a.pkey_index = 0;
@@ -145,13 +148,26 @@ Status VerbsTransport::Connect(uint32_t remote_qpn, uint32_t remote_psn) {
   uint8_t* g = a.ah_attr.grh.dgid.raw;
   g[10] = g[11] = 0xff;
   std::memcpy(g + 12, &opts_.aggregator_ip, 4);
-  int rc = ibv_modify_qp(qp_, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-                                      IBV_QP_RQ_PSN);
+  int mask = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN;
+  if (opts_.rc) {  // a responder: no RDMA READ/atomics from the aggregator, RNR timer 1.28 ms
+    a.max_dest_rd_atomic = 1;
+    a.min_rnr_timer = 12;
+    mask |= IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
+  }
+  int rc = ibv_modify_qp(qp_, &a, mask);
   if (rc != 0) return VerbsError("ibv_modify_qp(RTR) toward " + IpString(opts_.aggregator_ip), rc);
   ibv_qp_attr s{};
   s.qp_state = IBV_QPS_RTS;
   s.sq_psn = info_.psn;
-  rc = ibv_modify_qp(qp_, &s, IBV_QP_STATE | IBV_QP_SQ_PSN);
+  mask = IBV_QP_STATE | IBV_QP_SQ_PSN;
+  if (opts_.rc) {  // ACK timeout 4.096 us x 2^14 = 67 ms, 7 retries, RNR retry forever
+    s.timeout = 14;
+    s.retry_cnt = 7;
+    s.rnr_retry = 7;
+    s.max_rd_atomic = 1;
+    mask |= IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC;
+  }
+  rc = ibv_modify_qp(qp_, &s, mask);
   if (rc != 0) return VerbsError("ibv_modify_qp(RTS)", rc);
   connected_ = true;
   return Status::Ok();

@@ -1,4 +1,4 @@
-// Transport over one RDMA UC queue pair (libibverbs), the same interface the engine
+// Transport over one RDMA RC or UC queue pair (libibverbs), the same interface the engine
 // uses for transport/udp/. The engine still builds each packet's 32-byte header;
 // SendBatch turns it into an RDMA WRITE with Immediate work request (RETH.VA,
 // R_Key, ImmDt and length from the header, docs/protocol.md "Verbs peers") and the
@@ -32,6 +32,7 @@ struct VerbsOptions {
   uint32_t payload_bytes = 0;   // P of the job
   uint32_t window = 32;         // slots in use: sizes the rings
   std::string device;           // "" = the one holding the local address's GID
+  bool rc = false;              // RC queue pair (the NIC repairs loss) instead of UC
 };
 
 // What the aggregator needs to answer this queue pair (control plane, verbs_connect).
@@ -46,6 +47,7 @@ struct VerbsLocalInfo {
   uint32_t ring_entries = 0;
   uint32_t ring_stride = 0;
   uint32_t mtu_bytes = 0;
+  bool rc = false;
 };
 
 class VerbsTransport : public Transport {
