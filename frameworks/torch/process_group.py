@@ -303,11 +303,12 @@ def _ensure_aggregator(store: Any, rank: int, size: int) -> None:
         # through the store, and the aggregator admits only ranks that prove it: one
         # listening on every address must not take jobs by name alone.
         secret = config.get("NETREDUCE_JOB_SECRET") or secrets.token_hex(32)
-        _embedded_switch = spawn(host="127.0.0.1" if single_host else "0.0.0.0", port=0,
-                                 extra_args=["--require-secret"])
-        atexit.register(_embedded_switch.stop)
         host = "127.0.0.1" if single_host else (config.launcher_environment().get("MASTER_ADDR")
                                                  or socket.getfqdn())
+        # An IPv6 MASTER_ADDR: listen on "::" (IPv4 and IPv6 ranks alike), else IPv4's.
+        listen = "127.0.0.1" if single_host else ("::" if ":" in host else "0.0.0.0")
+        _embedded_switch = spawn(host=listen, port=0, extra_args=["--require-secret"])
+        atexit.register(_embedded_switch.stop)
         address = format_address((host, _embedded_switch.address[1]))
         store.set(key + "/secret", secret)
         store.set(key, address)

@@ -163,3 +163,30 @@ def test_multicast_fan_out_refuses_ipv6_ranks_with_the_fix():
         with pytest.raises(NetReduceError, match=r"\[::1\]:\d+.*IPv4.*--fanout unicast"):
             with dataplane.connect(sw.address, _job(), 0, 1, timeout=5.0) as conn:
                 conn.allreduce(np.ones(4, np.float32))
+
+
+LAUNCHED = r"""
+import numpy as np
+import netreduce as nr
+nr.init()
+a = np.full(70_000, nr.rank() + 1, np.float32)
+out = nr.allreduce(a, op=nr.Sum)
+assert (np.asarray(out) == nr.size() * (nr.size() + 1) / 2).all()
+import os
+print("OK", nr.rank(), os.environ["NETREDUCE_SWITCH"], flush=True)
+nr.shutdown()
+"""
+
+
+def test_launcher_runs_a_job_on_an_ipv6_aggregator(switch6):
+    import os
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, PYTHONPATH=repo + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.pop("NETREDUCE_SWITCH", None)
+    where = f"[::1]:{switch6.address[1]}"
+    proc = subprocess.run([sys.executable, "-m", "netreduce.launcher", "-np", "2", "--switch",
+                           where, sys.executable, "-c", LAUNCHED], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    lines = sorted(ln.split()[-3:] for ln in proc.stdout.splitlines() if " OK " in f" {ln}")
+    assert lines == [["OK", "0", where], ["OK", "1", where]], proc.stdout
