@@ -398,7 +398,7 @@ class Testbed:
             seen.append(line.rstrip())
             m = re.search(r"listening on (\S+):(\d+)", line)
             if m:
-                handle = SwitchHandle(proc, (m.group(1), int(m.group(2))))
+                handle = SwitchHandle(proc, (m.group(1).strip("[]"), int(m.group(2))))  # [IPv6]
                 handle.log.extend(seen)
                 return handle
         proc.kill()
