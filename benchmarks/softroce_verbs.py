@@ -2,9 +2,10 @@
 """Verbs vs UDP transport inside a Soft-RoCE guest (issue 13), in one boot.
 
 One QEMU guest (TCG, 1 vCPU; scripts/softroce/run_guest.sh) runs a worker that
-all-reduces the same buffers through an aggregator on the host twice per round:
-once on the verbs transport (rxe0 UC queue pair) and once on the UDP transport (a
-kernel socket on the guest's eth0), alternating for --rounds rounds. Both jobs use
+all-reduces the same buffers through an aggregator on the host three times per
+round: on the verbs transport over an RC and over a UC queue pair of rxe0, and on
+the UDP transport (a kernel socket on the guest's eth0), in rotating order for
+--rounds rounds. Both jobs use
 the same payload (the aggregator runs with --payload-bytes 992, the most a verbs
 result packet carries at rxe's 1024-byte MTU), so the figures compare per-packet
 costs: the worker process's CPU seconds (user + system, getrusage) per GB reduced,
@@ -46,11 +47,14 @@ def main() -> int:
         agg = spawn(host=bed.host_ip, port=4791, threads=1, payload_bytes=992)
         try:
             phases = []
+            kinds = {"verbs-rc": {"NETREDUCE_TRANSPORT": "verbs", "NETREDUCE_VERBS_QP": "rc"},
+                     "verbs-uc": {"NETREDUCE_TRANSPORT": "verbs", "NETREDUCE_VERBS_QP": "uc"},
+                     "udp": {"NETREDUCE_TRANSPORT": "udp"}}
+            order = list(kinds)
             for r in range(args.rounds):
-                for transport in ("verbs", "udp") if r % 2 == 0 else ("udp", "verbs"):
-                    phases.append({"switch": f"{bed.host_ip}:4791", "job": f"{transport}-{r}",
-                                   "rank": 0, "size": 1, "repeat": args.repeat,
-                                   "env": {"NETREDUCE_TRANSPORT": transport},
+                for kind in order[r % 3:] + order[:r % 3]:  # rotate: no kind always first
+                    phases.append({"switch": f"{bed.host_ip}:4791", "job": f"{kind}-{r}",
+                                   "rank": 0, "size": 1, "repeat": args.repeat, "env": kinds[kind],
                                    "cases": [["float32", 1024], ["float32", count]]})
             rundir.mkdir()
             (rundir / "plan.json").write_text(json.dumps({"phases": phases}))
@@ -69,22 +73,25 @@ def main() -> int:
     for p in result["phases"]:
         case = p["cases"][-1]  # the first (1024 elements) only warms the path up
         gb = case["bytes"] / 1e9
-        rows.setdefault(p["transport"], []).append(
+        kind = p["job"].rsplit("-", 1)[0]
+        assert (kind == "udp") == (p["transport"] == "udp"), p["transport"]
+        rows.setdefault(kind, []).append(
             {"gb": gb, "cpu_s_per_gb": case["cpu_s"] / gb, "gb_per_s": gb / case["wall_s"],
              "packets_sent": p["stats"]["packets_sent"], "retransmits": p["stats"]["retransmits"]})
     print(f"{args.mib:g} MiB float32 x {args.repeat} per measurement, payload 992 B, "
           f"{args.rounds} rounds; guest: QEMU TCG, 1 vCPU")
-    print(f"{'transport':>9} {'CPU s/GB':>10} {'Gbit/s':>8}  (per round)")
+    print(f"{'transport':>9} {'CPU s/GB':>10} {'Gbit/s':>8}  (median; per round CPU s/GB / Gbit/s)")
     med = {}
     for t, rs in rows.items():
         cpu = sorted(r["cpu_s_per_gb"] for r in rs)
         thr = sorted(r["gb_per_s"] * 8 for r in rs)
-        med[t] = (cpu[len(cpu) // 2], thr[len(thr) // 2])
+        med[t] = (cpu[(len(cpu) - 1) // 2], thr[len(thr) // 2])  # lower / upper median
         print(f"{t:>9} {med[t][0]:>10.1f} {med[t][1]:>8.3f}  "
               + ", ".join(f"{r['cpu_s_per_gb']:.1f}/{r['gb_per_s'] * 8:.3f}" for r in rs))
-    if "verbs" in med and "udp" in med:
-        print(f"verbs/udp: CPU per GB {med['verbs'][0] / med['udp'][0]:.2f}x, "
-              f"throughput {med['verbs'][1] / med['udp'][1]:.2f}x")
+    for kind in ("verbs-rc", "verbs-uc"):
+        if kind in med and "udp" in med:
+            print(f"{kind}/udp: CPU per GB {med[kind][0] / med['udp'][0]:.2f}x, "
+                  f"throughput {med[kind][1] / med['udp'][1]:.2f}x")
     if args.out:
         Path(args.out).write_text(json.dumps({"args": vars(args), "rows": rows}, indent=1))
     return 0
