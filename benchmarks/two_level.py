@@ -62,8 +62,19 @@ for i in range(iters):
     got = nr.allreduce(x, op=nr.Sum, name=f"t{i}")
     times.append(time.perf_counter() - t)
     assert np.all(got == size * (size + 1) / 2), "wrong sum"
+st = nr.api._comm().dp.stats()
+import os
+rack_address = os.environ.get("NETREDUCE_RACK_SWITCH")
+rack = {}
+if rack_address and r % 2 == 0:  # what this rank's rack aggregator counted
+    from netreduce.control.client import ControlClient
+    from netreduce.control.address import parse_address
+    with ControlClient(parse_address(rack_address)) as c:
+        rack = c.call("counters")["jobs"].get(os.environ["NETREDUCE_JOB"], {})
 print(json.dumps({"rank": r, "median_s": statistics.median(times), "checked": checked,
-                  "algorithm": nr.api._comm().dp.name}), flush=True)
+                  "algorithm": nr.api._comm().dp.name,
+                  "stats": {k: v for k, v in st.items() if isinstance(v, (int, float))},
+                  "rack": {k: v for k, v in rack.items() if isinstance(v, int) and v}}), flush=True)
 nr.shutdown()
 '''
 
@@ -139,11 +150,15 @@ def main() -> None:
     ap.add_argument("--size", default="4M")
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--name", default="nrtwo")
+    ap.add_argument("--loss", type=float, default=0.0,
+                    help="UDP loss on every namespace's input (nftables), e.g. 0.01")
     ap.add_argument("--json", default=None, help="write the raw records here")
     args = ap.parse_args()
     size = parse_size(args.size)
     layout = two_level_plan(2, 2, args.rate, name=args.name, subnet="10.78.250.0/24")
     with Testbed(plan=layout.plan, replace=True) as tb:
+        if args.loss:
+            tb.set_loss(args.loss, proto="udp")
         runs = [run_mode(tb, m, size, args.iters) for m in ("single", "tree", "single", "tree")]
     by = {m: [r for r in runs if r["mode"] == m] for m in ("single", "tree")}
     print(f"{'mode':8} {'time s':>8} {'GB/s/rank':>10} {'agg/spine rx MB':>16} "

@@ -47,6 +47,11 @@ uint32_t Uplink::Rto() const {
   return uint32_t(std::min<double>(kMaxRtoUs, std::max<double>(cfg_.rto_floor_us, rto)));
 }
 
+uint32_t Uplink::ReorderWindowUs() const {
+  std::lock_guard<std::mutex> lock(est_mu_);
+  return sampled_ ? std::max(50u, uint32_t(srtt_us_ / 4)) : 1000u;
+}
+
 void Uplink::Sample(uint64_t rtt_ns) {
   const double r = double(rtt_ns) / 1000.0;
   std::lock_guard<std::mutex> lock(est_mu_);
@@ -148,6 +153,7 @@ void Aggregator::SendPartial(Job& job, Uplink::Entry& e, const uint8_t* acc, uin
   Uplink& up = *job.uplink;
   const UplinkConfig& c = up.config();
   e.sent_ns = MonotonicNs();
+  e.marked_ns = 0;
   if (up.Drop()) return;
   if (out.full()) out.Flush();
   wire::Header h = e.round;
@@ -227,9 +233,13 @@ bool Aggregator::HandleUplinkResult(uint16_t my_port, const InPacket& pkt, const
   const uint64_t now = MonotonicNs();
   if (e.sends == 1) up.Sample(now - e.first_ns);
   up.last_result_ns.store(now, std::memory_order_relaxed);
+  // The overtaken rule's clock: when the answered copy left. A resent partial's answer
+  // may be the first copy's (Karn), so it counts from the first send: counting from the
+  // resend would mark every partial sent before it, and their resends the next ones.
+  const uint64_t sent = e.sends == 1 ? e.sent_ns : e.first_ns;
   std::atomic<uint64_t>& answered = up.answered_sent_ns(h.slot);
   uint64_t prev = answered.load(std::memory_order_relaxed);
-  while (prev < e.sent_ns && !answered.compare_exchange_weak(prev, e.sent_ns)) {
+  while (prev < sent && !answered.compare_exchange_weak(prev, sent)) {
   }
   up.results_received.fetch_add(1, std::memory_order_relaxed);
   job.counters.Add(job.counters.slots_completed);
@@ -263,13 +273,24 @@ void Aggregator::UplinkTimers(uint32_t thread_index, uint16_t my_port, ResultBat
   for (const auto& jp : with_uplink) {
     Uplink& up = *jp->uplink;
     const uint64_t progress = up.last_result_ns.load(std::memory_order_relaxed);
+    const uint64_t reorder_ns = uint64_t(up.ReorderWindowUs()) * 1000;
     for (uint32_t slot = thread_index; slot < up.slots(); slot += cfg_.threads) {
       const uint64_t answered = up.answered_sent_ns(slot).load(std::memory_order_relaxed);
       for (uint32_t shadow = 0; shadow < 2; ++shadow) {
         std::unique_lock<std::mutex> lock = up.Lock(slot, shadow);
         Uplink::Entry& e = up.entry(slot, shadow);
         if (!e.pending) continue;
-        if (e.sent_ns < answered) {  // overtaken by a later partial of its lane
+        // Overtaken by a later partial of its lane: resent at once the first time;
+        // again only a backed-off timeout after its last send, since a spine that
+        // answers later partials may be waiting on the other racks' share of this one
+        // (resending each time would flood the spine's link while they recover).
+        // As the engine's RACK rule, only after a reorder window (srtt/4) from when it
+        // was first seen overtaken: another rack's late share often comes by then.
+        if (e.sent_ns < answered && e.marked_ns == 0) e.marked_ns = now;
+        if (e.sent_ns < answered && now - e.marked_ns >= reorder_ns &&
+            (e.sends == 1 || now - e.sent_ns >= uint64_t(e.rto_us) * 1000)) {
+          if (e.sends > 1) e.rto_us = std::min(kMaxRtoUs, e.rto_us * 2);
+          e.marked_ns = 0;
           ++e.sends;
           up.partials_resent.fetch_add(1, std::memory_order_relaxed);
           SendPartial(*jp, e, jp->pool.accumulator(slot, shadow), my_port, out);

@@ -10,7 +10,10 @@
 // * the partial stays in the slot's accumulator until the spine's result replaces it,
 //   so it can be resent, on this uplink's own rules (the engine's, one level up):
 //   - overtaken: a spine result for a partial of the same spine lane sent later means
-//     this one (or its result) was lost: resent at once, once per send;
+//     this one (or its result) was lost, or that the spine still waits on another
+//     rack's share: resent a reorder window (srtt/4) after it was first seen
+//     overtaken, the first time; later only once its (backed-off) timeout has also
+//     passed since its last send;
 //   - timeout relative to progress: when neither this partial's last send nor the
 //     uplink's last spine result is younger than its timeout (RFC 6298-style estimate
 //     of the spine's round trip, floor `rto_floor_us`), the partial is resent and its
@@ -65,6 +68,7 @@ class Uplink {
     uint32_t sends = 0;        // of this round's partial (Karn: sample only when 1)
     uint64_t sent_ns = 0;      // last send
     uint64_t first_ns = 0;
+    uint64_t marked_ns = 0;    // first seen overtaken since its last send; 0 = not
     uint32_t rto_us = 0;       // this entry's timeout (backed off per resend)
     wire::Header round;        // the completing contribution's header (the RA job's)
   };
@@ -76,6 +80,7 @@ class Uplink {
 
   // The retransmission timeout now, microseconds.
   uint32_t Rto() const;
+  uint32_t ReorderWindowUs() const;
   void Sample(uint64_t rtt_ns);
   // The testing drop knob: true when this packet is to be dropped.
   bool Drop();
