@@ -26,7 +26,7 @@ namespace netreduce {
 namespace {
 
 constexpr int64_t kRcTimeoutUs = 200000;  // results unacknowledged this long are resent
-constexpr size_t kMaxUnacked = 4096;      // beyond: the oldest are given up (engine backstop)
+constexpr size_t kMaxUnacked = 4096;      // kept per QP; beyond, results go unremembered
 constexpr uint8_t kAethAck = 0x1F;        // ACK, credit field "invalid" (no end-to-end credits)
 constexpr uint8_t kAethNakSeq = 0x60;     // NAK, PSN sequence error
 constexpr size_t kAckBytes = wire::kBthBytes + 4;
@@ -52,6 +52,9 @@ int32_t PsnDiff(uint32_t a, uint32_t b) {
 
 void RememberUnacked(VerbsPeer& peer, const OutPacket& p) {
   VerbsRcState& rc = peer.rc;
+  // Past the bound the newest go unremembered (the engine's backstop covers them):
+  // dropping old entries here could free one a queued resend still points into.
+  if (rc.unacked.size() >= kMaxUnacked) return;
   VerbsRcState::Unacked u;
   const uint8_t* head = static_cast<const uint8_t*>(p.iov[0].iov_base);
   u.psn = Get24(head + 9);
@@ -61,7 +64,6 @@ void RememberUnacked(VerbsPeer& peer, const OutPacket& p) {
     u.pkt.insert(u.pkt.end(), b, b + p.iov[i].iov_len);
   }
   rc.unacked.push_back(std::move(u));
-  while (rc.unacked.size() > kMaxUnacked) rc.unacked.pop_front();
 }
 
 static void QueueAck(Job& job, VerbsPeer& peer, uint8_t syndrome, uint32_t psn, uint16_t my_port,

@@ -135,11 +135,16 @@ def test_loss_was_repaired(run):
 
 
 def test_lossless_phases_saw_no_sequence_errors(run):
+    # On a lossless path no PSN may go missing either way. (An RC timer that fires on a
+    # loaded host may resend, which the NICs count as a retry or a duplicate: those are
+    # not errors, so they are only required to be absent on UC.)
     for qp in QP_TYPES:
         for kind in ("verbs", "mixed"):
             c = _phase(run, kind, qp)["rdma_counters"]
-            for name in ("rcvd_seq_err", "out_of_seq_request", "duplicate_request",
-                         "retry_exceeded_err", "completer_retry_err"):
+            names = ["rcvd_seq_err", "out_of_seq_request", "retry_exceeded_err"]
+            if qp == "uc":
+                names += ["duplicate_request", "completer_retry_err"]
+            for name in names:
                 assert c.get(name, 0) == 0, (kind, qp, name, c)
 
 
