@@ -247,16 +247,23 @@ class Connection:
         when None). Both arrays must stay untouched until the request is done.
         ``owner`` >= 0: a reduce-scatter shard, whose sum only rank ``owner``
         receives (the aggregator sends the others completion notices; their ``dst``
-        is left as it was)."""
+        is left as it was). ``owner`` -2: chunk c's sum goes to rank c mod N (a
+        chunk-interleaved reduce-scatter, netreduce/algorithms/flat.py)."""
         src, dst, name = check_reduction(src, dst, op, dtype, "the aggregator")
         engine = self._live()
         try:
             req = (engine.submit(src, dst, _native.DTYPES[name], _native.OPS[op], owner)
-                   if owner >= 0 else engine.submit(src, dst, _native.DTYPES[name],
+                   if owner != -1 else engine.submit(src, dst, _native.DTYPES[name],
                                                     _native.OPS[op]))
         except _native.EngineError as exc:
             raise _translate(exc, self._where()) from None
         return Request(req, dst, self._where())
+
+    def chunk_elements(self, accum_width: int) -> int:
+        """Elements per chunk (packet) of a dtype whose slot accumulator has
+        ``accum_width`` bytes per element, as the engine cuts messages."""
+        self._live()  # the payload is fixed once every rank has registered
+        return self.payload_bytes // accum_width
 
     def allreduce(self, src: np.ndarray, dst: Optional[np.ndarray] = None, op: str = "sum",
                   dtype: Optional[str] = None) -> np.ndarray:

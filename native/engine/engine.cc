@@ -49,6 +49,9 @@ namespace {
 using Clock = std::chrono::steady_clock;
 constexpr size_t kRecvBatch = 64;
 constexpr size_t kRecvBufBytes = 65536;
+// Submit's owner for a reduce-scatter laid out chunk-interleaved: chunk c's owner is
+// rank c mod N, so every window carries every rank's data (docs/protocol.md).
+constexpr int32_t kInterleavedOwners = -2;
 
 inline int64_t NowUs() {
   return std::chrono::duration_cast<std::chrono::microseconds>(Clock::now().time_since_epoch())
@@ -256,13 +259,27 @@ Status Engine::Run(Request& req) {
                            " is not a rank of a job of " + std::to_string(cfg_.size));
   }
   // Owner delivery: non-owners expect header-only notices (DMA length 0).
-  const bool notice_only = req.owner >= 0 && uint32_t(req.owner) != cfg_.rank;
-  // The owner's own stretch: headers only (the slot counts them), its own data combined
-  // with the others' sum on arrival, so a rank sends (N-1)/N of the buffer, not all.
-  const bool own_shard = req.owner >= 0 && uint32_t(req.owner) == cfg_.rank && cfg_.size > 1;
   const uint32_t counter = next_msg_++;
-  const uint32_t msg_id = req.owner >= 0 ? wire::MakeOwnerMsgId(counter, uint32_t(req.owner))
-                                         : (counter & ~wire::kOwnerFlag);
+  // Each chunk's owner: the message's, or rank c mod N when interleaved; -1 none.
+  const bool interleaved = req.owner == kInterleavedOwners;
+  auto owner_of = [&](int64_t c) -> int32_t {
+    return interleaved ? (cfg_.size > 1 ? int32_t(uint64_t(c) % cfg_.size) : -1) : req.owner;
+  };
+  auto id_of = [&](int64_t c) -> uint32_t {
+    const int32_t o = owner_of(c);
+    return o >= 0 ? wire::MakeOwnerMsgId(counter, uint32_t(o)) : (counter & ~wire::kOwnerFlag);
+  };
+  // Owner delivery: non-owners expect header-only notices (DMA length 0) ...
+  auto notice_of = [&](int64_t c) {
+    const int32_t o = owner_of(c);
+    return o >= 0 && uint32_t(o) != cfg_.rank;
+  };
+  // ... and the owner sends headers only for its own chunks (the slot counts them) and
+  // combines its own data with the others' sum on arrival: (N-1)/N of the buffer out.
+  auto own_of = [&](int64_t c) {
+    const int32_t o = owner_of(c);
+    return o >= 0 && uint32_t(o) == cfg_.rank && cfg_.size > 1;
+  };
   const uint64_t base = next_seq_;
   next_seq_ += uint64_t(nchunks);
   messages_++;
@@ -324,9 +341,9 @@ Status Engine::Run(Request& req) {
     h.slot = uint16_t(slot);
     h.offset = first;
     h.key = cfg_.key;
-    h.length = own_shard ? 0 : uint32_t(n * esize);
+    h.length = own_of(c) ? 0 : uint32_t(n * esize);
     h.pad = uint8_t(wire::PaddedLength(h.length) - h.length);
-    h.msg_id = msg_id;
+    h.msg_id = id_of(c);
     wire::Encode(h, t.header);
     const uint8_t* payload = req.src + first * esize;
     Endpoint to = agg_;
@@ -397,14 +414,14 @@ Status Engine::Run(Request& req) {
     }
     // The chunk outstanding in the result's slot, if the result is for it.
     auto match = [&](const wire::Header& h) -> SlotTrack* {
-      if (!h.result || (h.dest_qp != my_qpn_ && h.dest_qp != group_qpn_) || h.key != cfg_.key || h.slot >= window_ ||
-          h.msg_id != msg_id) {
+      if (!h.result || (h.dest_qp != my_qpn_ && h.dest_qp != group_qpn_) || h.key != cfg_.key ||
+          h.slot >= window_) {
         return nullptr;
       }
       SlotTrack& t = slots[h.slot];
-      if (t.chunk < 0) return nullptr;
+      if (t.chunk < 0 || h.msg_id != id_of(t.chunk)) return nullptr;
       const size_t first = size_t(t.chunk) * chunk_elems;
-      const size_t expect = notice_only ? 0 : std::min(chunk_elems, req.count - first) * esize;
+      const size_t expect = notice_of(t.chunk) ? 0 : std::min(chunk_elems, req.count - first) * esize;
       if (h.psn != (t.seq & wire::kPsnMask) || h.offset != first || h.length != expect) {
         return nullptr;  // a duplicate or late result for a chunk already done
       }
@@ -453,7 +470,7 @@ Status Engine::Run(Request& req) {
         r.sample_us = -1;
       } else {
         r.head = t.head;
-        r.msg_id = msg_id;
+        r.msg_id = id_of(t.chunk);
         r.psn = uint32_t(t.seq & wire::kPsnMask);
         r.sample_us = t_now - t.first_send_us;
       }
@@ -514,12 +531,13 @@ Status Engine::Run(Request& req) {
             // An owner's own shard lands in scratch first: its place holds the rank's
             // own contribution, which the others' sum is combined with.
             const size_t at = size_t(t->chunk) * chunk_elems * esize;
-            uint8_t* into = own_shard ? storage.data() : req.dst + at;
+            const bool own = own_of(t->chunk);
+            uint8_t* into = own ? storage.data() : req.dst + at;
             iovec iov[3] = {{peek, wire::kHeaderBytes},
                             {into, h.length},
                             {trailer, size_t(h.pad) + wire::kIcrcBytes}};
             NR_RETURN_IF_ERROR(sock.RecvScatter(iov, 3, &got_len));
-            if (own_shard) {
+            if (own) {
               CombineInto(req.dtype, req.op, req.dst + at, req.src + at, into, h.length / esize);
             }
             complete(*t);
@@ -553,7 +571,7 @@ Status Engine::Run(Request& req) {
           continue;
         }
         const size_t at = size_t(t->chunk) * chunk_elems * esize;
-        if (own_shard) {  // the others' sum, combined with this rank's own contribution
+        if (own_of(t->chunk)) {  // the others' sum, combined with this rank's own contribution
           CombineInto(req.dtype, req.op, req.dst + at, req.src + at, p.buf + wire::kHeaderBytes,
                       h.length / esize);
         } else {

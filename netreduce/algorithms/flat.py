@@ -8,6 +8,10 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 import numpy as np
 
 
+# Connection.allreduce_async's owner for a chunk-interleaved reduce-scatter message.
+INTERLEAVED_OWNERS = -2
+
+
 class Flat:
     name = "flat"
 
@@ -23,11 +27,34 @@ class Flat:
         """Reduce ``src`` in place with owner delivery: ``bounds[r]`` = (start, stop)
         of rank r's stretch, whose sum only rank r receives (docs/protocol.md,
         "Reduce-scatter"); the other stretches of this rank's ``src`` keep its own
-        contribution. One message per rank, queued back to back."""
-        reqs = [self.connection.allreduce_async(src[a:b], None, op=op, dtype=dtype, owner=r)
-                for r, (a, b) in enumerate(bounds) if b > a]
+        contribution. The stretches' first k whole chunks each (k the shortest
+        stretch's) go as one message laid out chunk-interleaved (chunk c of it belongs
+        to rank c mod N), so that every window of slots carries every rank's data and
+        no rank's link idles while the others send its stretch; the rest of each
+        stretch, and stretches under two chunks, as one message per owner, queued
+        right behind."""
+        conn = self.connection
+        n = len(bounds)
+        width = 4 if dtype == "bfloat16" or src.dtype == np.float16 else src.dtype.itemsize
+        chunk = conn.chunk_elements(width)
+        k = min((b - a for a, b in bounds), default=0) // chunk if chunk else 0
+        inter = None
+        reqs = []
+        if n >= 2 and k >= 2:
+            inter = np.empty((k, n, chunk), dtype=src.dtype)  # [chunk of a stretch, owner]
+            for q, (a, _) in enumerate(bounds):
+                inter[:, q, :] = src[a:a + k * chunk].reshape(k, chunk)
+            reqs.append(conn.allreduce_async(inter.reshape(-1), None, op=op, dtype=dtype,
+                                             owner=INTERLEAVED_OWNERS))
+        else:
+            k = 0
+        reqs += [conn.allreduce_async(src[a + k * chunk:b], None, op=op, dtype=dtype, owner=r)
+                 for r, (a, b) in enumerate(bounds) if b > a + k * chunk]
         for req in reqs:
             req.wait()
+        if inter is not None:
+            a = bounds[conn.rank][0]
+            src[a:a + k * chunk] = inter[:, conn.rank, :].reshape(-1)
 
     def abort(self, reason: str) -> None:
         self.connection.abort(reason)

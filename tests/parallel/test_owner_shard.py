@@ -147,3 +147,32 @@ def test_owner_delivery_over_two_aggregators(ranks):
     assert kind == "MultiAggregator"
     payload = 400_003 * 4
     assert payload <= rs_bytes < 1.2 * payload, (rs_bytes, payload)  # one copy + headers
+
+
+def _flat_ranks(rank, size, address, job, count):
+    """Flat.reducescatter: the interleaved message for the stretches' whole chunks,
+    per-owner messages for the rest; every dtype and op against numpy."""
+    from netreduce.algorithms.flat import Flat
+    with dataplane.connect(address, job, rank, size, timeout=20.0) as conn:
+        flat = Flat(conn)
+        for dtype, op in itertools.product(DTYPES, OPS):
+            mine = _data(dtype, rank, count)
+            bounds = _bounds(count, size)
+            flat.reducescatter(mine, bounds, op=op,
+                               dtype="bfloat16" if dtype == "bfloat16" else None)
+            a, b = bounds[rank]
+            every = np.stack([_as_float(_data(dtype, r, count), dtype) for r in range(size)])
+            want = REDUCE[op](every.astype(np.float64 if dtype != "int64" else np.int64), axis=0)
+            np.testing.assert_array_equal(_as_float(mine, dtype)[a:b],
+                                          want[a:b].astype(_as_float(mine, dtype).dtype),
+                                          err_msg=f"{dtype} {op} count {count} rank {rank}")
+            # the other ranks' stretches still hold this rank's own contribution
+            others = np.ones(count, bool)
+            others[a:b] = False
+            np.testing.assert_array_equal(mine[others], _data(dtype, rank, count)[others])
+        return conn.stats()["bytes_sent"]
+
+
+@pytest.mark.parametrize("size,count", [(2, 200_003), (3, 250_001), (3, 7)])
+def test_flat_reducescatter_interleaved(switch, size, count):
+    run_ranks(_flat_ranks, size, switch.address, "own-" + uuid.uuid4().hex[:8], count)
