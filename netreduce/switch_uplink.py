@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import secrets
+import select
 import socket
 import threading
 import time
@@ -75,6 +76,8 @@ class Tree:
         self.error = ""
         self.grants: Dict[str, Dict[str, Any]] = {}
         self.clients: List[ControlClient] = []
+        self.where: List[str] = []  # each client's rack, for messages
+        self.closed = False
 
 
 _lock = threading.Lock()
@@ -162,6 +165,7 @@ def _build(srv: Any, job: Any, tree: Tree) -> None:
         except (ValueError, NetReduceError) as exc:
             raise NetReduceError(f"{where}: {exc}") from None
         tree.clients.append(client)
+        tree.where.append(where)
         spine_host = client._sock.getsockname()[0]  # this spine, as the rack reaches it
         try:
             reply = client.call("rack_job", job=job.name, size=job.size, members=members[address],
@@ -178,6 +182,45 @@ def _build(srv: Any, job: Any, tree: Tree) -> None:
             group_port=int(reply.get("group_port", 0)), rack=i, racks=len(racks))
     log.info("job '%s': tree of %d racks: %s", job.name, len(racks),
              "; ".join(f"{a} ranks {_short(members[a])}" for a in racks))
+    threading.Thread(target=_watch, args=(srv, tree), daemon=True,
+                     name=f"netreduce-tree-{job.name}").start()
+
+
+def _watch(srv: Any, tree: Tree) -> None:
+    """A rack aggregator's control connection closing while the job runs means it
+    stopped or died: fail the job's negotiation (every rank's watch wakes with a
+    message naming it) rather than let each rank time out on its own."""
+    socks = {c._sock.fileno(): i for i, c in enumerate(tree.clients)}
+    while not tree.closed:
+        try:
+            ready, _, _ = select.select(list(socks), [], [], 0.5)
+        except (OSError, ValueError):
+            return  # closed by the teardown
+        for fd in ready:
+            if tree.closed:
+                return
+            try:
+                data = tree.clients[socks[fd]]._sock.recv(1, socket.MSG_PEEK)
+            except OSError:
+                data = b""
+            if data:
+                continue  # nothing is ever sent unasked; ignore
+            message = (f"{tree.where[socks[fd]]} is gone: its control connection to the "
+                       "spine closed (it stopped or died); restart the job once it is back")
+            log.warning("%s", message)
+            _fail_negotiation(srv, tree.record.name, message)
+            return
+
+
+def _fail_negotiation(srv: Any, job: str, message: str) -> None:
+    try:
+        from netreduce.control import negotiation
+    except ImportError:
+        return
+    state = negotiation._jobs(srv).get(job)
+    if state is not None:
+        with state.cond:
+            state.fail(message, -1, None)
 
 
 def _spine_disconnect(srv: Any, sess: Any) -> None:
@@ -190,6 +233,7 @@ def _spine_disconnect(srv: Any, sess: Any) -> None:
             return
         if _trees.get(id(tree.record)) is tree:
             del _trees[id(tree.record)]
+        tree.closed = True
         _changed.notify_all()
     for client in tree.clients:  # the racks free their parts
         client.close()

@@ -311,3 +311,51 @@ def test_deterministic_mode_is_refused_through_racks(tree):
                              _job(), timeout=60):
         assert "NETREDUCE_DETERMINISTIC=1 is not available through rack aggregators" in message, \
             message
+
+
+@pytest.mark.slow
+def test_killed_rack_aggregator_is_named_on_every_rank(tree, tmp_path):
+    """Rack 1's daemon SIGKILLed mid-job: the spine sees its control connection close
+    and fails the job's negotiation, so every rank's error names rack 1's aggregator,
+    the ranks of rack 0 too (a timeout would name only their own path)."""
+    import json
+    import subprocess
+    import sys
+    import time
+    here = os.path.dirname(os.path.abspath(__file__))
+    repo = os.path.dirname(os.path.dirname(here))
+    spine, racks = tree()
+    job, flag = _job(), str(tmp_path / "go")
+    procs = []
+    for r in range(4):
+        env = dict(os.environ, NETREDUCE_SWITCH="%s:%d" % spine.address,
+                   NETREDUCE_RACK_SWITCH="%s:%d" % racks[r // 2].address, NETREDUCE_JOB=job,
+                   NETREDUCE_RANK=str(r), NETREDUCE_SIZE="4", NETREDUCE_TIMEOUT="30",
+                   NETREDUCE_ALGORITHM="flat",
+                   PYTHONPATH=os.pathsep.join([repo, os.environ.get("PYTHONPATH", "")]))
+        procs.append(subprocess.Popen(
+            [sys.executable, os.path.join(here, "multi_aggregator_worker.py"), "kill", flag],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not all(
+                os.path.exists(f"{flag}.ready{r}") for r in range(4)):
+            time.sleep(0.05)
+        racks[1].proc.kill()
+        racks[1].proc.wait()
+        open(flag, "w").close()
+        results = []
+        for p in procs:
+            out, err = p.communicate(timeout=120)
+            lines = [ln for ln in out.splitlines() if ln.startswith("{")]
+            assert lines, err[-3000:]
+            results.append(json.loads(lines[-1]))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    dead = "%s:%d" % racks[1].address
+    for r in results:
+        assert "failure" not in r, r
+        assert f"rack aggregator {dead}" in r["error"] and "is gone" in r["error"], r
