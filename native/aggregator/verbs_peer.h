@@ -36,6 +36,8 @@ struct VerbsRcState {
   uint32_t expect_psn = 0;
   uint32_t msn = 0;
   bool nak_sent = false;  // one sequence NAK per gap, as a responder must
+  bool ack_due = false;   // requests taken in this receive batch await one coalesced ACK
+  uint32_t ack_psn = 0;   // the last of them
   struct Unacked {
     uint32_t psn;
     int64_t sent_us;

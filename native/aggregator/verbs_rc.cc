@@ -2,8 +2,9 @@
 // requester of its results (docs/protocol.md, "Verbs peers").
 //
 // Responder: requests (RC RDMA WRITE Only with Immediate) are taken in PSN order.
-// The expected PSN is accepted, moves the expected PSN and the MSN on and, with
-// AckReq set, is acknowledged (ACK: BTH + AETH with the MSN); a duplicate (a PSN
+// The expected PSN is accepted and moves the expected PSN and the MSN on; the
+// requests taken in one receive batch are acknowledged together, by one ACK (BTH +
+// AETH with the MSN) for the last of them, as a responder may coalesce; a duplicate (a PSN
 // already taken: the worker's NIC resent it because an ACK was lost) is
 // acknowledged again and not executed; a PSN ahead of the expected one gets one
 // NAK (PSN sequence error, naming the expected PSN) per gap, after which the NIC
@@ -139,7 +140,10 @@ bool Aggregator::HandleVerbsRc(const InPacket& pkt, uint16_t my_port, ResultBatc
     rc.expect_psn = (rc.expect_psn + 1) & wire::kPsnMask;
     rc.msn = (rc.msn + 1) & wire::kPsnMask;
     rc.nak_sent = false;
-    if (ack_req) QueueAck(job, peer, kAethAck, psn, my_port, local_ip, out);
+    if (ack_req) {  // acknowledged after the batch (VerbsTimers), one ACK for all
+      rc.ack_due = true;
+      rc.ack_psn = psn;
+    }
     pkt.buf[0] = wire::kOpcodeUcWriteOnlyImm;  // the slot path parses the UC layout
     return false;
   }
@@ -166,9 +170,13 @@ void Aggregator::VerbsTimers(uint16_t my_port, ResultBatch& out) {
     const uint32_t rank = rc_peers_[i].second;
     VerbsPeer& peer = job->verbs.peer(rank);
     ++i;
+    const uint32_t local_ip = job->ranks[rank].local_ip.load(std::memory_order_relaxed);
+    if (peer.rc.ack_due) {
+      peer.rc.ack_due = false;
+      QueueAck(*job, peer, kAethAck, peer.rc.ack_psn, my_port, local_ip, out);
+    }
     auto& q = peer.rc.unacked;
     if (q.empty() || now - q.front().sent_us < kRcTimeoutUs) continue;
-    const uint32_t local_ip = job->ranks[rank].local_ip.load(std::memory_order_relaxed);
     for (auto& u : q) Resend(peer, u, local_ip, out);
   }
 }
