@@ -39,8 +39,8 @@ from typing import Any, Dict, List
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
-if REPO not in sys.path:
-    sys.path.insert(0, REPO)
+if REPO not in sys.path and not os.environ.get("PYTHONPATH"):
+    sys.path.insert(0, REPO)  # workers get PYTHONPATH: "before" runs the other checkout
 
 
 # --- workers ------------------------------------------------------------------------
@@ -206,7 +206,8 @@ VARIANTS = {  # name -> (code, env)
     "before": ("before", {}),
     "coordinator": ("after", {"NETREDUCE_CACHE_AGREEMENT": "0"}),
     "agreement": ("after", {"NETREDUCE_CACHE_AGREEMENT": "1"}),
-    "dataplane": ("after", {"RAW": "1"}),
+    # no rounds either: the executor stays idle while the script calls the algorithm
+    "dataplane": ("after", {"RAW": "1", "NETREDUCE_CACHE_AGREEMENT": "0"}),
 }
 
 
@@ -226,7 +227,8 @@ def _one_step_run(code_path: str, addr: str, env_extra: Dict[str, str], args) ->
     ms = []
     for p in procs:
         out, _ = p.communicate(timeout=600)
-        ms.append(json.loads(out.strip().splitlines()[-1])["ms"])
+        lines = out.strip().splitlines()
+        ms.append(json.loads(lines[-1])["ms"] if p.returncode == 0 and lines else float("nan"))
     return max(ms)
 
 

@@ -39,7 +39,8 @@ from netreduce.control.waits import Wait
 log = logging.getLogger("netreduce.switch")
 READ, WRITE = selectors.EVENT_READ, selectors.EVENT_WRITE
 SWEEP_S = 0.25          # how often silent unbound connections are looked for
-POOL_THREADS = 64       # blocking handlers at once (other modules' commands)
+POOL_THREADS = 4096     # blocking handlers at once (threads start as needed): a rendezvous
+                        # gather holds one per rank until all have come (netreduce/rendezvous.py)
 
 
 class Conn:
