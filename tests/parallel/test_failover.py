@@ -25,6 +25,7 @@ from typing import Callable, Dict, List, Optional
 
 import pytest
 
+from netreduce.errors import NetReduceError
 from netreduce.process import free_tcp_port
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -44,7 +45,7 @@ def closed_port() -> int:
 
 def launch(tmp_path, n: int, env_extra: Dict[str, str], mode: str = "exact", steps: int = 12,
            on_mark: Optional[Callable[[], None]] = None, timeout: float = 240,
-           kill_delay: float = 0.01) -> List[dict]:
+           kill_delay: float = 0.0) -> List[dict]:
     mark = str(tmp_path / f"mark-{uuid.uuid4().hex[:6]}")
     job = "fo-" + uuid.uuid4().hex[:8]
     rv = f"127.0.0.1:{free_tcp_port()}"
@@ -52,7 +53,7 @@ def launch(tmp_path, n: int, env_extra: Dict[str, str], mode: str = "exact", ste
     for r in range(n):
         env = dict(os.environ, NETREDUCE_JOB=job, NETREDUCE_RANK=str(r), NETREDUCE_SIZE=str(n),
                    NETREDUCE_RENDEZVOUS=rv, NETREDUCE_TIMEOUT="10",
-                   NETREDUCE_JOB_SECRET="s3cret-" + job,
+                   NETREDUCE_JOB_SECRET="s3cret-" + job, PYTHONFAULTHANDLER="1",
                    PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]),
                    **env_extra)
         procs.append(subprocess.Popen([sys.executable, WORKER, mode, mark, str(steps)], env=env,
@@ -64,14 +65,21 @@ def launch(tmp_path, n: int, env_extra: Dict[str, str], mode: str = "exact", ste
             while time.monotonic() < deadline and \
                     not all(os.path.exists(f"{mark}.{r}") for r in range(n)):
                 time.sleep(0.002)
-            time.sleep(kill_delay)  # every rank is inside the 16 MiB all-reduce now
+            time.sleep(kill_delay)
             on_mark()
         killer = threading.Thread(target=watch, daemon=True)
         killer.start()
     results = []
     try:
         for p in procs:
-            out, err = p.communicate(timeout=timeout)
+            try:
+                out, err = p.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                for q in procs:  # faulthandler prints every thread's stack on SIGABRT
+                    if q.poll() is None:
+                        q.send_signal(signal.SIGABRT)
+                tails = [q.communicate(timeout=30)[1][-12000:] for q in procs]
+                pytest.fail(f"ranks still running after {timeout} s:\n" + "\n---\n".join(tails))
             lines = [ln for ln in out.strip().splitlines() if ln.startswith("{")]
             results.append(dict(json.loads(lines[-1]), returncode=p.returncode, stderr=err[-3000:])
                            if lines else {"returncode": p.returncode, "stderr": err[-3000:]})
@@ -92,8 +100,22 @@ def assert_exact(results: List[dict], steps: int) -> None:
     assert len({r["digest"] for r in results}) == 1, "ranks disagree"
 
 
-def kill(proc) -> Callable[[], None]:
+def kill(proc, mid_transfer: bool = False) -> Callable[[], None]:
+    """SIGKILL ``proc``; ``mid_transfer``: only once it has summed 4 MiB more than when
+    every rank reached the 16 MiB all-reduce, i.e. inside that all-reduce's data
+    (negotiation before it takes a varying time on a loaded host)."""
     def do() -> None:
+        if mid_transfer:
+            from netreduce.control.client import ControlClient
+            try:
+                with ControlClient(proc.address, timeout=10) as c:
+                    base = c.call("counters")["global"]["bytes_reduced"]
+                    deadline = time.monotonic() + 30
+                    while c.call("counters")["global"]["bytes_reduced"] < base + (4 << 20) \
+                            and time.monotonic() < deadline:
+                        time.sleep(0.001)
+            except NetReduceError:
+                pass  # the daemon closed this reader: kill it now
         proc.proc.send_signal(signal.SIGKILL)
         proc.proc.wait()
     return do
@@ -147,7 +169,7 @@ def test_sigkill_moves_the_job_to_the_standby(tmp_path):
         a = f"{primary.address[0]}:{primary.address[1]}"
         b = f"{standby.address[0]}:{standby.address[1]}"
         results = launch(tmp_path, 3, {"NETREDUCE_SWITCH": a, "NETREDUCE_STANDBY_SWITCH": b},
-                         steps=12, on_mark=kill(primary))
+                         steps=12, on_mark=kill(primary, mid_transfer=True))
     check_failover(results, 12, b)
     assert a in results[0]["history"][0]["from"]
 
@@ -158,7 +180,7 @@ def test_sigkill_then_restart_takes_the_same_daemon_back(tmp_path):
     addr = f"127.0.0.1:{port}"
 
     def kill_and_restart() -> None:
-        kill(box["sw"])()
+        kill(box["sw"], mid_transfer=True)()
         # Not spawn(): its PR_SET_PDEATHSIG would take the daemon down with this
         # (short-lived) thread, the "parent" the kernel means.
         proc = subprocess.Popen([sys.executable, "-m", "netreduce.switch", "--host", "127.0.0.1",
@@ -179,7 +201,7 @@ def test_sigkill_without_standby_goes_to_host(tmp_path):
     with spawn_switch() as primary:
         a = f"{primary.address[0]}:{primary.address[1]}"
         results = launch(tmp_path, 3, {"NETREDUCE_SWITCH": a, "NETREDUCE_FALLBACK": "host"},
-                         steps=12, on_mark=kill(primary))
+                         steps=12, on_mark=kill(primary, mid_transfer=True))
     check_failover(results, 12, "host all-reduce")
 
 
