@@ -11,13 +11,16 @@ the second. Per job it keeps
   fusion groups (fusion.plan, so every rank cuts identically) and appended. Every
   rank reads the same log from its own cursor, hence the same order;
 * a response cache: a name that was negotiated before with the same signature gets a
-  small integer id, and ranks send the id instead of the request. A steady training
-  step therefore costs each rank one message of a few ints per cycle.
+  small integer id, and ranks send the id instead of the request. With
+  ``agree`` (the job's first hello) ranks do not even send that: they agree on
+  cached tensors among themselves (netreduce/response_cache.py) and come here only
+  for new, changed or stalled ones.
 
-Each rank holds three connections: ``poll`` (submit + long-poll for new log entries,
-the rank's background thread), ``submit`` (submissions made while the poll is
-blocked; shutdown; abort) and ``watch`` (one request, answered only when the job
-fails). A connection that closes without ``negotiate_bye`` means the rank died: the
+Each rank holds one connection (role ``all``) carrying, by request id, its
+long-poll (``negotiate``: submit + wait for new log entries), submissions made
+while the poll is out, shutdown and abort, and a ``watch`` answered only when the
+job fails; the roles ``poll``, ``submit``, ``watch`` on three connections still
+work. A connection that closes without ``negotiate_bye`` means the rank died: the
 job fails, and every other rank's pending operations fail with an error naming that
 rank (their watch and their long-poll wake at once).
 
@@ -34,8 +37,11 @@ shut down and init() again. The previous run's state lives on, reachable only fr
 its own connections, until they close — so ``netreduce.shutdown(); netreduce.init()``
 works on every rank whatever order the ranks get there in.
 
-Handlers run on the control server's per-connection threads and may block; each
-job has its own Condition, so one job's long-polls never wait on another's lock.
+Handlers never block: one that must wait (hello for the other ranks, the long-poll,
+the watch) returns a ``Wait`` (control/waits.py) that the control server's event
+loop parks and polls when the job's ``topic`` is notified — only when the log grows,
+the job fails or ranks join, not on every submission. Each job has its own
+Condition, so one job's requests never wait on another's lock.
 """
 from __future__ import annotations
 

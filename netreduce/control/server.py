@@ -2,10 +2,11 @@
 
 All connections are served by one event-loop thread (netreduce/control/loop.py); a
 handler that has to wait (a hello for the other ranks, a long-poll) returns a
-``Wait`` (control/waits.py) instead of blocking. Built-in commands: ``register`` (job admission and rank
-check-in, with the path MTU the rank sees), ``payload`` (wait until the job's
-payload is fixed: netreduce.control.payload), ``release``, ``counters``. Other modules add commands with
-``register_handler`` (blocking ones run on a small thread pool) and learn of closed connections (a rank that died or shut
+``Wait`` (control/waits.py) instead of blocking. Built-in commands: ``register``
+(job admission and rank check-in, with the path MTU the rank sees), ``payload``
+(wait until the job's payload is fixed: netreduce.control.payload), ``release``,
+``counters``. Other modules add commands with ``register_handler`` (blocking ones
+run on a thread pool) and learn of closed connections (a rank that died or shut
 down) with ``register_disconnect_hook``; ``netreduce.control.negotiation`` does so
 at import time."""
 from __future__ import annotations
