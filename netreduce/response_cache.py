@@ -128,7 +128,14 @@ class Agreement:
         while True:
             if comm._failure is not None or not self.armed:
                 # The plain executor: entries as they come (after a failure, those up
-                # to ``after`` still run; the communicator's rules decide).
+                # to ``after`` still run; the communicator's rules decide). Entries
+                # held for a round that will not come go first: their handles wait.
+                if comm._failure is not None:
+                    for seq, group in held:
+                        comm._run_item(seq, group)
+                    held = []
+                if stopping:
+                    return
                 for item in _take(q, None):
                     if item is None:
                         stopping = True
