@@ -103,7 +103,14 @@ class Failover:
             self._pending = c
         while True:
             with self._cond:
-                self._cond.wait_for(lambda: self._recovering is None or self._failed is not None)
+                # Bounded even if the monitor got stuck: the abort, two exchanges and
+                # an admission attempt per path, each within NETREDUCE_TIMEOUT.
+                if not self._cond.wait_for(
+                        lambda: self._recovering is None or self._failed is not None,
+                        timeout=self.timeout * (3 + 2 * len(self.cands))):
+                    self._failed = DataPlaneError(
+                        f"rank {self.rank}: {self._describe()} failed and the job's failover "
+                        f"did not finish within {self.timeout * (3 + 2 * len(self.cands)):g} s")
                 if self._failed is not None:
                     raise copy.copy(self._failed)
                 if self._done > c:  # recovery delivered this call's result
