@@ -1,22 +1,19 @@
 """The simulation's three experiments, each a list of result rows (dicts).
 
-1. calibration — the emulated testbed's star (N hosts on a bridge, every host link
-   shaped to the same rate, the aggregator's link N x), the sizes and N the testbed
-   measured (benchmarks/results/testbed.json): simulated vs measured for the ring
-   (gloo) and netreduce.
+1. calibration — the emulated testbed's star (``star``: N hosts on a bridge, every
+   host link shaped to the same rate, the aggregator's link N x); the comparison
+   with the measured runs is benchmarks/sim/calibrate.py.
 2. one job on a spine-leaf fabric of racks x hosts_per_rack workers: ring,
    single-aggregator INA, rack + spine INA with fixed, hashed and planned routes.
 3. a shared fabric: several jobs, each with a few workers in every rack (a
    fragmented cluster), concurrently: their rings, or INA under each policy."""
 from __future__ import annotations
 
-import json
 import math
 from typing import Any, Dict, List, Optional, Sequence
 
 from benchmarks.sim import models, scenarios as sc
-from netreduce.planner import Job, Placement, Problem, Topology, from_dict, spine_leaf, split_chunks
-from netreduce.planner.rounding import evaluate
+from netreduce.planner import Job, Topology, from_dict, spine_leaf, split_chunks
 
 
 def star(n: int, gbps: float, latency_us: float) -> Topology:
@@ -25,61 +22,6 @@ def star(n: int, gbps: float, latency_us: float) -> Topology:
                       "hosts": [{"name": f"h{i}", "attach": "bridge", "gbps": gbps}
                                 for i in range(n)],
                       "aggregators": [{"name": "agg", "attach": "bridge", "gbps": n * gbps}]})
-
-
-def calibration(testbed_json: str, latency_us: float) -> List[Dict[str, Any]]:
-    with open(testbed_json, encoding="utf-8") as f:
-        data = json.load(f)
-    rate = data["meta"]["rate"]
-    gbps = float(rate.replace("mbit", "")) / 1000 if rate.endswith("mbit") else float(rate.replace("gbit", ""))
-    rows = []
-    for rec in data["records"]:
-        if rec["impl"] not in ("netreduce", "gloo") or not rec.get("correct", True):
-            continue
-        n, size = rec["np"], rec["size"]
-        topo = star(n, gbps, latency_us)
-        hosts = topo.of_kind("host")
-        if rec["impl"] == "gloo":
-            sim = sc.ring(topo, [hosts], [size], sc.WIRE["tcp"])["time_s"]
-        else:
-            job = Job("testbed", hosts, [size], rack_aggregation=False)
-            sim = sc.ina(sc.place(topo, [job], "fixed"), sc.WIRE["netreduce"])["time_s"]
-        rows.append({"impl": rec["impl"], "np": n, "size": size, "rate": rate,
-                     "measured_s": rec["time_s"], "simulated_s": sim,
-                     "error": sim / rec["time_s"] - 1.0})
-    return rows
-
-
-def calibration_multi(multi_json: str, latency_us: float) -> List[Dict[str, Any]]:
-    """The several-aggregator testbed run (benchmarks/multi_aggregator.py): np ranks
-    and k aggregators, each in a host namespace behind a link of the same rate; the
-    buffer cut in k equal ranges, range i at aggregator i (what the data path does)."""
-    with open(multi_json, encoding="utf-8") as f:
-        data = json.load(f)
-    a = data["args"]
-    rate = a["rate"]
-    gbps = float(rate.replace("mbit", "")) / 1000 if rate.endswith("mbit") else float(rate.replace("gbit", ""))
-    size = int(a["size"][:-1]) << {"K": 10, "M": 20, "G": 30}[a["size"][-1]]
-    rows = []
-    for rec in data["rows"]:
-        k, n = rec["aggregators"], a["np"]
-        aggs = [f"agg{i}" for i in range(k)]
-        topo = from_dict({"name": f"testbed-{n}+{k}", "latency_us": latency_us,
-                          "switches": ["bridge"],
-                          "hosts": [{"name": f"h{i}", "attach": "bridge", "gbps": gbps}
-                                    for i in range(n)],
-                          "aggregators": [{"name": x, "attach": "bridge", "gbps": gbps}
-                                          for x in aggs]})
-        job = Job("testbed", topo.of_kind("host"), [size // k] * k, rack_aggregation=False,
-                  candidates=aggs)
-        problem = Problem(topo, [job])
-        picks = [(i, [0] * len(problem.options[i][i][2])) for i in range(k)]
-        placement = Placement("spread", problem, picks, evaluate(problem, picks))
-        sim = sc.ina(placement, sc.WIRE["netreduce"])["time_s"]
-        rows.append({"impl": f"netreduce, {k} aggregator(s)", "np": n, "size": size,
-                     "rate": rate, "measured_s": rec["time_s"], "simulated_s": sim,
-                     "error": sim / rec["time_s"] - 1.0})
-    return rows
 
 
 def fabric(racks: int, hosts_per_rack: int, spines: int, host_gbps: float,

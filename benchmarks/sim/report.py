@@ -4,7 +4,7 @@ from __future__ import annotations
 import collections
 from typing import Any, Dict, List
 
-from benchmarks.sim import experiments as ex
+from benchmarks.sim import calib_report, experiments as ex
 
 # Compute time per training step, for the training-time estimate only: order-of-
 # magnitude fp32 figures for one V100-class GPU (AlexNet batch 128, ResNet-50 batch
@@ -40,24 +40,7 @@ def markdown(result: Dict[str, Any]) -> str:
            f"{'/'.join(f'{x:.1f}' for x in meta['loadavg_at_start'])} / "
            f"{'/'.join(f'{x:.1f}' for x in meta['loadavg_at_end'])}", ""]
     if calib:
-        out += ["#### Calibration: the emulated testbed, simulated vs measured", "",
-                "| impl | N | size | measured ms | simulated ms | error |",
-                "|---|---|---|---|---|---|"]
-        for c in calib:
-            out.append(f"| {c['impl']} | {c['np']} | {_size(c['size'])} | "
-                       f"{c['measured_s'] * 1e3:.2f} | {c['simulated_s'] * 1e3:.2f} | "
-                       f"{c['error'] * 100:+.1f} % |")
-        flat = [c for c in calib if c["impl"] in ("netreduce", "gloo")]
-        big = [abs(c["error"]) for c in flat if c["size"] >= 1 << 20]
-        if flat:
-            out += ["", f"One aggregator or ring (testbed.json): largest |error| at >= 1 MiB "
-                    f"{max(big) * 100:.1f} %, at >= 4 MiB "
-                    f"{max(abs(c['error']) for c in flat if c['size'] >= 4 << 20) * 100:.1f} %, "
-                    f"over all sizes {max(abs(c['error']) for c in flat) * 100:.1f} %."]
-        multi = [c for c in calib if c not in flat]
-        if multi:
-            errors = ", ".join(f"{c['error'] * 100:+.1f} %" for c in multi)
-            out += [f"Several aggregators (multi_aggregator_testbed.json): errors {errors}."]
+        out += calib_report.markdown(calib)
         out.append("")
     single = _groups(rows, "single-job")
     if single:
@@ -91,7 +74,8 @@ def markdown(result: Dict[str, Any]) -> str:
                 f"{-ex.reduction(list(g.values()), 'ina-rack-spine-grid', 'ina-rack-spine-hash') * 100:+.1f} % | "
                 f"{grid['approximation']:.3f} | {grid['planner']['lp_seconds']:.2f} |")
         out.append("")
-    out += training(single, shared)
+    if single or shared:
+        out += training(single, shared)
     return "\n".join(out) + "\n"
 
 

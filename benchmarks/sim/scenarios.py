@@ -23,6 +23,7 @@ import hashlib
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from benchmarks.sim import engine
+from benchmarks.sim.software import NONE, Software
 from netreduce.planner import Job, Placement, Topology, policy
 
 # wire bytes / payload bytes, from the testbed (8 KiB netreduce payloads: 1.0095;
@@ -41,8 +42,10 @@ def ecmp(topo: Topology, src: str, dst: str) -> Tuple[int, ...]:
 
 
 def ring(topo: Topology, rings: Sequence[Sequence[str]], nbytes: Sequence[int],
-         overhead: float = WIRE["tcp"], full: bool = False) -> Dict[str, Any]:
-    """Concurrent rings (one per job): per job the time of its 2(N-1) steps."""
+         overhead: float = WIRE["tcp"], full: bool = False,
+         software: Software = NONE) -> Dict[str, Any]:
+    """Concurrent rings (one per job): per job the time of its 2(N-1) steps; with
+    ``software.step_s`` every worker spends that long before each step's send."""
     flows: List[List[Any]] = []
     owner: List[int] = []
     steps = []
@@ -56,7 +59,11 @@ def ring(topo: Topology, rings: Sequence[Sequence[str]], nbytes: Sequence[int],
     if len(set(steps)) != 1:
         raise ValueError("concurrent rings must have the same number of workers")
     repeat = 1 if full else steps[0]
-    out = engine.run(edges_of(topo), [flows] * (steps[0] if full else 1), flow_ends=True)
+    phases = steps[0] if full else 1
+    compute = None
+    if software.step_s > 0:
+        compute = [{w: software.step_s for ws in rings for w in ws}] * phases
+    out = engine.run(edges_of(topo), [flows] * phases, flow_ends=True, compute=compute)
     per_job = [0.0] * len(rings)
     for ends in out["flow_ends"]:
         step = [0.0] * len(rings)
@@ -67,8 +74,11 @@ def ring(topo: Topology, rings: Sequence[Sequence[str]], nbytes: Sequence[int],
             "steps_simulated": len(out["durations"]), "flows_per_step": len(flows)}
 
 
-def ina(placement: Placement, overhead: float = WIRE["netreduce"]) -> Dict[str, Any]:
-    """One all-reduce of every job's chunks along ``placement``."""
+def ina(placement: Placement, overhead: float = WIRE["netreduce"],
+        software: Software = NONE) -> Dict[str, Any]:
+    """One all-reduce of every job's chunks along ``placement``; every sender of
+    an upward leg (worker, rack aggregator) first spends ``software.seconds`` of
+    its payload bytes in software (benchmarks/sim/software.py)."""
     problem = placement.problem
     topo = problem.topo
     merged: Dict[Tuple[int, str, str, Tuple[int, ...]], float] = collections.defaultdict(float)
@@ -76,9 +86,12 @@ def ina(placement: Placement, overhead: float = WIRE["netreduce"]) -> Dict[str, 
     # fixed legs: worker <-> rack aggregator, job by job
     job_of_worker = {w: j for j, job in enumerate(problem.jobs) for w in job.workers}
     rack_lat = [0.0] * len(problem.jobs)
+    up: Dict[str, float] = collections.defaultdict(float)  # payload bytes each sender sends up
     for leg in problem.fixed_legs:
         j = job_of_worker[leg.src] if leg.src in job_of_worker else job_of_worker[leg.dst]
         merged[(j, leg.src, leg.dst, leg.path)] += leg.nbytes * overhead
+        if leg.src in job_of_worker:
+            up[leg.src] += leg.nbytes
         rack_lat[j] = max(rack_lat[j], topo.latency(leg.path))
     root_lat = [0.0] * len(problem.jobs)
     for g, (opt, paths) in enumerate(placement.picks):
@@ -87,6 +100,7 @@ def ina(placement: Placement, overhead: float = WIRE["netreduce"]) -> Dict[str, 
         for (src, choice), p in zip(legs, paths):
             path = choice[p][0]
             merged[(j, src, root, path)] += size * overhead
+            up[src] += size
             merged[(j, root, src, topo.reverse(path))] += size * overhead
             root_lat[j] = max(root_lat[j], topo.latency(path))
     for j in range(len(problem.jobs)):
@@ -94,7 +108,8 @@ def ina(placement: Placement, overhead: float = WIRE["netreduce"]) -> Dict[str, 
         depth[j] = 2 * (rack_lat[j] + root_lat[j]) - max(rack_lat[j], root_lat[j])
     keys = list(merged)
     flows = [[s, d, list(p), merged[(j, s, d, p)]] for j, s, d, p in keys]
-    out = engine.run(edges_of(topo), [flows], flow_ends=True)
+    compute = None if software.zero else [{s: software.seconds(b) for s, b in up.items()}]
+    out = engine.run(edges_of(topo), [flows], flow_ends=True, compute=compute)
     per_job = [0.0] * len(problem.jobs)
     for (j, _, _, _), t in zip(keys, out["flow_ends"][0]):
         per_job[j] = max(per_job[j], t)
