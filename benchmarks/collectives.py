@@ -37,15 +37,18 @@ def _worker(impl: str, size_bytes: int, iters: int,
     torch.set_num_threads(1)
     if impl == "horovod":
         import horovod.torch as hvd
-    elif impl == "netreduce":
+    elif impl in ("netreduce", "netreduce-seq"):
         import netreduce.torch as hvd
+        if impl == "netreduce-seq":  # reduce-scatter as one message per owner, in order
+            from netreduce.algorithms.flat import Flat
+            Flat.interleave = False
     else:
         import torch.distributed as dist
         dist.init_process_group("gloo", init_method="env://")
     if impl != "gloo":
         hvd.init()
         rank, n = hvd.rank(), hvd.size()
-        barrier = hvd.barrier if impl == "netreduce" else \
+        barrier = hvd.barrier if impl.startswith("netreduce") else \
             (lambda: hvd.allreduce(torch.zeros(1), name="bench.barrier"))
         rs = lambda x: hvd.reducescatter(x, op=hvd.Sum)  # noqa: E731
         ag = lambda x: hvd.allgather(x)  # noqa: E731
@@ -82,7 +85,13 @@ def _worker(impl: str, size_bytes: int, iters: int,
                     assert out.numel() == count and float(out[-1]) == n, (kind, out[-3:])
             else:
                 times[kind].append(dt)
-    print("RESULT " + json.dumps({"rank": rank, "n": n, "times": times}), flush=True)
+    record = {"rank": rank, "n": n, "times": times}
+    if impl.startswith("netreduce"):  # were there resends? (loss, or a descheduled rank)
+        from netreduce import api
+        stats = api._communicator().dp.stats()
+        record["engine"] = {k: stats.get(k) for k in ("retransmits", "fast_retransmits",
+                                                      "timeout_probes", "srtt_us")}
+    print("RESULT " + json.dumps(record), flush=True)
     barrier()
     if impl == "gloo":
         dist.destroy_process_group()
@@ -102,7 +111,7 @@ def _run(impl: str, n: int, size_bytes: int, iters: int) -> Dict[str, float]:
                PYTHONPATH=os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH")) if p))
     worker = [sys.executable, os.path.abspath(__file__), "--worker", impl,
               "--size", str(size_bytes), "--iters", str(iters)]
-    if impl == "netreduce":
+    if impl.startswith("netreduce"):
         procs = [subprocess.Popen([sys.executable, "-m", "netreduce.launcher", "-np", str(n),
                                    "--", *worker], env=env, stdout=subprocess.PIPE,
                                   stderr=subprocess.STDOUT, text=True)]

@@ -47,7 +47,7 @@ def _launch_env(tb, impl: str, n: int, cleanup: list) -> tuple:
     """(environment common to all ranks, one per rank) for impl on the testbed."""
     common_env = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     per_rank: List[Dict[str, str]] = [{} for _ in range(n)]
-    if impl in ("netreduce", "fsdp-netreduce"):
+    if impl in ("netreduce", "netreduce-seq", "fsdp-netreduce"):
         sw = tb.spawn_switch()
         cleanup.append(sw.stop)
         common_env.update(NETREDUCE_SWITCH=f"{sw.address[0]}:{sw.address[1]}",
@@ -123,7 +123,7 @@ def collectives(tb, impl: str, n: int, size_bytes: int, iters: int, timeout: flo
                 for line in text.splitlines() if "RESULT " in line]
     if len(per_rank) != n:
         raise SystemExit(f"{impl}: {len(per_rank)} of {n} ranks reported:\n{got['logs'][0][-2000:]}")
-    out = {"wire_per_iter": {}}
+    out = {"wire_per_iter": {}, "engine": [r.get("engine") for r in per_rank]}
     for kind in ("reducescatter", "allgather"):
         slowest = [max(r["times"][kind][i] for r in per_rank) for i in range(iters)]
         out[kind] = statistics.median(slowest)

@@ -14,6 +14,9 @@ INTERLEAVED_OWNERS = -2
 
 class Flat:
     name = "flat"
+    # Reduce-scatter stretches chunk-interleaved (False: one message per owner, in
+    # rank order; benchmarks/collectives.py compares the two).
+    interleave = True
 
     def __init__(self, connection: Any) -> None:
         self.connection = connection
@@ -40,7 +43,7 @@ class Flat:
         k = min((b - a for a, b in bounds), default=0) // chunk if chunk else 0
         inter = None
         reqs = []
-        if n >= 2 and k >= 2:
+        if self.interleave and n >= 2 and k >= 2:
             inter = np.empty((k, n, chunk), dtype=src.dtype)  # [chunk of a stretch, owner]
             for q, (a, _) in enumerate(bounds):
                 inter[:, q, :] = src[a:a + k * chunk].reshape(k, chunk)
