@@ -42,11 +42,12 @@ def parse() -> argparse.Namespace:
     p.add_argument("--calibration-only", action="store_true",
                    help="only the calibration against the testbed, not the 1,024-worker fabric")
     p.add_argument("--testbed", default="benchmarks/results/testbed.json,"
-                   "benchmarks/results/simulation_calib_testbed.json",
+                   "benchmarks/results/simulation_calib_testbed.json,"
+                   "benchmarks/results/simulation_calib_testbed_n8.json",
                    help="measured testbed all-reduce records to calibrate against "
                         "(comma-separated: several runs, each its own table)")
     p.add_argument("--loopback", default="benchmarks/results/allreduce.json,"
-                   "benchmarks/results/simulation_calib_loopback.json",
+                   "benchmarks/results/simulation_calib_loopback.json,-",
                    help="loopback runs giving the software term's parameters, one per "
                         "--testbed file ('-': none)")
     p.add_argument("--multi-testbed", default="benchmarks/results/multi_aggregator_testbed.json",
