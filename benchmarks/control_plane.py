@@ -173,12 +173,14 @@ def drive_scale(args: argparse.Namespace) -> None:
         stdout=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONPATH=REPO))
         for f, c in zip(firsts, per)]
     outs = []
-    for w in workers:
-        out, _ = w.communicate(timeout=600)
-        outs.append(json.loads(out.strip().splitlines()[-1]))
-    threads = _threads(proc.pid)
-    proc.terminate()
-    proc.wait()
+    try:
+        for w in workers:
+            out, _ = w.communicate(timeout=600)
+            outs.append(json.loads(out.strip().splitlines()[-1]))
+        threads = _threads(proc.pid)
+    finally:
+        proc.terminate()
+        proc.wait()
     start = max(o["joined"] for o in outs) - min(o["t0"] for o in outs)
     steps = [max(r[i] for o in outs for r in o["steps"]) for i in range(args.steps)]
     rec: Dict[str, Any] = {
@@ -236,19 +238,21 @@ def drive_step(args: argparse.Namespace) -> None:
     names = [v for v in args.variants.split(",") if v != "before" or args.before]
     switches = {k: _spawn_switch(p) for k, p in paths.items() if p}
     results: Dict[str, List[float]] = {}
-    for _ in range(args.repeat):  # interleaved: every cell once per repeat
-        for alg in args.algorithms.split(","):
-            for cycle in args.cycles.split(","):
-                for name in names:
-                    if name == "dataplane" and cycle != args.cycles.split(",")[0]:
-                        continue
-                    code, env = VARIANTS[name]
-                    env = dict(env, NETREDUCE_ALGORITHM=alg, NETREDUCE_CYCLE_TIME=cycle)
-                    ms = _one_step_run(paths[code], switches[code][1], env, args)
-                    results.setdefault(f"{alg} cycle={cycle} {name}", []).append(ms)
-    for proc, _ in switches.values():
-        proc.terminate()
-        proc.wait()
+    try:
+        for _ in range(args.repeat):  # interleaved: every cell once per repeat
+            for alg in args.algorithms.split(","):
+                for cycle in args.cycles.split(","):
+                    for name in names:
+                        if name == "dataplane" and cycle != args.cycles.split(",")[0]:
+                            continue
+                        code, env = VARIANTS[name]
+                        env = dict(env, NETREDUCE_ALGORITHM=alg, NETREDUCE_CYCLE_TIME=cycle)
+                        ms = _one_step_run(paths[code], switches[code][1], env, args)
+                        results.setdefault(f"{alg} cycle={cycle} {name}", []).append(ms)
+    finally:
+        for proc, _ in switches.values():
+            proc.terminate()
+            proc.wait()
     print(f"# N={args.np}, 4 KiB float32, {args.iters} iters x {args.repeat} runs, "
           f"load {os.getloadavg()[0]:.1f}; ms per all-reduce (slowest rank), median [runs]")
     for key, vals in results.items():
