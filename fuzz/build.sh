@@ -12,11 +12,10 @@ OBJ="$OUT/obj"
 mkdir -p "$OUT" "$OBJ"
 SAN="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
 FLAGS="-std=c++17 -g -O1 -Inative -fwrapv $SAN"
-AGG_SRC="native/aggregator/aggregator.cc native/aggregator/counters.cc native/aggregator/slot_pool.cc
-         native/aggregator/ordered_slot.cc native/aggregator/uplink.cc native/aggregator/verbs_peer.cc
-         native/wire/roce.cc $OBJ/kernels.o native/transport/udp/udp_transport.cc
-         native/transport/udp/sockaddr.cc"
-ENGINE_SRC="native/engine/engine.cc native/engine/rtt.cc"
+# every aggregator and engine source, so a new file there cannot leave these unlinked
+AGG_SRC="$(ls native/aggregator/*.cc) native/wire/roce.cc $OBJ/kernels.o
+         $(ls native/transport/udp/*.cc)"
+ENGINE_SRC="$(ls native/engine/*.cc)"
 # clang < 15 lacks __builtin_cpu_supports("f16c"): a shim for kernels.cc only.
 SHIM=""
 if ! echo 'int main(){return __builtin_cpu_supports("f16c");}' | $CXX -x c++ -o /dev/null - 2>/dev/null; then
