@@ -92,6 +92,10 @@ def worker(rank: int, size: int, address: Tuple[str, int], job: str, n: int, see
         elapsed = time.perf_counter() - t0
         times = np.diff(np.concatenate([[t0], times]))
         stats = conn.stats()
+        # Which way packets were lost, as the aggregator saw it: a resend for a slot
+        # still waiting (a contribution missing) or for a completed one (its result
+        # lost, or the resend needless). Read by rank 0 when its stream is done.
+        agg = conn.counters()["jobs"].get(job, {}) if rank == 0 else {}
     for i, ((count, dtype, op), out) in enumerate(zip(ops, outs)):
         digest.update(out.tobytes())
         if check:
@@ -100,11 +104,13 @@ def worker(rank: int, size: int, address: Tuple[str, int], job: str, n: int, see
                 bad = int(np.flatnonzero(out != ref)[0]) if out.shape == ref.shape else -1
                 wrong.append(f"all-reduce {i} ({count} x {dtype} {op}): first wrong element {bad}")
     keys = ("retransmits", "fast_retransmits", "spurious_retransmits", "dropped_by_knob",
-            "packets_sent", "ignored_results", "timeout_probes", "srtt_us", "rto_us")
+            "packets_sent", "ignored_results", "timeout_probes", "srtt_us", "rto_us",
+            "tail_probes", "tail_copies", "repaired_chunks", "repair_wait_us")
     slow = np.argsort(times)[-3:][::-1]
     return {"rank": rank, "seconds": elapsed,
             "slowest_ms": [[int(i), round(float(times[i]) * 1e3, 1)] for i in slow], "digest": digest.hexdigest(), "wrong": wrong[:10],
-            "n_wrong": len(wrong), "stats": {k: int(stats.get(k, 0)) for k in keys}}
+            "n_wrong": len(wrong), "stats": {k: int(stats.get(k, 0)) for k in keys},
+            "aggregator": {k: int(agg.get(k, 0)) for k in ("duplicates", "retransmitted_results")}}
 
 
 def _worker_main(argv: List[str]) -> int:
@@ -148,7 +154,8 @@ def _summary(results: List[Dict]) -> Dict:
              for k in results[0]["stats"]}  # summed over ranks; the estimates averaged
     return {"seconds": max(r["seconds"] for r in results), "exact": len(digests) == 1 and
             all(r["n_wrong"] == 0 for r in results), "wrong": [w for r in results for w in r["wrong"]],
-            "stats": total, "slowest_ms": max((r["slowest_ms"] for r in results), key=lambda x: x[0][1])}
+            "stats": total, "aggregator": next((r["aggregator"] for r in results if r["rank"] == 0), {}),
+            "slowest_ms": max((r["slowest_ms"] for r in results), key=lambda x: x[0][1])}
 
 
 def run_loopback(tree: Optional[str], size: int, loss: float, args) -> Dict:
@@ -234,16 +241,22 @@ def main(argv: Optional[List[str]] = None) -> int:
     where = "testbed (nftables, UDP, every namespace's input)" if tb else "loopback (engine drop knob)"
     print(f"\n{args.ranks} ranks, {args.n} all-reduces (1..{args.max_elems} elements, every dtype "
           f"and op), {where}; load: {os.getloadavg()[0]:.1f}\n")
-    print("| build | loss | seconds | x lossless | exact | retransmits | fast | spurious |")
-    print("|---|---:|---:|---:|:---:|---:|---:|---:|")
+    print("| build | loss | seconds | x lossless | exact | retransmits | fast | tail probes | timeout "
+          "probes | spurious | tail copies | repaired | ms per repair | dup waiting | dup done |")
+    print("|---|---:|---:|---:|:---:|" + "---:|" * 10)
     for name, _ in trees:
         base = med[name][losses[0]]["seconds"]
         for x in losses:
             r = med[name][x]
             s = r["stats"]
+            a = r.get("aggregator", {})
             print(f"| {name} | {x:.0%} | {r['seconds']:.3f} | {r['seconds'] / base:.2f} | "
                   f"{'yes' if r['exact'] else 'NO'} | {s['retransmits']} | {s['fast_retransmits']} | "
-                  f"{s['spurious_retransmits']} |")
+                  f"{s['tail_probes']} | {s['timeout_probes']} | {s['spurious_retransmits']} | "
+                  f"{s['tail_copies']} | {s['repaired_chunks']} | "
+                  f"{s['repair_wait_us'] / max(1, s['repaired_chunks']) / 1e3:.2f} | "
+                  f"{a.get('duplicates', 0) - a.get('retransmitted_results', 0)} | "
+                  f"{a.get('retransmitted_results', 0)} |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"args": vars(args), "cells": {n: {str(x): rs for x, rs in c.items()}

@@ -27,6 +27,10 @@
 //    chunks deep in a window wait behind their own predecessors, which a timeout from
 //    each chunk's send would take for loss; and a stalled rank costs one packet per
 //    doubling rather than a window's worth.
+//  - Tail (engine/repair.h): a lane's last chunk of the message, which nothing
+//    overtakes (most small all-reduces are one), sent at the head of its lane gets a
+//    tail probe of about 2 srtt instead of the timeout; once real loss has been seen,
+//    a small one goes out twice, back to back (a copy is a duplicate, never added).
 // A chunk without a result for timeout_s fails the operation, naming the aggregator,
 // job, rank and slot. After a failure the engine's sequence is out of step with the
 // job, so it refuses further work.
@@ -39,11 +43,13 @@
 #include <cmath>
 #include <cstring>
 
+#include "engine/repair.h"
 #include "engine/rtt.h"
 #include "wire/roce.h"
 
 namespace netreduce {
 using namespace engine_timing;
+using namespace engine_repair;
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -70,6 +76,7 @@ struct SlotTrack {
   // Sent with no older chunk outstanding in its lane: its round trip is the path's
   // (and the other ranks' lag), not also the wait behind its predecessors.
   bool head = false;
+  bool probe = false;  // its early deadline is the tail probe (engine/repair.h)
   uint8_t header[wire::kHeaderBytes];
   uint8_t trailer[8];
   OutPacket pkt;
@@ -140,102 +147,6 @@ Engine::~Engine() {
   Abort("engine closed");
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
-}
-
-std::string Engine::AggregatorAddress() const {
-  const std::string port = std::to_string(cfg_.port);  // IPv6 in brackets: "[fd00::1]:4791"
-  return cfg_.host.find(':') != std::string::npos ? "[" + cfg_.host + "]:" + port
-                                                  : cfg_.host + ":" + port;
-}
-
-std::string Engine::Where(uint32_t slot) const {
-  return "aggregator " + AggregatorAddress() + ", job '" + cfg_.job + "' (index " +
-         std::to_string(cfg_.job_index) + "), rank " + std::to_string(cfg_.rank) + "/" +
-         std::to_string(cfg_.size) + ", slot " + std::to_string(slot);
-}
-
-std::shared_ptr<Engine::Request> Engine::Submit(const void* src, void* dst, size_t count,
-                                                 DType dt, Op op, int32_t owner) {
-  auto r = std::make_shared<Request>();
-  r->src = static_cast<const uint8_t*>(src);
-  r->dst = static_cast<uint8_t*>(dst);
-  r->count = count;
-  r->dtype = dt;
-  r->op = op;
-  r->owner = owner;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    queue_.push_back(r);
-  }
-  cv_.notify_all();
-  return r;
-}
-
-bool Engine::Done(Request& r) {
-  std::lock_guard<std::mutex> lock(r.mu);
-  return r.done;
-}
-
-Status Engine::Wait(Request& r) {
-  std::unique_lock<std::mutex> lock(r.mu);
-  r.cv.wait(lock, [&] { return r.done; });
-  return r.status;
-}
-
-void Engine::Abort(const std::string& reason) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!aborted_) abort_reason_ = reason;
-    aborted_ = true;
-  }
-  cv_.notify_all();
-}
-
-std::map<std::string, uint64_t> Engine::Stats() const {
-  return {{"packets_sent", packets_sent_.load()},     {"packets_received", packets_received_.load()},
-          {"retransmits", retransmits_.load()},       {"dropped_by_knob", dropped_by_knob_.load()},
-          {"ignored_results", ignored_results_.load()}, {"bytes_sent", bytes_sent_.load()},
-          {"messages", messages_.load()},
-          {"fast_retransmits", fast_retransmits_.load()},
-          {"spurious_retransmits", spurious_retransmits_.load()},
-          {"timeout_probes", timeout_probes_.load()},
-          {"srtt_us", srtt_stat_us_.load()},
-          {"rto_us", rto_stat_us_.load()}};
-}
-
-void Engine::ThreadMain() {
-  for (;;) {
-    std::shared_ptr<Request> r;
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return stopping_ || aborted_ || !queue_.empty(); });
-      if (queue_.empty()) {
-        if (stopping_) return;
-        if (aborted_) {
-          cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
-          if (queue_.empty()) return;
-        }
-      }
-      r = queue_.front();
-      queue_.pop_front();
-    }
-    Status st;
-    if (aborted_) {
-      std::lock_guard<std::mutex> lock(mu_);
-      st = Aborted(abort_reason_);
-    } else if (!poisoned_.ok()) {
-      st = Status(poisoned_.code(), "engine unusable after an earlier failure: " + poisoned_.message());
-    } else {
-      st = Run(*r);
-      if (!st.ok() && st.code() != Code::kInvalidArgument) poisoned_ = st;
-    }
-    {
-      std::lock_guard<std::mutex> lock(r->mu);
-      r->status = st;
-      r->done = true;
-    }
-    r->cv.notify_all();
-  }
 }
 
 Status Engine::Run(Request& req) {
@@ -368,7 +279,15 @@ Status Engine::Run(Request& req) {
     t.pkt.iov[1] = {const_cast<uint8_t*>(payload), h.length};
     t.pkt.iov[2] = {t.trailer, size_t(h.pad) + wire::kIcrcBytes};
     t.pkt.iovcnt = 3;
+    // engine/repair.h; UDP only: a verbs transport's NIC (RC) or PSN checks (UC) own it.
+    const bool tail = !cfg_.transport && IsLaneTail(c, nchunks, base, window_, cfg_.threads);
+    t.probe = tail && t.head;
+    if (t.probe) t.early = true, t.deadline_us = now + TailProbeUs(srtt_us_, kReorderFloorUs, t.rto_us);
     queue_send(t);
+    if (tail && CopyTail(h.length, packets_sent_, retransmits_ - tail_probes_, spurious_retransmits_)) {
+      tail_copies_++;
+      queue_send(t);
+    }
   };
 
   int64_t now = NowUs();
@@ -465,6 +384,7 @@ Status Engine::Run(Request& req) {
       lane_progress[lane] = t_now;
       lane_last_seq[lane] = int64_t(t.seq);
       Retried& r = retried_[t.seq % window_];
+      if (t.retries > 0) repaired_chunks_++, repair_wait_us_ += uint64_t(t_now - t.first_send_us);
       if (t.retries == 0) {  // Karn: only unambiguous samples
         if (t.head) SampleRtt(double(t_now - t.first_send_us));
         r.sample_us = -1;
@@ -612,6 +532,7 @@ Status Engine::Run(Request& req) {
         t.early = false;
         t.deadline_us = now + t.rto_us;
         fast_retransmits_++;
+        if (t.probe) tail_probes_++, t.probe = false;
         resend(t);
       } else if (now - lane_progress[l] >= rto && (probe[l] == nullptr || t.seq < probe[l]->seq)) {
         probe[l] = &t;

@@ -1,0 +1,108 @@
+// The engine's request queue and its thread: Submit/Wait/Abort on the caller's side,
+// ThreadMain running one request at a time (Engine::Run in engine.cc); the counters
+// and the words that name this engine in errors.
+#include <string>
+
+#include "engine/engine.h"
+
+namespace netreduce {
+
+std::string Engine::AggregatorAddress() const {
+  const std::string port = std::to_string(cfg_.port);  // IPv6 in brackets: "[fd00::1]:4791"
+  return cfg_.host.find(':') != std::string::npos ? "[" + cfg_.host + "]:" + port
+                                                  : cfg_.host + ":" + port;
+}
+
+std::string Engine::Where(uint32_t slot) const {
+  return "aggregator " + AggregatorAddress() + ", job '" + cfg_.job + "' (index " +
+         std::to_string(cfg_.job_index) + "), rank " + std::to_string(cfg_.rank) + "/" +
+         std::to_string(cfg_.size) + ", slot " + std::to_string(slot);
+}
+
+std::shared_ptr<Engine::Request> Engine::Submit(const void* src, void* dst, size_t count,
+                                                 DType dt, Op op, int32_t owner) {
+  auto r = std::make_shared<Request>();
+  r->src = static_cast<const uint8_t*>(src);
+  r->dst = static_cast<uint8_t*>(dst);
+  r->count = count;
+  r->dtype = dt;
+  r->op = op;
+  r->owner = owner;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.push_back(r);
+  }
+  cv_.notify_all();
+  return r;
+}
+
+bool Engine::Done(Request& r) {
+  std::lock_guard<std::mutex> lock(r.mu);
+  return r.done;
+}
+
+Status Engine::Wait(Request& r) {
+  std::unique_lock<std::mutex> lock(r.mu);
+  r.cv.wait(lock, [&] { return r.done; });
+  return r.status;
+}
+
+void Engine::Abort(const std::string& reason) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!aborted_) abort_reason_ = reason;
+    aborted_ = true;
+  }
+  cv_.notify_all();
+}
+
+std::map<std::string, uint64_t> Engine::Stats() const {
+  return {{"packets_sent", packets_sent_.load()},     {"packets_received", packets_received_.load()},
+          {"retransmits", retransmits_.load()},       {"dropped_by_knob", dropped_by_knob_.load()},
+          {"ignored_results", ignored_results_.load()}, {"bytes_sent", bytes_sent_.load()},
+          {"messages", messages_.load()},
+          {"fast_retransmits", fast_retransmits_.load()},
+          {"spurious_retransmits", spurious_retransmits_.load()},
+          {"timeout_probes", timeout_probes_.load()},
+          {"tail_probes", tail_probes_.load()},       {"tail_copies", tail_copies_.load()},
+          {"repaired_chunks", repaired_chunks_.load()}, {"repair_wait_us", repair_wait_us_.load()},
+          {"srtt_us", srtt_stat_us_.load()},
+          {"rto_us", rto_stat_us_.load()}};
+}
+
+void Engine::ThreadMain() {
+  for (;;) {
+    std::shared_ptr<Request> r;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stopping_ || aborted_ || !queue_.empty(); });
+      if (queue_.empty()) {
+        if (stopping_) return;
+        if (aborted_) {
+          cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+          if (queue_.empty()) return;
+        }
+      }
+      r = queue_.front();
+      queue_.pop_front();
+    }
+    Status st;
+    if (aborted_) {
+      std::lock_guard<std::mutex> lock(mu_);
+      st = Aborted(abort_reason_);
+    } else if (!poisoned_.ok()) {
+      st = Status(poisoned_.code(), "engine unusable after an earlier failure: " + poisoned_.message());
+    } else {
+      st = Run(*r);
+      if (!st.ok() && st.code() != Code::kInvalidArgument) poisoned_ = st;
+    }
+    {
+      std::lock_guard<std::mutex> lock(r->mu);
+      r->status = st;
+      r->done = true;
+    }
+    r->cv.notify_all();
+  }
+}
+
+}  // namespace netreduce
