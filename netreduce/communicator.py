@@ -572,6 +572,11 @@ class Communicator:
                 f"'{self.job}' submitted tensor '{t.name}'"))
         self._exec_q.put(None)
         self._exec_thread.join(timeout)
+        if self._exec_thread.is_alive():
+            # Still inside the data plane (a peer that never answers): fail that call
+            # so the thread leaves native code before the interpreter exits.
+            self.dp.abort(f"rank {self.rank} of job '{self.job}' is shutting down")
+            self._exec_thread.join(5.0)
         try:
             self.neg.bye(self._done_seq)
         except NetReduceError:

@@ -9,7 +9,8 @@ executor thread runs between data-plane messages — a *round*:
 
     v[0]      log entries this rank has received from the coordinator (MIN: all have)
     v[1]      1 = this rank has nothing in flight (MIN: 0 when any rank is busy)
-    v[2 + i]  cache id i: 2 = submitted here, 1 = not (yet), 0 = invalidate it
+    v[2]      1 = this rank stays, 0 = it is shutting down (MIN: 0 when any rank leaves)
+    v[3 + i]  cache id i: 2 = submitted here, 1 = not (yet), 0 = invalidate it
 
 After a round every rank knows the same three things and acts on them in the same
 order: (1) the coordinator's log entries below v[0], in log order — they arrived
@@ -36,6 +37,11 @@ submits learns so within that (and ``stale_s`` later hands it to the coordinator
 whose timeout error names the missing ranks). An idle job costs 1/IDLE_S tiny
 all-reduces per second. Before a rank's first submission it runs no round: init()
 still uses the flat data plane for the host-layout exchange.
+
+A rank that shuts down says so in its last round (v[2] = 0): after that round every
+rank stops running rounds (its cached submissions go to the coordinator), so no rank
+is left inside a round's all-reduce waiting for one that has gone — an executor
+thread still in the data plane when the interpreter exits aborts the process.
 """
 from __future__ import annotations
 
@@ -56,7 +62,7 @@ BITS_SEQ = -2               # Tensor.seq of a submission waiting in the agreemen
 GROUP_SEQ = -1              # executing a group agreed by a round (no log position)
 ROUND_SEQ = 1 << 62         # executing a round: any failure aborts it
 INVALID, WAITING, READY = 0, 1, 2
-HEADER = 2
+HEADER = 3
 MAX_WIDTH = 4096            # ids a round covers (int32 each); larger ids stay with the coordinator
 IDLE_S = 0.05               # a rank with nothing follows others' rounds at this pace at most
 NOTICE_GRACE_S = 2.0        # a failed round waits this long for the coordinator's reason
@@ -78,6 +84,7 @@ class Agreement:
         self.banned: Set[int] = set()
         self.armed = False
         self.off: Optional[bool] = None         # decided at the first submission
+        self.leaving = False                    # this rank's shutdown: said in its next round
         self.vec = np.empty(HEADER + self.width, dtype=np.int32)
         self.rounds = 0                         # statistics (tests, benchmarks)
         self.agreed = 0                         # tensors executed without the coordinator
@@ -161,7 +168,7 @@ class Agreement:
                 items += _take(q, 0.0)
             for item in items:
                 if item is None:
-                    stopping = True
+                    stopping = self.leaving = True
                 elif item is not WAKE:
                     held.append(item)
                     received = max(received, item[0] + 1)
@@ -178,6 +185,8 @@ class Agreement:
                 self._allow(group)
                 comm._run_item(seq, group)
             self._apply(result[HEADER:])
+            if result[2] == 0:
+                self._end()                     # a rank leaves: no more rounds, anywhere
 
     def _round(self, received: int, busy: bool) -> Optional[np.ndarray]:
         comm, vec = self.comm, self.vec
@@ -186,6 +195,7 @@ class Agreement:
             joined = any(t.kind == "join" and t.seq < 0 for t in comm._inflight.values())
             vec[0] = received
             vec[1] = 0 if busy else 1
+            vec[2] = 0 if self.leaving else 1
             vec[HEADER:] = WAITING
             for i in self.pending:
                 vec[HEADER + i] = INVALID if now - self.since[i] > self.stale_s else READY
@@ -261,6 +271,25 @@ class Agreement:
                 t.seq = GROUP_SEQ
             self.agreed += len(tensors)
             comm._run_item(GROUP_SEQ, tensors)
+
+    def _end(self) -> None:
+        """A round said a rank is leaving: from here on every rank runs the plain
+        executor, and what waited for an agreement goes to the coordinator (which
+        fails it naming the rank that left, as without the agreement)."""
+        comm = self.comm
+        with comm._lock:
+            with self.lock:
+                self.off, self.armed = True, False
+                moved = list(self.pending.values())
+                self.pending.clear()
+                self.since.clear()
+                for t in moved:
+                    t.seq = -1
+            if moved:
+                comm._new.extend(moved)
+        if moved:
+            self.fallbacks += len(moved)
+            os.write(comm._wake_w, b"x")
 
     def _allow(self, group: List[Any]) -> None:
         """A coordinator entry runs at the same point everywhere: its ids may be agreed

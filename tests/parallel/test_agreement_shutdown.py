@@ -1,0 +1,60 @@
+"""A rank that shuts down while the others run cache-agreement rounds
+(netreduce/response_cache.py) says so in its last round: afterwards no rank is left
+inside a round's all-reduce waiting for it. Without that, the staying rank's
+executor sat in the data plane until NETREDUCE_TIMEOUT, its shutdown's join gave
+up, and the interpreter's exit with that thread in native code aborted the
+process (SIGABRT, seen in CI as a rank exiting with -6)."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from netreduce.environment import discover
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+SCRIPT = r"""
+import sys, time
+import numpy as np
+import netreduce as nr
+from netreduce import api
+from netreduce.response_cache import ROUND_SEQ
+nr.init()
+r = nr.rank()
+comm = api._communicator()
+x = np.ones(1024, dtype=np.float32)
+for step in range(20):                       # the same name: cached after the first
+    out = nr.allreduce(x, name="g", op=nr.Sum)
+    assert np.all(out == nr.size()), out
+assert comm.agreement is not None and comm.agreement.rounds > 0, "no round ran"
+if r == 1:
+    nr.shutdown()                            # leaves while rank 0 idles in rounds
+    print("rank 1 left", flush=True)
+    sys.exit(0)
+deadline = time.monotonic() + 15
+while not comm.agreement.off and time.monotonic() < deadline:
+    time.sleep(0.05)
+time.sleep(0.3)                              # several idle periods (IDLE_S) later
+state = (comm.agreement.off, comm._executing == ROUND_SEQ)
+print(f"rank 0 after rank 1 left: agreement off {state[0]}, in a round {state[1]}; "
+      f"failure {comm._failure!r}", flush=True)
+# rounds over (a failure raised by rank 1's leaving is as good: no round follows it)
+assert (state[0] or comm._failure is not None) and not state[1], state
+nr.shutdown()
+print("rank 0 done", flush=True)
+"""
+
+
+@pytest.mark.skipif(discover().size > 1, reason="starts its own job")
+@pytest.mark.parametrize("algorithm", ["flat", "hierarchical"])
+def test_leaving_rank_ends_the_rounds(algorithm):
+    env = dict(os.environ, NETREDUCE_TIMEOUT="20", NETREDUCE_ALGORITHM=algorithm,
+               PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
+    proc = subprocess.run([sys.executable, "-m", "netreduce.launcher", "-np", "2", "--",
+                           sys.executable, "-c", SCRIPT], cwd=ROOT, env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    assert "agreement off True, in a round False" in proc.stdout, proc.stdout[-4000:]
+    assert "rank 0 done" in proc.stdout, proc.stdout[-4000:]
