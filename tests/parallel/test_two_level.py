@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 import uuid
 
 import numpy as np
@@ -96,12 +97,23 @@ def _rank(rank, size, spine, racks, job, cases, kw, secret=""):
             np.testing.assert_array_equal(_as_float(mine, dtype).astype(np.float64), ref,
                                           err_msg=f"{dtype} {op} {count}")
         out = {"stats": conn.stats(), "rack": conn.rack_index, "racks": conn.racks}
-        if rank == 0:  # every slot is complete at every level once this rank has its results
+        if rank == 0:
+            # This rank's results mean the spine completed every slot; the other rack
+            # may still be waiting for (or re-asking) the spine's answer to its last
+            # partials, so its counters are read once it has them all (or after 10 s,
+            # and then the check below fails with them).
             out["spine"] = conn.counters()["jobs"][job]
             out["rack_counters"] = []
             for address in racks:
+                deadline = time.monotonic() + 10.0
                 with ControlClient(address) as c:
-                    out["rack_counters"].append(c.call("counters")["jobs"][job])
+                    while True:
+                        rc = c.call("counters")["jobs"][job]
+                        done = rc["uplink_results_received"] == rc["uplink_partials_sent"]
+                        if done or time.monotonic() > deadline:
+                            break
+                        time.sleep(0.02)
+                    out["rack_counters"].append(rc)
         return out
 
 
