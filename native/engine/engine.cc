@@ -284,7 +284,7 @@ Status Engine::Run(Request& req) {
     t.probe = tail && t.head;
     if (t.probe) t.early = true, t.deadline_us = now + TailProbeUs(srtt_us_, kReorderFloorUs, t.rto_us);
     queue_send(t);
-    if (tail && CopyTail(h.length, packets_sent_, retransmits_ - tail_probes_, spurious_retransmits_)) {
+    if (tail && CopyTail(h.length, packets_sent_, retransmits_, spurious_retransmits_)) {
       tail_copies_++;
       queue_send(t);
     }

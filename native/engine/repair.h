@@ -7,9 +7,9 @@
 //  - Tail probe (RFC 8985's TLP, in spirit): a lane's tail chunk sent at the head of
 //    its lane gets an early deadline of about two smoothed round trips instead of the
 //    timeout; what fires is a fast retransmission and the timeout stays as it was.
-//  - Tail copy: once the engine has seen real loss (resends on evidence or timeout --
-//    not tail probes, which fire on a slow round trip too -- not proven needless,
-//    above kCopyLossThreshold of the packets sent), a tail chunk of at most kCopyMaxBytes is
+//  - Tail copy: once the engine has seen real loss (resends not proven needless above
+//    kCopyLossThreshold of the packets sent; high enough that the needless ones a
+//    loaded host causes, which are not all proven, stay below it), a tail chunk of at most kCopyMaxBytes is
 //    sent twice, back to back. The aggregator adds a contribution once, so the copy
 //    costs one packet and never a wrong sum; a copy that arrives after its slot
 //    completed is answered with the stored result, a second chance for the result's
@@ -22,8 +22,8 @@ namespace netreduce {
 namespace engine_repair {
 
 constexpr uint64_t kCopyMinPackets = 200;      // no loss estimate before this many sent
-constexpr double kCopyLossThreshold = 0.003;   // resends not proven spurious per packet
-constexpr uint32_t kCopyMaxBytes = 4096;       // one RoCE MTU: small tails only
+constexpr double kCopyLossThreshold = 0.02;    // resends not proven spurious per packet
+constexpr uint32_t kCopyMaxBytes = 9000;       // one jumbo frame: small tails only
 
 // Whether chunk c of a message of nchunks chunks starting at sequence number base is
 // the last of its lane (slot (base + c) % window, lane slot % threads).

@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import uuid
 
+import numpy as np
+
 from benchmarks import loss
+from netreduce import dataplane
 from netreduce.switch import spawn
 from tests.parallel.ranks import run_ranks
 
@@ -40,10 +43,24 @@ def test_lost_tails_are_probed_and_small_tails_copied_once_loss_is_seen():
     assert stats["repaired_chunks"] > 0 and stats["repair_wait_us"] > 0, stats
 
 
-def test_large_tails_are_not_copied():
-    # Tails of 64 KiB payloads: above the copy limit (4 KiB), so loss is repaired by
-    # resends only, and nothing is sent twice on purpose.
+def _large(rank, size, address, job, n):
+    # Every all-reduce 20,000 float32: two 64 KiB-payload chunks, the tail 14,536 B.
+    with dataplane.connect(address, job, rank, size, timeout=30.0, drop_rate=0.05,
+                           seed=rank + 1) as conn:
+        for i in range(n):
+            a = np.full(20_000, rank + i, np.float32)
+            conn.allreduce(a)
+            assert (a == sum(r + i for r in range(size))).all(), i
+        return conn.stats()
+
+
+def test_tails_above_the_copy_limit_are_not_copied():
+    # Loss is seen (well past the 200-packet estimate gate), but every tail is larger
+    # than the copy limit (9,000 B): repaired by resends only, never sent twice.
     with spawn() as sw:
-        stats, _ = _stream(sw.address, 60, 65536, 0.05, seed=22)
-    assert stats["tail_copies"] == 0, stats
+        results = run_ranks(_large, 3, sw.address, "tail-" + uuid.uuid4().hex[:6], 300,
+                            timeout=240)
+    stats = {k: sum(r[k] for r in results) for k in results[0]}
+    assert stats["packets_sent"] >= 3 * 600 and stats["dropped_by_knob"] > 0, stats
     assert stats["retransmits"] > 0, stats
+    assert stats["tail_copies"] == 0, stats
