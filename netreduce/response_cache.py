@@ -54,7 +54,7 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 import numpy as np
 
 from netreduce import fusion
-from netreduce.control.negotiation import fusion_key, nbytes
+from netreduce.control.signature import fusion_key, nbytes
 from netreduce.errors import NegotiationError, NetReduceError
 
 WAKE = ("wake",)            # put on the executor's queue: new local work
