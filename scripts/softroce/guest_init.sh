@@ -28,7 +28,10 @@ mount -t 9p -o trans=virtio,version=9p2000.L,msize=262144 share /mnt/share || ec
 hr=/hostroot
 mkdir -p $hr
 mount -t tmpfs tmp $hr
-mkdir -p $hr/usr $hr/etc $hr/proc $hr/sys $hr/dev $hr/tmp $hr/mnt/share $hr/run $hr/root "$hr$repo"
+mkdir -p $hr/usr $hr/etc $hr/proc $hr/sys $hr/dev $hr/tmp $hr/mnt/share $hr/run $hr/root
+# /tmp first: a repository (or share) under /tmp is mounted on top of it, not hidden by it
+mount -t tmpfs tmp $hr/tmp
+mkdir -p "$hr$repo"
 for l in bin sbin lib lib64; do ln -s usr/$l $hr/$l; done
 mount -t 9p -o trans=virtio,version=9p2000.L,ro,msize=262144 hostusr $hr/usr
 mount -t 9p -o trans=virtio,version=9p2000.L,ro,msize=262144 hostetc $hr/etc
@@ -43,7 +46,6 @@ mount --bind /mnt/share $hr/mnt/share
 mount -t proc proc $hr/proc
 mount -t sysfs sys $hr/sys
 mount -t devtmpfs dev $hr/dev
-mount -t tmpfs tmp $hr/tmp
 chroot $hr /usr/bin/rdma link add rxe0 type rxe netdev eth0 || echo "guest_init: rdma link add failed"
 # The IPv4-mapped RoCEv2 GID appears once the address is on the link.
 i=0
