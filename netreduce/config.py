@@ -30,6 +30,20 @@ def _bool(text: str) -> bool:
     raise ValueError(f"expected a boolean (1/0, true/false), got {text!r}")
 
 
+def _choice(*values: str):
+    """A parser for a knob that takes one of ``values`` (any case, spaces stripped)."""
+    wanted = ", ".join(values[:-1]) + " or " + values[-1]
+
+    def parse(text: str) -> str:
+        low = text.strip().lower()
+        if low not in values:
+            raise ValueError(f"expected {wanted}, got {text!r}")
+        return low
+
+    parse.__name__ = "|".join(values)
+    return parse
+
+
 KNOBS: Dict[str, Knob] = {}
 
 
@@ -58,26 +72,12 @@ declare("NETREDUCE_WINDOW", int, 0,
         "slots a worker keeps outstanding; 0 = all the slots the aggregator grants")
 
 
-def _transport(text: str) -> str:
-    low = text.strip().lower()
-    if low not in ("auto", "verbs", "udp"):
-        raise ValueError(f"expected auto, verbs or udp, got {text!r}")
-    return low
-
-
-_transport.__name__ = "auto|verbs|udp"
+_transport = _choice("auto", "verbs", "udp")
 declare("NETREDUCE_TRANSPORT", _transport, "auto",
-        "how a worker's packets leave: verbs = an RDMA UC queue pair (libibverbs; RoCE NIC or "
+        "how a worker's packets leave: verbs = an RDMA queue pair (NETREDUCE_VERBS_QP; RoCE NIC or "
         "Soft-RoCE), udp = a kernel UDP socket, auto = verbs when this build has it and a "
         "RoCEv2 device holds the address that routes to the aggregator, else udp")
-def _qp_type(text: str) -> str:
-    low = text.strip().lower()
-    if low not in ("rc", "uc"):
-        raise ValueError(f"expected rc or uc, got {text!r}")
-    return low
-
-
-_qp_type.__name__ = "rc|uc"
+_qp_type = _choice("rc", "uc")
 declare("NETREDUCE_VERBS_QP", _qp_type, "rc",
         "queue pair type of the verbs transport: rc = the NIC repairs loss (the aggregator "
         "answers as an RC responder and requester: ACK/NAK, PSN/MSN per QP, go-back-N); "
@@ -98,14 +98,7 @@ declare("NETREDUCE_DETERMINISTIC", _bool, False,
         "the same on every rank, the job is refused otherwise")
 
 
-def _fallback(text: str) -> str:
-    low = text.strip().lower()
-    if low not in ("error", "host"):
-        raise ValueError(f"expected error or host, got {text!r}")
-    return low
-
-
-_fallback.__name__ = "error|host"
+_fallback = _choice("error", "host")
 declare("NETREDUCE_FALLBACK", _fallback, "error",
         "when no aggregator admits the job at start (refused: full, memory limit; or "
         "unreachable) or the last one dies mid-job: error = fail with a clear error, host = "
@@ -152,14 +145,7 @@ declare("NETREDUCE_TIMELINE", str, "",
         "a {rank} in the path gives one file per rank; empty = off")
 
 # --- algorithm (netreduce/algorithms; docs/hierarchical.md) ---------------------
-def _algorithm(text: str) -> str:
-    low = text.strip().lower()
-    if low not in ("auto", "flat", "hierarchical"):
-        raise ValueError(f"expected auto, flat or hierarchical, got {text!r}")
-    return low
-
-
-_algorithm.__name__ = "auto|flat|hierarchical"
+_algorithm = _choice("auto", "flat", "hierarchical")
 declare("NETREDUCE_ALGORITHM", _algorithm, "auto",
         "auto = hierarchical (shared memory inside a host, one shard per local rank through "
         "the aggregator) when some host runs several ranks, else flat; or force one")
