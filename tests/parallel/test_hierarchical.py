@@ -4,7 +4,6 @@ netreduce-switch (the topology exchange at init runs over its flat data plane).
 The testbed (several hosts) is in tests/root/test_hierarchical_testbed.py."""
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -12,6 +11,8 @@ import uuid
 from typing import Dict, List, Optional
 
 import pytest
+
+from tests.procs import collect
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
@@ -35,19 +36,7 @@ def launch(switch, n: int, mode: str, arg: str = "", timeout: float = 120,
                    **(extra or {}))
         procs.append(subprocess.Popen([sys.executable, WORKER, mode, arg], env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    results = []
-    try:
-        for p in procs:
-            out, err = p.communicate(timeout=timeout)
-            lines = [ln for ln in out.strip().splitlines() if ln.startswith("{")]
-            results.append(dict(json.loads(lines[-1]), returncode=p.returncode, stderr=err[-3000:])
-                           if lines else {"returncode": p.returncode, "stderr": err[-3000:]})
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    return results
+    return collect(procs, timeout)
 
 
 def assert_all_ok(results: List[dict], checked: int) -> None:

@@ -5,7 +5,6 @@ aggregator carries traffic, and a killed aggregator gives every rank an error
 naming its address within the timeout."""
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -14,6 +13,8 @@ import uuid
 from typing import Dict, List, Optional
 
 import pytest
+
+from tests.procs import collect
 
 from netreduce.algorithms.multi_aggregator import spread
 from netreduce.control.address import parse_addresses
@@ -52,19 +53,7 @@ def launch(addresses: List[tuple], n: int, mode: str, arg: str = "", timeout: fl
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     if wait is not None:
         wait()
-    results = []
-    try:
-        for p in procs:
-            out, err = p.communicate(timeout=timeout)
-            lines = [ln for ln in out.strip().splitlines() if ln.startswith("{")]
-            results.append(dict(json.loads(lines[-1]), returncode=p.returncode, stderr=err[-3000:])
-                           if lines else {"returncode": p.returncode, "stderr": err[-3000:]})
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    return results
+    return collect(procs, timeout)
 
 
 @pytest.mark.parametrize("k, n", [(2, 3), (3, 2), (3, 4)])

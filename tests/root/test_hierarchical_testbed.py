@@ -5,7 +5,6 @@ host is rank h of the aggregator sub-job for shard l. Needs root and the built
 native module; skipped with the reason otherwise."""
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -15,6 +14,7 @@ from typing import Dict, List, Optional
 import pytest
 
 from netreduce.testbed import Testbed, why_unusable
+from tests.procs import collect
 from tests.root import scratch_testbed_name
 
 REASON = why_unusable()
@@ -52,19 +52,7 @@ def run_job(tb, switch, per_host: List[int], mode: str, arg: str = "",
             procs.append(tb.popen(h, [sys.executable, WORKER, mode, arg], env=env,
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
             rank += 1
-    results = []
-    try:
-        for p in procs:
-            out, err = p.communicate(timeout=timeout)
-            lines = [ln for ln in out.strip().splitlines() if ln.startswith("{")]
-            results.append(dict(json.loads(lines[-1]), returncode=p.returncode, stderr=err[-3000:])
-                           if lines else {"returncode": p.returncode, "stderr": err[-3000:]})
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    return results
+    return collect(procs, timeout)
 
 
 def check(results: List[dict], checked: int, hosts: List[List[int]]) -> None:

@@ -2,7 +2,10 @@
 started with no --payload-bytes, as the README shows, gives each job the largest
 payload whose RoCEv2 packet fits the smallest MTU its ranks see, on the testbed at
 MTU 1500 and 9000 and with one host at a smaller MTU than the rest; the all-reduce
-is exact and the chosen payload and its reason are reported. A path that shrinks
+is exact and the chosen payload and its reason are reported. The same over IPv6
+(every namespace has an IPv6 address on its veth; the daemon listens on the
+aggregator's): IPv6's 40-byte header counted, MTU - 84 (1416 and 8912 B, not IPv4's
+1432 and 8936), the reason naming ranks by their IPv6 addresses. A path that shrinks
 after admission still fails with an error that names the fix. Needs root."""
 from __future__ import annotations
 
@@ -45,16 +48,16 @@ job_counters = conn.counters()["jobs"][job]
 print(json.dumps({"failures": failures, "payload": conn.stats()["payload_bytes"],
                   "reason": conn.payload_reason, "mtu": conn.path_mtu,
                   "agg_payload": job_counters["payload_bytes"],
-                  "agg_reason": job_counters["payload_reason"]}), flush=True)
+                  "agg_reason": job_counters["payload_reason"],
+                  "address": list(conn.address)}), flush=True)
 conn.close()
 """
 
 
-def _start_switch(tb: Testbed) -> subprocess.Popen:
+def _start_switch(tb: Testbed, host: str) -> subprocess.Popen:
     """netreduce-switch in the aggregator's namespace with no payload flag at all."""
-    agg = tb.aggregator
-    proc = tb.popen(agg, [sys.executable, "-m", "netreduce.switch", "--host", agg.address,
-                          "--port", "4791"],
+    proc = tb.popen(tb.aggregator, [sys.executable, "-m", "netreduce.switch", "--host", host,
+                                    "--port", "4791"],
                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV)
     deadline = time.monotonic() + 30
     seen = []
@@ -62,7 +65,8 @@ def _start_switch(tb: Testbed) -> subprocess.Popen:
         line = proc.stdout.readline()
         seen.append(line)
         if "listening on" in line:
-            assert "path-MTU payload" in line, line
+            shown = f"[{host}]:4791" if ":" in host else f"{host}:4791"
+            assert shown in line and "path-MTU payload" in line, line
             return proc
         if not line:
             break
@@ -70,12 +74,11 @@ def _start_switch(tb: Testbed) -> subprocess.Popen:
     raise AssertionError(f"netreduce-switch did not start: {''.join(seen)}")
 
 
-def _run_job(tb: Testbed, size: int) -> list:
-    switch = _start_switch(tb)
+def _run_job(tb: Testbed, size: int, host: str) -> list:
+    switch = _start_switch(tb, host)
     try:
         job = f"mtu-{uuid.uuid4().hex[:6]}"
-        procs = [tb.popen(r, [sys.executable, "-c", WORKER, tb.aggregator.address, "4791", job,
-                              str(r), str(size)],
+        procs = [tb.popen(r, [sys.executable, "-c", WORKER, host, "4791", job, str(r), str(size)],
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
                  for r in range(size)]
         results = []
@@ -106,13 +109,35 @@ def test_payload_follows_the_path_mtu_without_flags(mtu, lowered, payload, reaso
         if lowered is not None:
             subprocess.run(["ip", "-n", tb.node(1).netns, "link", "set", "eth0", "mtu",
                             str(lowered)], check=True)
-        results = _run_job(tb, 2)
+        results = _run_job(tb, 2, tb.aggregator.address)
     for r in results:
         assert r["failures"] == [], r
         assert r["payload"] == payload and r["agg_payload"] == payload, r
         assert re.match(reason, r["reason"]), r
         assert r["agg_reason"] == r["reason"], r
     assert [r["mtu"] for r in results] == [mtu, lowered or mtu]
+
+
+@pytest.mark.root
+@pytest.mark.skipif(REASON is not None, reason=REASON or "")
+@pytest.mark.parametrize("mtu, payload", [(1500, 1416), (9000, 8912)])
+def test_ipv6_testbed_payload_follows_the_path_without_flags(mtu, payload):
+    tag = {1500: "x", 9000: "y"}[mtu]
+    subnet = {"x": "10.78.253.0/24", "y": "10.78.254.0/24"}[tag]
+    with Testbed(hosts=2, rate="1gbit", mtu=mtu, name=scratch_testbed_name(tag), subnet=subnet,
+                 replace=True, ipv6=True) as tb:
+        agg6 = tb.aggregator.address6
+        assert agg6.startswith("fd00:a:4e:") and all(h.address6 for h in tb.hosts)
+        results = _run_job(tb, 2, agg6)
+        hosts6 = [h.address6 for h in tb.hosts]
+    for r in results:
+        assert r["failures"] == [], r
+        assert r["address"] == [agg6, 4791], r
+        assert r["mtu"] == mtu and r["payload"] == payload == r["agg_payload"], r
+        # "payload 1416 B: path MTU 1500 reported by rank 0 (host ..., fd00:a:4e:fd::1)"
+        m = re.match(rf"payload {payload} B: path MTU {mtu} .*rank \d \(.*?([0-9a-f:]+)\)",
+                     r["reason"])
+        assert m and m.group(1) in hosts6, r
 
 
 SHRINK = r"""

@@ -1,0 +1,28 @@
+"""Collecting worker processes' reports: each worker prints one JSON line last."""
+from __future__ import annotations
+
+import json
+import subprocess
+from typing import List
+
+
+def collect(procs: List[subprocess.Popen], timeout: float) -> List[dict]:
+    """Each process's last JSON line, with its return code and the tail of its
+    stderr (or just those two when it printed none); kills whatever is left."""
+    results = []
+    try:
+        for p in procs:
+            out, err = p.communicate(timeout=timeout)
+            results.append(report(p, out, err))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return results
+
+
+def report(p: subprocess.Popen, out: str, err: str) -> dict:
+    lines = [ln for ln in out.strip().splitlines() if ln.startswith("{")]
+    base = {"returncode": p.returncode, "stderr": err[-3000:]}
+    return dict(json.loads(lines[-1]), **base) if lines else base
