@@ -1,13 +1,19 @@
 """Capture a real run's packets and have tshark decode them as RoCE (InfiniBand over
-UDP) with the opcodes and fields docs/protocol.md promises."""
+UDP) with the opcodes and fields docs/protocol.md promises; over IPv6 (loopback ::1)
+too, where every packet's ICRC, read from the trailer, equals the ICRC an independent
+reference computes from the captured bytes with traffic class, flow label and hop
+limit masked (tests/unit/test_wire_ipv6.py) — on packets the kernel built, whose
+flow labels are its own. Needs root (capture) and tshark."""
 from __future__ import annotations
 
+import ipaddress
 import os
 import shutil
 import signal
 import struct
 import subprocess
 import time
+from typing import List, Tuple
 
 import numpy as np
 import pytest
@@ -15,18 +21,22 @@ import pytest
 from netreduce import dataplane
 from netreduce.switch import spawn
 from tests.unit.test_wire import reference_icrc
+from tests.unit.test_wire_ipv6 import icrc_of_ipv6_packet
 
 
-def test_tshark_decodes_a_run_as_roce(tmp_path):
+def capture(tmp_path, host: str, ip: str, fields: List[str]) -> Tuple[List[dict], int, tuple]:
+    """Two ranks all-reduce 3,000 floats (3 packets each way per rank) through a
+    daemon on ``host`` while tshark captures; every packet's ``fields``, decoded as
+    InfiniBand, and the port and (key, job index) of the job."""
     if shutil.which("tshark") is None:
         pytest.skip("needs tshark (Debian package 'tshark')")
     if os.geteuid() != 0:
         pytest.skip("capturing on the loopback interface needs root")
     pcap = tmp_path / "run.pcap"
-    with spawn(payload_bytes=4096, slots=8) as sw:
+    with spawn(host=host, payload_bytes=4096, slots=8) as sw:
         port = sw.address[1]
-        cap = subprocess.Popen(["tshark", "-i", "lo", "-f", f"udp port {port}", "-w", str(pcap), "-q"],
-                               stderr=subprocess.PIPE, text=True)
+        cap = subprocess.Popen(["tshark", "-i", "lo", "-f", f"{ip} and udp port {port}", "-w",
+                                str(pcap), "-q"], stderr=subprocess.PIPE, text=True)
         try:
             deadline = time.time() + 30
             while time.time() < deadline:
@@ -40,20 +50,24 @@ def test_tshark_decodes_a_run_as_roce(tmp_path):
                 ha, hb = r0.allreduce_async(a), r1.allreduce_async(b)
                 ha.wait(), hb.wait()
                 assert (a == np.arange(3000) + 1).all()
-                key, index = r0.key, r0.job_index
+                job = (r0.key, r0.job_index)
             time.sleep(0.5)
         finally:
             cap.send_signal(signal.SIGINT)
             cap.wait(30)
-    fields = ["infiniband.bth.opcode", "infiniband.bth.destqp", "infiniband.reth.r_key",
-              "infiniband.reth.dmalen", "infiniband.reth.va", "udp.srcport",
-              "infiniband.invariant.crc", "infiniband.bth.psn", "infiniband.immdt", "ip.src",
-              "ip.dst", "udp.dstport", "ip.id", "ip.flags", "udp.payload"]
     out = subprocess.run(
         ["tshark", "-r", str(pcap), "-d", f"udp.port=={port},infiniband", "-T", "fields",
          "-E", "separator=|", "-E", "occurrence=f"] + [a for f in fields for a in ("-e", f)],
         capture_output=True, text=True, check=True).stdout.split()
-    rows = [dict(zip(fields, line.split("|"))) for line in out]
+    return [dict(zip(fields, line.split("|"))) for line in out], port, job
+
+
+def test_tshark_decodes_a_run_as_roce(tmp_path):
+    fields = ["infiniband.bth.opcode", "infiniband.bth.destqp", "infiniband.reth.r_key",
+              "infiniband.reth.dmalen", "infiniband.reth.va", "udp.srcport",
+              "infiniband.invariant.crc", "infiniband.bth.psn", "infiniband.immdt", "ip.src",
+              "ip.dst", "udp.dstport", "ip.id", "ip.flags", "udp.payload"]
+    rows, port, (key, index) = capture(tmp_path, "127.0.0.1", "ip", fields)
     # 3000 floats = 12000 B = 3 packets per rank each way: 6 up, 6 down, plus any
     # retransmission (rank 1 may start after rank 0's first timeout).
     distinct = {(r["infiniband.bth.destqp"], r["infiniband.reth.va"], r["udp.srcport"]) for r in rows}
@@ -94,3 +108,22 @@ def test_tshark_decodes_a_run_as_roce(tmp_path):
             up.setdefault(int(r["udp.srcport"]), set()).add(psn)
     assert list(up.values()) == [{0, 1, 2}] * 2 and list(down.values()) == [{0, 1, 2}] * 2
     assert sorted(qp & 0xFFF for qp in down) == [0, 1]
+
+
+def test_tshark_decodes_an_ipv6_run_and_every_icrc_verifies(tmp_path):
+    fields = ["infiniband.bth.opcode", "ipv6.src", "ipv6.dst", "ipv6.tclass", "ipv6.flow",
+              "ipv6.hlim", "udp.srcport", "udp.dstport", "udp.length", "udp.payload"]
+    rows, _, _ = capture(tmp_path, "::1", "ip6", fields)
+    assert len(rows) >= 12, rows  # 3 packets per rank each way, plus any resend
+    for r in rows:
+        assert int(r["infiniband.bth.opcode"]) == 43, r  # UC RDMA WRITE Only with Immediate
+        udp_payload = bytes.fromhex(r["udp.payload"])
+        udp_len = int(r["udp.length"])
+        # Rebuild the packet from the captured fields, variant fields as captured.
+        first = (6 << 28) | (int(r["ipv6.tclass"], 0) << 20) | int(r["ipv6.flow"], 0)
+        pkt = (struct.pack(">IHBB", first, udp_len, 17, int(r["ipv6.hlim"])) +
+               ipaddress.IPv6Address(r["ipv6.src"]).packed +
+               ipaddress.IPv6Address(r["ipv6.dst"]).packed +
+               struct.pack(">HHHH", int(r["udp.srcport"]), int(r["udp.dstport"]), udp_len, 0) +
+               udp_payload)
+        assert struct.unpack("<I", udp_payload[-4:])[0] == icrc_of_ipv6_packet(pkt) != 0, r
