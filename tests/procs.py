@@ -26,3 +26,14 @@ def report(p: subprocess.Popen, out: str, err: str) -> dict:
     lines = [ln for ln in out.strip().splitlines() if ln.startswith("{")]
     base = {"returncode": p.returncode, "stderr": err[-3000:]}
     return dict(json.loads(lines[-1]), **base) if lines else base
+
+
+def collect_ok(procs: List[subprocess.Popen], timeout: float) -> List[dict]:
+    """Each process's last output line as JSON; fails the test naming the rank whose
+    process exited non-zero, with its stderr's tail."""
+    results = []
+    for rank, p in enumerate(procs):
+        out, err = p.communicate(timeout=timeout)
+        assert p.returncode == 0, f"rank {rank} exited {p.returncode}: {err[-2000:]}"
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    return results

@@ -4,7 +4,6 @@ dropped by nftables. Every result must still be exact. Needs root and the built
 native module; skipped with the reason otherwise."""
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -13,6 +12,7 @@ import uuid
 import pytest
 
 from netreduce.testbed import Testbed, why_unusable
+from tests.procs import collect_ok
 from tests.root import scratch_testbed_name
 
 REASON = why_unusable()
@@ -45,11 +45,7 @@ def test_allreduce_exact_across_testbed_with_loss(native, hosts, loss, payload):
                                   str(port), job, str(r), str(hosts)],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
                      for r in range(hosts)]
-            results = []
-            for p in procs:
-                out, err = p.communicate(timeout=150)
-                assert p.returncode == 0, f"rank exited {p.returncode}: {err[-2000:]}"
-                results.append(json.loads(out.strip().splitlines()[-1]))
+            results = collect_ok(procs, timeout=150)
             drops = tb.loss_drops()
         finally:
             switch.stop()

@@ -6,7 +6,6 @@ results to the ranks alike. Every result bit-identical to the numpy reference an
 across ranks; no hang. Needs root; skipped with the reason otherwise."""
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -15,6 +14,7 @@ import uuid
 import pytest
 
 from netreduce.testbed import Testbed, why_unusable
+from tests.procs import collect_ok
 from tests.root import scratch_testbed_name
 
 REASON = why_unusable()
@@ -40,11 +40,7 @@ def test_thousand_allreduces_exact_under_nftables_loss(loss):
                                   "--seed", str(int(loss * 100)), "--timeout", "60"],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
                      for r in range(hosts)]
-            results = []
-            for p in procs:
-                out, err = p.communicate(timeout=300)
-                assert p.returncode == 0, f"rank exited {p.returncode}: {err[-2000:]}"
-                results.append(json.loads(out.strip().splitlines()[-1]))
+            results = collect_ok(procs, timeout=300)
             drops = tb.loss_drops()
         finally:
             switch.stop()

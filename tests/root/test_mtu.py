@@ -9,7 +9,6 @@ aggregator's): IPv6's 40-byte header counted, MTU - 84 (1416 and 8912 B, not IPv
 after admission still fails with an error that names the fix. Needs root."""
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
@@ -21,6 +20,7 @@ import pytest
 
 from netreduce.testbed import Testbed, why_unusable
 from tests.conftest import require_root
+from tests.procs import collect_ok
 from tests.root import scratch_testbed_name
 
 REASON = why_unusable()
@@ -81,11 +81,7 @@ def _run_job(tb: Testbed, size: int, host: str) -> list:
         procs = [tb.popen(r, [sys.executable, "-c", WORKER, host, "4791", job, str(r), str(size)],
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
                  for r in range(size)]
-        results = []
-        for p in procs:
-            out, err = p.communicate(timeout=120)
-            assert p.returncode == 0, f"rank exited {p.returncode}: {err[-2000:]}"
-            results.append(json.loads(out.strip().splitlines()[-1]))
+        results = collect_ok(procs, timeout=120)
         return results
     finally:
         switch.terminate()
