@@ -41,6 +41,15 @@ READ, WRITE = selectors.EVENT_READ, selectors.EVENT_WRITE
 SWEEP_S = 0.25          # how often silent unbound connections are looked for
 POOL_THREADS = 4096     # blocking handlers at once (threads start as needed): a rendezvous
                         # gather holds one per rank until all have come (netreduce/rendezvous.py)
+COMPACT_MIN = 256       # timer entries before finished waits are swept out of the heap
+
+
+def _forget(w: Wait) -> None:
+    """A finished wait keeps no reference to its job (the poll closure holds the job's
+    state and the request), its connection or its answer: the timer heap may hold
+    the wait itself until its deadline."""
+    w.poll = None  # type: ignore[assignment]
+    w.answer = w.conn = None  # type: ignore[attr-defined]
 
 
 class Conn:
@@ -71,6 +80,7 @@ class EventLoop:
         self.wwake.setblocking(False)
         self.calls: Deque[Callable[[], None]] = collections.deque()
         self.timers: List[Tuple[float, int, Wait]] = []
+        self.compact_at = COMPACT_MIN
         self.counter = itertools.count()
         self.conns: Dict[int, Conn] = {}
         self.pool = ThreadPoolExecutor(max_workers=POOL_THREADS,
@@ -309,11 +319,23 @@ class EventLoop:
             due = w.due
             if due is not None and (w.timer_due is None or due < w.timer_due):  # type: ignore
                 w.timer_due = due  # type: ignore[attr-defined]
-                heapq.heappush(self.timers, (due, next(self.counter), w))
+                self._push_timer(due, w)
             return
         conn.waits.discard(w)
+        answer = w.answer  # type: ignore[attr-defined]
+        _forget(w)
         if not conn.closed:
-            w.answer(reply, error)  # type: ignore[attr-defined]
+            answer(reply, error)
+
+    def _push_timer(self, due: float, w: Wait) -> None:
+        """A wait answered early stays in the heap until its deadline (a hello's is the
+        start timeout): past twice the live entries, drop the finished ones, so that a
+        job restarted every few milliseconds does not pile them up."""
+        heapq.heappush(self.timers, (due, next(self.counter), w))
+        if len(self.timers) >= self.compact_at:
+            self.timers = [t for t in self.timers if not t[2].done]
+            heapq.heapify(self.timers)
+            self.compact_at = max(COMPACT_MIN, 2 * len(self.timers))
 
     # --- closing ------------------------------------------------------------------
     def _sweep(self, now: float) -> None:
@@ -343,6 +365,7 @@ class EventLoop:
             with w.topic.cond:
                 w.done = True
                 w.topic.waiters.discard(w)
+            _forget(w)
         conn.waits.clear()
         self.server.closed(conn.sess)
 
