@@ -13,7 +13,7 @@ import numpy as np
 from netreduce import config, environment
 from netreduce.communicator import Communicator, Handle, Tensor
 from netreduce.control.address import parse_addresses
-from netreduce.errors import NetReduceError
+from netreduce.errors import InvalidArgumentError, NetReduceError
 from netreduce.algorithms.scatter_gather import shard_rows
 from netreduce.ops import ReduceOp, as_op, check_array, dtype_name
 
@@ -298,7 +298,7 @@ def broadcast_async(array: np.ndarray, root_rank: int, name: Optional[str] = Non
     a sum to which the other ranks contribute zeros."""
     array = check_array(array)
     if not 0 <= root_rank < size():
-        raise ValueError(f"root_rank {root_rank} is outside [0, {size()})")
+        raise InvalidArgumentError(f"root_rank {root_rank} is outside [0, {size()})")
     output = array if inplace else np.empty_like(array)
     names, cacheable = _names(name, 1, "broadcast", False)
     return _submit("broadcast", [array], [output], names, None, 1.0, 1.0, root_rank,
@@ -322,7 +322,7 @@ def _reducescatter_async(arrays: Sequence[np.ndarray], op: Any, name: Optional[s
     arrays = [check_array(a) for a in arrays]
     for a in arrays:
         if a.ndim == 0:
-            raise ValueError("Reducescatter does not support scalar inputs")
+            raise InvalidArgumentError("Reducescatter does not support scalar inputs")
     n, r = size(), rank()
     outputs = [np.empty((shard_rows(a.shape[0], n, r)[1],) + a.shape[1:], dtype=a.dtype)
                for a in arrays]

@@ -41,3 +41,15 @@ class OperationTimeoutError(NetReduceError, TimeoutError):
     """``wait(timeout)`` gave up before the operation finished; the operation itself
     is still in flight and may be waited for again. Also a TimeoutError, so code that
     catches the built-in keeps working."""
+
+
+class InvalidArgumentError(NetReduceError, ValueError):
+    """A call's argument has a value netreduce cannot take (an unknown op, a root rank
+    outside the job, a duplicate tensor name, a non-contiguous array): nothing was
+    submitted and nothing is lost. Also a ValueError, which Horovod raises there."""
+
+
+class InvalidTypeError(NetReduceError, TypeError):
+    """A call's argument has a type netreduce cannot take (an unsupported dtype, a
+    tensor of another framework): nothing was submitted. Also a TypeError, as in
+    Horovod."""

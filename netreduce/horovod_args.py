@@ -5,6 +5,7 @@ import warnings
 from typing import Any, Optional
 
 from .ops import Average, Sum
+from netreduce.errors import InvalidArgumentError
 
 
 def handle_average_backwards_compatibility(op: Any, average: Optional[bool]) -> Any:
@@ -12,7 +13,7 @@ def handle_average_backwards_compatibility(op: Any, average: Optional[bool]) -> 
     (Horovod's errors and warning; Average when neither is given)."""
     if op is not None:
         if average is not None:
-            raise ValueError("The op parameter supersedes average. "
+            raise InvalidArgumentError("The op parameter supersedes average. "
                              "Please provide only one of them.")
         return op
     if average is not None:

@@ -12,6 +12,7 @@ import numbers
 from typing import Optional
 
 import numpy as np
+from netreduce.errors import InvalidArgumentError, InvalidTypeError
 
 
 class ReduceOp(enum.Enum):
@@ -56,17 +57,17 @@ def as_op(op) -> ReduceOp:
         try:
             result = HOROVOD_OP_VALUES[int(op)]
         except KeyError:
-            raise ValueError(f"unknown reduce op {op!r}: Horovod's op values are "
+            raise InvalidArgumentError(f"unknown reduce op {op!r}: Horovod's op values are "
                              + ", ".join(f"{o.name}={v}" for v, o in HOROVOD_OP_VALUES.items())
                              ) from None
     elif isinstance(op, str):
         try:
             result = ReduceOp(op.lower())
         except ValueError:
-            raise ValueError(f"unknown reduce op {op!r}; use one of "
+            raise InvalidArgumentError(f"unknown reduce op {op!r}; use one of "
                              f"{[o.name for o in ReduceOp]}") from None
     else:
-        raise TypeError(f"op must be a netreduce.ReduceOp, its name or Horovod's integer "
+        raise InvalidTypeError(f"op must be a netreduce.ReduceOp, its name or Horovod's integer "
                         f"value, got {type(op).__name__}")
     result.wire  # raises NotImplementedError for Adasum
     return result
@@ -91,24 +92,24 @@ def dtype_name(array: np.ndarray, dtype: Optional[str] = None) -> str:
     that holds bfloat16 bit patterns (what a framework adapter hands over)."""
     if dtype is not None:
         if dtype not in WIRE_DTYPE:
-            raise TypeError(f"unsupported dtype {dtype!r}; supported: {sorted(WIRE_DTYPE)}")
+            raise InvalidTypeError(f"unsupported dtype {dtype!r}; supported: {sorted(WIRE_DTYPE)}")
         if STORAGE[dtype].itemsize != array.dtype.itemsize:
-            raise TypeError(f"dtype {dtype!r} needs {STORAGE[dtype].itemsize}-byte elements, "
+            raise InvalidTypeError(f"dtype {dtype!r} needs {STORAGE[dtype].itemsize}-byte elements, "
                             f"the array has {array.dtype}")
         return dtype
     name = array.dtype.name
     if name not in WIRE_DTYPE:
-        raise TypeError(f"netreduce cannot all-reduce dtype {name}; supported: "
+        raise InvalidTypeError(f"netreduce cannot all-reduce dtype {name}; supported: "
                         f"{sorted(WIRE_DTYPE)}")
     return name
 
 
 def check_array(array) -> np.ndarray:
     if not isinstance(array, np.ndarray):
-        raise TypeError(f"expected a numpy.ndarray, got {type(array).__name__} "
+        raise InvalidTypeError(f"expected a numpy.ndarray, got {type(array).__name__} "
                         "(framework tensors go through netreduce.torch etc.)")
     if not array.flags.c_contiguous:
-        raise ValueError("netreduce needs C-contiguous arrays (the data plane reads one flat "
+        raise InvalidArgumentError("netreduce needs C-contiguous arrays (the data plane reads one flat "
                          f"buffer); got strides {array.strides} for shape {array.shape}: "
                          "pass numpy.ascontiguousarray(x)")
     return array

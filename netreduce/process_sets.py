@@ -18,7 +18,7 @@ import contextlib
 import threading
 from typing import Any, Dict, Iterator, List, Optional, Sequence
 
-from netreduce.errors import NetReduceError
+from netreduce.errors import InvalidArgumentError, NetReduceError
 
 
 class ProcessSet:
@@ -67,18 +67,18 @@ def add_process_set(process_set: Any) -> ProcessSet:
     from netreduce import api
     ps = process_set if isinstance(process_set, ProcessSet) else ProcessSet(process_set)
     if ps.ranks is None:
-        raise ValueError("add_process_set(): the global process set is always registered")
+        raise InvalidArgumentError("add_process_set(): the global process set is always registered")
     size = api.size()
     bad = [r for r in ps.ranks if not 0 <= r < size]
     if bad or len(set(ps.ranks)) != len(ps.ranks) or not ps.ranks:
-        raise ValueError(f"add_process_set(): ranks {ps.ranks} must be distinct ranks of "
+        raise InvalidArgumentError(f"add_process_set(): ranks {ps.ranks} must be distinct ranks of "
                          f"the job (0..{size - 1})")
     if ps.process_set_id is not None:
-        raise ValueError(f"add_process_set(): {ps} is already registered")
+        raise InvalidArgumentError(f"add_process_set(): {ps} is already registered")
     with _lock:
         for other in _sets.values():  # torch sub-groups (string ids) may share ranks
             if isinstance(other.process_set_id, int) and other.ranks == ps.ranks:
-                raise ValueError(f"add_process_set(): a process set with ranks {ps.ranks} "
+                raise InvalidArgumentError(f"add_process_set(): a process set with ranks {ps.ranks} "
                                  f"already exists ({other})")
         ps.process_set_id = _next_id[0]
         _next_id[0] += 1
@@ -103,7 +103,7 @@ def add_members_only(ranks: Sequence[int]) -> ProcessSet:
     from netreduce import api
     ps = ProcessSet(ranks)
     if api.rank() not in ps.ranks:
-        raise ValueError(f"rank {api.rank()} is not in {ps.ranks}")
+        raise InvalidArgumentError(f"rank {api.rank()} is not in {ps.ranks}")
     digest = hashlib.sha1(",".join(map(str, ps.ranks)).encode()).hexdigest()[:12]
     with _lock:
         nth = _group_counts.get(digest, 0)
@@ -159,7 +159,7 @@ def using(process_set: Any) -> Iterator[None]:
         return
     from netreduce import api
     if not isinstance(process_set, ProcessSet) or process_set.process_set_id not in _sets:
-        raise ValueError(f"process set {process_set!r} is not registered "
+        raise InvalidArgumentError(f"process set {process_set!r} is not registered "
                          "(add_process_set() on every rank first)")
     if process_set.comm is None:
         raise NetReduceError(f"rank {api.rank()} is not a member of {process_set}: only its "

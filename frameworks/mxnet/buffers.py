@@ -22,6 +22,7 @@ from typing import Optional
 import mxnet as mx
 import numpy as np
 from mxnet.base import _LIB, check_call
+from netreduce.errors import InvalidTypeError
 
 # dtypes the core reduces (netreduce.ops.WIRE_DTYPE); MXNet's bool exists only for
 # its numpy-compatible arrays and is refused with the rest.
@@ -35,15 +36,15 @@ class HostBuffer:
 
     def __init__(self, nd, what: str, name: Optional[str], write: bool) -> None:
         if not isinstance(nd, mx.nd.NDArray):
-            raise TypeError(f"{what}: expected an mxnet NDArray, got {type(nd).__name__}")
+            raise InvalidTypeError(f"{what}: expected an mxnet NDArray, got {type(nd).__name__}")
         label = f"tensor {name!r}" if name is not None else "tensor"
         if nd.stype != "default":
-            raise TypeError(f"{what}: {label} has storage type {nd.stype!r}; netreduce "
+            raise InvalidTypeError(f"{what}: {label} has storage type {nd.stype!r}; netreduce "
                             "reduces dense NDArrays only (sparse gradients: use "
                             "grad_stype='default')")
         dtype = np.dtype(nd.dtype).name
         if dtype not in REDUCIBLE:
-            raise TypeError(f"{what}: {label} has unsupported dtype {dtype}; supported: "
+            raise InvalidTypeError(f"{what}: {label} has unsupported dtype {dtype}; supported: "
                             + ", ".join(REDUCIBLE))
         self.nd = nd
         # GPU arrays: a CPU copy is what the data plane reads and writes.

@@ -24,6 +24,7 @@ from mxnet import optimizer as mx_optimizer
 from mxnet.kvstore import KVStoreBase
 
 import netreduce as _nr
+from netreduce.errors import InvalidArgumentError, InvalidTypeError
 
 from . import engine
 from .buffers import HostBuffer
@@ -42,7 +43,7 @@ def _pairs(key: Any, value: Any, out: Any) -> List[Tuple[Any, List[Any], Optiona
         values = _as_list(value)
         outs = _as_list(out) if out is not None else [None] * len(key)
         if not len(key) == len(values) == len(outs):
-            raise ValueError(f"pushpull/broadcast: {len(key)} keys but {len(values)} values "
+            raise InvalidArgumentError(f"pushpull/broadcast: {len(key)} keys but {len(values)} values "
                              f"and {len(outs)} outs")
         return [(k, _as_list(v), None if o is None else _as_list(o))
                 for k, v, o in zip(key, values, outs)]
@@ -51,7 +52,7 @@ def _pairs(key: Any, value: Any, out: Any) -> List[Tuple[Any, List[Any], Optiona
 
 def _name(key: Any) -> str:
     if not isinstance(key, (int, str)) or isinstance(key, bool):
-        raise TypeError(f"KVStore keys are int or str, got {type(key).__name__}")
+        raise InvalidTypeError(f"KVStore keys are int or str, got {type(key).__name__}")
     return f"kvstore.{key}"
 
 
@@ -105,7 +106,7 @@ class NetReduce(KVStoreBase):
     def is_capable(capability: str) -> bool:
         if capability.lower() == KVStoreBase.OPTIMIZER:
             return True
-        raise ValueError(f"Unknown capability: {capability}")
+        raise InvalidArgumentError(f"Unknown capability: {capability}")
 
     # --- data -------------------------------------------------------------------------
     def broadcast(self, key, value, out, priority=0) -> None:
@@ -116,9 +117,9 @@ class NetReduce(KVStoreBase):
         targets, names = [], []
         for k, values, outs in items:
             if len(values) != 1:
-                raise ValueError(f"broadcast: key {k!r} has {len(values)} values; give one")
+                raise InvalidArgumentError(f"broadcast: key {k!r} has {len(values)} values; give one")
             if not outs:
-                raise ValueError(f"broadcast: key {k!r} has no out")
+                raise InvalidArgumentError(f"broadcast: key {k!r} has no out")
             if outs[0] is not values[0]:
                 values[0].copyto(outs[0])
             targets.append(outs[0])

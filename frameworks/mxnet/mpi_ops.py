@@ -16,6 +16,7 @@ import mxnet as mx
 
 from netreduce.horovod_args import handle_average_backwards_compatibility  # noqa: F401
 import netreduce as _nr
+from netreduce.errors import InvalidArgumentError
 from netreduce.horovod_queries import (  # noqa: F401  Horovod's process queries
     shutdown, is_initialized, rank, size, local_rank, local_size, cross_rank,
     cross_size, mpi_built, gloo_built, nccl_built, rocm_built)
@@ -63,7 +64,7 @@ def _check_process_set(process_set: Any) -> None:
 def init(comm: Any = None, process_sets: Any = None) -> None:
     """Join the job (rank, size and aggregator come from the launcher)."""
     if comm is not None:
-        raise ValueError("netreduce.mxnet.init(): comm= (an MPI communicator) is not "
+        raise InvalidArgumentError("netreduce.mxnet.init(): comm= (an MPI communicator) is not "
                          "supported; netreduce always spans the launched job")
     if process_sets not in (None, [], [global_process_set]):
         raise NotImplementedError("netreduce.mxnet.init(): process sets other than the "

@@ -15,6 +15,8 @@ from typing import Any, List, Optional
 
 import mxnet as mx
 
+from netreduce.errors import InvalidArgumentError
+
 from .compression import Compression
 from .mpi_ops import (Average, Sum, broadcast_, broadcast_many, global_process_set,
                       reduce_in_place, size, _check_process_set)
@@ -101,7 +103,7 @@ class DistributedTrainer(mx.gluon.Trainer):
             params = sorted(params, key=lambda p: p.name)
         super().__init__(params, optimizer, optimizer_params=optimizer_params, kvstore=None)
         if prefix is not None and not isinstance(prefix, str):
-            raise ValueError(f"prefix must be a str, got {type(prefix).__name__}")
+            raise InvalidArgumentError(f"prefix must be a str, got {type(prefix).__name__}")
         self._compression = compression
         self._gradient_predivide_factor = gradient_predivide_factor
         self._prefix = prefix or ""
@@ -134,11 +136,11 @@ def broadcast_parameters(params, root_rank: int = 0, prefix: Optional[str] = Non
     if size() == 1:
         return
     if prefix is not None and not isinstance(prefix, str):
-        raise ValueError(f"prefix must be a str, got {type(prefix).__name__}")
+        raise InvalidArgumentError(f"prefix must be a str, got {type(prefix).__name__}")
     prefix = prefix or ""
     valid = (dict, mx.gluon.ParameterDict)
     if not isinstance(params, valid):
-        raise ValueError(f"invalid params of type: {type(params)}")
+        raise InvalidArgumentError(f"invalid params of type: {type(params)}")
     tensors, names = [], []
     for name, p in sorted(params.items()):
         try:

@@ -8,7 +8,7 @@ from typing import Any, List, Optional, Sequence
 import numpy as np
 
 import netreduce as _nr
-from netreduce.errors import NetReduceError
+from netreduce.errors import InvalidArgumentError, NetReduceError
 from netreduce.ops import Sum, as_op
 
 
@@ -27,7 +27,7 @@ def _to_core(a: np.ndarray):
 def _check_reducible(arrays: Sequence[np.ndarray], names: Sequence[str]) -> None:
     for a, n in zip(arrays, names):
         if a.dtype == np.bool_:
-            raise ValueError(f"allreduce: tensor {n!r} has dtype bool, which netreduce "
+            raise InvalidArgumentError(f"allreduce: tensor {n!r} has dtype bool, which netreduce "
                              "cannot reduce (cast it to an integer type)")
 
 

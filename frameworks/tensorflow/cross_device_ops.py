@@ -28,6 +28,7 @@ from tensorflow.python.distribute import cross_device_ops as _cdo
 from tensorflow.python.distribute import reduce_util
 
 import netreduce as _nr
+from netreduce.errors import InvalidArgumentError
 
 from .gradient_tape import buckets, fusion_limit
 from .buffers import reduce_arrays
@@ -81,7 +82,7 @@ class CrossDeviceOps(tf.distribute.CrossDeviceOps):
         elif reduce_op == reduce_util.ReduceOp.SUM:
             factor = self._replicas_counted(local) / float(n * local)
         else:
-            raise ValueError(f"netreduce CrossDeviceOps: unsupported reduce op {reduce_op}")
+            raise InvalidArgumentError(f"netreduce CrossDeviceOps: unsupported reduce op {reduce_op}")
         reduced: List[Any] = [None] * len(sums)
         # fusion-buffer-sized groups in backprop order, as for DistributedGradientTape
         for k, bucket in enumerate(buckets(dict(enumerate(sums)), fusion_limit())):

@@ -6,6 +6,7 @@ from typing import Any, List, Optional
 import tensorflow as tf
 
 import netreduce as _nr
+from netreduce.errors import InvalidArgumentError
 
 from .buffers import broadcast_arrays
 from .mpi_ops import (_as_tensor, _check_process_set, default_name,
@@ -19,7 +20,7 @@ def broadcast_variables(variables, root_rank, process_set=global_process_set, in
     and fused together. Returns the group of assign ops in a graph, None eagerly."""
     _check_process_set(process_set)
     if not 0 <= int(root_rank) < size():
-        raise ValueError(f"broadcast_variables: root_rank {root_rank} is outside "
+        raise InvalidArgumentError(f"broadcast_variables: root_rank {root_rank} is outside "
                          f"[0, {size()})")
     variables = list(variables)
     if not variables:

@@ -22,6 +22,7 @@ import tensorflow as tf
 
 import netreduce as _nr
 from netreduce import config
+from netreduce.errors import InvalidArgumentError
 
 from .compression import Compression
 from .mpi_ops import (Average, _check_process_set, as_op, global_process_set,
@@ -35,7 +36,7 @@ def _key(source: Any) -> Any:
 
 def check_predivide(op: Any, gradient_predivide_factor: float) -> None:
     if gradient_predivide_factor != 1.0 and as_op(op) is not Average:
-        raise ValueError("gradient_predivide_factor not supported with op != Average")
+        raise InvalidArgumentError("gradient_predivide_factor not supported with op != Average")
 
 
 def allreduce_gradients(grads: Sequence[Any], *, op: Any, compression: Any,
@@ -145,7 +146,7 @@ def DistributedGradientTape(gradtape, device_dense='', device_sparse='',
         warnings.warn("Parameter `num_groups` has been replaced by `groups` and will be "
                       "removed in v0.23.0.", DeprecationWarning)
     if groups is not None and not (isinstance(groups, list) or groups > 0):
-        raise ValueError("groups should be a non-negative integer or a list of list of "
+        raise InvalidArgumentError("groups should be a non-negative integer or a list of list of "
                          "tf.Variable.")
     cls = type(gradtape.__class__.__name__, (_DistributedGradientTape, gradtape.__class__), {})
     tape = cls.__new__(cls)

@@ -35,6 +35,7 @@ from netreduce.horovod_queries import (  # noqa: F401  Horovod's process queries
     shutdown, is_initialized, rank, size, local_rank, local_size, cross_rank,
     cross_size, is_homogeneous, mpi_built, gloo_built, nccl_built, rocm_built)
 from netreduce.ops import as_op
+from netreduce.errors import InvalidArgumentError
 
 from .buffers import allgather_array, broadcast_arrays, reduce_arrays
 from .compression import Compression
@@ -75,7 +76,7 @@ def _check_process_set(process_set: Any) -> None:
 def init(comm: Any = None, process_sets: Any = None) -> None:
     """Join the job (rank, size and aggregator come from the launcher)."""
     if comm is not None:
-        raise ValueError("netreduce.tensorflow.init(): comm= (an MPI communicator) is not "
+        raise InvalidArgumentError("netreduce.tensorflow.init(): comm= (an MPI communicator) is not "
                          "supported; netreduce always spans the launched job")
     if process_sets not in (None, [], [global_process_set]):
         raise NotImplementedError("netreduce.tensorflow.init(): only the global process "
@@ -217,7 +218,7 @@ def broadcast(tensor, root_rank, name=None, ignore_name_scope=False,
     averaged gradient on the root and zero elsewhere, as in Horovod)."""
     _check_process_set(process_set)
     if not 0 <= int(root_rank) < size():
-        raise ValueError(f"broadcast: root_rank {root_rank} is outside [0, {size()})")
+        raise InvalidArgumentError(f"broadcast: root_rank {root_rank} is outside [0, {size()})")
     tensor = _as_tensor(tensor)
 
     @tf.custom_gradient

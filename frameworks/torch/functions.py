@@ -6,6 +6,7 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
 import torch
 
 import netreduce as _nr
+from netreduce.errors import InvalidArgumentError, InvalidTypeError
 
 from .mpi_ops import (broadcast_async_, global_process_set, synchronize, _check_process_set,
                       _on_process_set, _set_root)
@@ -24,7 +25,7 @@ def broadcast_parameters(params: Union[Dict[str, torch.Tensor], Iterable[Any]], 
     elif isinstance(params, (list, tuple)) or hasattr(params, "__iter__"):
         items = [p if isinstance(p, tuple) else (None, p) for p in params]
     else:
-        raise ValueError(f"invalid params of type: {type(params)}")
+        raise InvalidArgumentError(f"invalid params of type: {type(params)}")
     handles = []
     for index, (name, tensor) in enumerate(items):
         if not torch.is_tensor(tensor):
@@ -46,10 +47,10 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
     refuses sparse_as_dense), so it changes nothing here."""
     _check_process_set(process_set)
     if model is not None and not isinstance(model, torch.nn.Module):
-        raise TypeError(f"broadcast_optimizer_state(): model must be a torch.nn.Module, "
+        raise InvalidTypeError(f"broadcast_optimizer_state(): model must be a torch.nn.Module, "
                         f"got {type(model).__name__}")
     if isinstance(optimizer, torch.optim.LBFGS):
-        raise ValueError("cannot broadcast torch.optim.LBFGS state")
+        raise InvalidArgumentError("cannot broadcast torch.optim.LBFGS state")
     state_dict = optimizer.state_dict()
     # A fresh optimizer has no state yet (momentum buffers appear at the first step):
     # take one step with zero gradients so that every rank has the same tensors to

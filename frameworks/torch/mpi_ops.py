@@ -24,6 +24,7 @@ from netreduce.horovod_queries import (  # noqa: F401  Horovod's process queries
     shutdown, is_initialized, rank, size, local_rank, local_size, cross_rank,
     cross_size, is_homogeneous, mpi_built, gloo_built, nccl_built, rocm_built)
 from netreduce import process_sets as _ps
+from netreduce.errors import InvalidArgumentError
 
 from .compression import Compression
 
@@ -72,7 +73,7 @@ _CORE_BF16 = _accepts(getattr(_nr, "allreduce_async", None), "dtype")
 def init(comm: Any = None, process_sets: Any = None) -> None:
     """Start netreduce (rank, size and aggregator come from the launcher)."""
     if comm is not None:
-        raise ValueError("netreduce.torch.init(): comm= (an MPI communicator) is not "
+        raise InvalidArgumentError("netreduce.torch.init(): comm= (an MPI communicator) is not "
                          "supported; netreduce always spans the launched job")
     _nr.init()
     for ps in process_sets or ():
@@ -116,7 +117,7 @@ def poll(handle: int) -> bool:
     with _handles_lock:
         pending = _handles.get(handle)
     if pending is None:
-        raise ValueError(f"poll(): unknown handle {handle!r} (already synchronized?)")
+        raise InvalidArgumentError(f"poll(): unknown handle {handle!r} (already synchronized?)")
     return bool(pending.poll())
 
 
@@ -138,17 +139,17 @@ class _Buf:
     def __init__(self, tensor: torch.Tensor, what: str, name: Optional[str],
                  allowed: Sequence[torch.dtype]):
         if not isinstance(tensor, torch.Tensor):
-            raise ValueError(f"{what}: expected a torch.Tensor, got {type(tensor).__name__}")
+            raise InvalidArgumentError(f"{what}: expected a torch.Tensor, got {type(tensor).__name__}")
         label = f"tensor {name!r}" if name else "tensor"
         if tensor.dtype not in allowed:
             names = ", ".join(str(d).replace("torch.", "") for d in allowed)
-            raise ValueError(f"{what}: {label} has unsupported dtype "
+            raise InvalidArgumentError(f"{what}: {label} has unsupported dtype "
                              f"{str(tensor.dtype).replace('torch.', '')}; supported: {names}")
         if not tensor.is_contiguous():
-            raise ValueError(f"{what}: {label} of shape {list(tensor.shape)} is not "
+            raise InvalidArgumentError(f"{what}: {label} of shape {list(tensor.shape)} is not "
                              "contiguous; pass tensor.contiguous()")
         if tensor.device.type not in ("cpu", "cuda"):
-            raise ValueError(f"{what}: {label} is on {tensor.device}; netreduce takes CPU "
+            raise InvalidArgumentError(f"{what}: {label} is on {tensor.device}; netreduce takes CPU "
                              "or CUDA tensors")
         self.tensor = tensor
         host = tensor.detach()
@@ -206,7 +207,7 @@ class _Buf:
 
 def _check_process_set(process_set: Any) -> None:
     if not isinstance(process_set, ProcessSet):
-        raise ValueError(f"process_set must be a ProcessSet (global_process_set or one from "
+        raise InvalidArgumentError(f"process_set must be a ProcessSet (global_process_set or one from "
                          f"add_process_set()), got {type(process_set).__name__}")
 
 
@@ -244,7 +245,7 @@ def _set_root(root_rank: int, process_set: Any) -> int:
     if process_set.ranks is None:
         return root_rank
     if root_rank not in process_set.ranks:
-        raise ValueError(f"root_rank {root_rank} is not in {process_set}")
+        raise InvalidArgumentError(f"root_rank {root_rank} is not in {process_set}")
     return process_set.ranks.index(root_rank)
 
 
@@ -317,11 +318,11 @@ def _grouped_async(tensors, name, op, prescale_factor, postscale_factor, inplace
     what = "grouped_allreduce_async_" if inplace else "grouped_allreduce_async"
     tensors = list(tensors)
     if not tensors:
-        raise ValueError(f"{what}: empty list of tensors")
+        raise InvalidArgumentError(f"{what}: empty list of tensors")
     bufs = [_Buf(t, what, name, _REDUCIBLE) for t in tensors]
     extra = bufs[0].kwargs if all(b.kwargs == bufs[0].kwargs for b in bufs) else None
     if extra is None:  # a bfloat16 tensor mixed with others: the core takes one dtype hint
-        raise ValueError(f"{what}: bfloat16 tensors must be grouped on their own")
+        raise InvalidArgumentError(f"{what}: bfloat16 tensors must be grouped on their own")
     inner = _nr.grouped_allreduce_async([b.array for b in bufs], op=op, name=name,
                                         inplace=inplace,
                                         **_scales(prescale_factor, postscale_factor), **extra)

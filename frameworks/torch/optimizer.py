@@ -15,6 +15,7 @@ from typing import Any, Dict, Optional, Tuple
 import torch
 
 from netreduce.ops import as_op
+from netreduce.errors import InvalidArgumentError
 
 from .compression import Compression
 from .mpi_ops import (Average, allreduce_async_, global_process_set, size, synchronize,
@@ -34,17 +35,17 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                 for gi, group in enumerate(self.param_groups)
                                 for i, v in enumerate(group["params"])]
         if any(not isinstance(p, tuple) for p in named_parameters):
-            raise ValueError("named_parameters should be a sequence of tuples (name, parameter), "
+            raise InvalidArgumentError("named_parameters should be a sequence of tuples (name, parameter), "
                              "usually produced by model.named_parameters().")
         names = [k for k, _ in named_parameters]
         dups = sorted({k for k in names if names.count(k) > 1})
         if dups:
-            raise ValueError("Parameter names in named_parameters must be unique. "
+            raise InvalidArgumentError("Parameter names in named_parameters must be unique. "
                              f"Found duplicates: {', '.join(dups)}")
         all_ids = {id(v) for group in self.param_groups for v in group["params"]}
         unnamed = all_ids - {id(v) for _, v in named_parameters}
         if unnamed:
-            raise ValueError("named_parameters was specified, but one or more model parameters "
+            raise InvalidArgumentError("named_parameters was specified, but one or more model parameters "
                              f"were not named. Python object ids: {', '.join(map(str, unnamed))}")
 
         self._parameter_names = {v: k for k, v in sorted(named_parameters, key=lambda kv: kv[0])}
@@ -194,7 +195,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
         raise NotImplementedError(f"DistributedOptimizer(op={op!r}): {exc}; use op=Average "
                                   "(the default) or Sum") from None
     if gradient_predivide_factor != 1.0 and op != Average:
-        raise ValueError("gradient_predivide_factor not supported with op != Average")
+        raise InvalidArgumentError("gradient_predivide_factor not supported with op != Average")
     if num_groups or groups is not None:
         # Grouping only changes how Horovod batches negotiation; netreduce's
         # communicator fuses whatever is ready in a cycle, so it is accepted and ignored.

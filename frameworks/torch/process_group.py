@@ -34,6 +34,7 @@ import netreduce as _nr
 from netreduce import config, environment
 from netreduce import process_sets as _ps
 from netreduce.control.address import format_address, parse_address
+from netreduce.errors import InvalidArgumentError
 
 from . import mpi_ops, scatter_gather
 from .futures import completer, cuda_devices
@@ -69,7 +70,7 @@ class ProcessGroupNetReduce(dist.ProcessGroup):
         if global_ranks and len(global_ranks) != mpi_ops.size():
             self._process_set = _ps.add_members_only(list(global_ranks))
         elif (rank, size) != (mpi_ops.rank(), mpi_ops.size()):
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"netreduce process group: torch asked for rank {rank} of {size}, but netreduce "
                 f"runs as rank {mpi_ops.rank()} of {mpi_ops.size()}")
         self._rank, self._size = rank, size
@@ -147,7 +148,7 @@ class ProcessGroupNetReduce(dist.ProcessGroup):
         handles, flats = [], []
         for outputs, tensor in zip(output_tensors, input_tensors):
             if len(outputs) != self._size or any(o.numel() != tensor.numel() for o in outputs):
-                raise ValueError("netreduce allgather: need one output tensor per rank, each "
+                raise InvalidArgumentError("netreduce allgather: need one output tensor per rank, each "
                                  f"with {tensor.numel()} elements")
             flat = torch.empty(self._size * tensor.numel(), dtype=tensor.dtype,
                                device=tensor.device)
@@ -165,7 +166,7 @@ class ProcessGroupNetReduce(dist.ProcessGroup):
 
     def all_gather_single(self, output, input, opts=None):
         if output.numel() != self._size * input.numel() or not output.is_contiguous():
-            raise ValueError("netreduce all_gather_into_tensor: output must be contiguous with "
+            raise InvalidArgumentError("netreduce all_gather_into_tensor: output must be contiguous with "
                              f"size * {input.numel()} elements")
         handle = self._gather_into(output.view(-1), input)
         return self._work([handle], [output], [output])
@@ -175,7 +176,7 @@ class ProcessGroupNetReduce(dist.ProcessGroup):
     def all_gather_single_coalesced(self, outputs, inputs, opts=None):
         for output, tensor in zip(outputs, inputs):
             if output.numel() != self._size * tensor.numel() or not output.is_contiguous():
-                raise ValueError("netreduce all_gather_into_tensor_coalesced: each output must "
+                raise InvalidArgumentError("netreduce all_gather_into_tensor_coalesced: each output must "
                                  f"be contiguous with size * {tensor.numel()} elements")
         handles = [self._gather_into(o.view(-1), t) for o, t in zip(outputs, inputs)]
         return self._work(handles, list(outputs), list(outputs))
@@ -190,7 +191,7 @@ class ProcessGroupNetReduce(dist.ProcessGroup):
         op = _core_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM, collective)
         numel = output.numel()
         if flat_in.numel() != self._size * numel:
-            raise ValueError(f"netreduce {collective}: input must have size * {numel} "
+            raise InvalidArgumentError(f"netreduce {collective}: input must have size * {numel} "
                              f"elements, got {flat_in.numel()}")
         rows = flat_in.contiguous().view(self._size, numel)
         handle = scatter_gather.reducescatter_async(rows, op=op)
@@ -204,7 +205,7 @@ class ProcessGroupNetReduce(dist.ProcessGroup):
 
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
         if len(output_tensors) != 1 or len(input_tensors[0]) != self._size:
-            raise ValueError("netreduce reduce_scatter: one output and size() inputs")
+            raise InvalidArgumentError("netreduce reduce_scatter: one output and size() inputs")
         flat = torch.cat([t.reshape(-1) for t in input_tensors[0]])
         return self._scatter_rows(flat, output_tensors[0], "reduce_scatter", opts)
 

@@ -13,6 +13,7 @@ from typing import List
 import torch
 
 from netreduce import api as _api
+from netreduce.errors import InvalidArgumentError
 
 from .compression import Compression
 from .mpi_ops import (_MOVABLE, _REDUCIBLE, Average, Sum, _Buf, _check_process_set,
@@ -26,11 +27,11 @@ from .mpi_ops import (_MOVABLE, _REDUCIBLE, Average, Sum, _Buf, _check_process_s
 def _allgather_async(tensors, name, what: str, grouped: bool) -> int:
     tensors = list(tensors)
     if grouped and not tensors:
-        raise ValueError(f"{what}: empty list of tensors")
+        raise InvalidArgumentError(f"{what}: empty list of tensors")
     bufs = [_Buf(t, what, name, _MOVABLE) for t in tensors]
     extra = bufs[0].kwargs
     if any(b.kwargs != extra for b in bufs):
-        raise ValueError(f"{what}: bfloat16 tensors must be grouped on their own")
+        raise InvalidArgumentError(f"{what}: bfloat16 tensors must be grouped on their own")
     arrays = [b.array for b in bufs]
     if grouped:
         inner = _api.grouped_allgather_async(arrays, name, **extra)
@@ -117,20 +118,20 @@ def _check_splits(tensor, splits) -> torch.Tensor:
     rows = tensor.shape[0] if tensor.dim() else 1
     if splits is None:
         if rows % n:
-            raise ValueError("splits not provided, but first dimension of tensor is not an "
+            raise InvalidArgumentError("splits not provided, but first dimension of tensor is not an "
                              "even multiple of the number of workers.")
         return torch.full((n,), rows // n, dtype=torch.int32)
     if not isinstance(splits, torch.Tensor):
         splits = torch.tensor(splits, dtype=torch.int32)
     if splits.dtype != torch.int32:
-        raise ValueError("alltoall expects splits to contain 32-bit integer elements.")
+        raise InvalidArgumentError("alltoall expects splits to contain 32-bit integer elements.")
     splits = splits.reshape(-1).cpu()
     if splits.numel() != n:
-        raise ValueError("Number of entries in splits does not equal number of workers.")
+        raise InvalidArgumentError("Number of entries in splits does not equal number of workers.")
     if bool((splits < 0).any()):
-        raise ValueError(f"alltoall: splits entries must not be negative, got {splits.tolist()}")
+        raise InvalidArgumentError(f"alltoall: splits entries must not be negative, got {splits.tolist()}")
     if int(splits.sum()) > rows:
-        raise ValueError("Sum of splits entries is greater than the first dimension of tensor.")
+        raise InvalidArgumentError("Sum of splits entries is greater than the first dimension of tensor.")
     return splits
 
 
@@ -202,7 +203,7 @@ def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
     and returns the result, as Horovod's does."""
     _check_process_set(process_set)
     if not isinstance(tensor, torch.Tensor) or not tensor.is_sparse:
-        raise ValueError("sparse_allreduce_async: expected a sparse torch.Tensor")
+        raise InvalidArgumentError("sparse_allreduce_async: expected a sparse torch.Tensor")
     t = tensor.coalesce() if not tensor.is_coalesced() else tensor
     indices = allgather_async(t._indices().transpose(0, 1).contiguous(),
                               name=f"{name}.indices" if name else None)
@@ -225,14 +226,14 @@ def _reducescatter_async(tensors, name, op, prescale_factor, postscale_factor, w
                          grouped: bool) -> int:
     tensors = list(tensors)
     if grouped and not tensors:
-        raise ValueError(f"{what}: empty list of tensors")
+        raise InvalidArgumentError(f"{what}: empty list of tensors")
     for t in tensors:
         if isinstance(t, torch.Tensor) and t.dim() == 0:
-            raise ValueError("Reducescatter does not support scalar inputs")
+            raise InvalidArgumentError("Reducescatter does not support scalar inputs")
     bufs = [_Buf(t, what, name, _REDUCIBLE) for t in tensors]
     extra = bufs[0].kwargs
     if any(b.kwargs != extra for b in bufs):
-        raise ValueError(f"{what}: bfloat16 tensors must be grouped on their own")
+        raise InvalidArgumentError(f"{what}: bfloat16 tensors must be grouped on their own")
     scales = {"prescale_factor": float(prescale_factor),
               "postscale_factor": float(postscale_factor)}
     arrays = [b.array for b in bufs]

@@ -94,3 +94,18 @@ def test_small_ints_ride_wider_wire_types():
     wire = np.empty(2, np.int32)
     ops.scale_into(wire, np.array([-1, 100], np.int8), 1.0, "int8", "int32")
     assert wire.tolist() == [-1, 100]
+
+
+@pytest.mark.parametrize("call, builtin", [
+    (lambda: ops.as_op("median"), ValueError),
+    (lambda: ops.as_op(3.5), TypeError),
+    (lambda: ops.check_array([1, 2]), TypeError),
+    (lambda: ops.check_array(np.ones((4, 4), np.float32)[:, 1]), ValueError),
+    (lambda: ops.dtype_name(np.ones(2, np.complex64)), TypeError),
+])
+def test_bad_arguments_are_netreduce_errors_and_horovods_builtin_types(call, builtin):
+    """Bad input is a NetReduceError (what `except NetReduceError` in a training loop
+    catches) and the built-in type Horovod raises there (what Horovod code catches)."""
+    with pytest.raises(nr.NetReduceError) as info:
+        call()
+    assert isinstance(info.value, builtin), type(info.value).__mro__
