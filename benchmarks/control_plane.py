@@ -144,7 +144,11 @@ def worker_step(args: argparse.Namespace) -> None:
     for _ in range(args.iters):
         run()
     per = (time.perf_counter() - t) / args.iters
-    print(json.dumps({"rank": nr.rank(), "ms": per * 1e3}), flush=True)
+    ag = nr.api._g.comm.agreement
+    spec = getattr(ag, "spec", None)  # absent in checkouts before speculation
+    print(json.dumps({"rank": nr.rank(), "ms": per * 1e3,
+                      "rounds": getattr(ag, "rounds", 0),
+                      "speculative": getattr(spec, "hits", 0)}), flush=True)
     nr.shutdown()
 
 
@@ -258,6 +262,16 @@ def drive_step(args: argparse.Namespace) -> None:
     for key, vals in results.items():
         print(f"{key:40s} {statistics.median(vals):7.3f}  "
               f"[{' '.join(f'{v:.3f}' for v in vals)}]")
+    # What negotiation adds per step: the public-API step minus the algorithm alone
+    # (the target: <= 0.1 ms); per repeat, as the cells of a repeat ran back to back.
+    first = args.cycles.split(",")[0]
+    for key, vals in results.items():
+        alg, cycle, name = key.split()
+        floor = results.get(f"{alg} cycle={first} dataplane")
+        if name in ("agreement", "before") and floor:
+            extra = [v - f for v, f in zip(vals, floor)]
+            print(f"{alg} {cycle} {name} - dataplane{'':12s} {statistics.median(extra):7.3f}  "
+                  f"[{' '.join(f'{v:.3f}' for v in extra)}]")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"command": " ".join(sys.argv), "load": os.getloadavg(),

@@ -71,6 +71,7 @@ class Handle:
         self._error: Optional[BaseException] = None
         self._event = threading.Event()
         self._lock = threading.Lock()
+        self._helper: Optional[Callable[["Handle"], None]] = None  # Agreement.help
         if not outputs:
             self._event.set()
 
@@ -86,6 +87,8 @@ class Handle:
         return self._event.is_set()
 
     def wait(self, timeout: Optional[float] = None) -> Any:
+        if self._helper is not None and timeout is None and not self._event.is_set():
+            self._helper(self)  # runs a speculative step on this thread (response_cache.py)
         if not self._event.wait(timeout):
             raise OperationTimeoutError(
                 f"{tensor_names(self._names or ['?'])} still in flight after waiting "

@@ -56,6 +56,7 @@ import numpy as np
 from netreduce import fusion
 from netreduce.control.signature import fusion_key, nbytes
 from netreduce.errors import NegotiationError, NetReduceError
+from netreduce.speculation import Speculation
 
 WAKE = ("wake",)            # put on the executor's queue: new local work
 BITS_SEQ = -2               # Tensor.seq of a submission waiting in the agreement
@@ -64,6 +65,7 @@ ROUND_SEQ = 1 << 62         # executing a round: any failure aborts it
 INVALID, WAITING, READY = 0, 1, 2
 HEADER = 3
 MAX_WIDTH = 4096            # ids a round covers (int32 each); larger ids stay with the coordinator
+POLL_S = 0.001              # while speculating: the executor's look at submissions left to it
 IDLE_S = 0.05               # a rank with nothing follows others' rounds at this pace at most
 NOTICE_GRACE_S = 2.0        # a failed round waits this long for the coordinator's reason
 
@@ -71,6 +73,8 @@ NOTICE_GRACE_S = 2.0        # a failed round waits this long for the coordinator
 class Agreement:
     """One communicator's rounds. ``route`` runs on user threads (under the
     communicator's lock), ``loop`` is the executor thread."""
+
+    ROUND_SEQ, GROUP_SEQ = ROUND_SEQ, GROUP_SEQ   # for netreduce/speculation.py
 
     def __init__(self, comm: Any, width: int, threshold: int) -> None:
         self.comm = comm
@@ -85,6 +89,15 @@ class Agreement:
         self.armed = False
         self.off: Optional[bool] = None         # decided at the first submission
         self.leaving = False                    # this rank's shutdown: said in its next round
+        self.said_leaving = False               # ... and that round has run
+        self.spec = Speculation(self)           # steady steps in one message (speculation.py)
+        # One message at a time, from the executor or a waiting user thread (help):
+        # run_lock guards what follows and the speculation's state.
+        self.run_lock = threading.Lock()
+        self.held: List[Tuple[int, list]] = []  # log entries received, not yet agreed
+        self.received = 0                       # log entries received (v[0])
+        self.hot = False                        # the last message found a rank busy
+        self.last_message = time.monotonic()
         self.vec = np.empty(HEADER + self.width, dtype=np.int32)
         self.rounds = 0                         # statistics (tests, benchmarks)
         self.agreed = 0                         # tensors executed without the coordinator
@@ -118,75 +131,131 @@ class Agreement:
                     rest.append(t)
                     continue
                 t.seq = BITS_SEQ
+                t.handle._helper = self.help
                 cache.hits += 1
                 self.pending[i] = t
                 self.since[i] = time.monotonic()
                 took = True
-        if took or rest:
+        if rest or (took and not self.spec.covered()):
+            # A submission that completes the speculative group is left to the user's
+            # wait (help) or the executor's poll: waking the executor costs more than
+            # the step (two threads of one process contending for one core).
             self.comm._exec_q.put(WAKE)
         return rest
 
     # --- executor thread ------------------------------------------------------------
     def loop(self) -> None:
         comm, q = self.comm, self.comm._exec_q
-        held: List[Tuple[int, list]] = []
-        received = 0
-        hot = stopping = False
+        stopping = False
         while True:
             if comm._failure is not None or not self.armed:
                 # The plain executor: entries as they come (after a failure, those up
                 # to ``after`` still run; the communicator's rules decide). Entries
                 # held for a round that will not come go first: their handles wait.
-                if comm._failure is not None:
-                    for seq, group in held:
-                        comm._run_item(seq, group)
-                    held = []
+                with self.run_lock:
+                    if comm._failure is not None:
+                        self._run_held(len(self.held))
                 if stopping:
                     return
-                for item in _take(q, None):
-                    if item is None:
-                        stopping = True
-                    elif item is not WAKE:
-                        held.append(item)
-                if comm._failure is not None or not self.armed:
-                    for seq, group in held:
-                        comm._run_item(seq, group)
-                    held = []
-                    if stopping:
-                        return
+                items = _take(q, None)
+                with self.run_lock:
+                    for item in items:
+                        if item is None:
+                            stopping = True
+                        elif item is not WAKE:
+                            self.held.append(item)
+                    if comm._failure is not None or not self.armed:
+                        self._run_held(len(self.held))
+                        if stopping:
+                            return
                 continue
-            local = bool(held or self.pending or self.invalidate)
-            if stopping and not held:
+            # Read without run_lock (only this thread changes ``held``; the rest only
+            # sets how long to wait), so that a poll never delays a user's help.
+            local = bool(self.held or self.pending or self.invalidate)
+            if stopping and not self.held and self.said_leaving:
                 return
-            # With work here: a round now. Without: follow the others' rounds, at
+            due = self.last_message + IDLE_S - time.monotonic()
+            # With work here: a message now. Without: follow the others' messages, at
             # IDLE_S at most, so that a rank waiting for us learns within that that
             # we have not submitted its tensor (and can fall back to the coordinator).
-            wait = 0.0 if local else IDLE_S
+            wait = 0.0 if local or stopping else max(0.0, due)
+            if self.spec.polling():
+                wait = min(wait, max(comm.cycle_s, POLL_S))  # submissions left to us
             items = _take(q, wait)
-            if not local and not hot and items and comm.cycle_s > 0:
+            if not local and not self.hot and items and comm.cycle_s > 0:
                 time.sleep(comm.cycle_s)        # woke from idle: let the burst arrive
                 items += _take(q, 0.0)
-            for item in items:
-                if item is None:
-                    stopping = self.leaving = True
-                elif item is not WAKE:
-                    held.append(item)
-                    received = max(received, item[0] + 1)
-            if comm._failure is not None:
-                continue
-            result = self._round(received, bool(held or self.pending or comm._inflight))
-            if result is None:
-                continue                        # failed: the plain executor takes over
-            hot = result[1] == 0
-            agreed_seq = int(result[0])
-            run = [h for h in held if h[0] < agreed_seq]
-            held = [h for h in held if h[0] >= agreed_seq]
-            for seq, group in run:
+            if not stopping and all(item is WAKE for item in items) and time.monotonic() - \
+                    self.last_message < IDLE_S and not (self.held or self.pending or self.invalidate):
+                continue                        # a poll, or work a user thread ran (help)
+            with self.run_lock:
+                for item in items:
+                    if item is None:
+                        stopping = self.leaving = True
+                    elif item is not WAKE:
+                        self.held.append(item)
+                        self.received = max(self.received, item[0] + 1)
+                if comm._failure is not None or not self.armed:
+                    continue
+                if not (self.held or self.pending or self.invalidate or stopping) and \
+                        time.monotonic() - self.last_message < IDLE_S:
+                    continue                    # a waiting user thread ran it meanwhile
+                self._message()
+
+    def help(self, handle: Any) -> None:
+        """Handle.wait on a user thread: while the next message is speculative and
+        this rank holds all of its group, run it here rather than wake the executor
+        and wait to be woken back (two thread hand-offs per step). The run lock
+        keeps one message at a time; either thread may issue it, the sequence of
+        messages is the same."""
+        comm, q, spec = self.comm, self.comm._exec_q, self.spec
+        while not handle._event.is_set() and spec.armed:
+            self.run_lock.acquire()             # the executor may be issuing one
+            try:
+                with q.mutex:                   # only wake-ups queued: they are ours
+                    idle = all(item is WAKE for item in q.queue)
+                    if idle:
+                        q.queue.clear()
+                with self.lock:
+                    mine = spec.ids is not None and all(i in self.pending for i in spec.ids)
+                if not (idle and mine and not self.held and comm._failure is None):
+                    break
+                self._message()
+            finally:
+                self.run_lock.release()
+        if not handle._event.is_set():
+            q.put(WAKE)                         # not (or no longer) ours: the executor's
+
+    def _message(self) -> None:
+        """The next data-plane message of the agreement: a speculative one or a
+        round, as the previous message's result decided. Caller holds run_lock."""
+        comm = self.comm
+        self.last_message = time.monotonic()
+        if self.spec.armed:
+            # Held log entries wait for the round that follows (the speculation says
+            # ``other``, so it is not speculative again).
+            self.hot = True
+            self.spec.run(bool(self.held))
+            return
+        result = self._round(self.received,
+                             bool(self.held or self.pending or comm._inflight))
+        if result is None:
+            return                              # failed: the plain executor takes over
+        self.hot = result[1] == 0
+        agreed_seq = int(result[0])
+        ready = sum(1 for h in self.held if h[0] < agreed_seq)
+        self._run_held(ready, allow=True)
+        self._apply(result[HEADER:])
+        if result[2] == 0:
+            self._end()                         # a rank leaves: no more rounds, anywhere
+
+    def _run_held(self, count: int, allow: bool = False) -> None:
+        """Run the first ``count`` log entries held (in log order, as received)."""
+        run, self.held = self.held[:count], self.held[count:]
+        for seq, group in run:
+            if allow:
                 self._allow(group)
-                comm._run_item(seq, group)
-            self._apply(result[HEADER:])
-            if result[2] == 0:
-                self._end()                     # a rank leaves: no more rounds, anywhere
+            self.comm._run_item(seq, group)
 
     def _round(self, received: int, busy: bool) -> Optional[np.ndarray]:
         comm, vec = self.comm, self.vec
@@ -196,6 +265,7 @@ class Agreement:
             vec[0] = received
             vec[1] = 0 if busy else 1
             vec[2] = 0 if self.leaving else 1
+            self.said_leaving = self.leaving
             vec[HEADER:] = WAITING
             for i in self.pending:
                 vec[HEADER + i] = INVALID if now - self.since[i] > self.stale_s else READY
@@ -212,22 +282,28 @@ class Agreement:
             comm.dp.allreduce(vec, None, op="min")
             self.rounds += 1
             return vec.copy()
-        except NetReduceError as exc:
-            # A peer's death often breaks the round (shared memory notices at once)
-            # just before the coordinator says who died and how: prefer its word.
-            deadline = time.monotonic() + NOTICE_GRACE_S
-            while comm._failure is None and time.monotonic() < deadline:
-                time.sleep(0.01)
-            if comm._failure is None:
-                comm._report_local_failure(self._round_error(exc))
-            return None
-        except Exception as exc:  # a bug here must not leave users hanging
-            comm._report_local_failure(NetReduceError(
-                f"rank {comm.rank}: the agreement round failed: {exc!r}"))
+        except Exception as exc:
+            self._message_failed(exc)
             return None
         finally:
             with comm._lock:
                 comm._executing = None
+
+    def _message_failed(self, exc: Exception) -> None:
+        """A round or a speculative message raised: report it (the plain executor
+        takes over once comm._failure is set)."""
+        comm = self.comm
+        if not isinstance(exc, NetReduceError):  # a bug here must not leave users hanging
+            comm._report_local_failure(NetReduceError(
+                f"rank {comm.rank}: the agreement round failed: {exc!r}"))
+            return
+        # A peer's death often breaks the round (shared memory notices at once)
+        # just before the coordinator says who died and how: prefer its word.
+        deadline = time.monotonic() + NOTICE_GRACE_S
+        while comm._failure is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if comm._failure is None:
+            comm._report_local_failure(self._round_error(exc))
 
     def _round_error(self, exc: NetReduceError) -> NetReduceError:
         with self.lock:
@@ -264,9 +340,12 @@ class Agreement:
             os.write(comm._wake_w, b"x")
         if not agreed:
             return
+        ids = ready.tolist()
         items = [(t.name, fusion_key(t.sig), nbytes(t.sig)) for t in agreed]
-        for group in fusion.plan(items, self.threshold):
-            tensors = [agreed[k] for k in group]
+        groups = [(tuple(ids[k] for k in g), [agreed[k] for k in g])
+                  for g in fusion.plan(items, self.threshold)]
+        self.spec.agreed(groups)
+        for _, tensors in groups:
             for t in tensors:
                 t.seq = GROUP_SEQ
             self.agreed += len(tensors)
@@ -280,6 +359,7 @@ class Agreement:
         with comm._lock:
             with self.lock:
                 self.off, self.armed = True, False
+                self.spec.disarm()
                 moved = list(self.pending.values())
                 self.pending.clear()
                 self.since.clear()

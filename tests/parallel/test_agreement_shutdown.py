@@ -28,6 +28,9 @@ for step in range(20):                       # the same name: cached after the f
     out = nr.allreduce(x, name="g", op=nr.Sum)
     assert np.all(out == nr.size()), out
 assert comm.agreement is not None and comm.agreement.rounds > 0, "no round ran"
+# ... and steady steps were speculative (netreduce/speculation.py): rank 1 leaves
+# with the speculation armed, so its last message is a speculative one saying 'other'
+assert comm.agreement.spec.hits > 0, "no speculative step"
 if r == 1:
     nr.shutdown()                            # leaves while rank 0 idles in rounds
     print("rank 1 left", flush=True)

@@ -1,0 +1,181 @@
+"""The vote folded into the data: a steady step in one data-plane message
+(docs/control_plane.md, "Speculation").
+
+A round (netreduce/response_cache.py) costs one data-plane message before the agreed
+group's own message. In a steady training loop the round agrees on the same small
+group step after step, so once two consecutive agreements ran exactly the same one
+group G (same ids, in the same fused order), every rank makes its next message a
+*speculative* one instead of a round: one sum all-reduce of
+
+    [ vote per id of G | other | G's data, fused as the group would be ]
+
+in a scratch buffer (the user's arrays are only read). A rank votes 1 for an id it
+has submitted (not stale) and contributes that tensor's data, 0 and zeros otherwise;
+``other`` is 1 when it has anything the round must see: other cached ids, log
+entries held for a round, ids to invalidate, a join, its shutdown, a stale
+submission. The sums say what happened, and say it the same on every rank:
+
+* every vote is N: every rank contributed G's data, so the sums are G's result —
+  copied out (post-scale, Average) as the group's own message would have been;
+* otherwise the sums are discarded (nothing was written to a user's array) and the
+  submissions stay pending for the round that follows.
+
+The next message is speculative again only when every vote was N and ``other`` is
+0; otherwise it is a round, which then sees everything the speculation did not.
+Both choices depend only on the sums, so every rank issues the same messages in the
+same order. A rank with nothing submitted joins at the idle pace with zero votes,
+exactly as it joins rounds, so stale_s, bans, the coordinator fallback and its
+NETREDUCE_TIMEOUT errors work as without speculation (after one failed
+speculation). Votes are exact because G's wire dtype holds every count up to N
+exactly (float32/float64/int32/int64) and its wire op is a sum.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from netreduce.control.signature import nbytes
+from netreduce.fusion import FusionBuffer
+from netreduce.ops import STORAGE, WIRE_DTYPE, ReduceOp
+
+EXACT_WIRE = ("float32", "float64", "int32", "int64")  # a sum of N ones is exact
+MAX_BYTES = 64 << 10        # larger groups: the round is small next to the data
+SUM_OPS = (ReduceOp.Sum, ReduceOp.Average)
+
+
+def eligible(group: Sequence[Any]) -> bool:
+    """Whether a fused group can carry its own vote (the same answer on every rank:
+    it reads only the signature, which the coordinator checked across ranks)."""
+    if not group:
+        return False
+    wire = WIRE_DTYPE.get(group[0].dtype)
+    if wire not in EXACT_WIRE:
+        return False
+    for t in group:
+        if t.kind != "allreduce" or t.op not in SUM_OPS or WIRE_DTYPE.get(t.dtype) != wire:
+            return False
+    return sum(nbytes(t.sig) for t in group) <= MAX_BYTES
+
+
+class Speculation:
+    """One communicator's speculative messages; run by the executor thread only."""
+
+    def __init__(self, agreement: Any) -> None:
+        self.ag = agreement
+        self.ids: Optional[Tuple[int, ...]] = None   # armed: G's ids, in fused order
+        self.prev: Optional[Tuple[int, ...]] = None  # the last group agreed on
+        self.sigs: Tuple[tuple, ...] = ()
+        self.spans: List[Tuple[int, int]] = []
+        self.buf: Optional[np.ndarray] = None
+        self.hits = 0                                 # statistics (tests, benchmarks)
+        self.misses = 0
+        self.idle = 0                                 # messages where no rank had anything
+        self.last_hit = 0.0                           # monotonic
+
+    @property
+    def armed(self) -> bool:
+        return self.ids is not None
+
+    def disarm(self) -> None:
+        self.ids = None
+
+    def covered(self) -> bool:
+        """Whether this rank holds all of G (read on user threads under the
+        agreement's lock; a stale answer only delays a step to the next poll)."""
+        ids = self.ids
+        return ids is not None and all(i in self.ag.pending for i in ids)
+
+    def polling(self) -> bool:
+        """Whether the executor looks for submissions every POLL_S (route leaves
+        them to it): while armed and steps have been completing, for 1 s at most."""
+        return self.ids is not None and time.monotonic() - self.last_hit < 1.0
+
+    def agreed(self, groups: List[Tuple[Tuple[int, ...], List[Any]]]) -> None:
+        """A round agreed on ``groups`` ((ids, tensors) in execution order): arm when
+        it is one eligible group, the same as the previous agreement's. A round that
+        agreed nothing (a slower rank) leaves the history as it was."""
+        if not groups:
+            return
+        if len(groups) != 1 or not eligible(groups[0][1]):
+            self.prev = None
+            return
+        ids, tensors = groups[0]
+        if ids == self.prev:
+            self._arm(ids, tensors)
+        self.prev = ids
+
+    def _arm(self, ids: Tuple[int, ...], tensors: List[Any]) -> None:
+        self.ids = ids
+        self.sigs = tuple(t.sig for t in tensors)
+        counts = [int(np.prod(t.sig[2], dtype=np.int64)) if t.sig[2] else 1 for t in tensors]
+        self.spans = FusionBuffer.offsets(counts)
+        storage = STORAGE[WIRE_DTYPE[tensors[0].dtype]]
+        size = len(ids) + 1 + sum(counts)
+        if self.buf is None or self.buf.dtype != storage or self.buf.size != size:
+            self.buf = np.empty(size, dtype=storage)
+
+    def run(self, held: bool) -> Optional[bool]:
+        """One speculative message. Returns True when G completed, False when the
+        sums were discarded, None when the message failed (the failure is reported:
+        the plain executor takes over)."""
+        ag, comm, ids = self.ag, self.ag.comm, self.ids
+        assert ids is not None and self.buf is not None
+        k = len(ids)
+        buf, votes, data = self.buf, self.buf[:k + 1], self.buf[k + 1:]
+        mine: List[Any] = []
+        now = time.monotonic()
+        with comm._lock, ag.lock:
+            joined = any(t.kind == "join" and t.seq < 0 for t in comm._inflight.values())
+            other = held or ag.leaving or joined or bool(ag.invalidate) or \
+                any(i not in ids for i in ag.pending)
+            for i, sig in zip(ids, self.sigs):
+                t = None if joined else ag.pending.get(i)
+                if t is not None and (now - ag.since[i] > ag.stale_s or t.sig != sig):
+                    t, other = None, True   # the round that follows bans it
+                mine.append(t)
+            if comm._failure is not None:
+                return None
+            comm._executing = ag.ROUND_SEQ
+        try:
+            for j, (t, (a, b)) in enumerate(zip(mine, self.spans)):
+                if t is None:
+                    votes[j] = 0
+                    data[a:b] = 0
+                else:
+                    votes[j] = 1
+                    comm._copy_in(t, data[a:b])
+            votes[k] = 1 if other else 0
+            comm.dp.allreduce(buf, None, op="sum")
+        except Exception as exc:
+            ag._message_failed(exc)
+            return None
+        finally:
+            with comm._lock:
+                comm._executing = None
+        ag.rounds += 1
+        n = comm.size
+        complete = bool((votes[:k] == n).all())
+        if complete:
+            for t, (a, b) in zip(mine, self.spans):
+                comm._copy_out(t, data[a:b])
+            with ag.lock:
+                for i in ids:
+                    ag.pending.pop(i, None)
+                    ag.since.pop(i, None)
+            for t in mine:
+                t.seq = ag.GROUP_SEQ
+            ag.agreed += k
+            self.hits += 1
+            comm.groups_executed += 1
+            comm._complete(mine)
+            self.last_hit = time.monotonic()
+        elif votes[k] == 0 and not votes[:k].any():
+            self.idle += 1                    # nobody had anything: nothing to see
+            return False
+        else:
+            self.misses += 1
+        if not complete or votes[k] != 0:
+            self.disarm()                     # a round next: it sees what we did not
+        return complete

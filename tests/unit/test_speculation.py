@@ -1,0 +1,214 @@
+"""Steady steps in one data-plane message (netreduce/speculation.py): ranks as threads
+through the public API, on the fakes. The fake fabric fails any message whose size,
+op or dtype differs between ranks, so every test also checks that all ranks issued
+the same speculative messages and rounds in the same order."""
+import time
+
+import numpy as np
+import pytest
+
+import netreduce as nr
+from netreduce import api
+from tests.unit.harness import Ranks
+
+
+@pytest.fixture
+def ranks():
+    made = []
+
+    def make(size, **knobs):
+        r = Ranks(size, knobs)
+        made.append(r)
+        return r
+    yield make
+    for r in made:
+        r.close()
+
+
+def _data(r, step, name, shape=(5,), dtype=np.float32):
+    """Integers (exact sums in any order) that differ per rank, step and name."""
+    seed = r * 1000 + step * 10 + sum(map(ord, name))
+    return np.random.default_rng(seed).integers(-50, 50, shape).astype(dtype)
+
+
+def _want(size, step, name, shape=(5,), dtype=np.float32):
+    return sum(_data(r, step, name, shape, dtype) for r in range(size))
+
+
+def _step(r, step, names, shapes=None, dtype=np.float32, sleep=None):
+    shapes = shapes or {}
+    handles = {}
+    for n in names:
+        if sleep:
+            sleep(n)
+        handles[n] = nr.allreduce_async(_data(r, step, n, shapes.get(n, (5,)), dtype),
+                                        op=nr.Sum, name=n)
+    return {n: nr.synchronize(h) for n, h in handles.items()}
+
+
+def _check(out, size, step, shapes=None, dtype=np.float32):
+    shapes = shapes or {}
+    for n, v in out.items():
+        want = _want(size, step, n, shapes.get(n, (5,)), dtype)
+        assert v.dtype == want.dtype and np.array_equal(v, want), (n, step, v, want)
+
+
+@pytest.mark.parametrize("size", [2, 3])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32, np.int8])
+def test_steady_steps_are_speculative_and_exact(ranks, size, dtype):
+    def fn(r):
+        comm = api._tls.comm
+        for step in range(12):
+            _check(_step(r, step, ["g"], dtype=dtype), size, step, dtype=dtype)
+        spec = comm.agreement.spec
+        return spec.hits, comm.agreement.rounds, comm.neg.requests
+    for hits, rounds, requests in ranks(size).run(fn):
+        assert hits >= 8                      # steps 3.. ran as one message each
+        assert requests <= 2                  # the first step's negotiation only
+
+
+def test_grouped_and_scaled_steps_match_the_plain_path(ranks):
+    """Average, pre/post-scale and a fused group of two: the speculative copy-out does
+    what the group's own message did; results bit-identical on every rank."""
+    def fn(r):
+        outs = []
+        for step in range(10):
+            arrays = [np.random.default_rng(r * 77 + step).standard_normal(s).astype(np.float32)
+                      for s in ((7,), (3, 4))]
+            outs.append(nr.grouped_allreduce(arrays, op=nr.Average, name="pair",
+                                             prescale_factor=0.5, postscale_factor=3.0))
+        return outs, api._tls.comm.agreement.spec.hits
+    results = ranks(3).run(fn)
+    for step in range(10):
+        arrays = [[np.random.default_rng(r * 77 + step).standard_normal(s).astype(np.float32)
+                   for s in ((7,), (3, 4))] for r in range(3)]
+        for k in range(2):
+            want = sum(a[k] * np.float32(0.5) for a in arrays) * np.float32(3.0 / 3)
+            np.testing.assert_allclose(results[0][0][step][k], want, rtol=1e-6)
+            for r in (1, 2):                  # the same bits everywhere
+                assert results[r][0][step][k].tobytes() == results[0][0][step][k].tobytes()
+    assert all(hits >= 6 for _, hits in results)
+
+
+def test_a_rank_submitting_another_set_or_order_misses_and_stays_exact(ranks):
+    def fn(r):
+        comm = api._tls.comm
+        for step in range(6):
+            _check(_step(r, step, ["a"]), 2, step)
+        assert comm.agreement.spec.armed or comm.agreement.spec.hits > 0
+        misses = comm.agreement.spec.misses
+        # rank 1 submits 'b' first, and late: the speculation on {a} cannot hold
+        names = ["a", "b"] if r == 0 else ["b", "a"]
+        delay = (lambda n: time.sleep(0.02)) if r == 1 else None
+        _check(_step(r, 6, names, sleep=delay), 2, 6)
+        for step in range(7, 12):             # back to {a}: speculative again
+            _check(_step(r, step, ["a"]), 2, step)
+        return comm.agreement.spec.misses - misses, comm.agreement.spec.hits
+    for missed, hits in ranks(2).run(fn):
+        assert missed >= 1 and hits >= 5
+
+
+def test_alternating_sets_never_speculate_and_stay_exact(ranks):
+    def fn(r):
+        for step in range(12):
+            _check(_step(r, step, ["a"] if step % 2 else ["b"]), 3, step)
+        spec = api._tls.comm.agreement.spec
+        return spec.hits, spec.misses
+    for hits, misses in ranks(3).run(fn):
+        assert hits == 0 and misses == 0      # {a}, {b}, {a}: never twice the same
+
+
+def test_tensor_set_changing_mid_training(ranks):
+    shapes = {"c": (9,)}
+
+    def fn(r):
+        spec = api._tls.comm.agreement.spec
+        phases = [["a"], ["a", "b"], ["c"], ["c"]]
+        hits = []
+        step = 0
+        for names in phases:
+            for _ in range(5):
+                _check(_step(r, step, names, shapes), 2, step, shapes)
+                step += 1
+            hits.append(spec.hits)
+        for _ in range(5):                    # 'c' changes shape on every rank
+            shp = {"c": (4, 2)}
+            _check(_step(r, step, ["c"], shp), 2, step, shp)
+            step += 1
+        return hits, spec.hits
+    for hits, total in ranks(2).run(fn):
+        assert hits[0] >= 2 and hits[3] > hits[2] and total > hits[3]
+
+
+def test_an_idle_rank_joins_with_zero_votes_and_nothing_is_lost(ranks):
+    """A rank that pauses past IDLE_S joins the speculative messages with zeros; the
+    others' data is discarded, not summed, and the step completes exactly."""
+    def fn(r):
+        spec = api._tls.comm.agreement.spec
+        for step in range(5):
+            _check(_step(r, step, ["g"]), 2, step)
+        if r == 1:
+            time.sleep(0.2)                   # > IDLE_S, < stale_s (0.05 x 30 s)
+        _check(_step(r, 5, ["g"]), 2, 5)
+        for step in range(6, 10):
+            _check(_step(r, step, ["g"]), 2, step)
+        return spec.misses, spec.idle, spec.hits
+    results = ranks(2, NETREDUCE_TIMEOUT=30).run(fn)
+    assert results[0][0] >= 1                 # rank 0's speculation met rank 1's zeros
+
+
+def test_async_submissions_complete_without_a_wait(ranks):
+    """A submission that completes the speculative group is not handed to the
+    executor (the waiting user thread runs it): without a wait, the executor's poll
+    still runs it."""
+    def fn(r):
+        for step in range(6):
+            _check(_step(r, step, ["g"]), 2, step)
+        for step in range(6, 10):
+            h = nr.allreduce_async(_data(r, step, "g"), op=nr.Sum, name="g")
+            deadline = time.monotonic() + 10
+            while not nr.poll(h) and time.monotonic() < deadline:
+                time.sleep(0.0005)
+            assert nr.poll(h), "an async step never ran"
+            _check({"g": nr.synchronize(h)}, 2, step)
+        return api._tls.comm.agreement.spec.hits
+    for hits in ranks(2).run(fn):
+        assert hits >= 4
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_join_during_speculation(ranks, size):
+    """Horovod's join: the joined rank votes nothing; the others' steps fall back and
+    complete with its zeros."""
+    def fn(r):
+        steps = 4 if r == size - 1 else 10
+        for step in range(steps):
+            out = nr.allreduce(np.full(5, r + 1, np.float32), op=nr.Sum, name="g")
+            want = sum(q + 1 for q in range(size)) if step < 4 else \
+                sum(q + 1 for q in range(size - 1))
+            assert (out == want).all(), (r, step, out)
+        return nr.join()
+    for last in ranks(size).run(fn):
+        assert last in range(size)
+
+
+def test_shutdown_while_speculating_ends_cleanly(ranks):
+    """Rank 1 leaves with the speculation armed: its last speculative message says
+    'other', the round after it says it leaves, rank 0 stops the agreement."""
+    def fn(r):
+        comm = api._tls.comm
+        for step in range(6):
+            _check(_step(r, step, ["g"]), 2, step)
+        assert comm.agreement.spec.hits > 0
+        if r == 1:
+            comm.shutdown()
+            return None
+        deadline = time.monotonic() + 10
+        while not comm.agreement.off and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return comm.agreement.off, comm._failure
+    R = ranks(2)
+    results = R.run(fn, shutdown=False)
+    off, failure = results[0]
+    assert off or failure is not None
+    R.comms[0].shutdown()
