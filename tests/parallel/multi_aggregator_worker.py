@@ -64,7 +64,8 @@ def main() -> None:
             out["checked"] += 1
         out["digest"] = digest.hexdigest()
         out["stats"] = {k: v for k, v in comm.dp.stats().items()
-                        if "packets" in k or k == "aggregators"}
+                        if "packets" in k or k == "aggregators"
+                        or k.endswith(("_retransmits", "_tail_copies"))}
         if mode == "kill":
             flag = sys.argv[2]
             with open(f"{flag}.ready{rank}", "w"):

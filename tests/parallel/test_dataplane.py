@@ -151,7 +151,11 @@ def _two_jobs(rank, size, address, jobs, counts):
 def test_two_jobs_at_once_do_not_disturb_each_other(switch):
     counters = run_ranks(_two_jobs, 5, switch.address, [_job(), _job()], [10**5, 7, 10**6])
     assert counters[0]["index"] != counters[2]["index"]
-    assert counters[0]["drops"] == 0 and counters[2]["drops"] == 0
+    # Nothing of one job reached the other (wrong key, rank, job...). Stale drops are
+    # not that: a resend of a slot's previous round that arrives after the slot moved
+    # on (needless resends happen when a loaded machine delays a result).
+    for c in (counters[0], counters[2]):
+        assert c["drops"] - c["drop_stale"] == 0, c
 
 
 def test_bad_input_is_refused_before_sending(switch):

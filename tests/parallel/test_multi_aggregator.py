@@ -64,7 +64,10 @@ def test_exact_and_identical_over_several_aggregators(daemons, k, n):
         assert r.get("returncode") == 0 and "failure" not in r, r
         assert r["algorithm"] == "multi-aggregator" and r["aggregators"] == k, r
         assert r["checked"] == 4 * 3 * 6, r
-        sent = [r["stats"][f"agg{i}_packets_sent"] for i in range(k)]
+        st = r["stats"]
+        # First sends only: resends and tail copies follow the host's scheduling.
+        sent = [st[f"agg{i}_packets_sent"] - st[f"agg{i}_retransmits"] - st[f"agg{i}_tail_copies"]
+                for i in range(k)]
         # equal shares of the large buffers: every aggregator within 2x of the mean
         assert min(sent) > sum(sent) / k / 2, r["stats"]
     assert len({r["digest"] for r in results}) == 1, "ranks ended with different bytes"
