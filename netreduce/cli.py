@@ -58,6 +58,10 @@ def collect(switch: Optional[str] = None) -> Dict[str, Any]:
         data["aggregator"] = probe(address, what="--switch" if switch else "NETREDUCE_SWITCH")
     from netreduce.job_paths import describe_config
     data["failover"] = describe_config()  # docs/failover.md
+    if data["failover"].startswith("on") and "job" in rank:  # the running job, from rank 0
+        from netreduce import job_status
+        data["job_status"] = job_status.query(config.snapshot(), rank["job"],
+                                              config.get("NETREDUCE_JOB_SECRET"))
     return data
 
 
@@ -107,6 +111,9 @@ def print_info(info: Dict[str, Any], out: Optional[Any] = None) -> None:
         _print_aggregator(info["aggregator"], w)
     if "failover" in info:
         w(f"failover: {info['failover']}\n")
+    if "job_status" in info:
+        from netreduce.job_status import describe
+        w(f"  now: {describe(info['job_status'])}\n")
     w("knobs (value [source]):\n")
     width = max(len(n) for n in info["knobs"])
     for name, k in info["knobs"].items():

@@ -113,6 +113,12 @@ declare("NETREDUCE_RENDEZVOUS", str, "",
         "MASTER_PORT+1 from the launcher")
 
 
+declare("NETREDUCE_JOB_METRICS", str, "",
+        "HOST:PORT where rank 0 of a job with failover serves Prometheus metrics of the "
+        "job's data path (netreduce_job_degraded, _path_info, _failovers_total: "
+        "docs/failover.md); empty = none")
+
+
 def _bytes(text: str) -> int:
     """Byte count with an optional K/M/G suffix (powers of 1024): '64M', '1048576'."""
     low = text.strip().lower().rstrip("b").rstrip("i")

@@ -92,6 +92,9 @@ class Failover:
                                          name="netreduce-path-watch")
         self._monitor.start()
         self._watcher.start()
+        if self.rank == 0 and self.degraded:
+            _report_refusals(self.cands, range(index), self.degraded, self.job,
+                             self.cands[index].kind)
 
     # -- the Algorithm interface ---------------------------------------------------
     def allreduce(self, src: np.ndarray, dst: Optional[np.ndarray] = None, op: str = "sum",
@@ -180,6 +183,20 @@ class Failover:
         except NetReduceError:
             pass
         return out
+
+    def status(self) -> Dict[str, Any]:
+        """What the job runs on now, for `netreduce info` and its metrics (job_status.py):
+        degraded = the host all-reduce (no aggregator sums the job's data)."""
+        with self._cond:
+            cand = self.cands[self.index]
+            return {"job": self.job, "size": self.size, "path": cand.describe(),
+                    "path_kind": cand.kind, "on_primary": self.index == 0,
+                    "degraded": cand.kind == "host", "start_reasons": list(self.degraded),
+                    "generation": self._gen, "failovers": len(self.history),
+                    "history": [{k: h[k] for k in ("from", "to", "reason", "completed")}
+                                for h in self.history[-5:]],
+                    "failed": str(self._failed) if self._failed is not None and
+                    not self._closing else ""}
 
     def counters(self) -> Dict[str, Any]:
         return _connections(self._path)[0].counters()
@@ -347,6 +364,9 @@ class Failover:
                   # admission at the new path; the whole recovery (no redo included)
                   "parked_s": round(t_parked - t0, 4), "exchange_s": round(t_agreed - t_parked, 4),
                   "open_s": round(t_opened - t_agreed, 4), "recovery_s": round(time.monotonic() - t0, 4)}
+        if self.rank == 0:  # aggregators that refused the job on the way count it
+            _report_refusals(self.cands, order[:order.index(index)], reasons, self.job,
+                             self.cands[index].kind)
         with self._cond:
             if from_peer:
                 self._done, self._pending = lo + 1, None
@@ -358,3 +378,15 @@ class Failover:
             "netreduce: job '%s': %s failed (%s); continuing on %s (calls completed per rank "
             "%s, %d rank(s) held partial results)", self.job, failed.describe(), reason,
             self.cands[index].describe(), dones, record["partial_ranks"])
+
+
+def _report_refusals(cands: Sequence[Any], tried: Sequence[int], reasons: Sequence[str],
+                     job: str, to: str) -> None:
+    """Rank 0: tell the aggregators of the candidates that did not take the job (in
+    the background: the job does not wait for them)."""
+    from netreduce import job_status
+    pairs = [(cands[i], r) for i, r in zip(tried, reasons)]
+    if pairs:
+        threading.Thread(target=lambda: [job_status.report_fell_back(c, r, job, to)
+                                         for c, r in pairs],
+                         daemon=True, name="netreduce-fell-back").start()

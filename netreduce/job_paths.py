@@ -226,6 +226,8 @@ def start(topo: Any, knobs: Dict[str, Any], connect: Callable[..., Any]) -> Star
                 cands[index].describe(), " | ".join(reasons), knobs.get("NETREDUCE_FALLBACK"))
         algorithm = Failover(cands, index, algo, opener, rv, topo, float(knobs["NETREDUCE_TIMEOUT"]),
                              start_reasons=reasons)
+        if local is not None and topo.rank == 0:  # netreduce info, metrics: job_status.py
+            local.publish(algorithm, knobs.get("NETREDUCE_JOB_METRICS", ""))
     except BaseException:
         if rv is not None:
             rv.close()

@@ -180,6 +180,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         srv.server_close()
         agg.stop()
         return 2
+    switch_service.install(control)  # fell_back: refused jobs that went on elsewhere
     try:  # negotiation handlers register themselves on import (communicator layer)
         importlib.import_module("netreduce.control.negotiation")
     except ImportError:

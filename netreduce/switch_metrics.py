@@ -18,6 +18,8 @@ from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily, Info
 from prometheus_client.registry import Collector, CollectorRegistry
 from prometheus_client.process_collector import ProcessCollector
 
+from netreduce import switch_service
+
 log = logging.getLogger("netreduce.switch")
 
 PREFIX = "netreduce_switch"
@@ -84,6 +86,13 @@ class SwitchCollector(Collector):
                                 labels=["reason"])
         for reason in _refusal_reasons(g):
             m.add_metric([reason], g["jobs_refused_" + reason])
+        yield m
+        m = CounterMetricFamily(f"{PREFIX}_jobs_fell_back", "Jobs refused here (or that could "
+                                "not reach this daemon) that went on elsewhere, as their rank 0 "
+                                "reported: to = host (the host all-reduce) or switch (another "
+                                "aggregator)", labels=["reason", "to"])
+        for (reason, to), n in sorted(switch_service.fell_back_counts(self.server).items()):
+            m.add_metric([reason, to], n)
         yield m
         for key, name, doc in [
                 ("jobs_active", "jobs_active", "Jobs admitted now"),

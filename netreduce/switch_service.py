@@ -43,6 +43,38 @@ class Lifecycle:
         self.status_requested.set()
 
 
+FELL_BACK_REASONS = ("memory", "max_jobs", "unreachable", "other")
+FELL_BACK_TO = ("switch", "host")
+
+
+def fell_back_counts(srv: Any) -> Dict[Tuple[str, str], int]:
+    """(reason, to) -> jobs that this daemon refused (or that could not reach it) and
+    that went on elsewhere, as their rank 0 reported (netreduce/job_status.py)."""
+    return dict(getattr(srv, "_nr_fell_back", {}))
+
+
+def _handle_fell_back(srv: Any, sess: Any, msg: Dict[str, Any]) -> Dict[str, Any]:
+    """A job's rank 0 says the job runs elsewhere after this daemon did not take it.
+    Not authenticated (the job was never admitted here): a count for the operator,
+    with bounded labels and no job name."""
+    reason, to = str(msg.get("reason", "other")), str(msg.get("to", "host"))
+    reason = reason if reason in FELL_BACK_REASONS else "other"
+    to = to if to in FELL_BACK_TO else "host"
+    with srv.lock:
+        table = getattr(srv, "_nr_fell_back", None)
+        if table is None:
+            table = srv._nr_fell_back = {}
+        table[(reason, to)] = table.get((reason, to), 0) + 1
+    log.info("a job refused here (%s) went on with %s", reason,
+             "the host all-reduce among its ranks" if to == "host" else "another aggregator")
+    return {}
+
+
+def install(server_module: Any) -> None:
+    """The daemon's own commands on its control port."""
+    server_module.register_handler("fell_back", _handle_fell_back, inline=True)
+
+
 def status_lines(srv: Any, address: str) -> List[str]:
     """One line for the daemon, one per job: what an operator asks with SIGHUP."""
     snap = srv.counters()
@@ -52,7 +84,8 @@ def status_lines(srv: Any, address: str) -> List[str]:
              f"packets in {g['packets_in']} out {g['packets_out']}, "
              f"{g['bytes_reduced']} B reduced, {g['duplicates']} duplicates, "
              f"{g['retransmitted_results']} results resent, {g['drops']} dropped; "
-             f"slot memory {g['slot_memory_bytes']}/{g['slot_memory_limit_bytes']} B"]
+             f"slot memory {g['slot_memory_bytes']}/{g['slot_memory_limit_bytes']} B; "
+             f"{sum(fell_back_counts(srv).values())} refused jobs went on elsewhere"]
     for name, c in sorted(snap["jobs"].items()):
         lines.append(f"job '{name}' (index {c['index']}): {len(c['ranks'])}/{c['size']} ranks, "
                      f"{c.get('slots', '?')} slots x {c.get('payload_bytes', '?')} B, "

@@ -70,7 +70,16 @@ class LocalAggregator:
                                         name="netreduce-local-aggregator", daemon=True)
         self._thread.start()
 
+    def publish(self, algorithm: Any, metrics_at: str = "") -> None:
+        """Rank 0: answer `job_status` for the job and serve its metrics
+        (netreduce/job_status.py) until stop()."""
+        from netreduce.job_status import Published
+        self.published = Published(self.server, algorithm, metrics_at)
+
     def stop(self) -> None:
+        published, self.published = getattr(self, "published", None), None
+        if published is not None:
+            published.close()
         srv, self.server = self.server, None
         if srv is None:
             return

@@ -8,6 +8,8 @@ MODE exact   STEPS all-reduces of seeded data (int32 and quarter-integer float32
              checked bit for bit against numpy on every rank; rank 0 creates the
              file MARK.RANK before step 3 (the test kills the aggregator once all did), and the
              steps after that are large, so that the kill lands inside one
+     hold    STEPS all-reduces, MARK.RANK, a pause until MARK.go exists, STEPS more
+     psets   exact's all-reduces, each followed by one in each of two process sets
      torch   a Horovod-API training loop (netreduce.torch DistributedOptimizer) of
              STEPS steps; every rank creates MARK.RANK before step 3; reports the loss and a
              digest of the parameters (identical on every rank)
@@ -58,6 +60,56 @@ def exact(rank: int, size: int, mark: str, steps: int, out: dict) -> None:
     out["digest"] = digest.hexdigest()
 
 
+def hold(rank: int, size: int, mark: str, steps: int, out: dict) -> None:
+    """STEPS checked all-reduces, MARK.RANK, then wait (60 s at most) for MARK.go
+    while the test looks at the running job, then STEPS more."""
+    for step in range(2 * steps):
+        if step == steps:
+            open(f"{mark}.{rank}", "w").close()
+            deadline = time.monotonic() + 60
+            while not os.path.exists(f"{mark}.go") and time.monotonic() < deadline:
+                time.sleep(0.02)
+        n = SIZES[step % 4]
+        mine = data("int32", rank, n, step)
+        got = nr.allreduce(mine, op=nr.Sum, name=f"h{step}")
+        if not np.array_equal(got, sum(data("int32", r, n, step) for r in range(size))):
+            out["wrong"] = f"step {step}"
+            return
+        out["checked"] += 1
+    out["digest"] = "same"
+
+
+def psets(rank: int, size: int, mark: str, steps: int, out: dict) -> None:
+    """exact's global all-reduces, each followed by one in each process set this rank
+    belongs to ({0, 1} and {1, .., size-1}), checked bit for bit."""
+    from netreduce import process_sets
+    sets = [process_sets.add_process_set([0, 1]),
+            process_sets.add_process_set(list(range(1, size)))]
+    digest = hashlib.sha256()
+    for step in range(steps):
+        n = SIZES[step] if step < 3 else 4 << 20 if step == 3 else SIZES[3 + step % 3]
+        if step == 3:
+            open(f"{mark}.{rank}", "w").close()
+        got = nr.allreduce(data("int32", rank, n, step), op=nr.Sum, name=f"g{step}")
+        if not np.array_equal(got, sum(data("int32", r, n, step) for r in range(size))):
+            out["wrong"] = f"step {step}: global"
+            return
+        digest.update(got.tobytes())
+        for i, ps in enumerate(sets):
+            if rank not in ps.ranks:
+                continue
+            m = SIZES[(step + i) % 4]
+            with process_sets.using(ps):
+                got = nr.allreduce(data("float32", rank, m, 100 + step), op=nr.Sum,
+                                   name=f"p{i}.{step}")
+            want = sum(data("float32", r, m, 100 + step) for r in ps.ranks)
+            if not np.array_equal(got, want):
+                out["wrong"] = f"step {step}: process set {ps.ranks}"
+                return
+        out["checked"] += 1
+    out["digest"] = digest.hexdigest()
+
+
 def torch_loop(rank: int, size: int, mark: str, steps: int, out: dict) -> None:
     import torch
     import netreduce.torch as hvd
@@ -94,7 +146,8 @@ def main() -> None:
     try:
         nr.init()
         out["rank"] = nr.rank()
-        (exact if mode == "exact" else torch_loop)(nr.rank(), nr.size(), mark, steps, out)
+        {"exact": exact, "hold": hold, "psets": psets, "torch": torch_loop}[mode](nr.rank(), nr.size(), mark,
+                                                                 steps, out)
         out["stats"] = {k: v for k, v in nr.api._comm().dp.stats().items()
                         if isinstance(v, (int, float, str, bool))}
         out["history"] = getattr(nr.api._comm().dp, "history", [])

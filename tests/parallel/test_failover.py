@@ -45,10 +45,13 @@ def closed_port() -> int:
 
 def launch(tmp_path, n: int, env_extra: Dict[str, str], mode: str = "exact", steps: int = 12,
            on_mark: Optional[Callable[[], None]] = None, timeout: float = 240,
-           kill_delay: float = 0.0) -> List[dict]:
+           kill_delay: float = 0.0, job_env: Optional[Dict[str, str]] = None) -> List[dict]:
     mark = str(tmp_path / f"mark-{uuid.uuid4().hex[:6]}")
     job = "fo-" + uuid.uuid4().hex[:8]
     rv = f"127.0.0.1:{free_tcp_port()}"
+    if job_env is not None:  # the job's identity, for a test that looks at it while it runs
+        job_env.update(NETREDUCE_JOB=job, NETREDUCE_RENDEZVOUS=rv,
+                       NETREDUCE_JOB_SECRET="s3cret-" + job)
     procs = []
     for r in range(n):
         env = dict(os.environ, NETREDUCE_JOB=job, NETREDUCE_RANK=str(r), NETREDUCE_SIZE=str(n),
