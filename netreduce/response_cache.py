@@ -65,7 +65,7 @@ ROUND_SEQ = 1 << 62         # executing a round: any failure aborts it
 INVALID, WAITING, READY = 0, 1, 2
 HEADER = 3
 MAX_WIDTH = 4096            # ids a round covers (int32 each); larger ids stay with the coordinator
-POLL_S = 0.001              # while speculating: the executor's look at submissions left to it
+POLL_S = 0.01               # while speculating: the executor's look at submissions left to it
 IDLE_S = 0.05               # a rank with nothing follows others' rounds at this pace at most
 NOTICE_GRACE_S = 2.0        # a failed round waits this long for the coordinator's reason
 
@@ -136,9 +136,10 @@ class Agreement:
                 self.pending[i] = t
                 self.since[i] = time.monotonic()
                 took = True
-        if rest or (took and not self.spec.covered()):
-            # A submission that completes the speculative group is left to the user's
-            # wait (help) or the executor's poll: waking the executor costs more than
+        if rest or (took and not (self.spec.waited and self.spec.covered())):
+            # A submission that completes the speculative group, on a rank whose user
+            # waited for the last one, is left to the user's wait (help), or to the
+            # executor's poll if no wait comes: waking the executor costs more than
             # the step (two threads of one process contending for one core).
             self.comm._exec_q.put(WAKE)
         return rest
@@ -180,7 +181,7 @@ class Agreement:
             # we have not submitted its tensor (and can fall back to the coordinator).
             wait = 0.0 if local or stopping else max(0.0, due)
             if self.spec.polling():
-                wait = min(wait, max(comm.cycle_s, POLL_S))  # submissions left to us
+                wait = min(wait, POLL_S)        # a submission left to a wait that never came
             items = _take(q, wait)
             if not local and not self.hot and items and comm.cycle_s > 0:
                 time.sleep(comm.cycle_s)        # woke from idle: let the burst arrive
@@ -220,13 +221,13 @@ class Agreement:
                     mine = spec.ids is not None and all(i in self.pending for i in spec.ids)
                 if not (idle and mine and not self.held and comm._failure is None):
                     break
-                self._message()
+                self._message(by_user=True)
             finally:
                 self.run_lock.release()
         if not handle._event.is_set():
             q.put(WAKE)                         # not (or no longer) ours: the executor's
 
-    def _message(self) -> None:
+    def _message(self, by_user: bool = False) -> None:
         """The next data-plane message of the agreement: a speculative one or a
         round, as the previous message's result decided. Caller holds run_lock."""
         comm = self.comm
@@ -235,7 +236,7 @@ class Agreement:
             # Held log entries wait for the round that follows (the speculation says
             # ``other``, so it is not speculative again).
             self.hot = True
-            self.spec.run(bool(self.held))
+            self.spec.run(bool(self.held), by_user)
             return
         result = self._round(self.received,
                              bool(self.held or self.pending or comm._inflight))

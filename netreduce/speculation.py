@@ -36,6 +36,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from netreduce import timeline as tl
 from netreduce.control.signature import nbytes
 from netreduce.fusion import FusionBuffer
 from netreduce.ops import STORAGE, WIRE_DTYPE, ReduceOp
@@ -69,10 +70,12 @@ class Speculation:
         self.sigs: Tuple[tuple, ...] = ()
         self.spans: List[Tuple[int, int]] = []
         self.buf: Optional[np.ndarray] = None
+        self.views: List[np.ndarray] = []
         self.hits = 0                                 # statistics (tests, benchmarks)
         self.misses = 0
         self.idle = 0                                 # messages where no rank had anything
         self.last_hit = 0.0                           # monotonic
+        self.waited = False     # the last step ran on the thread that waited for it
 
     @property
     def armed(self) -> bool:
@@ -88,8 +91,8 @@ class Speculation:
         return ids is not None and all(i in self.ag.pending for i in ids)
 
     def polling(self) -> bool:
-        """Whether the executor looks for submissions every POLL_S (route leaves
-        them to it): while armed and steps have been completing, for 1 s at most."""
+        """Whether the executor looks every POLL_S for submissions that route left
+        to a wait: while armed and steps have been completing, for 1 s at most."""
         return self.ids is not None and time.monotonic() - self.last_hit < 1.0
 
     def agreed(self, groups: List[Tuple[Tuple[int, ...], List[Any]]]) -> None:
@@ -115,15 +118,17 @@ class Speculation:
         size = len(ids) + 1 + sum(counts)
         if self.buf is None or self.buf.dtype != storage or self.buf.size != size:
             self.buf = np.empty(size, dtype=storage)
+        data = self.buf[len(ids) + 1:]
+        self.views = [data[a:b] for a, b in self.spans]  # each tensor's place
 
-    def run(self, held: bool) -> Optional[bool]:
+    def run(self, held: bool, by_user: bool = False) -> Optional[bool]:
         """One speculative message. Returns True when G completed, False when the
         sums were discarded, None when the message failed (the failure is reported:
         the plain executor takes over)."""
         ag, comm, ids = self.ag, self.ag.comm, self.ids
         assert ids is not None and self.buf is not None
         k = len(ids)
-        buf, votes, data = self.buf, self.buf[:k + 1], self.buf[k + 1:]
+        buf, votes = self.buf, self.buf[:k + 1]
         mine: List[Any] = []
         now = time.monotonic()
         with comm._lock, ag.lock:
@@ -139,14 +144,15 @@ class Speculation:
                 return None
             comm._executing = ag.ROUND_SEQ
         try:
-            for j, (t, (a, b)) in enumerate(zip(mine, self.spans)):
+            for j, (t, view) in enumerate(zip(mine, self.views)):
                 if t is None:
                     votes[j] = 0
-                    data[a:b] = 0
+                    view.fill(0)
                 else:
                     votes[j] = 1
-                    comm._copy_in(t, data[a:b])
+                    comm._copy_in(t, view)
             votes[k] = 1 if other else 0
+            t0 = tl.now_us()
             comm.dp.allreduce(buf, None, op="sum")
         except Exception as exc:
             ag._message_failed(exc)
@@ -155,11 +161,16 @@ class Speculation:
             with comm._lock:
                 comm._executing = None
         ag.rounds += 1
-        n = comm.size
-        complete = bool((votes[:k] == n).all())
+        sums = votes.tolist()
+        complete = all(v == comm.size for v in sums[:k])
         if complete:
-            for t, (a, b) in zip(mine, self.spans):
-                comm._copy_out(t, data[a:b])
+            for t, view in zip(mine, self.views):
+                comm._copy_out(t, view)
+            if comm.timeline:
+                t1 = tl.now_us()
+                for t in mine:
+                    comm.timeline.span(t.name, "allreduce", t0, t1,
+                                       {"fused": k, "speculative": 1})
             with ag.lock:
                 for i in ids:
                     ag.pending.pop(i, None)
@@ -171,11 +182,12 @@ class Speculation:
             comm.groups_executed += 1
             comm._complete(mine)
             self.last_hit = time.monotonic()
-        elif votes[k] == 0 and not votes[:k].any():
+            self.waited = by_user
+        elif not any(sums):
             self.idle += 1                    # nobody had anything: nothing to see
             return False
         else:
             self.misses += 1
-        if not complete or votes[k] != 0:
+        if not complete or sums[k] != 0:
             self.disarm()                     # a round next: it sees what we did not
         return complete
