@@ -23,6 +23,7 @@ slowest rank's wall time for the stream.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -105,7 +106,7 @@ def worker(rank: int, size: int, address: Tuple[str, int], job: str, n: int, see
                 wrong.append(f"all-reduce {i} ({count} x {dtype} {op}): first wrong element {bad}")
     keys = ("retransmits", "fast_retransmits", "spurious_retransmits", "dropped_by_knob",
             "packets_sent", "ignored_results", "timeout_probes", "srtt_us", "rto_us",
-            "tail_probes", "tail_copies", "repaired_chunks", "repair_wait_us")
+            "tail_probes", "tail_copies", "repaired_chunks", "repair_wait_us", "needless_by_repeat")
     slow = np.argsort(times)[-3:][::-1]
     return {"rank": rank, "seconds": elapsed,
             "slowest_ms": [[int(i), round(float(times[i]) * 1e3, 1)] for i in slow], "digest": digest.hexdigest(), "wrong": wrong[:10],
@@ -160,8 +161,11 @@ def _summary(results: List[Dict]) -> Dict:
 
 def run_loopback(tree: Optional[str], size: int, loss: float, args) -> Dict:
     env = _env(tree)
+    # `python -m` puts the working directory first on sys.path: run the aggregator from
+    # the tree under test, or it would be this checkout's whatever PYTHONPATH says.
     sw = subprocess.Popen([sys.executable, "-m", "netreduce.switch", "--host", "127.0.0.1",
-                           "--port", "0"], stdout=subprocess.PIPE, text=True, env=env)
+                           "--port", "0"], stdout=subprocess.PIPE, text=True, env=env,
+                          cwd=tree or REPO)
     try:
         line = ""
         while not line.startswith("netreduce-switch listening"):
@@ -185,7 +189,8 @@ def run_loopback(tree: Optional[str], size: int, loss: float, args) -> Dict:
 def run_testbed(tb, tree: Optional[str], size: int, loss: float, args) -> Dict:
     env = _env(tree)
     tb.set_loss(loss, "udp")
-    switch = tb.spawn_switch(env=env)
+    with contextlib.chdir(tree or REPO):  # the tree's aggregator (see run_loopback)
+        switch = tb.spawn_switch(env=env)
     try:
         host, port = switch.address
         job = "loss-" + uuid.uuid4().hex[:6]
@@ -241,16 +246,22 @@ def main(argv: Optional[List[str]] = None) -> int:
     where = "testbed (nftables, UDP, every namespace's input)" if tb else "loopback (engine drop knob)"
     print(f"\n{args.ranks} ranks, {args.n} all-reduces (1..{args.max_elems} elements, every dtype "
           f"and op), {where}; load: {os.getloadavg()[0]:.1f}\n")
-    print("| build | loss | seconds | x lossless | exact | retransmits | fast | tail probes | timeout "
-          "probes | spurious | tail copies | repaired | ms per repair | dup waiting | dup done |")
-    print("|---|---:|---:|---:|:---:|" + "---:|" * 10)
+    print("| build | loss | seconds (min-max) | x lossless (ratio of medians) | paired | exact | "
+          "retransmits | fast | tail probes | timeout probes | spurious | tail copies | repaired | "
+          "ms per repair | dup waiting | dup done |")
+    print("|---|---:|---:|---:|---:|:---:|" + "---:|" * 10)
     for name, _ in trees:
         base = med[name][losses[0]]["seconds"]
         for x in losses:
             r = med[name][x]
             s = r["stats"]
             a = r.get("aggregator", {})
-            print(f"| {name} | {x:.0%} | {r['seconds']:.3f} | {r['seconds'] / base:.2f} | "
+            runs = [q["seconds"] for q in cells[name][x]]
+            # Paired: each repeat's run against the same build's lossless run of that
+            # repeat (run next to it), then the median of those ratios.
+            paired = float(np.median([q / b["seconds"] for q, b in zip(runs, cells[name][losses[0]])]))
+            print(f"| {name} | {x:.0%} | {r['seconds']:.3f} ({min(runs):.2f}-{max(runs):.2f}) | "
+                  f"{r['seconds'] / base:.2f} | {paired:.2f} | "
                   f"{'yes' if r['exact'] else 'NO'} | {s['retransmits']} | {s['fast_retransmits']} | "
                   f"{s['tail_probes']} | {s['timeout_probes']} | {s['spurious_retransmits']} | "
                   f"{s['tail_copies']} | {s['repaired_chunks']} | "

@@ -427,7 +427,9 @@ void Aggregator::HandleDatagram(uint32_t thread_index, uint16_t my_port, const I
       h.length = s.length;  // an owner's header-only resend gets the whole result
       h.pad = uint8_t(wire::PaddedLength(h.length) - h.length);
       QueueResult(job, h, rank, acc, my_port, out);
-    }  // a rack's slot waiting on the spine: its uplink timer resends (uplink.cc)
+    } else {  // (a rack's slot waiting on the spine: its uplink timer resends, uplink.cc)
+      job.pool.MarkRepeat(h.slot, h.shadow, rank);
+    }
     return;
   }
   if (first_data) s.length = h.length;
@@ -453,7 +455,10 @@ void Aggregator::HandleDatagram(uint32_t thread_index, uint16_t my_port, const I
     if (job.group.ip != 0 && !wire::OwnerDelivery(h.msg_id)) {
       QueueResult(job, h, wire::kGroupRank, acc, my_port, out);
     } else {
-      for (uint32_t r : job.members) QueueResult(job, h, r, acc, my_port, out);
+      for (uint32_t r : job.members) {
+        h.repeat_seen = !job.verbs.Active(r) && job.pool.Repeated(h.slot, h.shadow, r);
+        QueueResult(job, h, r, acc, my_port, out);
+      }
     }
   }
 }

@@ -12,6 +12,7 @@ SlotPool::SlotPool(uint32_t slots, uint32_t payload_bytes, uint32_t world_size)
       words_((world_size + 63) / 64),
       states_(size_t(slots) * 2),
       bitmap_(size_t(slots) * 2 * words_, 0),
+      repeats_(size_t(slots) * 2 * words_, 0),
       accum_bytes_(size_t(slots) * 2 * payload_bytes),
       accum_(nullptr) {
   // Anonymous pages read as zeros; RSS grows only as slots are used.

@@ -55,6 +55,15 @@ class SlotPool {
   }
   void ResetRound(uint32_t slot, uint32_t shadow) {
     std::memset(&bitmap_[(size_t(slot) * 2 + shadow) * words_], 0, words_ * sizeof(uint64_t));
+    std::memset(&repeats_[(size_t(slot) * 2 + shadow) * words_], 0, words_ * sizeof(uint64_t));
+  }
+  // Ranks whose contribution came again while the round was still waiting (a resend
+  // or tail copy after the first had arrived): their results say so (kExtRepeatSeen).
+  void MarkRepeat(uint32_t slot, uint32_t shadow, uint32_t rank) {
+    repeats_[(size_t(slot) * 2 + shadow) * words_ + rank / 64] |= uint64_t(1) << (rank % 64);
+  }
+  bool Repeated(uint32_t slot, uint32_t shadow, uint32_t rank) const {
+    return (repeats_[(size_t(slot) * 2 + shadow) * words_ + rank / 64] >> (rank % 64)) & 1;
   }
 
  private:
@@ -63,6 +72,7 @@ class SlotPool {
   size_t words_;
   std::vector<SlotState> states_;
   std::vector<uint64_t> bitmap_;
+  std::vector<uint64_t> repeats_;  // same layout as bitmap_
   // The accumulators: a mapping of their own, so that a job's memory goes back to
   // the system the moment its pool is freed (a heap block could stay in a malloc
   // arena, and RSS would grow as jobs come and go: docs/operations.md).

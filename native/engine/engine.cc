@@ -284,7 +284,7 @@ Status Engine::Run(Request& req) {
     t.probe = tail && t.head;
     if (t.probe) t.early = true, t.deadline_us = now + TailProbeUs(srtt_us_, kReorderFloorUs, t.rto_us);
     queue_send(t);
-    if (tail && CopyTail(h.length, packets_sent_, retransmits_, spurious_retransmits_)) {
+    if (tail && CopyTail(h.length, packets_sent_, repaired_chunks_, spurious_retransmits_)) {
       tail_copies_++;
       queue_send(t);
     }
@@ -368,8 +368,9 @@ Status Engine::Run(Request& req) {
       }
     };
     // The result of `t` is in place: sample the round trip, give chunks it overtook
-    // their reorder deadline, move the slot on.
-    auto complete = [&](SlotTrack& t) {
+    // their reorder deadline, move the slot on. `repeat_seen`: the aggregator had
+    // this rank's contribution before a repeat of it arrived (kExtRepeatSeen).
+    auto complete = [&](SlotTrack& t, bool repeat_seen) {
       packets_received_++;
       const int64_t t_now = NowUs();
       const size_t lane = lane_of(t.seq);
@@ -385,8 +386,15 @@ Status Engine::Run(Request& req) {
       lane_last_seq[lane] = int64_t(t.seq);
       Retried& r = retried_[t.seq % window_];
       if (t.retries > 0) repaired_chunks_++, repair_wait_us_ += uint64_t(t_now - t.first_send_us);
-      if (t.retries == 0) {  // Karn: only unambiguous samples
-        if (t.head) SampleRtt(double(t_now - t.first_send_us));
+      // A chunk whose resend the aggregator saw as a repeat was not lost: the slot was
+      // waiting for another rank (its loss, or a descheduled process). Proven needless
+      // once per chunk, like a second result below (so the record is not kept), so
+      // that only this rank's own losses switch tail copies on. No round-trip sample:
+      // the wait was the slot's, not the path's.
+      const bool proven = t.retries > 0 && repeat_seen;
+      if (proven) spurious_retransmits_++, needless_by_repeat_++;
+      if (t.retries == 0 || proven) {  // Karn: only unambiguous samples
+        if (!proven && t.head) SampleRtt(double(t_now - t.first_send_us));
         r.sample_us = -1;
       } else {
         r.head = t.head;
@@ -460,7 +468,7 @@ Status Engine::Run(Request& req) {
             if (own) {
               CombineInto(req.dtype, req.op, req.dst + at, req.src + at, into, h.length / esize);
             }
-            complete(*t);
+            complete(*t, h.repeat_seen);
           } else {
             iovec iov = {storage.data(), kRecvBufBytes};
             NR_RETURN_IF_ERROR(sock.RecvScatter(&iov, 1, &got_len));
@@ -497,7 +505,7 @@ Status Engine::Run(Request& req) {
         } else {
           std::memcpy(req.dst + at, p.buf + wire::kHeaderBytes, h.length);
         }
-        complete(*t);
+        complete(*t, h.repeat_seen);
       }
       return Status::Ok();
     };

@@ -23,9 +23,9 @@ int64_t TailProbeUs(double srtt_us, int64_t floor_us, int64_t rto_us) {
   return std::min(rto_us, std::max(floor_us, est));
 }
 
-bool CopyTail(uint32_t bytes, uint64_t packets_sent, uint64_t retransmits, uint64_t spurious) {
+bool CopyTail(uint32_t bytes, uint64_t packets_sent, uint64_t repaired, uint64_t proven) {
   if (bytes > kCopyMaxBytes || packets_sent < kCopyMinPackets) return false;
-  const uint64_t lost = retransmits > spurious ? retransmits - spurious : 0;
+  const uint64_t lost = repaired > proven ? repaired - proven : 0;
   return double(lost) > kCopyLossThreshold * double(packets_sent);
 }
 

@@ -7,13 +7,21 @@
 //  - Tail probe (RFC 8985's TLP, in spirit): a lane's tail chunk sent at the head of
 //    its lane gets an early deadline of about two smoothed round trips instead of the
 //    timeout; what fires is a fast retransmission and the timeout stays as it was.
-//  - Tail copy: once the engine has seen real loss (resends not proven needless above
-//    kCopyLossThreshold of the packets sent; high enough that the needless ones a
-//    loaded host causes, which are not all proven, stay below it), a tail chunk of at most kCopyMaxBytes is
-//    sent twice, back to back. The aggregator adds a contribution once, so the copy
-//    costs one packet and never a wrong sum; a copy that arrives after its slot
-//    completed is answered with the stored result, a second chance for the result's
-//    way down too.
+//  - Tail copy: once the engine has seen real loss of its own packets (chunks that
+//    needed a resend, less those proven needless, above kCopyLossThreshold of the
+//    packets sent), a tail chunk of at most kCopyMaxBytes is sent twice, back to back.
+//    A lost contribution of any rank stalls the slot for all N, so every rank's probes
+//    fire for every rank's loss (and for a descheduled peer): the aggregator marks the
+//    results of ranks whose resend arrived while the slot still waited
+//    (kExtRepeatSeen), and such a chunk counts as proven needless, like one answered
+//    twice; so only a rank's own losses -- what a copy of its own tail repairs -- switch
+//    its copies on. Chunks, not resends: a chunk a stalled peer held up for several
+//    backed-off resends is one piece of evidence. (Before, resends were counted: 1 %
+//    loss read as ~3 % at N = 3, and so did a loaded host's needless resends; copies
+//    went on in lossless runs and cost more than they saved; BENCHMARKS.md, issue 14.)
+//    The aggregator adds a contribution once, so the copy costs one packet and never a
+//    wrong sum; a copy that arrives after its slot completed is answered with the
+//    stored result, a second chance for the result's way down too.
 #pragma once
 
 #include <cstdint>
@@ -22,7 +30,7 @@ namespace netreduce {
 namespace engine_repair {
 
 constexpr uint64_t kCopyMinPackets = 200;      // no loss estimate before this many sent
-constexpr double kCopyLossThreshold = 0.02;    // resends not proven spurious per packet
+constexpr double kCopyLossThreshold = 0.02;    // unproven repaired chunks per packet
 constexpr uint32_t kCopyMaxBytes = 9000;       // one jumbo frame: small tails only
 
 // Whether chunk c of a message of nchunks chunks starting at sequence number base is
@@ -33,8 +41,9 @@ bool IsLaneTail(int64_t c, int64_t nchunks, uint64_t base, uint32_t window, uint
 // (before the first sample: rto_us / 2).
 int64_t TailProbeUs(double srtt_us, int64_t floor_us, int64_t rto_us);
 
-// Whether a tail chunk of `bytes` goes out twice, from the engine's lifetime counters.
-bool CopyTail(uint32_t bytes, uint64_t packets_sent, uint64_t retransmits, uint64_t spurious);
+// Whether a tail chunk of `bytes` goes out twice, from the engine's lifetime counters:
+// packets sent, chunks completed after a resend, and of those the ones proven needless.
+bool CopyTail(uint32_t bytes, uint64_t packets_sent, uint64_t repaired, uint64_t proven);
 
 }  // namespace engine_repair
 }  // namespace netreduce

@@ -34,6 +34,10 @@ constexpr size_t kRoceMaxPayload = 4096;  // the largest RoCE MTU
 constexpr size_t kMaxPayload = 65464;
 constexpr uint8_t kAckReqBit = 0x80;  // BTH byte 8
 constexpr uint8_t kExtJumbo = 0x40;   // BTH byte 8, reserved bit: software jumbo payload
+// BTH byte 8, reserved bit, on a UDP rank's result only (software extension): the
+// round had this rank's contribution before a repeat of it (resend or tail copy)
+// arrived, so that repeat was needless (docs/protocol.md, "Repeat seen").
+constexpr uint8_t kExtRepeatSeen = 0x20;
 
 constexpr uint32_t kRankBits = 12;
 constexpr uint32_t kMaxRanks = 1u << kRankBits;  // per job
@@ -75,6 +79,7 @@ struct Header {
   uint8_t op = 0;         // 2 bits, reduce/dtype.h codes
   uint8_t shadow = 0;     // 1 bit
   bool result = false;    // set on the aggregator's answers
+  bool repeat_seen = false;  // kExtRepeatSeen, results only
   uint16_t slot = 0;
   uint64_t offset = 0;    // element offset of this payload inside the message, 40 bits
   uint32_t key = 0;       // job key (R_Key)

@@ -64,3 +64,31 @@ def test_tails_above_the_copy_limit_are_not_copied():
     assert stats["packets_sent"] >= 3 * 600 and stats["dropped_by_knob"] > 0, stats
     assert stats["retransmits"] > 0, stats
     assert stats["tail_copies"] == 0, stats
+
+
+def _one_lossy(rank, size, address, job, n):
+    # Rank 0 loses 5 % of its packets, ranks 1 and 2 none; one-chunk all-reduces.
+    with dataplane.connect(address, job, rank, size, timeout=30.0,
+                           drop_rate=0.05 if rank == 0 else 0.0, seed=rank + 7) as conn:
+        for i in range(n):
+            a = np.full(64, rank + i, np.float32)
+            conn.allreduce(a)
+            assert (a == sum(r + i for r in range(size))).all(), i
+        return conn.stats()
+
+
+def test_copies_follow_a_ranks_own_loss_not_its_peers():
+    # Every loss of rank 0 stalls the slot for all three ranks, so ranks 1 and 2 probe
+    # too. Their resends reach a slot that already holds their contribution: the
+    # aggregator marks their results (repeat seen), those chunks count as not lost,
+    # and only rank 0 -- whose tails a copy protects -- switches copies on.
+    with spawn() as sw:
+        results = run_ranks(_one_lossy, 3, sw.address, "tail-" + uuid.uuid4().hex[:6], 400,
+                            timeout=240)
+    lossy, peers = results[0], results[1:]
+    assert lossy["dropped_by_knob"] > 0 and lossy["tail_copies"] > 0, lossy
+    for s in peers:
+        assert s["dropped_by_knob"] == 0 and s["tail_copies"] == 0, s
+    assert sum(s["needless_by_repeat"] for s in peers) > 0, peers
+    for s in peers:  # never more proven than repaired (one proof per chunk)
+        assert s["spurious_retransmits"] <= s["repaired_chunks"], s

@@ -62,6 +62,20 @@ def test_jumbo_flag_gates_payloads_above_4k():
     assert jumbo[8] & 0x40  # BTH byte 8, reserved bit: the documented extension flag
 
 
+def test_repeat_seen_flag_rides_on_results_only():
+    # BTH byte 8, reserved bit 0x20 (docs/protocol.md, "Repeat seen"): set on a result
+    # it tells the rank its resend was needless; a contribution never carries it.
+    res = _native.encode_header({"result": 1, "repeat_seen": 1, "length": 4})
+    assert res[8] & 0x20 and not res[8] & 0x40
+    assert _native.decode_header(res + b"\0" * 8)["repeat_seen"]
+    assert not _native.decode_header(_native.encode_header({"result": 1, "length": 4}) +
+                                     b"\0" * 8)["repeat_seen"]
+    contribution = bytearray(_native.encode_header({"length": 4}))
+    assert not contribution[8] & 0x20
+    contribution[8] |= 0x20  # set by hand: ignored on a contribution
+    assert not _native.decode_header(bytes(contribution) + b"\0" * 8)["repeat_seen"]
+
+
 def reference_icrc(src, dst, sport, dport, header, payload, pad):
     """RoCEv2 ICRC per the IBTA annex: CRC32 over 64 one-bits (masked LRH), the IPv4
     header with TOS, TTL and checksum masked to ones, the UDP header with its checksum
