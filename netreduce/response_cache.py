@@ -34,8 +34,10 @@ A rank with work starts a round at once (or after NETREDUCE_CYCLE_TIME when it
 wakes from an idle spell, to batch a burst); a rank with nothing joins rounds at
 ``IDLE_S`` intervals, so that a rank waiting on a tensor that another rank never
 submits learns so within that (and ``stale_s`` later hands it to the coordinator,
-whose timeout error names the missing ranks). An idle job costs 1/IDLE_S tiny
-all-reduces per second. Before a rank's first submission it runs no round: init()
+whose timeout error names the missing ranks). A job idle for ``QUIET_S`` (every
+message found every rank with nothing) backs off, doubling the pace up to
+max(IDLE_S, stale_s): 2 tiny all-reduces per second instead of 20 at the default
+timeout, and a missing rank is still seen within stale_s. Before a rank's first submission it runs no round: init()
 still uses the flat data plane for the host-layout exchange.
 
 A rank that shuts down says so in its last round (v[2] = 0): after that round every
@@ -67,6 +69,7 @@ HEADER = 3
 MAX_WIDTH = 4096            # ids a round covers (int32 each); larger ids stay with the coordinator
 POLL_S = 0.01               # while speculating: the executor's look at submissions left to it
 IDLE_S = 0.05               # a rank with nothing follows others' rounds at this pace at most
+QUIET_S = 1.0               # ... and backs off once every rank has had nothing for this long
 NOTICE_GRACE_S = 2.0        # a failed round waits this long for the coordinator's reason
 
 
@@ -98,6 +101,8 @@ class Agreement:
         self.received = 0                       # log entries received (v[0])
         self.hot = False                        # the last message found a rank busy
         self.last_message = time.monotonic()
+        self.gap = IDLE_S                       # the idle pace now (backs off when quiet)
+        self.quiet_since: Optional[float] = None
         self.vec = np.empty(HEADER + self.width, dtype=np.int32)
         self.rounds = 0                         # statistics (tests, benchmarks)
         self.agreed = 0                         # tensors executed without the coordinator
@@ -164,7 +169,11 @@ class Agreement:
                         if item is None:
                             stopping = True
                         elif item is not WAKE:
+                            # Counted here too: the first submission arms the rounds,
+                            # and its log entry may come in the same batch as its wake
+                            # (a slow executor); uncounted, no round would ever run it.
                             self.held.append(item)
+                            self.received = max(self.received, item[0] + 1)
                     if comm._failure is not None or not self.armed:
                         self._run_held(len(self.held))
                         if stopping:
@@ -175,7 +184,7 @@ class Agreement:
             local = bool(self.held or self.pending or self.invalidate)
             if stopping and not self.held and self.said_leaving:
                 return
-            due = self.last_message + IDLE_S - time.monotonic()
+            due = self.last_message + self.gap - time.monotonic()
             # With work here: a message now. Without: follow the others' messages, at
             # IDLE_S at most, so that a rank waiting for us learns within that that
             # we have not submitted its tensor (and can fall back to the coordinator).
@@ -187,7 +196,7 @@ class Agreement:
                 time.sleep(comm.cycle_s)        # woke from idle: let the burst arrive
                 items += _take(q, 0.0)
             if not stopping and all(item is WAKE for item in items) and time.monotonic() - \
-                    self.last_message < IDLE_S and not (self.held or self.pending or self.invalidate):
+                    self.last_message < self.gap and not (self.held or self.pending or self.invalidate):
                 continue                        # a poll, or work a user thread ran (help)
             with self.run_lock:
                 for item in items:
@@ -199,7 +208,7 @@ class Agreement:
                 if comm._failure is not None or not self.armed:
                     continue
                 if not (self.held or self.pending or self.invalidate or stopping) and \
-                        time.monotonic() - self.last_message < IDLE_S:
+                        time.monotonic() - self.last_message < self.gap:
                     continue                    # a waiting user thread ran it meanwhile
                 self._message()
 
@@ -236,19 +245,34 @@ class Agreement:
             # Held log entries wait for the round that follows (the speculation says
             # ``other``, so it is not speculative again).
             self.hot = True
+            idle = self.spec.idle
             self.spec.run(bool(self.held), by_user)
+            self._pace(self.spec.idle > idle)
             return
         result = self._round(self.received,
                              bool(self.held or self.pending or comm._inflight))
         if result is None:
             return                              # failed: the plain executor takes over
         self.hot = result[1] == 0
+        self._pace(bool(result[1]))             # 1: no rank had anything in flight
         agreed_seq = int(result[0])
         ready = sum(1 for h in self.held if h[0] < agreed_seq)
         self._run_held(ready, allow=True)
         self._apply(result[HEADER:])
         if result[2] == 0:
             self._end()                         # a rank leaves: no more rounds, anywhere
+
+    def _pace(self, quiet: bool) -> None:
+        """The idle pace after a message: IDLE_S while anything happens; once every
+        message has found every rank with nothing for QUIET_S, doubled per message
+        up to max(IDLE_S, stale_s) (a rank waiting on us still learns within its
+        stale_s, and the coordinator's timeout is far beyond)."""
+        if not quiet:
+            self.quiet_since, self.gap = None, IDLE_S
+        elif self.quiet_since is None:
+            self.quiet_since = self.last_message
+        elif self.last_message - self.quiet_since > QUIET_S:
+            self.gap = min(2 * self.gap, max(IDLE_S, self.stale_s))
 
     def _run_held(self, count: int, allow: bool = False) -> None:
         """Run the first ``count`` log entries held (in log order, as received)."""

@@ -212,3 +212,44 @@ def test_shutdown_while_speculating_ends_cleanly(ranks):
     off, failure = results[0]
     assert off or failure is not None
     R.comms[0].shutdown()
+
+
+def test_an_idle_job_backs_off_and_resumes(ranks):
+    """Every message finding every rank with nothing for QUIET_S doubles the idle
+    pace (up to max(IDLE_S, stale_s)); the next step resets it and is exact."""
+    from netreduce.response_cache import IDLE_S, QUIET_S
+
+    def fn(r):
+        ag = api._tls.comm.agreement
+        for step in range(4):
+            _check(_step(r, step, ["g"]), 2, step)
+        time.sleep(QUIET_S + 1.5)
+        backed_off = ag.gap
+        _check(_step(r, 4, ["g"]), 2, 4)
+        return backed_off, ag.gap, ag.stale_s
+    for backed_off, gap, stale_s in ranks(2, NETREDUCE_TIMEOUT=20).run(fn):
+        assert IDLE_S < backed_off <= max(IDLE_S, stale_s)
+        assert gap == IDLE_S
+
+
+def test_first_log_entry_batched_with_its_wake_still_runs(ranks, monkeypatch):
+    """A slow executor takes the first submission's wake and its log entry in one
+    batch, before the rounds start: the entry must count as received (v[0]), or no
+    round ever runs it (a livelock seen under load)."""
+    from netreduce import response_cache
+
+    take = response_cache._take
+
+    def slow_take(q, wait):
+        if wait is None:                      # the plain executor, before the rounds
+            deadline = time.monotonic() + 2.0
+            while q.qsize() < 2 and time.monotonic() < deadline:
+                time.sleep(0.001)
+        return take(q, wait)
+    monkeypatch.setattr(response_cache, "_take", slow_take)
+
+    def fn(r):
+        for step in range(3):
+            _check(_step(r, step, ["g"]), 2, step)
+        return True
+    assert ranks(2, NETREDUCE_TIMEOUT=10).run(fn, timeout=30) == [True, True]
