@@ -270,7 +270,7 @@ def drive_step(args: argparse.Namespace) -> None:
         floor = results.get(f"{alg} cycle={first} dataplane")
         if name in ("agreement", "before") and floor:
             extra = [v - f for v, f in zip(vals, floor)]
-            print(f"{alg} {cycle} {name} - dataplane{'':12s} {statistics.median(extra):7.3f}  "
+            print(f"{f'{alg} {cycle} {name} - dataplane':40s} {statistics.median(extra):7.3f}  "
                   f"[{' '.join(f'{v:.3f}' for v in extra)}]")
     if args.json:
         with open(args.json, "w") as f:
