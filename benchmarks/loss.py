@@ -219,7 +219,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--new", default=None, help="tree of the build under test (default: this checkout)")
     p.add_argument("--testbed", action="store_true", help="namespaces + nftables loss (root)")
     p.add_argument("--json", default=None)
+    p.add_argument("--pool", default=None, metavar="A.json,B.json",
+                   help="run nothing: pool the runs of earlier --json records (same builds, "
+                        "losses and repeats each) into one table")
     args = p.parse_args(argv)
+    if args.pool:
+        return _pool(args.pool.split(","))
     losses = [float(x) for x in args.loss.split(",")]
     trees = [("new", args.new)] + ([("old", args.old)] if args.old else [])
     cells: Dict[str, Dict[float, List[Dict]]] = {name: {x: [] for x in losses} for name, _ in trees}
@@ -241,16 +246,43 @@ def main(argv: Optional[List[str]] = None) -> int:
     finally:
         if tb is not None:
             tb.down()
-    med = {name: {x: sorted(rs, key=lambda r: r["seconds"])[len(rs) // 2] for x, rs in c.items()}
-           for name, c in cells.items()}
     where = "testbed (nftables, UDP, every namespace's input)" if tb else "loopback (engine drop knob)"
     print(f"\n{args.ranks} ranks, {args.n} all-reduces (1..{args.max_elems} elements, every dtype "
           f"and op), {where}; load: {os.getloadavg()[0]:.1f}\n")
-    print("| build | loss | seconds (min-max) | x lossless (ratio of medians) | paired | exact | "
-          "retransmits | fast | tail probes | timeout probes | spurious | tail copies | repaired | "
-          "ms per repair | dup waiting | dup done |")
-    print("|---|---:|---:|---:|---:|:---:|" + "---:|" * 10)
-    for name, _ in trees:
+    _table(cells, losses, args.ranks)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"args": vars(args), "cells": {n: {str(x): rs for x, rs in c.items()}
+                                                     for n, c in cells.items()}}, f, indent=1)
+    bad = [r for c in cells.values() for rs in c.values() for r in rs if not r["exact"]]
+    return 1 if bad else 0
+
+
+def _pool(paths: List[str]) -> int:
+    """One table over the runs of several records; pairs stay within their record."""
+    cells: Dict[str, Dict[float, List[Dict]]] = {}
+    ranks = 3
+    for path in paths:
+        with open(path) as f:
+            rec = json.load(f)
+        ranks = rec["args"]["ranks"]
+        for name, c in rec["cells"].items():
+            for x, rs in c.items():
+                cells.setdefault(name, {}).setdefault(float(x), []).extend(rs)
+    losses = sorted(next(iter(cells.values())))
+    print(f"\npooled: {', '.join(paths)}\n")
+    _table(cells, losses, ranks)
+    return 0
+
+
+def _table(cells: Dict[str, Dict[float, List[Dict]]], losses: List[float], ranks: int) -> None:
+    med = {name: {x: sorted(rs, key=lambda r: r["seconds"])[len(rs) // 2] for x, rs in c.items()}
+           for name, c in cells.items()}
+    print("| build | loss | runs | seconds (min-max) | x lossless (ratio of medians) | paired | exact | "
+          "retransmits | fast | tail probes | timeout probes | spurious | repeat seen | tail copies | "
+          "repaired | ms per repair | repair wait per rank / lossless | dup waiting | dup done |")
+    print("|---|---:|---:|---:|---:|---:|:---:|" + "---:|" * 12)
+    for name in cells:
         base = med[name][losses[0]]["seconds"]
         for x in losses:
             r = med[name][x]
@@ -260,20 +292,19 @@ def main(argv: Optional[List[str]] = None) -> int:
             # Paired: each repeat's run against the same build's lossless run of that
             # repeat (run next to it), then the median of those ratios.
             paired = float(np.median([q / b["seconds"] for q, b in zip(runs, cells[name][losses[0]])]))
-            print(f"| {name} | {x:.0%} | {r['seconds']:.3f} ({min(runs):.2f}-{max(runs):.2f}) | "
+            # What the repairs cost, free of the runs' noise: one rank's share of the
+            # summed first-send-to-result waits of repaired chunks, over lossless time
+            # (an upper bound: waits of the ranks overlap, and some overlap other work).
+            share = s["repair_wait_us"] / 1e6 / ranks / base
+            print(f"| {name} | {x:.0%} | {len(runs)} | {r['seconds']:.3f} ({min(runs):.2f}-{max(runs):.2f}) | "
                   f"{r['seconds'] / base:.2f} | {paired:.2f} | "
-                  f"{'yes' if r['exact'] else 'NO'} | {s['retransmits']} | {s['fast_retransmits']} | "
+                  f"{'yes' if all(q['exact'] for q in cells[name][x]) else 'NO'} | "
+                  f"{s['retransmits']} | {s['fast_retransmits']} | "
                   f"{s['tail_probes']} | {s['timeout_probes']} | {s['spurious_retransmits']} | "
-                  f"{s['tail_copies']} | {s['repaired_chunks']} | "
-                  f"{s['repair_wait_us'] / max(1, s['repaired_chunks']) / 1e3:.2f} | "
+                  f"{s.get('needless_by_repeat', 0)} | {s['tail_copies']} | {s['repaired_chunks']} | "
+                  f"{s['repair_wait_us'] / max(1, s['repaired_chunks']) / 1e3:.2f} | {share:.1%} | "
                   f"{a.get('duplicates', 0) - a.get('retransmitted_results', 0)} | "
                   f"{a.get('retransmitted_results', 0)} |")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"args": vars(args), "cells": {n: {str(x): rs for x, rs in c.items()}
-                                                     for n, c in cells.items()}}, f, indent=1)
-    bad = [r for c in cells.values() for rs in c.values() for r in rs if not r["exact"]]
-    return 1 if bad else 0
 
 
 if __name__ == "__main__":
