@@ -54,7 +54,11 @@ WATCH_POLL_S = 0.2  # how often the path watcher re-reads the current path's soc
 
 
 def _connections(path: Any) -> List[Any]:
-    return list(getattr(path, "connections", None) or [getattr(path, "connection", None)])
+    if getattr(path, "connections", None):
+        return list(path.connections)
+    if hasattr(path, "shard"):  # hierarchical: its flat connection and its shard's
+        return [c for c in (path.flat, path.shard) if c is not None]
+    return [path.connection]
 
 
 def _received(path: Any) -> int:

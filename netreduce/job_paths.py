@@ -97,7 +97,7 @@ class Opener:
 
     def __init__(self, rv: Any, topo: Any, knobs: Dict[str, Any],
                  connect: Callable[..., Any]) -> None:
-        self.rv, self.topo, self.connect = rv, topo, connect
+        self.rv, self.topo, self.connect, self.knobs = rv, topo, connect, knobs
         self.timeout = float(knobs["NETREDUCE_TIMEOUT"])
         self.connect_kw = dict(timeout=self.timeout,
                                retransmit_ms=knobs["NETREDUCE_RETRANSMIT_MS"],
@@ -154,7 +154,34 @@ class Opener:
         if bad and algo is not None:
             algo.close()
             algo = None
+        if algo is not None and self.layered(cand):
+            return self._layer(cand, algo, key)
         return algo, bad
+
+    def layered(self, cand: Candidate) -> bool:
+        """One aggregator and NETREDUCE_ALGORITHM auto or hierarchical: the algorithm
+        over it follows the host layout (algorithms/select.py), as without failover."""
+        return cand.kind == "switch" and len(cand.addresses) == 1 and self.topo.size > 1 \
+            and self.knobs.get("NETREDUCE_ALGORITHM", "auto") != "flat"
+
+    def _layer(self, cand: Candidate, algo: Any, key: str) -> Tuple[Any, List[str]]:
+        """Every rank is in: the layout exchange over the new path, and the
+        hierarchical algorithm where it calls for one; agreed like the admission."""
+        from netreduce.algorithms.select import build as build_algorithm
+        address = cand.addresses[0]
+        layered, error = None, ""
+        try:
+            layered = build_algorithm(algo.connection, self.topo,
+                                      dict(self.knobs, NETREDUCE_SWITCH=format_address(address)),
+                                      address, connect=self.connect)
+        except NetReduceError as exc:
+            error = str(exc)
+        values = self.rv.gather(f"{key}-layout", {"ok": layered is not None, "error": error})
+        bad = [f"rank {r}: {v['error']}" for r, v in enumerate(values) if not v["ok"]]
+        if bad:
+            (layered or algo).close()
+            return None, bad
+        return layered, []
 
     def first(self, cands: Sequence[Candidate], order: Sequence[int], key: str,
               reach_for: float = 0.0) -> Tuple[int, Any, List[str]]:
@@ -191,10 +218,12 @@ def start(topo: Any, knobs: Dict[str, Any], connect: Callable[..., Any]) -> Star
     from netreduce.algorithms.host_fallback import LocalAggregator
     from netreduce.failover import Failover
     from netreduce.rendezvous import Rendezvous
-    if knobs.get("NETREDUCE_ALGORITHM") == "hierarchical":
-        raise NetReduceError("NETREDUCE_ALGORITHM=hierarchical is not combined with failover "
-                             "(NETREDUCE_STANDBY_SWITCH, NETREDUCE_FALLBACK=host) yet; use auto "
-                             "or flat")
+    several = [c for c in candidates(knobs, None) if len(c.addresses) > 1]
+    if knobs.get("NETREDUCE_ALGORITHM") == "hierarchical" and several:
+        raise NetReduceError(
+            f"NETREDUCE_ALGORITHM=hierarchical with several aggregators ({several[0].describe()}"
+            "): the two are not combined yet; use NETREDUCE_ALGORITHM=auto or flat, or name "
+            "one aggregator")
     rv_address = rendezvous_address(knobs)
     host_mode = knobs.get("NETREDUCE_FALLBACK") == "host"
     secret = bool(config.get("NETREDUCE_JOB_SECRET"))

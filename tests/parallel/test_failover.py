@@ -45,7 +45,8 @@ def closed_port() -> int:
 
 def launch(tmp_path, n: int, env_extra: Dict[str, str], mode: str = "exact", steps: int = 12,
            on_mark: Optional[Callable[[], None]] = None, timeout: float = 240,
-           kill_delay: float = 0.0, job_env: Optional[Dict[str, str]] = None) -> List[dict]:
+           kill_delay: float = 0.0, job_env: Optional[Dict[str, str]] = None,
+           prefix: Optional[Callable[[int], List[str]]] = None) -> List[dict]:
     mark = str(tmp_path / f"mark-{uuid.uuid4().hex[:6]}")
     job = "fo-" + uuid.uuid4().hex[:8]
     rv = f"127.0.0.1:{free_tcp_port()}"
@@ -54,12 +55,15 @@ def launch(tmp_path, n: int, env_extra: Dict[str, str], mode: str = "exact", ste
                        NETREDUCE_JOB_SECRET="s3cret-" + job)
     procs = []
     for r in range(n):
+        # flat unless a test asks for more: all ranks on one host would run the
+        # hierarchical algorithm, whose data never reaches the aggregator
         env = dict(os.environ, NETREDUCE_JOB=job, NETREDUCE_RANK=str(r), NETREDUCE_SIZE=str(n),
                    NETREDUCE_RENDEZVOUS=rv, NETREDUCE_TIMEOUT="10",
                    NETREDUCE_JOB_SECRET="s3cret-" + job, PYTHONFAULTHANDLER="1",
                    PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]),
-                   **env_extra)
-        procs.append(subprocess.Popen([sys.executable, WORKER, mode, mark, str(steps)], env=env,
+                   **dict({"NETREDUCE_ALGORITHM": "flat"}, **env_extra))
+        cmd = (prefix(r) if prefix else []) + [sys.executable, WORKER, mode, mark, str(steps)]
+        procs.append(subprocess.Popen(cmd, env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     killer = None
     if on_mark is not None:
