@@ -61,7 +61,8 @@ def eligible(group: Sequence[Any]) -> bool:
 
 
 class Speculation:
-    """One communicator's speculative messages; run by the executor thread only."""
+    """One communicator's speculative messages: armed by rounds, run under the
+    agreement's run lock (by the executor, or by a user thread in Handle.wait)."""
 
     def __init__(self, agreement: Any) -> None:
         self.ag = agreement
