@@ -363,6 +363,7 @@ class Failover:
         record = {"gen": gen, "from": failed.describe(), "to": self.cands[index].describe(),
                   "reason": reason, "completed": dones, "from_peer": from_peer,
                   "redone": int(pending is not None and not from_peer),
+                  "interrupted_bytes": now,  # the call under way here (0: none)
                   "partial_ranks": sum(1 for s in states if s["partial"]),
                   # seconds: abort until the executor left the path; the exchange;
                   # admission at the new path; the whole recovery (no redo included)

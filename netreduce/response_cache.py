@@ -115,11 +115,10 @@ class Agreement:
         rest, took = [], False
         cache = self.comm.cache
         if self.off is None:
-            # Failover (netreduce/failover.py) re-runs interrupted calls on the next
-            # path; rounds between its calls are not covered by its recovery yet, so a
-            # job with a standby or host fallback keeps the coordinator. The algorithm
-            # follows the job's knobs, the same on every rank: so does this choice.
-            self.off = getattr(self.comm.dp, "name", "") == "failover"
+            # Rounds and speculative messages are calls of comm.dp like any other: under
+            # failover (netreduce/failover.py) an interrupted one completes on the next
+            # path with the same result on every rank (docs/failover.md, "Rounds").
+            self.off = False
         if self.off:
             return tensors
         with self.lock:
@@ -331,6 +330,8 @@ class Agreement:
             comm._report_local_failure(self._round_error(exc))
 
     def _round_error(self, exc: NetReduceError) -> NetReduceError:
+        if getattr(self.comm.dp, "name", "") == "failover":
+            return exc  # its verdict: the aggregators that failed, why no path is left
         with self.lock:
             names = [t.name for t in self.pending.values()]
         from netreduce.communicator import tensor_names

@@ -26,13 +26,14 @@ class Exchange:
     def __init__(self, n: int) -> None:
         self.n, self.cond, self.rounds = n, threading.Condition(), {}
 
-    def post(self, key: Any, rank: int, array: np.ndarray) -> np.ndarray:
+    def post(self, key: Any, rank: int, array: np.ndarray, op: str = "sum") -> np.ndarray:
         with self.cond:
-            posted = self.rounds.setdefault(key, {})
+            posted = self.rounds.setdefault(key + (op,), {})
             posted[rank] = array.copy()
             self.cond.notify_all()
             assert self.cond.wait_for(lambda: len(posted) == self.n, timeout=20)
-            return sum(posted[r] for r in range(self.n))
+            parts = [posted[r] for r in range(self.n)]
+            return np.minimum.reduce(parts) if op == "min" else sum(parts)
 
 
 class GoodPath:
@@ -43,7 +44,7 @@ class GoodPath:
 
     def allreduce(self, src, dst=None, op="sum", dtype=None):
         dst = src if dst is None else dst
-        dst[...] = self.ex.post(("good", self.calls, src.dtype.str, src.size), self.rank, src)
+        dst[...] = self.ex.post(("good", self.calls, src.dtype.str, src.size), self.rank, src, op)
         self.calls += 1
         return dst
 
@@ -67,11 +68,11 @@ class DyingPath:
         dst = src if dst is None else dst
         c, self.calls = self.calls, self.calls + 1
         if c < self.m:
-            dst[...] = self.ex.post(("dying", c), self.rank, src)
+            dst[...] = self.ex.post(("dying", c), self.rank, src, op)
             self.received += 1
             return dst
         if c == self.m:
-            total = self.ex.post(("dying", c), self.rank, src)
+            total = self.ex.post(("dying", c), self.rank, src, op)
             if self.rank in self.finishers:
                 dst[...] = total
                 self.received += 1
@@ -174,6 +175,71 @@ def test_a_rank_that_missed_the_last_results_gets_them_from_a_peer(in_place):
     assert hist[0][0]["redone"] == 1 and hist[2][0]["redone"] == 0, hist
     assert hist[0][0]["partial_ranks"] == 1  # the laggard held half of call m in place
     assert all(a.stats()["generation"] == 1 for a in algos)
+    closers = [threading.Thread(target=a.close) for a in algos]
+    for t in closers:
+        t.start()
+    for t in closers:
+        t.join(30)
+
+
+def test_a_round_cut_short_decides_the_same_next_call_on_every_rank():
+    """The agreement's messages under failover (response_cache.py, speculation.py):
+    call m is a round, a MIN all-reduce whose result decides the next call (here its
+    size, as a round decides which group runs next). Ranks 0 and 1 got the round's
+    result and went on into the call it decided; rank 2 did not (half of it in
+    place). After the failover rank 2 holds the same MIN result (sent by a peer as a
+    sum of words: a MIN with the others' zeros would be wrong), so it issues the same
+    next call, and every result is exact."""
+    m, calls = 4, 8
+    ex, rv = Exchange(N), Rendezvous(N)
+    cands = [Candidate("host", [("127.0.0.1", 1)] * N), Candidate("host", [("127.0.0.1", 2)] * N)]
+    dying = [DyingPath(ex, r, m, finishers=[0, 1]) for r in range(N)]
+    algos = [Failover(cands, 0, dying[r], types.SimpleNamespace(
+                 first=lambda cs, order, key, reach_for=0.0, r=r: (1, GoodPath(ex, r), [])),
+                 rank_rv(rv, r), types.SimpleNamespace(rank=r, size=N, job="j"), timeout=20.0)
+             for r in range(N)]
+
+    def vote(r: int, c: int) -> np.ndarray:  # positive, so MIN with zeros would show
+        return np.random.default_rng([c, r, 7]).integers(1, 1000, 67).astype(np.int32)
+
+    seen: Dict[int, List[np.ndarray]] = {r: [] for r in range(N)}
+    errors: List[BaseException] = []
+
+    def run(r: int) -> None:
+        try:
+            size = 5
+            for c in range(calls):
+                if c % 2 == 0:  # a round, in place in its vector
+                    v = vote(r, c)
+                    algos[r].allreduce(v, op="min")
+                    seen[r].append(v.copy())
+                    size = int(v[0]) % 97 + 1  # decides the next call
+                else:
+                    x = np.full(size, r + c, np.int64)
+                    seen[r].append(algos[r].allreduce(x).copy())
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(N)]
+    for t in threads:
+        t.start()
+    for r, c in ((0, m + 1), (1, m + 1), (2, m)):
+        assert dying[r].reached.setdefault(c, threading.Event()).wait(20)
+    rv.request(0, "aggregator 127.0.0.1:1 closed its control connection")
+    for t in threads:
+        t.join(30)
+    assert not errors, errors
+    for c in range(calls):
+        if c % 2 == 0:
+            want = np.minimum.reduce([vote(r, c) for r in range(N)])
+        else:
+            size = int(seen[0][c - 1][0]) % 97 + 1
+            want = sum(np.full(size, r + c, np.int64) for r in range(N))
+        for r in range(N):
+            assert np.array_equal(seen[r][c], want), (r, c)
+    hist = [a.history for a in algos]
+    assert hist[2][0]["from_peer"] == 1 and hist[0][0]["redone"] == 1, hist
+    assert hist[2][0]["interrupted_bytes"] == 67 * 4, hist  # cut short in the round
     closers = [threading.Thread(target=a.close) for a in algos]
     for t in closers:
         t.start()
