@@ -205,17 +205,43 @@ def _auto_name(kind: str) -> str:
     return f"{kind}.noname.{n}"
 
 
+# Signatures already built, by everything they are built from: a training loop
+# submits the same few every step, and building one (dtype_name reads
+# numpy's dtype.name, a few µs) is most of a small all-reduce's Python. The key
+# holds the numpy dtype and shape themselves, so a changed shape or dtype under the
+# same name builds (and negotiates) a new signature; the factors' types are in it so
+# that only values float() reads alike share an entry. Only signatures that built
+# without error are kept: bad input goes the checking way every time.
+_SIGS: dict = {}
+_SIGS_MAX = 4096
+
+
+def _sig(kind: str, array: np.ndarray, op: Optional[ReduceOp], pre: Any, post: Any,
+         root: int, dtype: Optional[str]) -> tuple:
+    key = (kind, array.dtype, array.shape, dtype, op, type(pre), pre, type(post), post, root)
+    try:
+        return _SIGS[key]
+    except KeyError:
+        pass
+    except TypeError:          # an unhashable factor: build it, do not keep it
+        key = None
+    sig = (kind, dtype_name(array, dtype), tuple(int(d) for d in array.shape),
+           op.value if op else "", float(pre), float(post), int(root))
+    if key is not None:
+        if len(_SIGS) >= _SIGS_MAX:
+            _SIGS.clear()      # a program of ever-new shapes: start over
+        _SIGS[key] = sig
+    return sig
+
+
 def _submit(kind: str, arrays: Sequence[np.ndarray], outputs: Sequence[np.ndarray],
             names: Sequence[str], op: Optional[ReduceOp], pre: float, post: float,
             root: int, dtype: Optional[str], cacheable: bool, grouped: bool) -> Handle:
     comm = _comm()
     handle = Handle(list(outputs), grouped)
-    tensors = []
-    for array, output, name in zip(arrays, outputs, names):
-        dt = dtype_name(array, dtype)
-        sig = (kind, dt, tuple(int(d) for d in array.shape), op.value if op else "",
-               float(pre), float(post), int(root))
-        tensors.append(Tensor(name, sig, cacheable, op, array, output, handle))
+    tensors = [Tensor(name, _sig(kind, array, op, pre, post, root, dtype), cacheable, op,
+                      array, output, handle)
+               for array, output, name in zip(arrays, outputs, names)]
     comm.submit(tensors)
     return handle
 

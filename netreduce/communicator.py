@@ -31,6 +31,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 import numpy as np
 
 from netreduce import timeline as tl
+from netreduce.done_flag import DoneFlag
 from netreduce.errors import (ControlPlaneError, NegotiationError, NetReduceError,
                               OperationTimeoutError, RankFailedError, ShutdownError)
 from netreduce.fusion import FusionBuffer
@@ -64,29 +65,28 @@ class Handle:
     """What the *_async calls return; pass it to netreduce.poll / synchronize."""
 
     def __init__(self, outputs: List[np.ndarray], grouped: bool) -> None:
-        self._outputs = outputs
-        self._grouped = grouped
+        self._outputs, self._grouped = outputs, grouped
         self._remaining = len(outputs)
         self._names: List[str] = []  # of the tensors behind it (Tensor adds itself)
         self._error: Optional[BaseException] = None
-        self._event = threading.Event()
-        self._lock = threading.Lock()
+        self._event = DoneFlag()  # its lock guards _remaining and _error too
         self._helper: Optional[Callable[["Handle"], None]] = None  # Agreement.help
         if not outputs:
             self._event.set()
 
     def _finish_one(self, error: Optional[BaseException] = None) -> None:
-        with self._lock:
+        with self._event.lock:
             if error is not None and self._error is None:
                 self._error = error
             self._remaining -= 1
             if self._remaining == 0:
-                self._event.set()
+                self._event.set_locked()
 
     def done(self) -> bool:
         return self._event.is_set()
 
     def wait(self, timeout: Optional[float] = None) -> Any:
+        self._event.waited = True  # a synchronous loop (Speculation reads it)
         if self._helper is not None and timeout is None and not self._event.is_set():
             self._helper(self)  # runs a speculative step on this thread (response_cache.py)
         if not self._event.wait(timeout):

@@ -51,6 +51,8 @@ HOROVOD_OP_VALUES = {0: ReduceOp.Average, 1: ReduceOp.Sum, 2: ReduceOp.Adasum,
 def as_op(op) -> ReduceOp:
     """ReduceOp from a ReduceOp, its name ('sum', 'Average', ...) or Horovod's
     integer value (Average=0, Sum=1, Adasum=2, Min=3, Max=4, Product=5)."""
+    if op.__class__ is ReduceOp and op is not ReduceOp.Adasum:
+        return op          # the common case, once per call: skip the checks below
     if isinstance(op, ReduceOp):
         result = op
     elif isinstance(op, numbers.Integral) and not isinstance(op, bool):

@@ -72,11 +72,17 @@ class Speculation:
         self.spans: List[Tuple[int, int]] = []
         self.buf: Optional[np.ndarray] = None
         self.views: List[np.ndarray] = []
+        # per tensor of G, from its signature at arming (a step whose signature differs
+        # is not G's): whether its contribution is a plain copy into its view, and the
+        # factor its result is multiplied by when that is a plain float multiply
+        # (None: the communicator's general _copy_in/_copy_out, e.g. int8 or bfloat16)
+        self.plain_in: List[bool] = []
+        self.out_factor: List[Optional[float]] = []
         self.hits = 0                                 # statistics (tests, benchmarks)
         self.misses = 0
         self.idle = 0                                 # messages where no rank had anything
         self.last_hit = 0.0                           # monotonic
-        self.waited = False     # the last step ran on the thread that waited for it
+        self.waited = False     # the user was waiting for the last step (run() says why)
 
     @property
     def armed(self) -> bool:
@@ -121,6 +127,11 @@ class Speculation:
             self.buf = np.empty(size, dtype=storage)
         data = self.buf[len(ids) + 1:]
         self.views = [data[a:b] for a, b in self.spans]  # each tensor's place
+        size_ = self.ag.comm.size
+        self.plain_in = [WIRE_DTYPE[t.dtype] == t.dtype and t.sig[4] == 1.0 for t in tensors]
+        self.out_factor = [
+            (t.sig[5] / size_ if t.op is ReduceOp.Average else t.sig[5])
+            if t.dtype in ("float32", "float64") else None for t in tensors]
 
     def run(self, held: bool, by_user: bool = False) -> Optional[bool]:
         """One speculative message. Returns True when G completed, False when the
@@ -151,9 +162,12 @@ class Speculation:
                     view.fill(0)
                 else:
                     votes[j] = 1
-                    comm._copy_in(t, view)
+                    if self.plain_in[j]:
+                        np.copyto(view, t.array.reshape(-1))
+                    else:
+                        comm._copy_in(t, view)
             votes[k] = 1 if other else 0
-            t0 = tl.now_us()
+            t0 = tl.now_us() if comm.timeline else 0.0
             comm.dp.allreduce(buf, None, op="sum")
         except Exception as exc:
             ag._message_failed(exc)
@@ -165,8 +179,13 @@ class Speculation:
         sums = votes.tolist()
         complete = all(v == comm.size for v in sums[:k])
         if complete:
-            for t, view in zip(mine, self.views):
-                comm._copy_out(t, view)
+            for t, view, factor in zip(mine, self.views, self.out_factor):
+                if factor is None:
+                    comm._copy_out(t, view)
+                elif factor == 1.0:
+                    np.copyto(t.output.reshape(-1), view, casting="unsafe")
+                else:   # what scale_into does for a float tensor, without its dispatch
+                    np.multiply(view, factor, out=t.output.reshape(-1), casting="unsafe")
             if comm.timeline:
                 t1 = tl.now_us()
                 for t in mine:
@@ -182,8 +201,11 @@ class Speculation:
             self.hits += 1
             comm.groups_executed += 1
             comm._complete(mine)
-            self.last_hit = time.monotonic()
-            self.waited = by_user
+            self.last_hit = now  # (before the message: the 1 s window is coarse)
+            # The user waited for this step when it ran it (help), or when its wait was
+            # under way as the executor ran it (it lost the run lock to a poll): either
+            # way a synchronous loop, whose next submission is left to its wait.
+            self.waited = by_user or all(t.handle._event.waited for t in mine)
         elif not any(sums):
             self.idle += 1                    # nobody had anything: nothing to see
             return False
