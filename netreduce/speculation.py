@@ -78,6 +78,9 @@ class Speculation:
         # (None: the communicator's general _copy_in/_copy_out, e.g. int8 or bfloat16)
         self.plain_in: List[bool] = []
         self.out_factor: List[Optional[float]] = []
+        self.shaped: List[np.ndarray] = []  # the views in each tensor's shape
+        self.votes: Optional[np.ndarray] = None  # buf[:k + 1]
+        self.full: List[int] = []           # the votes of a complete step: N per id
         self.hits = 0                                 # statistics (tests, benchmarks)
         self.misses = 0
         self.idle = 0                                 # messages where no rank had anything
@@ -127,7 +130,10 @@ class Speculation:
             self.buf = np.empty(size, dtype=storage)
         data = self.buf[len(ids) + 1:]
         self.views = [data[a:b] for a, b in self.spans]  # each tensor's place
+        self.shaped = [v.reshape(t.sig[2]) for v, t in zip(self.views, tensors)]
+        self.votes = self.buf[:len(ids) + 1]
         size_ = self.ag.comm.size
+        self.full = [size_] * len(ids)
         self.plain_in = [WIRE_DTYPE[t.dtype] == t.dtype and t.sig[4] == 1.0 for t in tensors]
         self.out_factor = [
             (t.sig[5] / size_ if t.op is ReduceOp.Average else t.sig[5])
@@ -138,9 +144,9 @@ class Speculation:
         sums were discarded, None when the message failed (the failure is reported:
         the plain executor takes over)."""
         ag, comm, ids = self.ag, self.ag.comm, self.ids
-        assert ids is not None and self.buf is not None
+        assert ids is not None and self.buf is not None and self.votes is not None
         k = len(ids)
-        buf, votes = self.buf, self.buf[:k + 1]
+        buf, votes = self.buf, self.votes
         mine: List[Any] = []
         now = time.monotonic()
         with comm._lock, ag.lock:
@@ -163,7 +169,7 @@ class Speculation:
                 else:
                     votes[j] = 1
                     if self.plain_in[j]:
-                        np.copyto(view, t.array.reshape(-1))
+                        self.shaped[j][...] = t.array  # same dtype and shape: a copy
                     else:
                         comm._copy_in(t, view)
             votes[k] = 1 if other else 0
@@ -177,15 +183,15 @@ class Speculation:
                 comm._executing = None
         ag.rounds += 1
         sums = votes.tolist()
-        complete = all(v == comm.size for v in sums[:k])
+        complete = sums[:k] == self.full
         if complete:
-            for t, view, factor in zip(mine, self.views, self.out_factor):
+            for t, view, shaped, factor in zip(mine, self.views, self.shaped, self.out_factor):
                 if factor is None:
                     comm._copy_out(t, view)
                 elif factor == 1.0:
-                    np.copyto(t.output.reshape(-1), view, casting="unsafe")
+                    t.output[...] = shaped    # the output has the tensor's dtype and shape
                 else:   # what scale_into does for a float tensor, without its dispatch
-                    np.multiply(view, factor, out=t.output.reshape(-1), casting="unsafe")
+                    np.multiply(shaped, factor, out=t.output)
             if comm.timeline:
                 t1 = tl.now_us()
                 for t in mine:

@@ -127,17 +127,22 @@ def test_handle_wait_times_out_naming_the_tensor_then_completes():
     assert Handle([], True).done()   # nothing to wait for
 
 
-@pytest.mark.parametrize("case", ["average_post", "prescale", "int8"])
-def test_speculative_copies_match_the_plain_path(ranks, case):
-    """Average with a post-scale (the precomputed multiply), a pre-scale (the general
-    copy-in), int8 (the general copy-out): the speculative steps give what the first,
-    negotiated step gave, bit for bit, on every rank."""
+@pytest.mark.parametrize("case,shape", [("average_post", (33,)), ("average_post", (3, 4)),
+                                        ("average_post", ()), ("prescale", (2, 5)),
+                                        ("sum", (4, 1, 2)), ("int8", (7,))])
+def test_speculative_copies_match_the_plain_path(ranks, case, shape):
+    """Average with a post-scale (the precomputed multiply), Sum (a plain copy out), a
+    pre-scale (the general copy-in), int8 (the general copy-out), in several shapes:
+    the speculative steps give what the first, negotiated step gave, bit for bit, on
+    every rank."""
     def fn(r):
         rng = np.random.default_rng(r)
         if case == "int8":
-            x, kw = rng.integers(-9, 9, 7).astype(np.int8), {"op": nr.Sum}
+            x, kw = rng.integers(-9, 9, shape).astype(np.int8), {"op": nr.Sum}
+        elif case == "sum":
+            x, kw = rng.standard_normal(shape), {"op": nr.Sum}
         else:
-            x = rng.standard_normal(33).astype(np.float32)
+            x = rng.standard_normal(shape).astype(np.float32)
             kw = {"op": nr.Average, "postscale_factor": 3.0} if case == "average_post" \
                 else {"op": nr.Sum, "prescale_factor": 0.5}
         outs = [nr.allreduce(x, name="t", **kw) for _ in range(12)]
@@ -146,5 +151,6 @@ def test_speculative_copies_match_the_plain_path(ranks, case):
     for outs, hits in results:
         assert hits >= 3                      # steps 3.. are speculative (load may miss)
         for got in outs[1:]:
-            assert got.dtype == outs[0].dtype and np.array_equal(got, outs[0])
+            assert got.dtype == outs[0].dtype and got.shape == shape
+            assert np.array_equal(got, outs[0])
     assert np.array_equal(results[0][0][-1], results[1][0][-1])
