@@ -22,7 +22,9 @@ the previous commit with the same native module), ``coordinator``
 (the default); each at NETREDUCE_CYCLE_TIME 1 (default) and 0, and with the
 algorithm the host gets by default (auto: one host = shared memory) and flat (every
 rank through the aggregator). ``dataplane`` is the same 4 KiB all-reduce on the
-algorithm alone, no negotiation, for the floor.
+algorithm alone, no negotiation, for the floor. ``failover-coordinator`` and
+``failover-agreement`` (``--variants``) are the last two with failover on
+(NETREDUCE_STANDBY_SWITCH = the job's own aggregator; negotiation at rank 0).
 """
 from __future__ import annotations
 
@@ -213,11 +215,16 @@ VARIANTS = {  # name -> (code, env)
     "agreement": ("after", {"NETREDUCE_CACHE_AGREEMENT": "1"}),
     # no rounds either: the executor stays idle while the script calls the algorithm
     "dataplane": ("after", {"RAW": "1", "NETREDUCE_CACHE_AGREEMENT": "0"}),
+    # failover on (the job's own aggregator as its standby, rendezvous at rank 0)
+    "failover-coordinator": ("after", {"STANDBY": "1", "NETREDUCE_CACHE_AGREEMENT": "0"}),
+    "failover-agreement": ("after", {"STANDBY": "1", "NETREDUCE_CACHE_AGREEMENT": "1"}),
 }
 
 
 def _one_step_run(code_path: str, addr: str, env_extra: Dict[str, str], args) -> float:
     job = uuid.uuid4().hex[:8]
+    from netreduce.process import free_tcp_port
+    rendezvous = f"127.0.0.1:{free_tcp_port()}"
     procs = []
     for r in range(args.np):
         env = dict(os.environ, PYTHONPATH=code_path, NETREDUCE_RANK=str(r),
@@ -225,6 +232,8 @@ def _one_step_run(code_path: str, addr: str, env_extra: Dict[str, str], args) ->
                    NETREDUCE_LOCAL_SIZE=str(args.np), NETREDUCE_SWITCH=addr,
                    NETREDUCE_JOB=job, **env_extra)
         raw = env.pop("RAW", None)
+        if env.pop("STANDBY", None):
+            env.update(NETREDUCE_STANDBY_SWITCH=addr, NETREDUCE_RENDEZVOUS=rendezvous)
         cmd = [sys.executable, os.path.join(HERE, "control_plane.py"), "worker-step",
                "--iters", str(args.iters), "--warmup", str(args.warmup)]
         procs.append(subprocess.Popen(cmd + (["--raw"] if raw else []), env=env,
