@@ -81,6 +81,7 @@ class Speculation:
         self.shaped: List[np.ndarray] = []  # the views in each tensor's shape
         self.votes: Optional[np.ndarray] = None  # buf[:k + 1]
         self.full: List[int] = []           # the votes of a complete step: N per id
+        self.idset: frozenset = frozenset()  # G's ids
         self.hits = 0                                 # statistics (tests, benchmarks)
         self.misses = 0
         self.idle = 0                                 # messages where no rank had anything
@@ -134,6 +135,7 @@ class Speculation:
         self.votes = self.buf[:len(ids) + 1]
         size_ = self.ag.comm.size
         self.full = [size_] * len(ids)
+        self.idset = frozenset(ids)
         self.plain_in = [WIRE_DTYPE[t.dtype] == t.dtype and t.sig[4] == 1.0 for t in tensors]
         self.out_factor = [
             (t.sig[5] / size_ if t.op is ReduceOp.Average else t.sig[5])
@@ -150,9 +152,9 @@ class Speculation:
         mine: List[Any] = []
         now = time.monotonic()
         with comm._lock, ag.lock:
-            joined = any(t.kind == "join" and t.seq < 0 for t in comm._inflight.values())
+            joined = any(t.sig[0] == "join" and t.seq < 0 for t in comm._inflight.values())
             other = held or ag.leaving or joined or bool(ag.invalidate) or \
-                any(i not in ids for i in ag.pending)
+                not ag.pending.keys() <= self.idset
             for i, sig in zip(ids, self.sigs):
                 t = None if joined else ag.pending.get(i)
                 if t is not None and (now - ag.since[i] > ag.stale_s or t.sig != sig):
