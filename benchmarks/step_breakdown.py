@@ -12,7 +12,8 @@ prints, per pair of consecutive events, the median and mean gap over the steps: 
 gap between ``dp>`` and ``dp<`` is a data-plane all-reduce (R: a round's int32 vector,
 G: the data), ``submit< -> woke`` a hand-off to the executor, and so on. The wrappers
 cost a few µs each; the totals are for reading the parts, not for the headline
-figure (control_plane.py step).
+figure (control_plane.py step). The first lines also give the CPU rank 0 used per
+step (all its threads): N ranks on C cores cannot step faster than N x that / C.
 """
 from __future__ import annotations
 
@@ -79,10 +80,15 @@ def worker(args: argparse.Namespace) -> None:
     for _ in range(args.warmup):
         nr.allreduce(x, name="g", op=nr.Sum)
     events.clear()
+    cpu0, wall0 = time.process_time(), time.perf_counter()
     for _ in range(args.iters):
         events.append(("call>", clock()))
         nr.allreduce(x, name="g", op=nr.Sum)
         events.append(("call<", clock()))
+    # CPU this process used per step, all threads (wrappers included): with N ranks on
+    # C cores, a step cannot take less than N x this / C while the ranks are busy
+    cpu_us = (time.process_time() - cpu0) / args.iters * 1e6
+    wall_us = (time.perf_counter() - wall0) / args.iters * 1e6
     rank = nr.rank()
     nr.shutdown()
     if rank != 0:
@@ -97,7 +103,8 @@ def worker(args: argparse.Namespace) -> None:
             step = []
     steps = len(gaps["TOTAL"])
     rows = sorted(gaps.items(), key=lambda kv: -sum(kv[1]))
-    print(json.dumps({"steps": steps, "load": os.getloadavg()[0], "gaps": {
+    print(json.dumps({"steps": steps, "load": os.getloadavg()[0], "cpu_us": round(cpu_us, 1),
+                      "wall_us": round(wall_us, 1), "cores": os.cpu_count(), "gaps": {
         k: {"n": len(v), "median_us": round(statistics.median(v), 1),
             "per_step_mean_us": round(sum(v) / steps, 1)} for k, v in rows}}), flush=True)
 
@@ -125,6 +132,10 @@ def drive(args: argparse.Namespace) -> None:
     rec = json.loads(outs[0].strip().splitlines()[-1])
     print(f"# {code} algorithm={args.algorithm} cycle={args.cycle} N={args.np}, "
           f"{rec['steps']} steps, load {rec['load']:.1f}; rank 0, µs")
+    if "cpu_us" in rec:
+        print(f"# rank 0 used {rec['cpu_us']:.1f} µs CPU per step (all threads) of a "
+              f"{rec['wall_us']:.1f} µs step; {args.np} ranks x that / {rec['cores']} cores "
+              f"= {args.np * rec['cpu_us'] / rec['cores']:.1f} µs")
     for key, v in rec["gaps"].items():
         print(f"{key:28s} n={v['n']:5d}  median {v['median_us']:8.1f}  "
               f"per-step mean {v['per_step_mean_us']:8.1f}")
