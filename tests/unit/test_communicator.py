@@ -10,21 +10,6 @@ import pytest
 import netreduce as nr
 from netreduce import api
 from netreduce.errors import NegotiationError, RankFailedError, ShutdownError
-from tests.unit.harness import Ranks
-
-
-@pytest.fixture
-def ranks():
-    made = []
-
-    def make(size, **knobs):
-        r = Ranks(size, knobs)
-        made.append(r)
-        return r
-
-    yield make
-    for r in made:
-        r.close()
 
 
 @pytest.mark.parametrize("size", [1, 2, 3, 4])

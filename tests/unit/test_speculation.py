@@ -9,20 +9,6 @@ import pytest
 
 import netreduce as nr
 from netreduce import api
-from tests.unit.harness import Ranks
-
-
-@pytest.fixture
-def ranks():
-    made = []
-
-    def make(size, **knobs):
-        r = Ranks(size, knobs)
-        made.append(r)
-        return r
-    yield make
-    for r in made:
-        r.close()
 
 
 def _data(r, step, name, shape=(5,), dtype=np.float32):

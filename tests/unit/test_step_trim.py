@@ -14,20 +14,6 @@ from netreduce.communicator import Handle
 from netreduce.done_flag import DoneFlag
 from netreduce.errors import InvalidArgumentError, InvalidTypeError, NegotiationError, \
     OperationTimeoutError
-from tests.unit.harness import Ranks
-
-
-@pytest.fixture
-def ranks():
-    made = []
-
-    def make(size, **knobs):
-        r = Ranks(size, knobs)
-        made.append(r)
-        return r
-    yield make
-    for r in made:
-        r.close()
 
 
 def _uncached(kind, a, op, pre, post, root, dtype):
