@@ -10,7 +10,9 @@ and after the kill, the interrupted call an agreement message or an agreed group
   MIN round followed by the agreed group's message: the kill lands in either.
 
 The job goes on on a standby aggregator, or (speculative steps) on the host
-all-reduce (NETREDUCE_FALLBACK=host). A split of the ranks inside a round (some got
+all-reduce (NETREDUCE_FALLBACK=host); flat, and (speculative steps to a standby)
+hierarchical on one host. All ranks run the same steps: the data's last element
+carries each rank's "I saw the kill" flag, the reduced flag says when all did. A split of the ranks inside a round (some got
 its result, some did not) comes only by chance here; tests/unit/
 test_failover_recovery.py makes it certain.
 
@@ -33,7 +35,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 pytestmark = pytest.mark.slow
 WARM = 30          # steps before the mark (two agreements arm the speculation)
-AFTER = 40         # steps after the test says the primary is dead
+AFTER = 40         # steps after every rank saw the kill (said in the data itself)
+LIMIT = 200_000    # steps at most (a kill that never comes: the test fails on time)
 
 
 def data(mode: str, rank: int, step: int) -> np.ndarray:
@@ -59,20 +62,29 @@ def rank_main(mode: str, mark: str) -> None:
         comm = nr.api._comm()
         ag = comm.agreement
         op = nr.Min if mode == "rounds" else nr.Sum
-        step, after, deadline = 0, None, time.monotonic() + 90
-        while (after is None or step < after) and time.monotonic() < deadline:
+        # Every rank runs the same steps (one that stops early would leave the others
+        # waiting for it): the last element of each step's data says whether this rank
+        # has seen the test's word that the primary is dead (the test kills it once
+        # every rank made its mark); AFTER steps after the step where the reduced flag
+        # says every rank has, all stop.
+        everyone = 1 if mode == "rounds" else size
+        step, stop = 0, LIMIT
+        while step < stop:
             if step == WARM:
                 out["at_mark"] = counters(ag)
                 open(f"{mark}.{rank}", "w").close()
-            if after is None and step > WARM and os.path.exists(f"{mark}.killed"):
-                after = step + AFTER
+            if step > WARM and "at_kill" not in out and os.path.exists(f"{mark}.killed"):
                 out["at_kill"] = counters(ag)
-            got = nr.allreduce(data(mode, rank, step), op=op, name="g")
+            mine = data(mode, rank, step)
+            mine[-1] = "at_kill" in out
+            got = nr.allreduce(mine, op=op, name="g")
             parts = [data(mode, r, step) for r in range(size)]
             want = np.minimum.reduce(parts) if mode == "rounds" else sum(parts)
-            if not np.array_equal(got, want):
+            if not np.array_equal(got[:-1], want[:-1]):
                 out["wrong"] = f"step {step}: {int(np.sum(got != want))} elements differ"
                 break
+            if got[-1] == everyone and stop == LIMIT:
+                stop = step + 1 + AFTER
             step += 1
             out["checked"] = step
         out["end"] = counters(ag)
@@ -90,7 +102,8 @@ def rank_main(mode: str, mark: str) -> None:
         pass
 
 
-def run_job(tmp_path, mode: str, to: str = "standby", n: int = 3) -> list:
+def run_job(tmp_path, mode: str, to: str = "standby", n: int = 3,
+            algorithm: str = "flat") -> list:
     from netreduce.process import free_tcp_port
     from netreduce.switch import spawn
     from tests.procs import collect
@@ -101,7 +114,7 @@ def run_job(tmp_path, mode: str, to: str = "standby", n: int = 3) -> list:
         b = f"{standby.address[0]}:{standby.address[1]}"
         env = dict(os.environ, NETREDUCE_JOB=job, NETREDUCE_SIZE=str(n),
                    NETREDUCE_RENDEZVOUS=f"127.0.0.1:{free_tcp_port()}", NETREDUCE_TIMEOUT="10",
-                   NETREDUCE_JOB_SECRET="s3cret-" + job, NETREDUCE_ALGORITHM="flat",
+                   NETREDUCE_JOB_SECRET="s3cret-" + job, NETREDUCE_ALGORITHM=algorithm,
                    NETREDUCE_SWITCH=a, PYTHONFAULTHANDLER="1",
                    PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]),
                    **({"NETREDUCE_STANDBY_SWITCH": b} if to == "standby" else
@@ -119,16 +132,20 @@ def run_job(tmp_path, mode: str, to: str = "standby", n: int = 3) -> list:
         results = collect(procs, timeout=120)
     for r in results:
         assert r.get("returncode") == 0 and "failure" not in r and "wrong" not in r, r
-        assert r["checked"] > WARM + AFTER, r
+        assert r["checked"] > WARM + AFTER and "at_kill" in r, r
         assert r["stats"]["failovers"] == 1, r["stats"]
         assert (b if to == "standby" else "host all-reduce") in r["stats"]["path"], r["stats"]
         assert a in r["history"][0]["from"], r["history"]
+    assert len({r["checked"] for r in results}) == 1, [r["checked"] for r in results]
     return results
 
 
-@pytest.mark.parametrize("to", ["standby", "host"])
-def test_speculative_steps_survive_a_sigkill_of_the_aggregator(tmp_path, to):
-    results = run_job(tmp_path, "spec", to)
+@pytest.mark.parametrize("to,algorithm", [("standby", "flat"), ("host", "flat"),
+                                          ("standby", "auto")])
+def test_speculative_steps_survive_a_sigkill_of_the_aggregator(tmp_path, to, algorithm):
+    """auto: three ranks on this host run the hierarchical algorithm (shared memory);
+    the primary's death is seen on its control connection."""
+    results = run_job(tmp_path, "spec", to, algorithm=algorithm)
     for r in results:
         # speculative steps before the kill and again after it (on the standby)
         assert r["at_mark"]["spec_hits"] > 0, r
