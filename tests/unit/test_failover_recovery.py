@@ -154,17 +154,7 @@ def test_a_rank_that_missed_the_last_results_gets_them_from_a_peer(in_place):
         except BaseException as exc:  # reported below
             errors.append(exc)
 
-    threads = [threading.Thread(target=run, args=(r,)) for r in range(N)]
-    for t in threads:
-        t.start()
-    # The aggregator "dies" once the finishers are inside call m+1 and the laggard
-    # waits in call m: some rank notices and asks for the failover.
-    for r, c in ((0, m + 1), (1, m + 1), (2, m)):
-        assert dying[r].reached.setdefault(c, threading.Event()).wait(20)
-    rv.request(0, "aggregator 127.0.0.1:1 closed its control connection")
-    for t in threads:
-        t.join(30)
-    assert not errors, errors
+    _split_at(m, run, dying, rv, errors)
     for c in range(calls):
         want = sum(data(r, c) for r in range(N))
         for r in range(N):
@@ -220,15 +210,7 @@ def test_a_round_cut_short_decides_the_same_next_call_on_every_rank():
         except BaseException as exc:  # reported below
             errors.append(exc)
 
-    threads = [threading.Thread(target=run, args=(r,)) for r in range(N)]
-    for t in threads:
-        t.start()
-    for r, c in ((0, m + 1), (1, m + 1), (2, m)):
-        assert dying[r].reached.setdefault(c, threading.Event()).wait(20)
-    rv.request(0, "aggregator 127.0.0.1:1 closed its control connection")
-    for t in threads:
-        t.join(30)
-    assert not errors, errors
+    _split_at(m, run, dying, rv, errors)
     for c in range(calls):
         if c % 2 == 0:
             want = np.minimum.reduce([vote(r, c) for r in range(N)])
@@ -245,3 +227,18 @@ def test_a_round_cut_short_decides_the_same_next_call_on_every_rank():
         t.start()
     for t in closers:
         t.join(30)
+
+
+def _split_at(m, run, dying, rv, errors) -> None:
+    """Run ``run(r)`` on N threads; the aggregator "dies" once the finishers (ranks 0
+    and 1) are inside call m+1 and the laggard (rank 2) waits in call m: some rank
+    notices and asks for the failover. Returns when every thread ended, error-free."""
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(N)]
+    for t in threads:
+        t.start()
+    for r, c in ((0, m + 1), (1, m + 1), (2, m)):
+        assert dying[r].reached.setdefault(c, threading.Event()).wait(20)
+    rv.request(0, "aggregator 127.0.0.1:1 closed its control connection")
+    for t in threads:
+        t.join(30)
+    assert not errors, errors
