@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import sys
 from typing import List
 
 
@@ -37,3 +39,18 @@ def collect_ok(procs: List[subprocess.Popen], timeout: float) -> List[dict]:
         assert p.returncode == 0, f"rank {rank} exited {p.returncode}: {err[-2000:]}"
         results.append(json.loads(out.strip().splitlines()[-1]))
     return results
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def launch_script(script: str, np_: int, timeout: float = 120, **env: str
+                  ) -> subprocess.CompletedProcess:
+    """``netreduce-run -np np_ -- python -c script`` from the checkout, with this
+    checkout first on PYTHONPATH and ``env`` added; stdout and stderr together."""
+    full = dict(os.environ, **env)
+    full["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
+    return subprocess.run([sys.executable, "-m", "netreduce.launcher", "-np", str(np_), "--",
+                           sys.executable, "-c", script], cwd=ROOT, env=full,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          timeout=timeout)

@@ -4,15 +4,12 @@ inside a round's all-reduce waiting for it. Without that, the staying rank's
 executor sat in the data plane until NETREDUCE_TIMEOUT, its shutdown's join gave
 up, and the interpreter's exit with that thread in native code aborted the
 process (SIGABRT, seen in CI as a rank exiting with -6)."""
-import os
-import subprocess
-import sys
 
 import pytest
 
 from netreduce.environment import discover
+from tests.procs import launch_script
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 SCRIPT = r"""
 import sys, time
@@ -52,12 +49,7 @@ print("rank 0 done", flush=True)
 @pytest.mark.skipif(discover().size > 1, reason="starts its own job")
 @pytest.mark.parametrize("algorithm", ["flat", "hierarchical"])
 def test_leaving_rank_ends_the_rounds(algorithm):
-    env = dict(os.environ, NETREDUCE_TIMEOUT="20", NETREDUCE_ALGORITHM=algorithm,
-               PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
-    proc = subprocess.run([sys.executable, "-m", "netreduce.launcher", "-np", "2", "--",
-                           sys.executable, "-c", SCRIPT], cwd=ROOT, env=env,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          timeout=120)
+    proc = launch_script(SCRIPT, 2, NETREDUCE_TIMEOUT="20", NETREDUCE_ALGORITHM=algorithm)
     assert proc.returncode == 0, proc.stdout[-4000:]
     assert "agreement off True, in a round False" in proc.stdout, proc.stdout[-4000:]
     assert "rank 0 done" in proc.stdout, proc.stdout[-4000:]

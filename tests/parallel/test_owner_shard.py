@@ -122,22 +122,14 @@ def test_owner_delivery_over_two_aggregators(ranks):
     """Each rank's stretch is spread over both aggregators, each part delivered to its
     owner alone: the results leave the aggregators once, not N times."""
     import json
-    import os
-    import subprocess
-    import sys
     from netreduce.switch import spawn
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from tests.procs import launch_script
     switches = [spawn(host="127.0.0.1", port=0) for _ in range(2)]
     try:
-        env = dict(os.environ, NETREDUCE_ALGORITHM="flat", NETREDUCE_TIMEOUT="20",
-                   NETREDUCE_SWITCH=",".join(f"127.0.0.1:{s.address[1]}" for s in switches),
-                   OMP_NUM_THREADS="1",
-                   PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH"))
-                                              if p))
-        proc = subprocess.run([sys.executable, "-m", "netreduce.launcher", "-np", str(ranks),
-                               "--", sys.executable, "-c", _TWO_AGGREGATORS], cwd=root, env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              timeout=120)
+        proc = launch_script(
+            _TWO_AGGREGATORS, ranks, NETREDUCE_ALGORITHM="flat", NETREDUCE_TIMEOUT="20",
+            NETREDUCE_SWITCH=",".join(f"127.0.0.1:{s.address[1]}" for s in switches),
+            OMP_NUM_THREADS="1")
     finally:
         for s in switches:
             s.stop()

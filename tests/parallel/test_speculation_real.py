@@ -3,15 +3,12 @@ through the launcher, flat (every rank through a real netreduce-switch) and
 hierarchical (shared memory), with an idle rank, a tensor set that changes and two
 dtypes; every result exact and bit-identical on every rank."""
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
 from netreduce.environment import discover
+from tests.procs import launch_script
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 SCRIPT = r"""
 import hashlib, json, time
@@ -55,12 +52,7 @@ nr.shutdown()
 @pytest.mark.skipif(discover().size > 1, reason="starts its own job")
 @pytest.mark.parametrize("algorithm", ["flat", "hierarchical"])
 def test_speculative_steps_exact_on_the_real_data_plane(algorithm):
-    env = dict(os.environ, NETREDUCE_TIMEOUT="20", NETREDUCE_ALGORITHM=algorithm,
-               PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
-    proc = subprocess.run([sys.executable, "-m", "netreduce.launcher", "-np", "3", "--",
-                           sys.executable, "-c", SCRIPT], cwd=ROOT, env=env,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          timeout=120)
+    proc = launch_script(SCRIPT, 3, NETREDUCE_TIMEOUT="20", NETREDUCE_ALGORITHM=algorithm)
     assert proc.returncode == 0, proc.stdout[-4000:]
     results = [json.loads(line.split("RESULT ", 1)[1]) for line in proc.stdout.splitlines()
                if "RESULT " in line]
