@@ -15,6 +15,11 @@ def _entry(fn, rank, size, args, q):
         q.put((rank, False, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
 
 
+def rank_barrier(parties: int) -> Any:
+    """A barrier the rank processes of one run_ranks() call can meet at (pass it in args)."""
+    return _CTX.Barrier(parties)
+
+
 def run_ranks(fn: Callable[..., Any], size: int, *args: Any, timeout: float = 120.0) -> List[Any]:
     """fn(rank, size, *args) in `size` processes; returns the results by rank, or
     raises AssertionError with every failing rank's traceback."""

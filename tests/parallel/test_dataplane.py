@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from netreduce import dataplane
-from tests.parallel.ranks import run_ranks
+from tests.parallel.ranks import rank_barrier, run_ranks
 
 PAYLOAD = 65464  # the daemon's default payload bytes
 F32_PER_PACKET = PAYLOAD // 4
@@ -133,13 +133,16 @@ def test_roce_sized_packets():
         assert g["drop_bad_icrc"] == 0 and g["slots_completed"] > 0
 
 
-def _two_jobs(rank, size, address, jobs, counts):
-    # Ranks 0..1 are job A (size 2), ranks 2..4 are job B (size 3), running at once.
+def _two_jobs(rank, size, address, jobs, counts, together):
+    # Ranks 0..1 are job A (size 2), ranks 2..4 are job B (size 3), running at once:
+    # every rank is admitted before any sends (a job that finished and left before the
+    # other was admitted would free its job index for it on a loaded machine).
     if rank < 2:
         job, r, n, value = jobs[0], rank, 2, 1.0
     else:
         job, r, n, value = jobs[1], rank - 2, 3, 10.0
     with dataplane.connect(address, job, r, n, timeout=20.0) as conn:
+        together.wait(60)
         for count in counts:
             a = np.full(count, value * (r + 1), dtype=np.float64)
             conn.allreduce(a)
@@ -149,7 +152,8 @@ def _two_jobs(rank, size, address, jobs, counts):
 
 
 def test_two_jobs_at_once_do_not_disturb_each_other(switch):
-    counters = run_ranks(_two_jobs, 5, switch.address, [_job(), _job()], [10**5, 7, 10**6])
+    counters = run_ranks(_two_jobs, 5, switch.address, [_job(), _job()], [10**5, 7, 10**6],
+                         rank_barrier(5))
     assert counters[0]["index"] != counters[2]["index"]
     # Nothing of one job reached the other (wrong key, rank, job...). Stale drops are
     # not that: a resend of a slot's previous round that arrives after the slot moved

@@ -108,17 +108,19 @@ def assert_exact(results: List[dict], steps: int) -> None:
 
 
 def kill(proc, mid_transfer: bool = False) -> Callable[[], None]:
-    """SIGKILL ``proc``; ``mid_transfer``: only once it has summed 4 MiB more than when
-    every rank reached the 16 MiB all-reduce, i.e. inside that all-reduce's data
-    (negotiation before it takes a varying time on a loaded host)."""
+    """SIGKILL ``proc``; ``mid_transfer``: only once it has completed (and so sent the
+    results of) 16 slots more than when every rank reached the 16 MiB all-reduce, i.e.
+    inside that all-reduce's data with results already back at the ranks (negotiation
+    before it takes a varying time on a loaded host; summed bytes alone can be the two
+    fast ranks' windows with no slot complete, and then no rank holds a partial result)."""
     def do() -> None:
         if mid_transfer:
             from netreduce.control.client import ControlClient
             try:
                 with ControlClient(proc.address, timeout=10) as c:
-                    base = c.call("counters")["global"]["bytes_reduced"]
+                    base = c.call("counters")["global"]["slots_completed"]
                     deadline = time.monotonic() + 30
-                    while c.call("counters")["global"]["bytes_reduced"] < base + (4 << 20) \
+                    while c.call("counters")["global"]["slots_completed"] < base + 16 \
                             and time.monotonic() < deadline:
                         time.sleep(0.001)
             except NetReduceError:
