@@ -39,6 +39,7 @@ from netreduce.control.waits import Wait
 log = logging.getLogger("netreduce.switch")
 READ, WRITE = selectors.EVENT_READ, selectors.EVENT_WRITE
 SWEEP_S = 0.25          # how often silent unbound connections are looked for
+ACCEPT_BATCH = 64       # connections accepted per readiness event of the listener
 POOL_THREADS = 4096     # blocking handlers at once (threads start as needed): a rendezvous
                         # gather holds one per rank until all have come (netreduce/rendezvous.py)
 COMPACT_MIN = 256       # timer entries before finished waits are swept out of the heap
@@ -167,7 +168,12 @@ class EventLoop:
             pass
 
     def _accept(self) -> None:
-        while self.accepting:
+        # A bounded batch per readiness event (the listener stays readable): a flood of
+        # connections cannot queue so many at once that those already accepted (a
+        # rank's register line) are shut as excess pending before they are read.
+        for _ in range(ACCEPT_BATCH):
+            if not self.accepting:
+                return
             try:
                 sock, addr = self.listener.accept()
             except (BlockingIOError, InterruptedError):
