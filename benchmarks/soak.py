@@ -91,6 +91,7 @@ def worker(deadline: float, max_elems: int) -> None:
                     last_report = time.monotonic()
         except NetReduceError:
             failed_runs += 1  # a peer was restarted: rejoin
+            report()  # banked now: this process may be the next one killed
         finally:
             try:
                 nr.shutdown()

@@ -201,6 +201,7 @@ def test_wrong_key_packets_are_dropped_counted_and_never_added(daemon):
         assert jc["rounds_started"] == 0 and jc["slots_completed"] == 0
         # The right key, same slot and round: added once, and the result is exactly it.
         s.sendto(_packet(dict(fields, key=grant["key"]), payload), dst)
+        s.settimeout(10)  # the 0.3 s above was for a result that must not come
         data, _ = s.recvfrom(65536)
         assert data[32:32 + len(payload)] == payload
         jc = c.call("counters")["jobs"][job]

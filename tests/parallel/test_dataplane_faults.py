@@ -129,7 +129,8 @@ def test_hostile_packets_are_dropped_and_counted_while_a_job_runs(switch):
     # reached its job were the wrong-key ones, dropped and counted there.
     assert victim_index and victim[0]["index"] == victim_index[0]
     assert victim[0]["drop_bad_key"] > 0
-    assert victim[0]["drops"] == victim[0]["drop_bad_key"], victim[0]
+    # (less its own late needless resends, stale drops, when the flood delays results)
+    assert victim[0]["drops"] - victim[0]["drop_stale"] == victim[0]["drop_bad_key"], victim[0]
     for reason in JOB_DROPS:
         assert ours["drop_" + reason] > 0, reason
     for reason in JOB_DROPS + GLOBAL_DROPS + ("bad_key",):

@@ -53,11 +53,14 @@ def test_exact_under_engine_drop_knob(drop_rate):
 
 def test_lossless_runs_resend_little():
     # Without loss every resend is needless. The timeout follows the round trip, so a
-    # loaded host may cost a few; it must stay a small fraction (no resend storms).
+    # loaded host may cost a few, and a descheduled peer makes the others' tail probes
+    # fire (the aggregator shows those needless: the slot still waited for that peer).
+    # What is left must stay a small fraction (no resend storms, no early timers).
     with spawn(payload_bytes=4096) as sw:
         stats = _run(sw.address, 0.0, 6000, seed=7)
     assert stats["dropped_by_knob"] == 0
-    assert stats["retransmits"] <= 0.1 * stats["packets_sent"], stats
+    assert stats["retransmits"] - stats["needless_by_repeat"] <= 0.1 * stats["packets_sent"], \
+        stats
 
 
 def test_a_stalled_rank_costs_one_probe_per_doubling():

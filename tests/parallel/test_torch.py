@@ -91,12 +91,16 @@ def test_allreduce_product_async_fused_and_integer_op():
     """Fused async submissions (Horovod's op value 5 is Product): poll() is False until
     the last rank has submitted, every tensor gets its own product."""
     size, rank = hvd.size(), hvd.rank()
-    if rank != 0:
-        time.sleep(0.5)  # rank 0's polls see its handles still pending
     tensors = [torch.full((5 + i,), float(rank + 1)) for i in range(4)]
-    handles = [hvd.allreduce_async(t, op=5, name=f"prod.async.{i}") for i, t in enumerate(tensors)]
-    if rank == 0:
+
+    def submit():
+        return [hvd.allreduce_async(t, op=5, name=f"prod.async.{i}") for i, t in enumerate(tensors)]
+    if rank == 0:  # the others submit only after the gate below, which needs rank 0
+        handles = submit()
         assert not all(hvd.poll(h) for h in handles), "poll() True before the others submitted"
+    hvd.allreduce(torch.ones(1), name="prod.async.gate")
+    if rank != 0:
+        handles = submit()
     expected = float(np.prod(np.arange(1, size + 1)))
     for i, h in enumerate(handles):
         assert torch.all(hvd.synchronize(h) == expected), i

@@ -139,7 +139,10 @@ def test_exact_through_rack_and_spine(tree):
     # the racks' timeout probes (a loaded host can make the spine look slow).
     assert spine_c["slots_completed"] == rack_c[0]["uplink_partials_sent"], (spine_c, rack_c)
     assert spine_c["duplicates"] <= sum(rc["uplink_partials_resent"] for rc in rack_c)
-    assert spine_c["drops"] == 0 and all(rc["drops"] == 0 for rc in rack_c)
+    # Stale drops are late needless resends of a slot's previous round (a loaded host
+    # delays results), not a fault: every other reason must stay at zero.
+    assert spine_c["drops"] - spine_c["drop_stale"] == 0 and \
+        all(rc["drops"] - rc["drop_stale"] == 0 for rc in rack_c), (spine_c, rack_c)
     # What a rack sends: one partial per slot up (and its probes), one result per
     # member down (and the answers to the members' resends).
     for rc in rack_c:

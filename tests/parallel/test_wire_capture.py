@@ -10,6 +10,7 @@ import ipaddress
 import os
 import shutil
 import signal
+import socket
 import struct
 import subprocess
 import time
@@ -24,6 +25,24 @@ from tests.unit.test_wire import reference_icrc
 from tests.unit.test_wire_ipv6 import icrc_of_ipv6_packet
 
 
+def wait_until_capturing(pcap, host: str, probe: int, timeout: float = 30.0) -> None:
+    """Send probe datagrams until one is in the capture file: the filter is live then
+    (tshark says "Capturing on" a moment before it is, and writes in bursts)."""
+    empty = None
+    deadline = time.monotonic() + timeout
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET,
+                       socket.SOCK_DGRAM) as s:
+        while time.monotonic() < deadline:
+            s.sendto(b"probe", (host, probe))
+            time.sleep(0.05)
+            size = os.path.getsize(pcap) if os.path.exists(pcap) else 0
+            if empty is None and size:
+                empty = size  # the file's header, written before any packet
+            elif empty is not None and size > empty:
+                return
+    pytest.fail(f"tshark captured none of the probes to {host}:{probe} within {timeout:g} s")
+
+
 def capture(tmp_path, host: str, ip: str, fields: List[str]) -> Tuple[List[dict], int, tuple]:
     """Two ranks all-reduce 3,000 floats (3 packets each way per rank) through a
     daemon on ``host`` while tshark captures; every packet's ``fields``, decoded as
@@ -33,17 +52,17 @@ def capture(tmp_path, host: str, ip: str, fields: List[str]) -> Tuple[List[dict]
     if os.geteuid() != 0:
         pytest.skip("capturing on the loopback interface needs root")
     pcap = tmp_path / "run.pcap"
-    with spawn(host=host, payload_bytes=4096, slots=8) as sw:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with spawn(host=host, payload_bytes=4096, slots=8) as sw, \
+            socket.socket(family, socket.SOCK_DGRAM) as sink:
         port = sw.address[1]
-        cap = subprocess.Popen(["tshark", "-i", "lo", "-f", f"{ip} and udp port {port}", "-w",
-                                str(pcap), "-q"], stderr=subprocess.PIPE, text=True)
+        sink.bind((host, 0))  # the probe's destination (it only swallows the probes)
+        probe = sink.getsockname()[1]
+        cap = subprocess.Popen(["tshark", "-i", "lo", "-f",
+                                f"{ip} and (udp port {port} or udp port {probe})", "-w",
+                                str(pcap), "-q"], stderr=subprocess.DEVNULL)
         try:
-            deadline = time.time() + 30
-            while time.time() < deadline:
-                line = cap.stderr.readline()
-                if "Capturing on" in line or not line:
-                    break
-            time.sleep(1.0)  # "Capturing on" comes a moment before the filter is live
+            wait_until_capturing(pcap, host, probe)
             with dataplane.connect(sw.address, "wire", 0, 2) as r0, \
                     dataplane.connect(sw.address, "wire", 1, 2) as r1:
                 a, b = np.arange(3000, dtype=np.float32), np.ones(3000, dtype=np.float32)
@@ -56,7 +75,8 @@ def capture(tmp_path, host: str, ip: str, fields: List[str]) -> Tuple[List[dict]
             cap.send_signal(signal.SIGINT)
             cap.wait(30)
     out = subprocess.run(
-        ["tshark", "-r", str(pcap), "-d", f"udp.port=={port},infiniband", "-T", "fields",
+        ["tshark", "-r", str(pcap), "-Y", f"udp.port=={port}", "-d",
+         f"udp.port=={port},infiniband", "-T", "fields",
          "-E", "separator=|", "-E", "occurrence=f"] + [a for f in fields for a in ("-e", f)],
         capture_output=True, text=True, check=True).stdout.split()
     return [dict(zip(fields, line.split("|"))) for line in out], port, job

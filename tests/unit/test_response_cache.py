@@ -96,14 +96,14 @@ def test_cached_tensor_submitted_late_by_one_rank_still_completes(ranks):
         _step(r, ["x"])
         _step(r, ["x"])
         if r == 1:
-            time.sleep(1.0)                   # > stale_s (0.05 x 4 s)
+            time.sleep(2.0)                   # > stale_s (0.5 s at a 20 s timeout)
         out = _step(r, ["x"])
         assert (out["x"] == 3).all()
         requests = comm.neg.requests
         for _ in range(3):
             assert (_step(r, ["x"])["x"] == 3).all()
         return comm.neg.requests - requests
-    for requests in ranks(2, NETREDUCE_TIMEOUT=4).run(fn):
+    for requests in ranks(2, NETREDUCE_TIMEOUT=20).run(fn):  # stale_s 0.5 s
         assert requests == 0
 
 
