@@ -61,7 +61,8 @@ def launch(tmp_path, n: int, env_extra: Dict[str, str], mode: str = "exact", ste
                    NETREDUCE_RENDEZVOUS=rv, NETREDUCE_TIMEOUT="10",
                    NETREDUCE_JOB_SECRET="s3cret-" + job, PYTHONFAULTHANDLER="1",
                    PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]),
-                   **dict({"NETREDUCE_ALGORITHM": "flat"}, **env_extra))
+                   NETREDUCE_ALGORITHM="flat")
+        env.update(env_extra)  # may replace any of the above (a testbed's rendezvous)
         cmd = (prefix(r) if prefix else []) + [sys.executable, WORKER, mode, mark, str(steps)]
         procs.append(subprocess.Popen(cmd, env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
