@@ -30,6 +30,18 @@ def report(p: subprocess.Popen, out: str, err: str) -> dict:
     return dict(json.loads(lines[-1]), **base) if lines else base
 
 
+def finish(out: dict) -> None:
+    """A worker's last act: print its report as the one JSON line, then shut netreduce
+    down (an error there is not the report's: the report is already out)."""
+    import netreduce as nr
+    from netreduce.errors import NetReduceError
+    print(json.dumps(out), flush=True)
+    try:
+        nr.shutdown()
+    except NetReduceError:
+        pass
+
+
 def collect_ok(procs: List[subprocess.Popen], timeout: float) -> List[dict]:
     """Each process's last output line as JSON; fails the test naming the rank whose
     process exited non-zero, with its stderr's tail."""

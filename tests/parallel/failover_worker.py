@@ -17,7 +17,6 @@ MODE exact   STEPS all-reduces of seeded data (int32 and quarter-integer float32
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import sys
 import time
@@ -30,6 +29,7 @@ if REPO not in sys.path:
 
 import netreduce as nr  # noqa: E402
 from netreduce.errors import NetReduceError  # noqa: E402
+from tests.procs import finish  # noqa: E402
 
 SIZES = [1, 1000, 65_537, 1 << 20, 3_000_001, 4 << 20]  # elements
 
@@ -156,11 +156,7 @@ def main() -> None:
         if out.get("rank") is not None and not os.path.exists(f"{mark}.{out['rank']}"):
             open(f"{mark}.{out['rank']}", "w").close()  # failed early: do not keep the test waiting
     out["seconds"] = time.monotonic() - t0
-    print(json.dumps(out), flush=True)
-    try:
-        nr.shutdown()
-    except NetReduceError:
-        pass
+    finish(out)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ MODE exact   rank r contributes seeded integers and quarter-integers for many si
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import sys
 import time
@@ -26,6 +25,7 @@ if REPO not in sys.path:
 
 import netreduce as nr  # noqa: E402
 from netreduce.errors import NetReduceError  # noqa: E402
+from tests.procs import finish  # noqa: E402
 
 OPS = {"sum": (nr.Sum, np.add), "min": (nr.Min, np.minimum), "max": (nr.Max, np.maximum)}
 SIZES = [1, 7, 1000, 65_537, 300_001, 1 << 20]  # elements
@@ -81,11 +81,7 @@ def main() -> None:
                 out["error_after_s"] = time.monotonic() - start
     except (NetReduceError, AssertionError) as exc:
         out["failure"] = f"{type(exc).__name__}: {exc}"
-    print(json.dumps(out), flush=True)
-    try:
-        nr.shutdown()
-    except NetReduceError:
-        pass
+    finish(out)
 
 
 if __name__ == "__main__":

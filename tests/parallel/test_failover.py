@@ -12,10 +12,8 @@
 """
 from __future__ import annotations
 
-import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -27,6 +25,7 @@ import pytest
 
 from netreduce.errors import NetReduceError
 from netreduce.process import free_tcp_port
+from tests.procs import report
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
@@ -88,9 +87,7 @@ def launch(tmp_path, n: int, env_extra: Dict[str, str], mode: str = "exact", ste
                         q.send_signal(signal.SIGABRT)
                 tails = [q.communicate(timeout=30)[1][-12000:] for q in procs]
                 pytest.fail(f"ranks still running after {timeout} s:\n" + "\n---\n".join(tails))
-            lines = [ln for ln in out.strip().splitlines() if ln.startswith("{")]
-            results.append(dict(json.loads(lines[-1]), returncode=p.returncode, stderr=err[-3000:])
-                           if lines else {"returncode": p.returncode, "stderr": err[-3000:]})
+            results.append(report(p, out, err))
     finally:
         for p in procs:
             if p.poll() is None:

@@ -20,7 +20,6 @@ This file is also the rank process: ``python test_failover_steady.py MODE MARK``
 """
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -55,6 +54,7 @@ def rank_main(mode: str, mark: str) -> None:
     sys.path.insert(0, REPO)
     import netreduce as nr
     from netreduce.errors import NetReduceError
+    from tests.procs import finish
     out: dict = {"checked": 0}
     try:
         nr.init()
@@ -95,11 +95,7 @@ def rank_main(mode: str, mark: str) -> None:
         out["history"] = getattr(comm.dp, "history", [])
     except NetReduceError as exc:
         out["failure"] = f"{type(exc).__name__}: {exc}"
-    print(json.dumps(out), flush=True)
-    try:
-        nr.shutdown()
-    except NetReduceError:
-        pass
+    finish(out)
 
 
 def run_job(tmp_path, mode: str, to: str = "standby", n: int = 3,
