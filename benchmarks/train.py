@@ -427,7 +427,7 @@ def run_one_testbed(tb, mode: str, model: str, n: int, args: argparse.Namespace)
         record["queue_drops"] = sum(tb.qdisc_drops().values()) - drops0
         record["socket_drops"] = _udp_socket_drops(tb) - sock0
         if mode.startswith("nr-"):  # were the retransmissions needed? (whole run)
-            from netreduce.control.client import ControlClient
+            from netreduce.protocol.client import ControlClient
             with ControlClient(sw.address) as c:
                 g = c.call("counters")["global"]
             record["switch"] = {k: g[k] for k in ("packets_in", "duplicates",

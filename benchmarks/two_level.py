@@ -67,8 +67,8 @@ import os
 rack_address = os.environ.get("NETREDUCE_RACK_SWITCH")
 rack = {}
 if rack_address and r % 2 == 0:  # what this rank's rack aggregator counted
-    from netreduce.control.client import ControlClient
-    from netreduce.control.address import parse_address
+    from netreduce.protocol.client import ControlClient
+    from netreduce.protocol.address import parse_address
     with ControlClient(parse_address(rack_address)) as c:
         rack = c.call("counters")["jobs"].get(os.environ["NETREDUCE_JOB"], {})
 print(json.dumps({"rank": r, "median_s": statistics.median(times), "checked": checked,

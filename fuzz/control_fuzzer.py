@@ -27,7 +27,7 @@ import atheris
 from netreduce import _native
 from netreduce.control import auth, negotiation, payload  # noqa: F401  (handlers register)
 from netreduce.control import server
-from netreduce.control.auth import Guard
+from netreduce.protocol.auth import Guard
 
 for _mod in (server, negotiation, auth, payload):  # coverage feedback from these modules
     for _name, _fn in list(vars(_mod).items()):

@@ -12,7 +12,7 @@ import numpy as np
 
 from netreduce import config, environment
 from netreduce.communicator import Communicator, Handle, Tensor
-from netreduce.control.address import parse_addresses
+from netreduce.protocol.address import parse_addresses
 from netreduce.errors import InvalidArgumentError, NetReduceError
 from netreduce.algorithms.scatter_gather import shard_rows
 from netreduce.ops import ReduceOp, as_op, check_array, dtype_name

@@ -13,7 +13,7 @@ import numpy as np
 
 import netreduce
 from netreduce import config, environment
-from netreduce.control.address import parse_address
+from netreduce.protocol.address import parse_address
 from netreduce.control.probe import probe
 
 

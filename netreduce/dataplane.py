@@ -12,9 +12,10 @@ from typing import Any, Dict, Optional, Tuple
 import numpy as np
 
 from netreduce import _native, config, verbs_transport
-from netreduce.control import auth, rack
-from netreduce.control.address import format_address, resolve
-from netreduce.control.client import ControlClient
+from netreduce.control import rack
+from netreduce.protocol import auth
+from netreduce.protocol.address import format_address, resolve
+from netreduce.protocol.client import ControlClient
 from netreduce.errors import AdmissionError, ControlPlaneError, DataPlaneError
 
 _NUMPY_DTYPES = {
@@ -142,7 +143,7 @@ class Connection:
             self.path_mtu = self._verbs.reported_mtu
         self._control = ControlClient(self.address, timeout=timeout)
         try:
-            # NETREDUCE_JOB_SECRET: proved on a challenge, never sent (control/auth.py).
+            # NETREDUCE_JOB_SECRET: proved on a challenge, never sent (protocol/auth.py).
             proof = auth.prove(self._control.call, config.get("NETREDUCE_JOB_SECRET"), job, rank)
             grant = self._control.call("register", job=job, rank=rank, size=size,
                                        mtu=self.path_mtu, ipv6=ipv6, host=socket.gethostname(),

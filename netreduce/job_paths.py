@@ -23,7 +23,7 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from netreduce import config
-from netreduce.control.address import format_address, parse_address, parse_addresses
+from netreduce.protocol.address import format_address, parse_address, parse_addresses
 from netreduce.errors import AdmissionError, ControlPlaneError, NetReduceError
 
 log = logging.getLogger("netreduce")

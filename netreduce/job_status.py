@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Dict, Iterator
 
-from netreduce.control.address import format_address, parse_address
+from netreduce.protocol.address import format_address, parse_address
 from netreduce.errors import NetReduceError
 
 log = logging.getLogger("netreduce")
@@ -115,8 +115,8 @@ class JobCollector:
 
 def query(knobs: Dict[str, Any], job: str, secret: str, timeout: float = 2.0) -> Dict[str, Any]:
     """For `netreduce info`: the job's status from its rendezvous, or why not."""
-    from netreduce.control import auth
-    from netreduce.control.client import ControlClient
+    from netreduce.protocol import auth
+    from netreduce.protocol.client import ControlClient
     from netreduce.job_paths import rendezvous_address
     try:
         address = rendezvous_address(knobs)
@@ -165,7 +165,7 @@ def report_fell_back(cand: Any, reason_text: str, job: str, to: str) -> None:
     """Rank 0, after the job went on without the aggregators of ``cand`` (refused or
     unreachable): tell those that answer now, so that they count it. Best effort,
     one second per aggregator at most."""
-    from netreduce.control.client import ControlClient
+    from netreduce.protocol.client import ControlClient
     if cand.kind != "switch":
         return
     reason = refusal_reason(reason_text)

@@ -19,7 +19,7 @@ import threading
 from typing import Any, Dict, List, Optional, Tuple
 
 from netreduce import config
-from netreduce.control import auth
+from netreduce.protocol import auth
 from netreduce.control.mux import Mailbox, Multiplexed
 from netreduce.errors import ControlPlaneError
 
@@ -178,7 +178,7 @@ class NegotiationClient:
         hello = dict(job=job, rank=rank, size=size, threshold=threshold, capacity=capacity,
                      timeout=start_timeout, agree=int(agree))
         self.requests = 0  # negotiation requests sent (steady state: one per cycle)
-        secret = config.get("NETREDUCE_JOB_SECRET")  # proved, never sent (control/auth.py)
+        secret = config.get("NETREDUCE_JOB_SECRET")  # proved, never sent (protocol/auth.py)
         self.conn = LineConnection(address, timeout=start_timeout)
         where = self.conn.where()
         self.poll_conn = Mailbox(where)  # the long-poll's reply, select()-able

@@ -13,7 +13,7 @@ NETREDUCE_RENDEZVOUS, which every rank knows before any aggregator answered.
   path fail; ``rv_watch`` {gen} long-polls for that, so that every rank joins the
   recovery, including a rank that is idle or still waiting on a live-looking path.
 
-Each connection proves the job's secret (control/auth.py) like a data-plane rank.
+Each connection proves the job's secret (protocol/auth.py) like a data-plane rank.
 """
 from __future__ import annotations
 
@@ -22,9 +22,9 @@ import time
 from typing import Any, Dict, List, Optional, Tuple
 
 from netreduce import config
-from netreduce.control import auth
-from netreduce.control.address import format_address
-from netreduce.control.client import ControlClient
+from netreduce.protocol import auth
+from netreduce.protocol.address import format_address
+from netreduce.protocol.client import ControlClient
 from netreduce.control.server import RequestError, register_handler
 from netreduce.errors import ControlPlaneError, NetReduceError
 

@@ -55,9 +55,9 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 
 import numpy as np
 
-from netreduce import fusion
-from netreduce.control.signature import fusion_key, nbytes
 from netreduce.errors import NegotiationError, NetReduceError
+from netreduce.protocol import fusion
+from netreduce.protocol.signature import fusion_key, nbytes
 from netreduce.speculation import Speculation
 
 WAKE = ("wake",)            # put on the executor's queue: new local work

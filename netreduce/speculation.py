@@ -37,7 +37,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 import numpy as np
 
 from netreduce import timeline as tl
-from netreduce.control.signature import nbytes
+from netreduce.protocol.signature import nbytes
 from netreduce.fusion import FusionBuffer
 from netreduce.ops import STORAGE, WIRE_DTYPE, ReduceOp
 

@@ -20,7 +20,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import netreduce
 from netreduce import switch_service
-from netreduce.control.address import connect_address, family_of, format_address, parse_address
+from netreduce.protocol.address import connect_address, family_of, format_address, parse_address
 from netreduce.errors import NetReduceError
 from netreduce.process import detach_and_die_with_parent, terminate
 
@@ -157,7 +157,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from netreduce import _native
     from netreduce.control import server as control
 
-    from netreduce.control.auth import Guard, read_operator_secret
+    from netreduce.protocol.auth import Guard, read_operator_secret
 
     _raise_fd_limit()
     try:

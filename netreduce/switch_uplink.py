@@ -31,8 +31,8 @@ import time
 from typing import Any, Dict, List, Optional, Sequence
 
 from netreduce.control import server as control
-from netreduce.control.address import format_address, parse_address, resolve
-from netreduce.control.client import ControlClient
+from netreduce.protocol.address import format_address, parse_address, resolve
+from netreduce.protocol.client import ControlClient
 from netreduce.errors import NetReduceError
 
 log = logging.getLogger("netreduce.switch")

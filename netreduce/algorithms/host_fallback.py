@@ -26,7 +26,7 @@ import threading
 from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 from netreduce.algorithms.multi_aggregator import MultiAggregator
-from netreduce.control.address import format_address
+from netreduce.protocol.address import format_address
 from netreduce.errors import NetReduceError
 
 log = logging.getLogger("netreduce")
@@ -44,7 +44,7 @@ class LocalAggregator:
         from netreduce import _native
         from netreduce.control import negotiation  # noqa: F401  registers its commands
         from netreduce import rendezvous  # noqa: F401  registers rv_gather / rv_watch
-        from netreduce.control.auth import Guard
+        from netreduce.protocol.auth import Guard
         from netreduce.control.server import ControlServer
         from netreduce.process import free_tcp_port
         attempts = 20 if port == 0 else 1

@@ -36,7 +36,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from netreduce import config
-from netreduce.control.address import format_address, parse_address, resolve
+from netreduce.protocol.address import format_address, parse_address, resolve
 from netreduce.dataplane import _check_array
 from netreduce.errors import DataPlaneError, NetReduceError
 

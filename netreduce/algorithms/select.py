@@ -23,7 +23,7 @@ from netreduce import topology
 from netreduce.algorithms.flat import Flat
 from netreduce.algorithms.hierarchical import Hierarchical
 from netreduce.algorithms.multi_aggregator import MultiAggregator
-from netreduce.control.address import parse_addresses
+from netreduce.protocol.address import parse_addresses
 from netreduce.topology import Layout, TopologyError
 
 log = logging.getLogger("netreduce")

@@ -49,8 +49,8 @@ import threading
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
-from netreduce import fusion
-from netreduce.control.signature import (  # noqa: F401  (FIELDS: re-exported)
+from netreduce.protocol import fusion
+from netreduce.protocol.signature import (  # noqa: F401  (FIELDS: re-exported)
     FIELDS, Sig, fusion_key, mismatch_message, nbytes, sig_of, sig_request)
 from netreduce.control.waits import Topic, Wait
 
@@ -327,7 +327,7 @@ def handle_hello(srv: Any, sess: Any, msg: Dict[str, Any]) -> Dict[str, Any]:
                            f"as {sess.state['negotiation'][2]} of rank "
                            f"{sess.state['negotiation'][1]} of job "
                            f"'{sess.state['negotiation'][0]}'; one per connection")
-    admit = getattr(srv, "admit", None)  # the job-secret check (control/auth.py)
+    admit = getattr(srv, "admit", None)  # the job-secret check (protocol/auth.py)
     if admit is not None:
         admit(sess, job, rank, msg)
     table = _jobs(srv)

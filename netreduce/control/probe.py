@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any, Dict
 
-from netreduce.control.address import format_address, parse_address, resolve
-from netreduce.control.client import ControlClient
+from netreduce.protocol.address import format_address, parse_address, resolve
+from netreduce.protocol.client import ControlClient
 from netreduce.errors import ControlPlaneError
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Optional, Tuple
 
-from netreduce.control.address import format_address, parse_address, resolve
+from netreduce.protocol.address import format_address, parse_address, resolve
 from netreduce.errors import AdmissionError, ControlPlaneError
 
 

@@ -20,8 +20,8 @@ import threading
 import time
 from typing import Any, Callable, Dict, List, Optional
 
-from netreduce.control.address import family_of, format_address, parse_address, unmap
-from netreduce.control.auth import AuthError, Guard
+from netreduce.protocol.address import family_of, format_address, parse_address, unmap
+from netreduce.protocol.auth import AuthError, Guard
 from netreduce.control.limits import Limits, PendingConnections
 from netreduce.control.loop import Conn, EventLoop
 from netreduce.control.payload import JobPayload, views_of
@@ -104,7 +104,7 @@ class ControlServer:
                  payload_explicit: bool = False, guard: Optional[Guard] = None,
                  limits: Optional[Limits] = None) -> None:
         self.aggregator = aggregator
-        # Job secrets and the operator's secret (netreduce/control/auth.py); the
+        # Job secrets and the operator's secret (netreduce/protocol/auth.py); the
         # limits that keep hostile connections from growing memory or threads.
         self.guard = guard or Guard()
         self.limits = limits or Limits()

@@ -1,5 +1,5 @@
 """Admission and isolation against a real netreduce-switch on loopback: job secrets
-proved on a challenge (netreduce/control/auth.py), refusals that name the problem,
+proved on a challenge (netreduce/protocol/auth.py), refusals that name the problem,
 counters hidden from other jobs, the operator's secret, --require-secret, and
 wrong-key data packets dropped, counted and never added."""
 from __future__ import annotations
@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from netreduce import _native, dataplane
-from netreduce.control import auth
-from netreduce.control.client import ControlClient
+from netreduce.protocol import auth
+from netreduce.protocol.client import ControlClient
 from netreduce.errors import AdmissionError, ControlPlaneError
 from netreduce.switch import spawn
 from tests.parallel.ranks import run_ranks

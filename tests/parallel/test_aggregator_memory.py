@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from netreduce import dataplane
-from netreduce.control.client import ControlClient
+from netreduce.protocol.client import ControlClient
 from netreduce.errors import AdmissionError, ControlPlaneError
 from netreduce.switch import spawn
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from netreduce import dataplane
-from netreduce.control.client import ControlClient
+from netreduce.protocol.client import ControlClient
 from netreduce.switch import spawn
 from tests.parallel.ranks import run_ranks
 

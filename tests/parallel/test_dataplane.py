@@ -126,7 +126,7 @@ def test_roce_sized_packets():
 
     with spawn(payload_bytes=4096, slots=64) as sw:
         run_ranks(_rank_pattern, 3, sw.address, _job(), [0, 1, 1023, 1025, 300_001], {})
-        from netreduce.control.client import ControlClient
+        from netreduce.protocol.client import ControlClient
 
         with ControlClient(sw.address) as c:
             g = c.call("counters")["global"]
@@ -181,7 +181,7 @@ def test_bad_input_is_refused_before_sending(switch):
 def test_multicast_fanout(payload):
     """--fanout multicast: one result packet per slot to the job's group; every rank
     (several on this host, sharing the group port) gets every result."""
-    from netreduce.control.client import ControlClient
+    from netreduce.protocol.client import ControlClient
     from netreduce.switch import spawn
 
     with spawn(fanout="multicast", payload_bytes=payload) as sw:

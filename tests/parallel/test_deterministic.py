@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from netreduce import _native, dataplane
-from netreduce.control.client import ControlClient
+from netreduce.protocol.client import ControlClient
 from netreduce.errors import AdmissionError
 from tests.parallel.ranks import run_ranks
 

@@ -113,7 +113,7 @@ def kill(proc, mid_transfer: bool = False) -> Callable[[], None]:
     fast ranks' windows with no slot complete, and then no rank holds a partial result)."""
     def do() -> None:
         if mid_transfer:
-            from netreduce.control.client import ControlClient
+            from netreduce.protocol.client import ControlClient
             try:
                 with ControlClient(proc.address, timeout=10) as c:
                     base = c.call("counters")["global"]["slots_completed"]

@@ -19,7 +19,7 @@ import pytest
 
 from benchmarks import loss
 from netreduce import dataplane
-from netreduce.control.client import ControlClient
+from netreduce.protocol.client import ControlClient
 from netreduce.errors import DataPlaneError
 from netreduce.switch import spawn
 from tests.parallel.ranks import run_ranks

@@ -17,7 +17,7 @@ import pytest
 from tests.procs import collect
 
 from netreduce.algorithms.multi_aggregator import spread
-from netreduce.control.address import parse_addresses
+from netreduce.protocol.address import parse_addresses
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from netreduce import _native, dataplane
-from netreduce.control.client import ControlClient
+from netreduce.protocol.client import ControlClient
 from netreduce.errors import DataPlaneError
 from netreduce.switch import spawn
 

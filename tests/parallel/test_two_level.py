@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from netreduce import dataplane
-from netreduce.control.client import ControlClient
+from netreduce.protocol.client import ControlClient
 from netreduce.errors import NetReduceError
 from tests.parallel.ranks import run_ranks
 

@@ -8,7 +8,7 @@ import uuid
 import numpy as np
 
 from netreduce import dataplane
-from netreduce.control.client import ControlClient
+from netreduce.protocol.client import ControlClient
 from netreduce.switch import spawn
 from tests.conftest import require_root
 from tests.parallel.ranks import run_ranks

@@ -1,9 +1,9 @@
-"""The one aggregator-address parser (netreduce/control/address.py): the default
+"""The one aggregator-address parser (netreduce/protocol/address.py): the default
 port, IPv6 literals, host names, and errors that name the variable and the value."""
 import pytest
 
 from netreduce import api
-from netreduce.control.address import format_address, parse_address, resolve
+from netreduce.protocol.address import format_address, parse_address, resolve
 
 
 @pytest.mark.parametrize("text, want", [

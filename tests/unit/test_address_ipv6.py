@@ -5,7 +5,7 @@ import socket
 
 import pytest
 
-from netreduce.control.address import (connect_address, family_of, format_address,
+from netreduce.protocol.address import (connect_address, family_of, format_address,
                                        parse_address, resolve, unmap)
 
 

@@ -1,4 +1,4 @@
-"""netreduce/control/auth.py in process: proofs verify only on their own nonce and
+"""netreduce/protocol/auth.py in process: proofs verify only on their own nonce and
 job, the verifier follows the first binding connection, the operator's HMAC, and the
 secret never shown by `netreduce info`."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from netreduce.control import auth
+from netreduce.protocol import auth
 
 
 class Sess:

@@ -2,7 +2,8 @@
 import numpy as np
 import pytest
 
-from netreduce.fusion import FusionBuffer, plan
+from netreduce.fusion import FusionBuffer
+from netreduce.protocol.fusion import plan
 
 F32 = ("float32", "sum")
 F16 = ("float16", "sum")

@@ -6,7 +6,7 @@ import socket
 import threading
 from typing import Any, Dict, Optional
 
-from netreduce.control.address import Address, format_address, parse_address  # noqa: F401
+from netreduce.protocol.address import Address, format_address, parse_address  # noqa: F401
 from netreduce.errors import ControlPlaneError
 
 
