@@ -1,6 +1,6 @@
 """Atheris harness: the control port's request parser and dispatcher
-(netreduce/control/server.py ``_answer``, with the negotiation handlers of
-netreduce/control/negotiation.py and the admission checks of auth.py).
+(netreduce/switch/server.py ``_answer``, with the negotiation handlers of
+netreduce/switch/coordinator.py and the admission checks of protocol/auth.py).
 
 One input is up to 8 request lines on one connection (a fresh Session), then the
 connection closes: the disconnect hooks and release run as they do in the daemon,
@@ -25,11 +25,11 @@ import sys
 import atheris
 
 from netreduce import _native
-from netreduce.control import auth, negotiation, payload  # noqa: F401  (handlers register)
-from netreduce.control import server
+from netreduce.protocol import auth
 from netreduce.protocol.auth import Guard
+from netreduce.switch import coordinator, payload, server  # (the coordinator's handlers register)
 
-for _mod in (server, negotiation, auth, payload):  # coverage feedback from these modules
+for _mod in (server, coordinator, auth, payload):  # coverage feedback from these modules
     for _name, _fn in list(vars(_mod).items()):
         if getattr(_fn, "__module__", None) == _mod.__name__:
             if isinstance(_fn, type):

@@ -6,7 +6,7 @@
     h = nr.allreduce_async(grad, name="w")   # ... nr.synchronize(h)
     nr.shutdown()
 """
-__version__ = "0.1.0"
+from netreduce._version import __version__  # noqa: F401
 
 from netreduce import _source_tree
 

@@ -29,7 +29,7 @@ PREFIX = "netreduce_job"
 
 
 def _handle_status(srv: Any, sess: Any, msg: Dict[str, Any]) -> Dict[str, Any]:
-    from netreduce.control.server import RequestError
+    from netreduce.switch.commands import RequestError
     job = str(msg.get("job", ""))
     srv.admit(sess, job, int(msg.get("rank", -1)), msg)  # the job's secret, if it has one
     algorithm = getattr(srv, "_nr_job_status", {}).get(job)
@@ -42,8 +42,8 @@ class Published:
     """Rank 0's job state on its rendezvous server, and its metrics endpoint."""
 
     def __init__(self, server: Any, algorithm: Any, metrics_at: str) -> None:
-        from netreduce.control import server as control
-        control.register_handler("job_status", _handle_status, inline=True)
+        from netreduce.switch.commands import register_handler
+        register_handler("job_status", _handle_status, inline=True)
         self.server, self.job = server, algorithm.job
         table = getattr(server, "_nr_job_status", None)
         if table is None:

@@ -1,5 +1,5 @@
 """Rank side of negotiation: requests, the response cache, and the connection to
-the coordinator (netreduce/control/negotiation.py has the protocol essay).
+the coordinator (netreduce/switch/coordinator.py has the protocol essay).
 
 One connection per rank carries three kinds of request at once, each with an id
 (control/mux.py): one outstanding ``negotiate`` — it submits what this rank has and
@@ -184,7 +184,7 @@ class NegotiationClient:
         self.poll_conn = Mailbox(where)  # the long-poll's reply, select()-able
         try:
             # Hello at once: the aggregator closes the oldest of too many connections
-            # that have not (control/limits.py).
+            # that have not (switch/limits.py).
             reply = self.conn.call("negotiate_hello", role="all",
                                    reply_within=start_timeout + 10, **hello,
                                    **auth.prove(self.conn.call, secret, job, rank))

@@ -25,7 +25,7 @@ from netreduce import config
 from netreduce.protocol import auth
 from netreduce.protocol.address import format_address
 from netreduce.protocol.client import ControlClient
-from netreduce.control.server import RequestError, register_handler
+from netreduce.switch.commands import RequestError, register_handler
 from netreduce.errors import ControlPlaneError, NetReduceError
 
 WATCH_WAIT_S = 1.0  # one long-poll; the client asks again

@@ -42,10 +42,10 @@ class LocalAggregator:
     def __init__(self, host: str = "0.0.0.0", port: int = 0, secret_required: bool = False,
                  slots: int = 32) -> None:
         from netreduce import _native
-        from netreduce.control import negotiation  # noqa: F401  registers its commands
+        from netreduce.switch import coordinator  # noqa: F401  registers its commands
         from netreduce import rendezvous  # noqa: F401  registers rv_gather / rv_watch
         from netreduce.protocol.auth import Guard
-        from netreduce.control.server import ControlServer
+        from netreduce.switch.server import ControlServer
         from netreduce.process import free_tcp_port
         attempts = 20 if port == 0 else 1
         last: Exception = NetReduceError("no attempt")

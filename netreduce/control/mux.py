@@ -3,7 +3,7 @@
 A rank used to hold three connections to the coordinator so that its long-poll,
 its submissions and its failure watch could each block on their own; 1,000 ranks
 made 3,000 connections. Now each request carries an ``id`` and the control server
-(netreduce/control/loop.py) answers it whenever it can, echoing the ``id``; one
+(netreduce/switch/loop.py) answers it whenever it can, echoing the ``id``; one
 reader thread per connection hands each reply to whoever waits for it."""
 from __future__ import annotations
 

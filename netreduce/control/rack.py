@@ -1,4 +1,4 @@
-"""A rank's side of a two-level tree (netreduce/switch_uplink.py has the daemons').
+"""A rank's side of a two-level tree (netreduce/switch/uplink.py has the daemons').
 
 With NETREDUCE_RACK_SWITCH set, a rank registers at the spine (NETREDUCE_SWITCH) as
 usual, then asks the spine for its rack's data-plane grant (``rack_grant``, naming

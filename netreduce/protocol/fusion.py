@@ -5,7 +5,7 @@ engine thread) that dwarfs the time to move a 1 KiB bias. Horovod's answer, kept
 here: tensors that are ready together and travel with the same dtype and wire op are
 reduced as one message. The data plane requires identical message sizes in
 identical order on all ranks, so the cut is a pure function of the ready list: the
-coordinator (netreduce/control/negotiation.py) applies it to the negotiated log, the
+coordinator (netreduce/switch/coordinator.py) applies it to the negotiated log, the
 ranks' own agreement (netreduce/response_cache.py) to the ids they agreed on.
 Each rank's side — copying a group into one buffer and back — is
 netreduce/fusion.py.

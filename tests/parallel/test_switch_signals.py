@@ -1,4 +1,4 @@
-"""netreduce-switch as a service (netreduce/switch_service.py): SIGHUP logs the
+"""netreduce-switch as a service (netreduce/switch/service.py): SIGHUP logs the
 status and changes nothing; SIGTERM closes admission, tells the connected jobs, waits
 at most --stop-timeout for their ranks to leave and exits 0. Real daemon, real rank
 processes."""

@@ -2,7 +2,7 @@
 runs end to end in one process (ranks as threads) without netreduce._native.
 
 FakeControlServer speaks the same JSON lines and calls the same handler signature
-(srv, sess, msg) and disconnect hook (srv, sess) as netreduce/control/server.py.
+(srv, sess, msg) and disconnect hook (srv, sess) as netreduce/switch/server.py.
 FakeFabric pairs the k-th all-reduce of every rank of a job and checks they have
 the same length, op and dtype — exactly the invariant negotiation must guarantee.
 """
@@ -16,8 +16,8 @@ from typing import Any, Dict, List, Optional
 
 import numpy as np
 
-from netreduce.control import negotiation as coord
-from netreduce.control.waits import resolve
+from netreduce.switch import coordinator as coord
+from netreduce.switch.waits import resolve
 from netreduce.errors import DataPlaneError
 
 

@@ -297,7 +297,7 @@ def _in_new_run(R, fabric, r, fn):
 def test_init_again_while_another_rank_is_still_in_the_first_run(ranks):
     import threading
     import time
-    from netreduce.control import negotiation as coord
+    from netreduce.switch import coordinator as coord
     from tests.unit.fakes import FakeFabric
     R = ranks(2)
     R.run(lambda r: nr.allreduce(np.ones(2, np.float32), name="first"), shutdown=False)
@@ -409,7 +409,7 @@ def test_multi_rank_without_switch_is_a_clear_error(monkeypatch):
 def test_silent_aggregator_fails_within_the_timeout(ranks, monkeypatch):
     import threading
     import time
-    from netreduce.control import negotiation as coord
+    from netreduce.switch import coordinator as coord
     from netreduce.errors import ControlPlaneError
     release = threading.Event()
     R = ranks(1, NETREDUCE_TIMEOUT=0.5)

@@ -14,8 +14,8 @@ import time
 import uuid
 import weakref
 
-from netreduce.control import negotiation
-from netreduce.control.server import ControlServer
+from netreduce.switch import coordinator
+from netreduce.switch.server import ControlServer
 
 
 def _line(sock: socket.socket, msg: dict) -> None:
@@ -67,10 +67,10 @@ def test_a_finished_job_leaves_no_state_behind_its_answered_waits():
         job = "mem-" + uuid.uuid4().hex[:6]
         first = _hello(srv, job, 0)        # parked: waits (deadline 600 s) for rank 1
         deadline = time.monotonic() + 10
-        while job not in negotiation._jobs(srv):
+        while job not in coordinator._jobs(srv):
             assert time.monotonic() < deadline
             time.sleep(0.01)
-        state = weakref.ref(negotiation._jobs(srv)[job])
+        state = weakref.ref(coordinator._jobs(srv)[job])
         second = _hello(srv, job, 1)       # both answered now, long before the deadline
         assert _reply(first)["ok"] and _reply(second)["ok"]
         assert srv.loop.timers, "the first hello's deadline is in the timer heap"

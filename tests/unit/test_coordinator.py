@@ -4,12 +4,12 @@ import time
 
 import pytest
 
-from netreduce.control import negotiation as coord
-from netreduce.control.waits import resolve
+from netreduce.switch import coordinator as coord
+from netreduce.switch.waits import resolve
 
 
 def _blocking(handler):
-    """A handler that may return a Wait (control/waits.py), resolved on this thread."""
+    """A handler that may return a Wait (switch/waits.py), resolved on this thread."""
     return lambda *a, **k: resolve(handler(*a, **k))
 
 

@@ -1,9 +1,9 @@
-"""How a job's payload is chosen from its ranks' paths (netreduce/control/payload.py,
+"""How a job's payload is chosen from its ranks' paths (netreduce/switch/payload.py,
 docs/protocol.md "Payload size"): the smallest view wins, the cap caps, and the
 reason names the path and the rank that decided it."""
 import pytest
 
-from netreduce.control.payload import JobPayload, views_of
+from netreduce.switch.payload import JobPayload, views_of
 
 
 def formula(mtu: int, ipv6: bool) -> int:

@@ -1,5 +1,5 @@
 """docs/netreduce-switch.service stays in step with the daemon: its command line parses
-with netreduce-switch's own parser, its reload and stop match switch_service, and
+with netreduce-switch's own parser, its reload and stop match netreduce/switch/service.py, and
 systemd-analyze accepts it where systemd is installed."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from netreduce.switch import build_parser
+from netreduce.switch.daemon import build_parser
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 UNIT = os.path.join(ROOT, "docs", "netreduce-switch.service")

@@ -20,6 +20,8 @@ import threading
 import time
 from typing import Any, Dict, List, Tuple
 
+from netreduce.switch import commands, coordinator
+
 log = logging.getLogger("netreduce.switch")
 
 
@@ -70,9 +72,10 @@ def _handle_fell_back(srv: Any, sess: Any, msg: Dict[str, Any]) -> Dict[str, Any
     return {}
 
 
-def install(server_module: Any) -> None:
-    """The daemon's own commands on its control port."""
-    server_module.register_handler("fell_back", _handle_fell_back, inline=True)
+def install() -> None:
+    """The daemon's own commands on its control port (not on a rank's in-process
+    aggregator: netreduce/switch/in_process.py)."""
+    commands.register_handler("fell_back", _handle_fell_back, inline=True)
 
 
 def status_lines(srv: Any, address: str) -> List[str]:
@@ -103,11 +106,7 @@ def log_status(srv: Any, address: str, level: int = logging.WARNING) -> None:
 def _fail_jobs(srv: Any, message: str) -> int:
     """Fail every job's negotiation state: each rank's watch and long-poll wake with
     ``message``. Returns how many jobs were told."""
-    try:
-        from netreduce.control import negotiation
-    except ImportError:
-        return 0
-    states = list(negotiation._jobs(srv).values())
+    states = list(coordinator._jobs(srv).values())
     for state in states:
         with state.cond:
             state.fail(message, -1, None)

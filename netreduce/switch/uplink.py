@@ -30,13 +30,14 @@ import threading
 import time
 from typing import Any, Dict, List, Optional, Sequence
 
-from netreduce.control import server as control
+from netreduce.errors import NetReduceError
 from netreduce.protocol.address import format_address, parse_address, resolve
 from netreduce.protocol.client import ControlClient
-from netreduce.errors import NetReduceError
+from netreduce.switch import coordinator
+from netreduce.switch.commands import RequestError, register_disconnect_hook, register_handler
+from netreduce.switch.server import JobRecord
 
 log = logging.getLogger("netreduce.switch")
-RequestError = control.RequestError
 MAX_WAIT_S = 300.0
 
 
@@ -213,11 +214,7 @@ def _watch(srv: Any, tree: Tree) -> None:
 
 
 def _fail_negotiation(srv: Any, job: str, message: str) -> None:
-    try:
-        from netreduce.control import negotiation
-    except ImportError:
-        return
-    state = negotiation._jobs(srv).get(job)
+    state = coordinator._jobs(srv).get(job)
     if state is not None:
         with state.cond:
             state.fail(message, -1, None)
@@ -285,7 +282,7 @@ def _rack_job(srv: Any, sess: Any, msg: Dict[str, Any]) -> Dict[str, Any]:
     except Exception as exc:
         agg.remove_job(index)
         raise RequestError(f"job '{name}': cannot set up the uplink to {spine_where}: {exc}") from None
-    record = control.JobRecord(name, size, index, key, payload_bytes=payload, payload_final=True,
+    record = JobRecord(name, size, index, key, payload_bytes=payload, payload_final=True,
                                payload_reason=f"payload {payload} B: set by the spine {spine_where}")
     with srv.lock:
         label = name if name not in srv.jobs else f"{name}#{index}"
@@ -315,6 +312,6 @@ def _disconnect(srv: Any, sess: Any) -> None:
     _rack_disconnect(srv, sess)
 
 
-control.register_handler("rack_grant", _rack_grant)
-control.register_handler("rack_job", _rack_job)
-control.register_disconnect_hook(_disconnect)
+register_handler("rack_grant", _rack_grant)
+register_handler("rack_job", _rack_job)
+register_disconnect_hook(_disconnect)

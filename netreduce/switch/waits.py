@@ -9,7 +9,7 @@ the reply (or raises the handler's error) once it can, else None, and may set
 deadlines and stall reports. Code that changes what a wait looks at calls the
 topic's ``notify`` (with the condition held) instead of ``notify_all``.
 
-The control server (netreduce/control/server.py) parks waits and polls them on its
+The control server (netreduce/switch/server.py) parks waits and polls them on its
 event-loop thread whenever their topic is notified or ``due`` passes, so 1,000
 ranks' waiting requests cost 1,000 small objects, not 1,000 threads. ``block``
 resolves a wait on the calling thread instead (a thread-per-connection server, the

@@ -18,7 +18,7 @@ from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily, Info
 from prometheus_client.registry import Collector, CollectorRegistry
 from prometheus_client.process_collector import ProcessCollector
 
-from netreduce import switch_service
+from netreduce.switch import service
 
 log = logging.getLogger("netreduce.switch")
 
@@ -91,7 +91,7 @@ class SwitchCollector(Collector):
                                 "not reach this daemon) that went on elsewhere, as their rank 0 "
                                 "reported: to = host (the host all-reduce) or switch (another "
                                 "aggregator)", labels=["reason", "to"])
-        for (reason, to), n in sorted(switch_service.fell_back_counts(self.server).items()):
+        for (reason, to), n in sorted(service.fell_back_counts(self.server).items()):
             m.add_metric([reason, to], n)
         yield m
         for key, name, doc in [

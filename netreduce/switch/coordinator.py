@@ -38,7 +38,7 @@ its own connections, until they close — so ``netreduce.shutdown(); netreduce.i
 works on every rank whatever order the ranks get there in.
 
 Handlers never block: one that must wait (hello for the other ranks, the long-poll,
-the watch) returns a ``Wait`` (control/waits.py) that the control server's event
+the watch) returns a ``Wait`` (switch/waits.py) that the control server's event
 loop parks and polls when the job's ``topic`` is notified — only when the log grows,
 the job fails or ranks join, not on every submission. Each job has its own
 Condition, so one job's requests never wait on another's lock.
@@ -52,17 +52,13 @@ from typing import Any, Dict, List, Optional, Tuple
 from netreduce.protocol import fusion
 from netreduce.protocol.signature import (  # noqa: F401  (FIELDS: re-exported)
     FIELDS, Sig, fusion_key, mismatch_message, nbytes, sig_of, sig_request)
-from netreduce.control.waits import Topic, Wait
+from netreduce.switch.commands import RequestError, register_disconnect_hook, register_handler
+from netreduce.switch.waits import Topic, Wait
 
 # The largest world size: the wire's 12-bit rank field less the group rank
 # (native/wire/roce.h). A larger claim is refused before anything is sized by it
 # (fuzz/control_fuzzer.py found a hello whose size built a set of 10^46 ranks).
 MAX_WORLD = (1 << 12) - 1
-
-
-class RequestError(Exception):
-    """Fallback when the lead's control server is not importable (unit tests); the
-    real server's RequestError replaces it in ``install``."""
 
 
 # What Horovod's controller answers for collectives that cannot take zeros from a
@@ -93,7 +89,7 @@ class JobState:
         self.name, self.size = name, size
         self.threshold, self.capacity = threshold, capacity
         self.cond = threading.Condition()
-        self.topic = Topic(self.cond)            # parked requests (control/waits.py)
+        self.topic = Topic(self.cond)            # parked requests (switch/waits.py)
         self.joined: set = set()
         self.conns: Dict[int, set] = {}          # rank -> roles connected now
         self.left: Dict[int, str] = {}           # rank -> why it left
@@ -501,23 +497,8 @@ HANDLERS = {
 }
 
 
-def install(server_module: Any) -> None:
-    """Register the handlers with the control server (done at import when the lead's
-    server module is importable: the server imports this module at start-up)."""
-    global RequestError
-    RequestError = server_module.RequestError  # noqa: F811 — answer ok=false the server's way
-    for name, fn in HANDLERS.items():
-        server_module.register_handler(name, fn, inline=True)
-    server_module.register_disconnect_hook(on_disconnect)
-
-
-def _auto_install() -> None:
-    try:
-        from netreduce.control import server as _server
-    except ImportError:
-        return
-    if hasattr(_server, "register_handler") and hasattr(_server, "RequestError"):
-        install(_server)
-
-
-_auto_install()
+# The control server answers these (switch/commands.py); the unit tests' fake server
+# (tests/unit/fakes.py) calls the same handlers from this table.
+for _cmd, _fn in HANDLERS.items():
+    register_handler(_cmd, _fn, inline=True)
+register_disconnect_hook(on_disconnect)

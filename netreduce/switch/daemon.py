@@ -7,26 +7,22 @@ port (TCP PORT): job admission, rank check-in, negotiation and counters."""
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
-import select
 import signal
 import socket
-import subprocess
 import sys
 import threading
-import time
-from typing import List, Optional, Sequence, Tuple
+from typing import Optional, Sequence, Tuple
 
-import netreduce
-from netreduce import switch_service
-from netreduce.protocol.address import connect_address, family_of, format_address, parse_address
+from netreduce._version import __version__
 from netreduce.errors import NetReduceError
-from netreduce.process import detach_and_die_with_parent, terminate
-
-READY_PREFIX = "netreduce-switch listening on "
-METRICS_PREFIX = "netreduce-switch metrics on "
-DEFAULT_PORT = 4791
+from netreduce.protocol.address import family_of, format_address
+from netreduce.protocol.auth import Guard, read_operator_secret
+from netreduce.switch import coordinator  # noqa: F401  registers the negotiation commands
+from netreduce.switch import service, uplink
+from netreduce.switch.limits import Limits
+from netreduce.switch.server import ControlServer
+from netreduce.switch.child import DEFAULT_PORT, METRICS_PREFIX, READY_PREFIX
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -154,46 +150,38 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="netreduce-switch %(levelname)s %(message)s")
-    from netreduce import _native
-    from netreduce.control import server as control
-
-    from netreduce.protocol.auth import Guard, read_operator_secret
+    from netreduce import _native  # here, not above: --help works without the native module
 
     _raise_fd_limit()
     try:
         operator = read_operator_secret(args.operator_secret_file) \
             if args.operator_secret_file else None
         agg, port = _start_aggregator(_native, args)
-        srv = control.ControlServer(
+        srv = ControlServer(
             args.host, port, agg, payload_explicit=args.payload_bytes is not None,
             guard=Guard(require_secret=args.require_secret, operator_secret=operator),
-            limits=control.Limits(pending_idle_s=args.handshake_timeout,
+            limits=Limits(pending_idle_s=args.handshake_timeout,
                                   max_pending=args.max_pending))
     except (NetReduceError, OSError, ValueError) as exc:
         print(f"netreduce-switch: {exc}", file=sys.stderr)
         return 2
     try:  # two levels: rack_grant (spine), rack_job (with --spine)
-        from netreduce import switch_uplink
-        switch_uplink.configure(srv, args.spine, args.uplink_rto_ms, args.uplink_drop_rate)
+        uplink.configure(srv, args.spine, args.uplink_rto_ms, args.uplink_drop_rate)
     except NetReduceError as exc:
         print(f"netreduce-switch: {exc}", file=sys.stderr)
         srv.server_close()
         agg.stop()
         return 2
-    switch_service.install(control)  # fell_back: refused jobs that went on elsewhere
-    try:  # negotiation handlers register themselves on import (communicator layer)
-        importlib.import_module("netreduce.control.negotiation")
-    except ImportError:
-        pass
+    service.install()  # fell_back: refused jobs that went on elsewhere
 
     address = format_address((args.host, port))
     metrics = None
     if args.metrics_port is not None:
-        from netreduce import switch_metrics  # prometheus_client: only when asked for
+        from netreduce.switch import metrics as prometheus  # prometheus_client: only when asked for
         try:
-            metrics = switch_metrics.MetricsServer(
+            metrics = prometheus.MetricsServer(
                 srv, args.metrics_host, args.metrics_port,
-                info={"version": netreduce.__version__, "address": address,
+                info={"version": __version__, "address": address,
                       "fanout": args.fanout, "threads": str(args.threads)})
         except OSError as exc:
             print(f"netreduce-switch: cannot serve metrics on {args.metrics_host}:"
@@ -203,8 +191,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return 2
         print(f"{METRICS_PREFIX}http://{metrics.host}:{metrics.port}/metrics", flush=True)
 
-    # SIGTERM/SIGINT: graceful stop; SIGHUP: log status (netreduce/switch_service.py).
-    life = switch_service.Lifecycle()
+    # SIGTERM/SIGINT: graceful stop; SIGHUP: log status (netreduce/switch/service.py).
+    life = service.Lifecycle()
     signal.signal(signal.SIGTERM, lambda signum, frame: life.on_stop("SIGTERM"))
     signal.signal(signal.SIGINT, lambda signum, frame: life.on_stop("SIGINT"))
     signal.signal(signal.SIGHUP, lambda signum, frame: life.on_status())
@@ -216,61 +204,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     while not life.stop.wait(0.2):
         if life.status_requested.is_set():
             life.status_requested.clear()
-            switch_service.log_status(srv, address)
-    switch_service.drain(srv, life, address, args.stop_timeout)
+            service.log_status(srv, address)
+    service.drain(srv, life, address, args.stop_timeout)
     if metrics is not None:
         metrics.close()
     agg.stop()
-    switch_service.log_status(srv, address, logging.INFO)  # final counters, for the journal
+    service.log_status(srv, address, logging.INFO)  # final counters, for the journal
     return 0
-
-
-class SwitchProcess:
-    """A netreduce-switch daemon started as a child process (the embedded default)."""
-
-    def __init__(self, proc: subprocess.Popen, address: Tuple[str, int]) -> None:
-        self.proc = proc
-        self.address = address
-
-    def stop(self, timeout: float = 5.0) -> None:
-        terminate(self.proc, timeout)
-        if self.proc.stdout:
-            self.proc.stdout.close()
-
-    def __enter__(self) -> "SwitchProcess":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-
-def spawn(host: str = "127.0.0.1", port: int = 0, timeout: float = 30.0,
-          extra_args: Sequence[str] = (), **opts: object) -> SwitchProcess:
-    """Start netreduce-switch and wait until it listens. ``opts`` become flags
-    (payload_bytes=4096 -> --payload-bytes 4096)."""
-    cmd: List[str] = [sys.executable, "-m", "netreduce.switch", "--host", host, "--port", str(port)]
-    for k, v in opts.items():
-        cmd += ["--" + k.replace("_", "-"), str(v)]
-    cmd += list(extra_args)
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True,
-                            preexec_fn=detach_and_die_with_parent)
-    deadline = time.monotonic() + timeout
-    assert proc.stdout is not None
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([proc.stdout], [], [], 0.2)
-        if ready:
-            line = proc.stdout.readline()
-            if line.startswith(READY_PREFIX):
-                listen = parse_address(line[len(READY_PREFIX):].split()[0], what="ready line")
-                return SwitchProcess(proc, connect_address(listen))
-        if proc.poll() is not None:
-            break
-    proc.kill()
-    proc.wait()
-    raise NetReduceError(f"netreduce-switch did not start on {format_address((host, port))} "
-                         f"within {timeout} s "
-                         f"(exit code {proc.returncode}); command: {' '.join(cmd)}")
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -3,7 +3,7 @@
 Why not a thread per connection: at 1,000 ranks a thread-per-connection server holds
 thousands of threads, each parked in a handler (a hello waiting for the others, a
 long-poll, a watch), and every submission wakes all of them. Here a connection is a
-socket, two byte buffers and the requests it has waiting (control/waits.py): a
+socket, two byte buffers and the requests it has waiting (switch/waits.py): a
 handler that would block returns a ``Wait``, parked until its topic is notified or
 its ``due`` time passes, and answered from this thread.
 
@@ -15,7 +15,7 @@ Handlers registered as blocking (commands of other modules that wait on their ow
 conditions) run on a bounded thread pool; the negotiation and admission commands
 run inline.
 
-The limits of netreduce/control/limits.py hold as before: a connection that is not
+The limits of netreduce/switch/limits.py hold as before: a connection that is not
 bound to a job may send lines of at most ``pending_line_bytes`` and must not stay
 silent for ``pending_idle_s``; too many such connections close the oldest; a bound
 one's lines are at most ``line_bytes``. No line is read into memory past its limit.
@@ -34,7 +34,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Deque, Dict, List, Optional, Set, Tuple
 
-from netreduce.control.waits import Wait
+from netreduce.switch.waits import Wait
 
 log = logging.getLogger("netreduce.switch")
 READ, WRITE = selectors.EVENT_READ, selectors.EVENT_WRITE

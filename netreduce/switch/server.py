@@ -1,14 +1,15 @@
 """The aggregator's control port: a TCP server speaking JSON lines.
 
-All connections are served by one event-loop thread (netreduce/control/loop.py); a
+All connections are served by one event-loop thread (netreduce/switch/loop.py); a
 handler that has to wait (a hello for the other ranks, a long-poll) returns a
-``Wait`` (control/waits.py) instead of blocking. Built-in commands: ``register``
+``Wait`` (switch/waits.py) instead of blocking. Built-in commands: ``register``
 (job admission and rank check-in, with the path MTU the rank sees), ``payload``
-(wait until the job's payload is fixed: netreduce.control.payload), ``release``,
-``counters``. Other modules add commands with ``register_handler`` (blocking ones
-run on a thread pool) and learn of closed connections (a rank that died or shut
-down) with ``register_disconnect_hook``; ``netreduce.control.negotiation`` does so
-at import time."""
+(wait until the job's payload is fixed: netreduce.switch.payload), ``release``,
+``counters``, and ``verbs_connect`` (switch/verbs.py). Other modules add commands
+with ``register_handler`` (switch/commands.py; blocking ones run on a thread pool)
+and learn of closed connections (a rank that died or shut down) with
+``register_disconnect_hook``; ``netreduce.switch.coordinator`` does so at import
+time."""
 from __future__ import annotations
 
 import dataclasses
@@ -18,22 +19,20 @@ import secrets
 import socket
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 from netreduce.protocol.address import family_of, format_address, parse_address, unmap
 from netreduce.protocol.auth import AuthError, Guard
-from netreduce.control.limits import Limits, PendingConnections
-from netreduce.control.loop import Conn, EventLoop
-from netreduce.control.payload import JobPayload, views_of
-from netreduce.control.waits import Topic, Wait, resolve
+from netreduce.switch import verbs  # noqa: F401  registers verbs_connect, a built-in to every server
+from netreduce.switch.commands import DISCONNECT_HOOKS, HANDLERS, INLINE, RequestError
+from netreduce.switch.limits import Limits, PendingConnections
+from netreduce.switch.loop import Conn, EventLoop
+from netreduce.switch.payload import JobPayload, views_of
+from netreduce.switch.waits import Topic, Wait, resolve
 
 log = logging.getLogger("netreduce.switch")
 # How long the last rank's register waits for the earlier ranks to be told the payload.
 INFORM_WAIT_S = 5.0
-
-
-class RequestError(Exception):
-    """Raised by a handler: answered as ok=false with this message."""
 
 
 @dataclasses.dataclass
@@ -73,27 +72,6 @@ class Session:
         self.rank: Optional[int] = None
         self.record: Optional[JobRecord] = None  # the run of the job it registered in
         self.state: Dict[str, Any] = {}
-
-
-Handler = Callable[["ControlServer", Session, Dict[str, Any]], Dict[str, Any]]
-DisconnectHook = Callable[["ControlServer", Session], None]
-HANDLERS: Dict[str, Handler] = {}
-INLINE: set = set()  # commands whose handlers never block (they may return a Wait)
-DISCONNECT_HOOKS: List[DisconnectHook] = []
-
-
-def register_handler(cmd: str, fn: Handler, inline: bool = False) -> None:
-    """Add a command. ``inline``: the handler returns at once (a reply or a Wait) and
-    runs on the event-loop thread; otherwise it may block, on the thread pool."""
-    HANDLERS[cmd] = fn
-    if inline:
-        INLINE.add(cmd)
-    else:
-        INLINE.discard(cmd)
-
-
-def register_disconnect_hook(fn: DisconnectHook) -> None:
-    DISCONNECT_HOOKS.append(fn)
 
 
 class ControlServer:
@@ -463,6 +441,3 @@ def _answer(srv: ControlServer, sess: Session, line: bytes) -> "tuple[Dict[str, 
     except Exception as exc:
         return msg, _reply_of(line, None, exc)
 
-
-# Commands of their own modules (registered on import).
-from netreduce.control import verbs as _verbs  # noqa: E402,F401  verbs_connect

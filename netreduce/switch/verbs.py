@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Dict
 
-from netreduce.control.server import RequestError, register_handler
+from netreduce.switch.commands import RequestError, register_handler
 
 _FIELDS = ("ip", "qpn", "ring_va", "ring_rkey", "ring_entries", "ring_stride")
 

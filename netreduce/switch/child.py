@@ -1,0 +1,70 @@
+"""netreduce-switch started as a child process: the aggregator a single-process job,
+netreduce-run or torchrun's rank 0 brings along (the embedded default), and tests.
+
+``spawn`` runs ``python -m netreduce.switch`` and waits for the line the daemon
+prints once it listens (READY_PREFIX, then the address), so the caller learns the
+port a ``--port 0`` daemon picked; the child dies with its parent
+(netreduce/process.py)."""
+from __future__ import annotations
+
+import select
+import subprocess
+import sys
+import time
+from typing import List, Sequence, Tuple
+
+from netreduce.errors import NetReduceError
+from netreduce.process import detach_and_die_with_parent, terminate
+from netreduce.protocol.address import connect_address, format_address, parse_address
+
+# The daemon's first lines on stdout (netreduce/switch/daemon.py prints them).
+READY_PREFIX = "netreduce-switch listening on "
+METRICS_PREFIX = "netreduce-switch metrics on "
+DEFAULT_PORT = 4791
+
+
+class SwitchProcess:
+    """A netreduce-switch daemon started as a child process (the embedded default)."""
+
+    def __init__(self, proc: subprocess.Popen, address: Tuple[str, int]) -> None:
+        self.proc = proc
+        self.address = address
+
+    def stop(self, timeout: float = 5.0) -> None:
+        terminate(self.proc, timeout)
+        if self.proc.stdout:
+            self.proc.stdout.close()
+
+    def __enter__(self) -> "SwitchProcess":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def spawn(host: str = "127.0.0.1", port: int = 0, timeout: float = 30.0,
+          extra_args: Sequence[str] = (), **opts: object) -> SwitchProcess:
+    """Start netreduce-switch and wait until it listens. ``opts`` become flags
+    (payload_bytes=4096 -> --payload-bytes 4096)."""
+    cmd: List[str] = [sys.executable, "-m", "netreduce.switch", "--host", host, "--port", str(port)]
+    for k, v in opts.items():
+        cmd += ["--" + k.replace("_", "-"), str(v)]
+    cmd += list(extra_args)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True,
+                            preexec_fn=detach_and_die_with_parent)
+    deadline = time.monotonic() + timeout
+    assert proc.stdout is not None
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([proc.stdout], [], [], 0.2)
+        if ready:
+            line = proc.stdout.readline()
+            if line.startswith(READY_PREFIX):
+                listen = parse_address(line[len(READY_PREFIX):].split()[0], what="ready line")
+                return SwitchProcess(proc, connect_address(listen))
+        if proc.poll() is not None:
+            break
+    proc.kill()
+    proc.wait()
+    raise NetReduceError(f"netreduce-switch did not start on {format_address((host, port))} "
+                         f"within {timeout} s "
+                         f"(exit code {proc.returncode}); command: {' '.join(cmd)}")
