@@ -7,6 +7,7 @@ port a ``--port 0`` daemon picked; the child dies with its parent
 (netreduce/process.py)."""
 from __future__ import annotations
 
+import os
 import select
 import subprocess
 import sys
@@ -54,15 +55,22 @@ def spawn(host: str = "127.0.0.1", port: int = 0, timeout: float = 30.0,
                             preexec_fn=detach_and_die_with_parent)
     deadline = time.monotonic() + timeout
     assert proc.stdout is not None
+    # Read the pipe's bytes ourselves: the metrics line and the ready line may arrive
+    # in one read, and a buffered readline() would keep the second where select()
+    # cannot see it (then this waited out the whole timeout).
+    fd, seen = proc.stdout.fileno(), b""
     while time.monotonic() < deadline:
-        ready, _, _ = select.select([proc.stdout], [], [], 0.2)
-        if ready:
-            line = proc.stdout.readline()
+        ready, _, _ = select.select([fd], [], [], 0.2)
+        chunk = os.read(fd, 4096) if ready else b""
+        seen += chunk
+        *lines, seen = seen.split(b"\n")
+        for raw in lines:
+            line = raw.decode(errors="replace")
             if line.startswith(READY_PREFIX):
                 listen = parse_address(line[len(READY_PREFIX):].split()[0], what="ready line")
                 return SwitchProcess(proc, connect_address(listen))
-        if proc.poll() is not None:
-            break
+        if (ready and not chunk) or proc.poll() is not None:
+            break  # end of its output: it exited
     proc.kill()
     proc.wait()
     raise NetReduceError(f"netreduce-switch did not start on {format_address((host, port))} "
