@@ -11,7 +11,8 @@ negotiation included), every configuration in the same run:
 * ``failover``    the same daemon with a standby named (NETREDUCE_STANDBY_SWITCH):
                   the scratch copy and rank 0's coordinator are the difference;
 * ``host``        NETREDUCE_FALLBACK=host with an unreachable aggregator: the
-                  ranks' own in-process aggregators (algorithms/host_fallback.py);
+                  ranks' own in-process aggregators (algorithms/host_fallback.py,
+                  switch/in_process.py);
 * ``gloo``        torch.distributed all_reduce, gloo backend (ring), the peer;
 * ``kill``        failover on, the primary SIGKILLed during the timed loop of the
                   largest size: the slowest step (the failover inside it) against

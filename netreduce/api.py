@@ -74,7 +74,9 @@ def init() -> None:
         if topo.size > 1 and job_paths.enabled(knobs):
             # A standby or FALLBACK=host: rank 0 serves negotiation and the job's
             # rendezvous; the data path may change under the communicator (failover.py).
-            started = job_paths.start(topo, knobs, connect)
+            # (Only such a job hosts an aggregator: the daemon's modules load here.)
+            from netreduce.switch.in_process import LocalAggregator
+            started = job_paths.start(topo, knobs, connect, serve=LocalAggregator)
             try:
                 comm = Communicator(rank=topo.rank, size=topo.size, job=topo.job,
                                     address=started.address, dataplane=started.algorithm,

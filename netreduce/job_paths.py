@@ -212,10 +212,14 @@ class Started:
                 self.local.stop()
 
 
-def start(topo: Any, knobs: Dict[str, Any], connect: Callable[..., Any]) -> Started:
+def start(topo: Any, knobs: Dict[str, Any], connect: Callable[..., Any],
+          serve: Callable[..., Any]) -> Started:
     """Every rank of the job calls this at init: rendezvous, local aggregators,
-    the first path every rank gets into, and the failover algorithm over it."""
-    from netreduce.algorithms.host_fallback import LocalAggregator
+    the first path every rank gets into, and the failover algorithm over it.
+    ``connect`` opens a data-plane connection (netreduce/dataplane.py);
+    ``serve(host, port, secret_required=...)`` starts this rank's in-process
+    aggregator (netreduce.api passes netreduce/switch/in_process.py's
+    LocalAggregator: the worker does not import the daemon)."""
     from netreduce.failover import Failover
     from netreduce.rendezvous import Rendezvous
     several = [c for c in candidates(knobs, None) if len(c.addresses) > 1]
@@ -233,9 +237,9 @@ def start(topo: Any, knobs: Dict[str, Any], connect: Callable[..., Any]) -> Star
     rv = None
     try:
         if topo.rank == 0:
-            local = LocalAggregator(bind, rv_address[1], secret_required=secret)
+            local = serve(bind, rv_address[1], secret_required=secret)
         elif host_mode:
-            local = LocalAggregator(bind, 0, secret_required=secret)
+            local = serve(bind, 0, secret_required=secret)
         rv = Rendezvous(rv_address, topo.job, topo.rank, topo.size,
                         timeout=float(knobs["NETREDUCE_TIMEOUT"]),
                         connect_for=float(knobs["NETREDUCE_START_TIMEOUT"]))
@@ -255,7 +259,7 @@ def start(topo: Any, knobs: Dict[str, Any], connect: Callable[..., Any]) -> Star
                 cands[index].describe(), " | ".join(reasons), knobs.get("NETREDUCE_FALLBACK"))
         algorithm = Failover(cands, index, algo, opener, rv, topo, float(knobs["NETREDUCE_TIMEOUT"]),
                              start_reasons=reasons)
-        if local is not None and topo.rank == 0:  # netreduce info, metrics: job_status.py
+        if local is not None and topo.rank == 0:  # netreduce info, metrics: switch/job_status.py
             local.publish(algorithm, knobs.get("NETREDUCE_JOB_METRICS", ""))
     except BaseException:
         if rv is not None:

@@ -1,115 +1,24 @@
-"""The job's own rendezvous: small all-gathers among its ranks that do not go
-through the aggregator, for the decisions every rank must take alike when the
-aggregator refused the job or died (netreduce/failover.py).
+"""The job's own rendezvous, a rank's side: small all-gathers among the job's ranks
+that do not go through the aggregator, for the decisions every rank must take alike
+when the aggregator refused the job or died (netreduce/failover.py).
 
-Rank 0 serves it: three commands added to the control server that rank 0 runs in
-process anyway (netreduce/algorithms/host_fallback.py, LocalAggregator), on
-NETREDUCE_RENDEZVOUS, which every rank knows before any aggregator answered.
-
-* ``rv_gather`` {key, value}: waits until every rank of the job has posted a value
-  under ``key`` and answers all of them in rank order — one exchange, one decision
-  that every rank computes from the same list.
-* ``rv_request`` {gen, reason}: some rank saw generation ``gen`` of the job's data
-  path fail; ``rv_watch`` {gen} long-polls for that, so that every rank joins the
-  recovery, including a rank that is idle or still waiting on a live-looking path.
-
-Each connection proves the job's secret (protocol/auth.py) like a data-plane rank.
+Rank 0 serves it on NETREDUCE_RENDEZVOUS, which every rank knows before any
+aggregator answered: three commands of the control server that rank 0 runs in
+process anyway (netreduce/switch/rendezvous.py has them and their messages). Each
+connection proves the job's secret (protocol/auth.py) like a data-plane rank.
 """
 from __future__ import annotations
 
-import threading
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
 from netreduce import config
+from netreduce.errors import ControlPlaneError, NetReduceError
 from netreduce.protocol import auth
 from netreduce.protocol.address import format_address
 from netreduce.protocol.client import ControlClient
-from netreduce.switch.commands import RequestError, register_handler
-from netreduce.errors import ControlPlaneError, NetReduceError
 
 WATCH_WAIT_S = 1.0  # one long-poll; the client asks again
-
-
-class _JobTable:
-    """Per server: gathers in progress and the latest failover request per job."""
-
-    def __init__(self) -> None:
-        self.cond = threading.Condition()
-        self.gathers: Dict[Tuple[str, str], Dict[str, Any]] = {}
-        self.requests: Dict[str, Dict[str, Any]] = {}  # job -> {gen, reason, rank}
-
-
-_tables_lock = threading.Lock()
-
-
-def _table(srv: Any) -> _JobTable:
-    with _tables_lock:
-        table = getattr(srv, "_nr_rendezvous", None)
-        if table is None:
-            table = srv._nr_rendezvous = _JobTable()
-        return table
-
-
-def _bind(srv: Any, sess: Any, msg: Dict[str, Any]) -> Tuple[str, int, int]:
-    job, rank, size = str(msg["job"]), int(msg["rank"]), int(msg["size"])
-    if not 0 <= rank < size:
-        raise RequestError(f"job '{job}': rank {rank} out of range for world size {size}")
-    srv.admit(sess, job, rank, msg)
-    return job, rank, size
-
-
-def _gather(srv: Any, sess: Any, msg: Dict[str, Any]) -> Dict[str, Any]:
-    job, rank, size = _bind(srv, sess, msg)
-    key, wait = str(msg["key"]), max(0.0, min(float(msg.get("wait", 30.0)), 600.0))
-    table = _table(srv)
-    with table.cond:
-        entry = table.gathers.setdefault((job, key), {"values": {}, "readers": 0})
-        posted = entry["values"]
-        posted[rank] = msg.get("value")
-        table.cond.notify_all()
-        table.cond.wait_for(lambda: len(posted) >= size, timeout=wait)
-        if len(posted) < size:
-            missing = sorted(set(range(size)) - set(posted))
-            raise RequestError(f"job '{job}': rank(s) {', '.join(map(str, missing))} did not "
-                               f"reach the exchange '{key}' within {wait:g} s")
-        values = [posted[r] for r in range(size)]
-        entry["readers"] += 1
-        if entry["readers"] >= size:  # each rank reads once: the last drops the entry
-            table.gathers.pop((job, key), None)
-    return {"values": values}
-
-
-def _request(srv: Any, sess: Any, msg: Dict[str, Any]) -> Dict[str, Any]:
-    job, rank, _ = _bind(srv, sess, msg)
-    gen = int(msg["gen"])
-    if gen < 0:
-        return {}  # binds the connection only
-    table = _table(srv)
-    with table.cond:
-        known = table.requests.get(job)
-        if known is None or known["gen"] < gen:
-            table.requests[job] = {"gen": gen, "reason": str(msg.get("reason", ""))[:2000],
-                                   "rank": rank}
-            table.cond.notify_all()
-    return {}
-
-
-def _watch(srv: Any, sess: Any, msg: Dict[str, Any]) -> Dict[str, Any]:
-    job, _, _ = _bind(srv, sess, msg)
-    gen = int(msg["gen"])
-    wait = max(0.0, min(float(msg.get("wait", WATCH_WAIT_S)), 5.0))
-    table = _table(srv)
-    with table.cond:
-        table.cond.wait_for(lambda: table.requests.get(job, {}).get("gen", -1) >= gen,
-                            timeout=wait)
-        req = table.requests.get(job)
-        return dict(req) if req is not None and req["gen"] >= gen else {}
-
-
-register_handler("rv_gather", _gather)
-register_handler("rv_request", _request)
-register_handler("rv_watch", _watch)
 
 
 class Rendezvous:

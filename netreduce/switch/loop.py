@@ -41,7 +41,7 @@ READ, WRITE = selectors.EVENT_READ, selectors.EVENT_WRITE
 SWEEP_S = 0.25          # how often silent unbound connections are looked for
 ACCEPT_BATCH = 64       # connections accepted per readiness event of the listener
 POOL_THREADS = 4096     # blocking handlers at once (threads start as needed): a rendezvous
-                        # gather holds one per rank until all have come (netreduce/rendezvous.py)
+                        # gather holds one per rank until all have come (switch/rendezvous.py)
 COMPACT_MIN = 256       # timer entries before finished waits are swept out of the heap
 
 
