@@ -125,7 +125,8 @@ class Connection:
         # Two levels: data through this host's rack aggregator (control/rack.py).
         self.rack = rack.parse(config.get("NETREDUCE_RACK_SWITCH"))
         self._engine_args = dict(window=window, retransmit_ms=retransmit_ms, timeout_s=timeout,
-                                 drop_rate=drop_rate, seed=seed)
+                                 drop_rate=drop_rate, seed=seed,
+                                 udp_offload=config.get("NETREDUCE_UDP_OFFLOAD"))
         self._engine: Any = None
         self._closed = False
         self._aborted: Optional[str] = None

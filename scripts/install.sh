@@ -17,12 +17,16 @@ if [ "$what" = test ]; then
   need ip iproute2
   need tc iproute2
   need iperf3 iperf3
+  # tests/root: the sending veth's UDP segmentation offload off (GSO capture test)
+  need ethtool ethtool
   # scripts/sanitizers.sh: ASan/UBSan builds and libFuzzer (compiler-rt)
   need clang++ clang
   ls /usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a >/dev/null 2>&1 || \
     apt_pkgs+=(libclang-rt-dev)
 fi
 [ -e /usr/include/zlib.h ] || apt_pkgs+=(zlib1g-dev)
+# the ICRC's CRC-32 with PCLMULQDQ (setup.py builds without it, slower at MTU 1500)
+[ -e /usr/include/libdeflate.h ] || apt_pkgs+=(libdeflate-dev)
 if [ ${#apt_pkgs[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     echo "install.sh: apt-get install ${apt_pkgs[*]}"

@@ -1,6 +1,8 @@
-// The software aggregator: what the FPGA / switch does in NetReduce. It owns T UDP
-// sockets (ports base..base+T-1); data thread t serves the slots s with s % T == t,
-// so every (job, slot) has exactly one writer and the hot path takes no lock.
+// The software aggregator: what the FPGA / switch does in NetReduce. It owns T data
+// sockets (ports base..base+T-1, transport/make_transport.h); data thread t serves the
+// slots s with s % T == t, so every (job, slot) has exactly one writer and the hot
+// path takes no lock: each thread reads the job table from its own snapshot and adds
+// to its own counter shards (counters.h), so threads share no written cache line.
 #pragma once
 
 #include <atomic>
@@ -18,7 +20,7 @@
 #include "aggregator/verbs_peer.h"
 #include "aggregator/uplink.h"
 #include "common/status.h"
-#include "transport/udp/udp_transport.h"
+#include "transport/make_transport.h"
 #include "wire/roce.h"
 
 namespace netreduce {
@@ -40,19 +42,21 @@ struct AggregatorConfig {
   // network, not the aggregator, replicates the packet, as a switch would).
   bool multicast = false;
   std::string group_base = "239.78.0.0";
+  UdpOffload udp_offload = UdpOffload::kAuto;  // NETREDUCE_UDP_OFFLOAD (make_transport.h)
 };
 
 struct Job {
-  Job(uint32_t index, uint32_t size, uint32_t key, uint32_t slots, uint32_t payload)
-      : index(index), size(size), key(key), pool(slots, payload, size), ranks(size),
-        members(size), member(size, 1), expected(size) {
+  Job(uint32_t index, uint32_t size, uint32_t key, uint32_t slots, uint32_t payload,
+      uint32_t threads)
+      : index(index), size(size), key(key), pool(slots, payload, size), counters(threads),
+        ranks(size), members(size), member(size, 1), expected(size) {
     for (uint32_t r = 0; r < size; ++r) members[r] = r;
   }
   uint32_t index;
   uint32_t size;
   uint32_t key;
   SlotPool pool;
-  Counters counters;
+  CounterShards counters;  // shard t: data thread t's
   // Where each rank's packets come from and which local address they target:
   // (ip << 32 | port << 16) packed, written by whichever data thread saw it last.
   // IPv4 only (0 for an IPv6 rank); `full` holds either family (rank_address.h)
@@ -79,17 +83,20 @@ struct Job {
   std::shared_ptr<Uplink> uplink;  // a rack aggregator's job: partials go to the spine
 };
 
-// Results of one receive batch waiting to leave in one sendmmsg, their headers and
-// trailers kept alive until then. `sock` null: results are discarded (fuzz/ drives
-// the per-packet path with no socket).
+// Results of one receive batch waiting to leave in one SendBatch (consecutive results
+// to one rank in one GSO send), their headers and trailers kept alive until then; and
+// the data thread they belong to, whose counter shards they add to. `sock` null:
+// results are discarded (fuzz/ drives the per-packet path with no socket).
 struct ResultBatch {
   static constexpr size_t kArena = 2048;  // packets built before a forced flush
-  UdpTransport* sock = nullptr;
+  Transport* sock = nullptr;
+  uint32_t thread = 0;
   std::vector<OutPacket> pkts;
   std::vector<uint8_t> headers;   // 32 bytes each
   std::vector<uint8_t> trailers;  // 8 each: pad (<= 3) + ICRC (4)
   std::vector<uint8_t> verbs_heads = std::vector<uint8_t>(kArena * kVerbsResultHeadBytes);
-  explicit ResultBatch(UdpTransport* s) : sock(s), headers(kArena * 32), trailers(kArena * 8) {
+  explicit ResultBatch(Transport* s, uint32_t thread = 0)
+      : sock(s), thread(thread), headers(kArena * 32), trailers(kArena * 8) {
     pkts.reserve(kArena);
   }
   bool full() const { return pkts.size() >= kArena; }
@@ -98,6 +105,10 @@ struct ResultBatch {
     pkts.clear();
   }
 };
+
+// The data threads a configuration runs (--threads, clamped to 1..64 before Start()
+// refuses a bad value).
+uint32_t DataThreads(const AggregatorConfig& cfg);
 
 class Aggregator {
  public:
@@ -108,6 +119,9 @@ class Aggregator {
   void Stop();
   const AggregatorConfig& config() const { return cfg_; }
   uint16_t port() const { return cfg_.port; }
+  // The data sockets' packet path (Transport::Describe), e.g. "udp gso+gro"; "" before
+  // Start().
+  std::string DataPath() const;
 
   // Admission: a pool of `payload_bytes` per slot (0 = config().payload_bytes, at
   // most that) for a job of `size` ranks with `key`; refuses cleanly past max_jobs
@@ -160,7 +174,12 @@ class Aggregator {
   void VerbsTimers(uint16_t my_port, ResultBatch& out);
   std::mutex verbs_mu_;  // guards rc_peers_
   std::vector<std::pair<std::weak_ptr<Job>, uint32_t>> rc_peers_;
-  std::shared_ptr<Job> Lookup(uint32_t index) const;
+  std::shared_ptr<Job> Lookup(uint32_t index) const;  // control paths: under mu_
+  // The data threads' lookup: job `index` in thread `thread`'s snapshot of jobs_, taken
+  // again (under mu_) only when jobs_version_ says the table changed; no lock and no
+  // shared reference count per packet.
+  Job* JobFor(uint32_t thread, uint32_t index);
+  void JobsChanged() { jobs_version_.fetch_add(1, std::memory_order_release); }  // under mu_
   // Two levels (uplink.cc): the partial sum to the spine, its resends, the spine's
   // result (true when the packet was one), fan-out to the members.
   void StartPartial(Job& job, const wire::Header& round, const uint8_t* acc, uint16_t my_port,
@@ -174,13 +193,19 @@ class Aggregator {
   UplinkRoutes routes_;
 
   AggregatorConfig cfg_;
-  std::vector<std::unique_ptr<UdpTransport>> sockets_;
+  std::vector<std::unique_ptr<Transport>> sockets_;
   std::vector<std::thread> threads_;
   std::atomic<bool> running_{false};
   mutable std::mutex mu_;  // guards jobs_ and memory_used_
   std::vector<std::shared_ptr<Job>> jobs_;  // by index; [0] unused (QP 0/1 are special in IB)
   uint64_t memory_used_ = 0;
-  Counters global_;
+  std::atomic<uint64_t> jobs_version_{1};
+  struct alignas(64) JobSnapshot {  // one data thread's
+    uint64_t version = 0;
+    std::vector<std::shared_ptr<Job>> jobs;
+  };
+  std::vector<JobSnapshot> snapshots_;  // by data thread
+  CounterShards global_;
   AdmissionCounters admission_;
 };
 

@@ -55,6 +55,9 @@ namespace {
 using Clock = std::chrono::steady_clock;
 constexpr size_t kRecvBatch = 64;
 constexpr size_t kRecvBufBytes = 65536;
+// Descriptors for a socket that receives into its own memory (UDP GRO): a 512 KiB
+// receive batch holds up to ~360 datagrams at MTU 1500.
+constexpr size_t kRecvDescriptors = 512;
 // Submit's owner for a reduce-scatter laid out chunk-interleaved: chunk c's owner is
 // rank c mod N, so every window carries every rank's data (docs/protocol.md).
 constexpr int32_t kInterleavedOwners = -2;
@@ -120,19 +123,27 @@ Status Engine::Create(const EngineConfig& cfg, std::unique_ptr<Engine>* out) {
     *out = std::move(e);
     return Status::Ok();
   }
-  UdpOptions o;
+  // GRO joins a run of results into one receive, which then needs a copy into place;
+  // datagrams too large for two to share one (loopback's 64 KiB payloads) keep the
+  // zero-copy receive below instead (Engine::Run, jumbo path).
+  const UdpOffload offload = wire::DatagramBytes(cfg.payload_bytes) * 2 <= kGroBufBytes
+                                 ? cfg.udp_offload
+                                 : WithoutGro(cfg.udp_offload);
+  DataTransportOptions o;
   const std::string buf = ToString(local_ip);
-  o.host = buf;
-  o.port = 0;
-  std::unique_ptr<UdpTransport> udp;
-  NR_RETURN_IF_ERROR(UdpTransport::Open(o, &udp));
+  o.udp.host = buf;
+  o.udp.port = 0;
+  o.offload = offload;
+  std::unique_ptr<Transport> udp;
+  NR_RETURN_IF_ERROR(MakeDataTransport(o, &udp));
   e->sock_ = std::move(udp);
   if (!cfg.group.empty()) {
-    UdpOptions g;
-    g.join_group = cfg.group;
-    g.group_iface = buf;
-    g.port = cfg.group_port;
-    NR_RETURN_IF_ERROR(UdpTransport::Open(g, &e->group_));
+    DataTransportOptions g;
+    g.udp.join_group = cfg.group;
+    g.udp.group_iface = buf;
+    g.udp.port = cfg.group_port;
+    g.offload = offload;
+    NR_RETURN_IF_ERROR(MakeDataTransport(g, &e->group_));
   }
   e->thread_ = std::thread([p = e.get()] { p->ThreadMain(); });
   *out = std::move(e);
@@ -279,6 +290,8 @@ Status Engine::Run(Request& req) {
     t.pkt.iov[1] = {const_cast<uint8_t*>(payload), h.length};
     t.pkt.iov[2] = {t.trailer, size_t(h.pad) + wire::kIcrcBytes};
     t.pkt.iovcnt = 3;
+    t.pkt.segmentable = true;  // a lane's chunks of a batch: one GSO send
+    t.pkt.icrc = !h.jumbo;
     // engine/repair.h; UDP only: a verbs transport's NIC (RC) or PSN checks (UC) own it.
     const bool tail = !cfg_.transport && IsLaneTail(c, nchunks, base, window_, cfg_.threads);
     t.probe = tail && t.head;
@@ -299,8 +312,7 @@ Status Engine::Run(Request& req) {
   std::vector<SlotTrack*> probes(cfg_.threads, nullptr);
   bool first_of_batch = true;
   std::vector<uint8_t> storage(kRecvBatch * kRecvBufBytes);
-  std::vector<InPacket> in(kRecvBatch);
-  for (size_t i = 0; i < kRecvBatch; ++i) in[i].buf = storage.data() + i * kRecvBufBytes;
+  std::vector<InPacket> in(kRecvDescriptors);
   uint8_t peek[wire::kHeaderBytes];
   uint8_t trailer[8];
 
@@ -441,7 +453,8 @@ Status Engine::Run(Request& req) {
     // Drain what one socket (unicast, or the job's multicast group) holds.
     auto drain = [&](Transport& sock) -> Status {
       first_of_batch = true;
-      if (jumbo_) {
+      const bool own_buffers = sock.OwnsReceiveBuffers();  // GRO: batches only
+      if (jumbo_ && !own_buffers) {
         // Zero-copy path: peek at the header, then receive the payload straight into
         // its place in the destination buffer.
         for (size_t k = 0; k < kRecvBatch; ++k) {
@@ -481,9 +494,14 @@ Status Engine::Run(Request& req) {
         }
         return Status::Ok();
       }
-      for (size_t i = 0; i < kRecvBatch; ++i) in[i].cap = kRecvBufBytes;
+      if (!own_buffers) {
+        for (size_t i = 0; i < kRecvBatch; ++i) {
+          in[i].buf = storage.data() + i * kRecvBufBytes;
+          in[i].cap = kRecvBufBytes;
+        }
+      }
       size_t got = 0;
-      NR_RETURN_IF_ERROR(sock.RecvBatch(in.data(), kRecvBatch, 0, &got));
+      NR_RETURN_IF_ERROR(sock.RecvBatch(in.data(), own_buffers ? kRecvDescriptors : kRecvBatch, 0, &got));
       for (size_t i = 0; i < got; ++i) {
         InPacket& p = in[i];
         wire::Header h;

@@ -17,7 +17,7 @@
 
 #include "common/status.h"
 #include "reduce/dtype.h"
-#include "transport/udp/udp_transport.h"
+#include "transport/make_transport.h"
 
 namespace netreduce {
 
@@ -39,6 +39,9 @@ struct EngineConfig {
   uint64_t seed = 0;
   std::string group;               // multicast group of results ("" = unicast only)
   uint16_t group_port = 0;
+  // Kernel UDP offloads of the engine's sockets (NETREDUCE_UDP_OFFLOAD,
+  // transport/make_transport.h); GRO only where two datagrams fit one 64 KiB receive.
+  UdpOffload udp_offload = UdpOffload::kAuto;
   // A transport opened and connected by the caller (transport/verbs/); null = the
   // engine opens a UDP socket toward host:port itself.
   std::shared_ptr<Transport> transport;
@@ -74,6 +77,8 @@ class Engine {
   void Abort(const std::string& reason);
   std::map<std::string, uint64_t> Stats() const;
   std::string AggregatorAddress() const;
+  // The packet path of the engine's socket (Transport::Describe), e.g. "udp gso+gro".
+  std::string DataPath() const;
 
  private:
   explicit Engine(const EngineConfig& cfg);
@@ -85,7 +90,7 @@ class Engine {
   uint32_t window_;
   bool jumbo_;
   std::shared_ptr<Transport> sock_;
-  std::unique_ptr<UdpTransport> group_;  // joined multicast group, when the job has one
+  std::unique_ptr<Transport> group_;  // joined multicast group, when the job has one
   Endpoint agg_;
   uint32_t my_qpn_;
   uint32_t group_qpn_;

@@ -13,6 +13,8 @@ std::string Engine::AggregatorAddress() const {
                                                   : cfg_.host + ":" + port;
 }
 
+std::string Engine::DataPath() const { return sock_ ? sock_->Describe() : ""; }
+
 std::string Engine::Where(uint32_t slot) const {
   return "aggregator " + AggregatorAddress() + ", job '" + cfg_.job + "' (index " +
          std::to_string(cfg_.job_index) + "), rank " + std::to_string(cfg_.rank) + "/" +

@@ -14,6 +14,7 @@ import sys
 import threading
 from typing import Optional, Sequence, Tuple
 
+from netreduce import config
 from netreduce._version import __version__
 from netreduce.errors import NetReduceError
 from netreduce.protocol.address import family_of, format_address
@@ -125,7 +126,8 @@ def _start_aggregator(native, args) -> Tuple[object, int]:
         cap = native.MAX_PAYLOAD if args.payload_bytes is None else args.payload_bytes
         agg = native.Aggregator(args.host, port, args.slots, cap, args.max_jobs,
                                 args.threads, args.memory_mb << 20,
-                                args.fanout == "multicast", args.multicast_base)
+                                args.fanout == "multicast", args.multicast_base,
+                                config.get("NETREDUCE_UDP_OFFLOAD"))
         try:
             agg.start()
             return agg, port
@@ -200,7 +202,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     thread.start()
     print(f"{READY_PREFIX}{address} (udp {port}..{port + args.threads - 1}, "
           f"{args.slots} slots x {_payload_words(args.payload_bytes)}, max {args.max_jobs} jobs, "
-          f"{args.fanout} fan-out)", flush=True)
+          f"{args.fanout} fan-out, data path {agg.data_path})", flush=True)
     while not life.stop.wait(0.2):
         if life.status_requested.is_set():
             life.status_requested.clear()

@@ -1,0 +1,37 @@
+// The one place that decides what the engine's and the aggregator's data sockets are.
+// Today every one is a kernel UDP socket (transport/udp/), with UDP GSO and GRO where
+// the kernel has them unless the offload setting says otherwise (NETREDUCE_UDP_OFFLOAD,
+// netreduce/config.py); another packet path (an AF_XDP socket, transport/xdp/) is
+// chosen here too, so that neither caller knows which one it got. Verbs queue pairs
+// are opened by the caller (transport/verbs/) and never come from here.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "common/status.h"
+#include "transport/transport.h"
+#include "transport/udp/udp_transport.h"
+
+namespace netreduce {
+
+// Which kernel UDP offloads a socket uses: both (auto, each where the kernel and the
+// device allow), none (off: one datagram per sendmmsg/recvmmsg entry, as before
+// them), or one (gso: segmented sends, plain receives; gro: plain sends, coalesced
+// receives). The single ones exist to exercise each fallback path.
+enum class UdpOffload : uint8_t { kAuto = 0, kOff, kGso, kGro };
+Status ParseUdpOffload(const std::string& text, UdpOffload* out);
+const char* UdpOffloadName(UdpOffload o);
+// `o` with GRO dropped: a receiver whose datagrams are too large for two to share a
+// 64 KiB coalesced receive gains nothing from it and would lose its zero-copy path.
+UdpOffload WithoutGro(UdpOffload o);
+
+struct DataTransportOptions {
+  UdpOptions udp;  // address, port, buffers, multicast group; its gso/gro are set here
+  UdpOffload offload = UdpOffload::kAuto;
+};
+
+Status MakeDataTransport(const DataTransportOptions& opts, std::unique_ptr<Transport>* out);
+
+}  // namespace netreduce
