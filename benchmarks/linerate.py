@@ -64,6 +64,27 @@ def datagram_bytes(mtu: int) -> int:
     return payload + ROCE_OVERHEAD
 
 
+def thread_cpu(pid: int) -> Dict[str, float]:
+    """utime+stime per thread name of process `pid` (threads of one name summed): the
+    aggregator's data threads are nr-data-N, an engine's nr-engine."""
+    out: Dict[str, float] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                name = f.read().strip()
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
+def diff(after: Dict[str, float], before: Dict[str, float]) -> Dict[str, float]:
+    return {k: round(v - before.get(k, 0.0), 3) for k, v in after.items()}
+
+
 # =============================================================================
 # Rank side (cost): one process per rank inside its namespace.
 # =============================================================================
@@ -84,16 +105,19 @@ def rank_main(cfg: dict) -> int:
     stats0 = conn.stats()
     if rank == 0:
         agg0 = common.pid_cpu_seconds(cfg["switch_pid"])
+        threads0 = thread_cpu(cfg["switch_pid"])
         m0 = common.machine_cpu()
+    own0 = thread_cpu(os.getpid())
     c0 = common.self_cpu_seconds()
     t0 = time.perf_counter()
     for _ in range(cfg["iters"]):
         conn.allreduce(src, dst)
     wall = time.perf_counter() - t0
     cpu = common.self_cpu_seconds() - c0
-    rec = {"rank": rank, "wall_s": wall, "cpu_s": cpu}
+    rec = {"rank": rank, "wall_s": wall, "cpu_s": cpu, "threads_cpu_s": diff(thread_cpu(os.getpid()), own0)}
     if rank == 0:
         rec["switch_cpu_s"] = common.pid_cpu_seconds(cfg["switch_pid"]) - agg0
+        rec["switch_threads_cpu_s"] = diff(thread_cpu(cfg["switch_pid"]), threads0)
         m1 = common.machine_cpu()
         rec["machine_busy"] = common.machine_busy_fraction(m0, m1)
         rec["machine_cpu_s"] = rec["machine_busy"] * wall * (os.cpu_count() or 1)
@@ -131,7 +155,8 @@ def cost_point(tb, args, mtu: int, variant: str, env_extra: Dict[str, str]) -> d
     env = dict(os.environ, **env_extra)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH", ""), REPO) if p)
     switch_args = ["--threads", str(args.threads), "--payload-bytes", "65464"] + args.switch_args.split()
-    sw = tb.spawn_switch(args=switch_args, env=env)
+    switch_env = dict(env, **dict(kv.split("=", 1) for kv in args.switch_env.split(",") if kv))
+    sw = tb.spawn_switch(args=switch_args, env=switch_env)
     tmp = tempfile.mkdtemp(prefix="lr-cost-")
     try:
         cfg = {"np": args.np, "size": common.parse_size(args.size), "iters": args.iters,
@@ -164,6 +189,8 @@ def cost_point(tb, args, mtu: int, variant: str, env_extra: Dict[str, str]) -> d
         "iters": args.iters, "threads": args.threads, "payload_bytes": r0["payload_bytes"],
         "wall_s": wall, "time_per_allreduce_s": wall / args.iters,
         "switch_cpu_s": r0["switch_cpu_s"],
+        "switch_threads_cpu_s": r0["switch_threads_cpu_s"],
+        "engine_threads_cpu_s": [r["threads_cpu_s"] for r in recs],
         "aggregator_GB_per_cpu_s": input_gb / r0["switch_cpu_s"] if r0["switch_cpu_s"] else None,
         "aggregator_cpu_s_per_GB": r0["switch_cpu_s"] / input_gb,
         "engine_cpu_s_mean": engine_cpu,
@@ -180,7 +207,8 @@ def cost_point(tb, args, mtu: int, variant: str, env_extra: Dict[str, str]) -> d
           f"{rec['time_per_allreduce_s'] * 1e3:8.1f} ms/allreduce  aggregator "
           f"{rec['aggregator_GB_per_cpu_s']:.3f} GB/cpu-s  engine {rec['engine_cpu_s_per_GB']:.3f} "
           f"cpu-s/GB  machine {rec['machine_cpu_s_per_GB']:.3f} cpu-s/GB  resends {rec['retransmits']}  "
-          f"load {rec['loadavg'][0]:.2f}{'' if rec['correct'] else '  WRONG RESULT'}",
+          f"load {rec['loadavg'][0]:.2f}{'' if rec['correct'] else '  WRONG RESULT'}\n"
+          f"      aggregator threads {rec['switch_threads_cpu_s']}  rank 0 {rec['engine_threads_cpu_s'][0]}",
           file=sys.stderr, flush=True)
     return rec
 
@@ -373,6 +401,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--iters", type=int, default=6, help="cost: timed all-reduces per point")
     ap.add_argument("--threads", type=int, default=1, help="cost: netreduce-switch --threads")
     ap.add_argument("--switch-args", default="", help="cost: more netreduce-switch options")
+    ap.add_argument("--switch-env", default="",
+                    help="cost: K=V,... for netreduce-switch only, over the variant's (e.g. keep "
+                         "its offloads fixed while the ranks' vary)")
     ap.add_argument("--variant", action="append", default=[],
                     help="cost: NAME:ENV=VALUE,... run every point once per variant, alternating "
                          "(e.g. gso:NETREDUCE_UDP_OFFLOAD=auto plain:NETREDUCE_UDP_OFFLOAD=off)")

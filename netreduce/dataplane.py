@@ -280,6 +280,12 @@ class Connection:
         if self._engine is not None:
             self._engine.abort(reason)
 
+    @property
+    def data_path(self) -> str:
+        """The engine's packet path, e.g. 'udp gso+gro' (NETREDUCE_UDP_OFFLOAD), or
+        'verbs' for a queue pair."""
+        return self._live().data_path or "verbs"
+
     def stats(self) -> Dict[str, int]:
         """The engine's counters, and the job's payload_bytes (payload_reason says why)."""
         return dict(self._live().stats(), payload_bytes=self.payload_bytes)
