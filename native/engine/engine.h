@@ -112,6 +112,13 @@ class Engine {
     bool head = false;  // its round trip may feed the estimate (see Engine::Run)
   };
   std::vector<Retried> retried_;
+  // What Run() works in, kept from message to message (engine.cc): the window's slot
+  // trackers (every one idle between messages), the send queue and the receive
+  // buffers. A window is thousands of slots at MTU 1500 (the aggregator holds the
+  // same bytes in flight at any payload), and a small all-reduce must not allocate and
+  // clear that, nor 4 MiB of receive buffers, each time.
+  struct RunState;
+  std::unique_ptr<RunState> run_;
   int64_t min_rtt_us_ = 0;  // least round-trip sample (0 = none yet)
   // Interval between consecutive results of a lane while chunks wait in it (EWMA,
   // microseconds): when the next chunk's result is due after one arrives.
