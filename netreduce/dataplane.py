@@ -213,6 +213,8 @@ class Connection:
                 self._missing = list(reply.get("missing", []))
                 self.payload_reason = str(reply.get("payload_reason", ""))
                 self.payload_bytes = int(reply["payload_bytes"])
+                if self.payload_bytes:  # the job's slots follow its payload
+                    self.slots = int(reply.get("slots", self.slots))
             if not self._closed:
                 self._start_engine()
         except Exception as exc:  # handed to the first operation

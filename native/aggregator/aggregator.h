@@ -28,7 +28,10 @@ namespace netreduce {
 struct AggregatorConfig {
   std::string host = "0.0.0.0";
   uint16_t port = 4791;         // first UDP data port
-  uint32_t slots = 32;          // K, per job
+  // K per job at the largest payload (payload_bytes); a job with a smaller payload gets
+  // more, so that every job holds the same bytes in flight: 32 x 64 KiB (2 MiB) by
+  // default, 1464 slots of 1432 B at MTU 1500 (SlotsFor). Slot memory is the same.
+  uint32_t slots = 32;
   // The largest P a job may get (--payload-bytes; the wire's largest by default).
   // Each job's own P is chosen at admission from its ranks' path MTU (AddJob,
   // SetJobPayload; docs/protocol.md): <= 4096 keeps packets RoCE-sized with ICRC.
@@ -131,6 +134,9 @@ class Aggregator {
   // returns the memory difference; refused once the job has received a packet.
   Status SetJobPayload(uint32_t index, uint32_t payload_bytes);
   Status RemoveJob(uint32_t index);
+  // The slots a job with `payload_bytes` gets: slots x payload_bytes of the config held
+  // in flight (at least `slots`, at most 65536, the wire's slot field).
+  uint32_t SlotsFor(uint32_t payload_bytes) const;
   // A verbs rank's queue pair (verbs_peer.cc): its results become RDMA WRITEs into
   // its ring; *first_psn is the PSN of the first one (the QP's expected PSN).
   Status AttachVerbsPeer(uint32_t index, uint32_t rank, const VerbsPeerInfo& info,

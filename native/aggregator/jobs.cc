@@ -11,6 +11,15 @@ uint32_t DataThreads(const AggregatorConfig& cfg) {
   return cfg.threads == 0 ? 1 : (cfg.threads > 64 ? 64 : cfg.threads);
 }
 
+// A window of 32 packets of 1432 B is 45 KiB in flight per rank: too little for GSO to
+// find runs to coalesce, or for the link to stay busy while results come back. Slots
+// scale up as the payload shrinks, holding the bytes of --slots full-size payloads.
+uint32_t Aggregator::SlotsFor(uint32_t payload_bytes) const {
+  const uint64_t inflight = uint64_t(cfg_.slots) * cfg_.payload_bytes;
+  const uint64_t slots = inflight / std::max<uint32_t>(payload_bytes, 1);
+  return uint32_t(std::min<uint64_t>(65536, std::max<uint64_t>(cfg_.slots, slots)));
+}
+
 static Status CheckPayload(uint32_t payload, uint32_t cap) {
   if (payload < 8 || payload > cap || payload % 8) {
     return InvalidArgument("job payload must be a multiple of 8 in 8.." + std::to_string(cap) +
@@ -31,7 +40,8 @@ Status Aggregator::AddJob(uint32_t size, uint32_t key, uint32_t* index, uint32_t
     admission_.Refuse(Refusal::kInvalid);
     return valid;
   }
-  const uint64_t need = uint64_t(cfg_.slots) * 2 * payload;
+  const uint32_t slots = SlotsFor(payload);
+  const uint64_t need = uint64_t(slots) * 2 * payload;
   // Resolved before a job slot is taken: a failure here must leave nothing admitted
   // (else each failed attempt would use up one of --max-jobs for good).
   uint32_t group_base = 0;
@@ -53,7 +63,7 @@ Status Aggregator::AddJob(uint32_t size, uint32_t key, uint32_t* index, uint32_t
   }
   for (uint32_t i = 1; i < jobs_.size(); ++i) {
     if (!jobs_[i]) {
-      jobs_[i] = std::make_shared<Job>(i, size, key, cfg_.slots, payload, DataThreads(cfg_));
+      jobs_[i] = std::make_shared<Job>(i, size, key, slots, payload, DataThreads(cfg_));
       if (cfg_.multicast) {
         jobs_[i]->group = Endpoint{htonl(ntohl(group_base) + i), htons(uint16_t(cfg_.port + cfg_.threads))};
       }
@@ -82,11 +92,15 @@ Status Aggregator::SetJobPayload(uint32_t index, uint32_t payload_bytes) {
   }
   if (payload_bytes == old->pool.payload_bytes()) return Status::Ok();
   // A fresh Job: data threads only ever see a whole one (they hold it by shared_ptr).
-  auto job = std::make_shared<Job>(index, old->size, old->key, old->pool.slots(), payload_bytes,
+  // More slots at the smaller payload, within the memory the admission charged.
+  const uint64_t budget = old->pool.memory_bytes() / (2 * uint64_t(payload_bytes));
+  const uint32_t slots = uint32_t(std::max<uint64_t>(
+      old->pool.slots(), std::min<uint64_t>(SlotsFor(payload_bytes), budget)));
+  auto job = std::make_shared<Job>(index, old->size, old->key, slots, payload_bytes,
                                    DataThreads(cfg_));
   job->group = old->group;
   if (old->ordered) {
-    job->ordered = std::make_shared<OrderedSlots>(old->pool.slots(), payload_bytes, old->size);
+    job->ordered = std::make_shared<OrderedSlots>(slots, payload_bytes, old->size);
   }
   job->members = old->members;
   job->member = old->member;

@@ -39,7 +39,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="TCP control port; UDP data ports are PORT..PORT+THREADS-1 "
                         "(4791 is RoCEv2's port); 0 picks a free one and prints it")
     p.add_argument("--slots", type=int, default=32,
-                   help="slots per job (K): how many packets each worker may have in flight")
+                   help="slots per job (K) at the largest payload (--payload-bytes): how many "
+                        "packets each worker may have in flight; a job whose payload is smaller "
+                        "(its path's MTU) gets more, in proportion, so that every job holds the "
+                        "same bytes in flight (1464 slots of 1432 B at MTU 1500 by default)"),
     p.add_argument("--payload-bytes", type=int, default=None,
                    help="the largest payload per slot (P), a multiple of 8. Unset, each job's "
                         "P follows its path: the largest whose RoCEv2 packet fits the "

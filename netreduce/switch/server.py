@@ -246,7 +246,9 @@ class ControlServer:
                 w.due = informed_by
                 return None
             final = job.payload_final
-            return {"job_index": job.index, "key": job.key, "slots": agg.slots,
+            # The job's slots follow its payload (native SlotsFor): final with it.
+            slots = int(agg.job_counters(job.index)["slots"]) if final else agg.slots
+            return {"job_index": job.index, "key": job.key, "slots": slots,
                     "payload_bytes": job.payload_bytes if final else 0,
                     "payload_reason": job.payload_reason if final else "",
                     "missing": sorted(set(range(job.size)) - set(job.ranks)),
@@ -317,8 +319,11 @@ class ControlServer:
                 raise RequestError(f"job '{job.name}': a rank left before every rank had "
                                    "registered; this run of the job is over")
             missing = sorted(set(range(job.size)) - set(job.ranks))
-            return {"payload_bytes": job.payload_bytes if job.payload_final else 0,
-                    "payload_reason": job.payload_reason, "missing": missing}
+            reply = {"payload_bytes": job.payload_bytes if job.payload_final else 0,
+                     "payload_reason": job.payload_reason, "missing": missing}
+            if job.payload_final:  # the slots follow the payload (native SlotsFor)
+                reply["slots"] = int(self.aggregator.job_counters(job.index)["slots"])
+            return reply
         return Wait(self.payload_topic, fixed)  # type: ignore[return-value]
 
     def release(self, sess: Session) -> None:
