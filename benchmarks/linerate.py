@@ -78,6 +78,8 @@ def thread_cpu(pid: int) -> Dict[str, float]:
         except OSError:
             continue
         out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+        # user and system time apart: the data path's own code against the kernel's
+        out[name + ":user"] = out.get(name + ":user", 0.0) + int(fields[11]) / tick
     return out
 
 
@@ -152,7 +154,9 @@ def parse_variants(specs: List[str]) -> List[tuple]:
 
 
 def cost_point(tb, args, mtu: int, variant: str, env_extra: Dict[str, str]) -> dict:
-    env = dict(os.environ, **env_extra)
+    # PYTHONSAFEPATH: `python -m netreduce.switch` must not import the checkout it is
+    # started from ahead of PYTHONPATH (which may name an older build to compare with).
+    env = dict(os.environ, PYTHONSAFEPATH="1", **env_extra)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH", ""), REPO) if p)
     switch_args = ["--threads", str(args.threads), "--payload-bytes", "65464"] + args.switch_args.split()
     switch_env = dict(env, **dict(kv.split("=", 1) for kv in args.switch_env.split(",") if kv))
