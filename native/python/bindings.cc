@@ -107,6 +107,7 @@ py::dict HeaderToDict(const wire::Header& h) {
 
 void BindHierarchical(py::module_& m);  // hierarchical_bindings.cc
 void BindVerbs(py::module_& m);         // verbs_bindings.cc
+void BindXdp(py::module_& m, PyObject* error, PyObject* refused);  // xdp_bindings.cc
 std::shared_ptr<Transport> TransportFromPy(const py::object& obj);  // verbs_bindings.cc
 
 PYBIND11_MODULE(_native, m) {
@@ -139,10 +140,20 @@ PYBIND11_MODULE(_native, m) {
     for (int i = 0; i < kNumDTypes; ++i) names.append(DTypeName(DType(i)));
     d["dtypes"] = names;
     d["ops"] = py::make_tuple("sum", "min", "max", "product");
+    py::list transports;
+    transports.append("udp");
 #ifdef NETREDUCE_HAVE_VERBS
-    d["transports"] = py::make_tuple("udp", "verbs");
+    transports.append("verbs");
+#endif
+#ifdef NETREDUCE_HAVE_XDP
+    transports.append("xdp");
+#endif
+    d["transports"] = py::tuple(transports);
+#ifdef NETREDUCE_HAVE_XDP
+    d["xdp"] = "built in: netreduce-switch --transport xdp";
 #else
-    d["transports"] = py::make_tuple("udp");
+    d["xdp"] = "not built (the AF_XDP transport needs libxdp-dev, libbpf-dev and clang when the "
+               "module is built: scripts/install.sh test)";
 #endif
     d["wire"] = "RoCEv2 (UDP, BTH+RETH+ImmDt, ICRC); jumbo software extension";
 #ifdef NETREDUCE_HAVE_LIBDEFLATE
@@ -316,4 +327,5 @@ PYBIND11_MODULE(_native, m) {
   }, py::arg("src"), py::arg("dst"), py::arg("src_port"), py::arg("dst_port"), py::arg("header"),
      py::arg("payload"), py::arg("pad"));
   BindVerbs(m);  // after Aggregator: it adds attach_verbs_peer to it
+  BindXdp(m, g_error, g_refused);
 }
