@@ -15,13 +15,16 @@ inline uint16_t Get16(const uint8_t* p) { return uint16_t((p[0] << 8) | p[1]); }
 // offset, folded to 16 bits. Summing native 32-bit words into 64 bits and folding at
 // the end gives the same sum byte-swapped on a little-endian machine (RFC 1071's byte
 // order independence), and the loop vectorizes.
-uint16_t Fold16(const uint8_t* p, size_t n) {
+template <bool kCopy>
+inline uint16_t Fold16(uint8_t* dst, const uint8_t* p, size_t n) {
   uint64_t s = 0;
-  for (; n >= 4; n -= 4, p += 4) {
+  for (; n >= 4; n -= 4, p += 4, dst += 4) {
     uint32_t v;
     std::memcpy(&v, p, 4);
+    if (kCopy) std::memcpy(dst, &v, 4);
     s += v;
   }
+  if (kCopy) std::memcpy(dst, p, n);
   if (n >= 2) {
     uint16_t v;
     std::memcpy(&v, p, 2);
@@ -63,7 +66,15 @@ Mac MulticastMac(const IpAddr& group) {
 
 uint32_t ChecksumAdd(uint32_t acc, const uint8_t* p, size_t n, bool* odd) {
   if (n == 0) return acc;
-  uint32_t piece = Fold16(p, n);
+  uint32_t piece = Fold16<false>(nullptr, p, n);
+  if (*odd) piece = ((piece & 0xFF) << 8) | (piece >> 8);  // its words straddle ours
+  *odd ^= (n & 1) != 0;
+  return Fold(acc + piece);
+}
+
+uint32_t ChecksumCopy(uint32_t acc, uint8_t* dst, const uint8_t* p, size_t n, bool* odd) {
+  if (n == 0) return acc;
+  uint32_t piece = Fold16<true>(dst, p, n);
   if (*odd) piece = ((piece & 0xFF) << 8) | (piece >> 8);  // its words straddle ours
   *odd ^= (n & 1) != 0;
   return Fold(acc + piece);

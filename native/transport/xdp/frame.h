@@ -44,6 +44,8 @@ inline size_t HeaderBytes(bool v6) { return kEthBytes + (v6 ? kIp6Bytes : kIp4By
 // `acc`; `odd` says the bytes start at an odd offset of the summed stream (and is
 // updated), so a datagram may be summed in pieces of any length.
 uint32_t ChecksumAdd(uint32_t acc, const uint8_t* p, size_t n, bool* odd);
+// The same while copying the bytes to `dst` (one pass over them instead of two).
+uint32_t ChecksumCopy(uint32_t acc, uint8_t* dst, const uint8_t* p, size_t n, bool* odd);
 // The final 16-bit checksum of a sum, network order, ready to store.
 uint16_t ChecksumFinish(uint32_t acc);
 

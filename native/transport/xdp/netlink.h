@@ -12,6 +12,7 @@
 
 #include "common/ip_address.h"
 #include "common/status.h"
+#include "transport/xdp/counter.h"
 #include "transport/xdp/frame.h"
 
 namespace netreduce {
@@ -96,7 +97,7 @@ class NeighbourCache {
   };
   Rtnetlink nl_;
   std::unordered_map<IpAddr, Entry, Hash> map_;
-  uint64_t lookups_ = 0;  // netlink round trips made
+  Count lookups_;  // netlink round trips made
 };
 
 }  // namespace xdp

@@ -41,6 +41,10 @@ Status XdpTransport::Open(const XdpOptions& o, std::unique_ptr<XdpTransport>* ou
   xo.ifname = t->dev_.name;
   xo.queue = o.queue;
   xo.try_zero_copy = o.try_zero_copy;
+  // Received data starts XDP_PACKET_HEADROOM (256) + headroom into its frame: pick the
+  // headroom that puts an IPv4 datagram's byte rx_align_offset on 64 bytes.
+  const uint32_t at = 256 + uint32_t(xdp::HeaderBytes(false)) + o.rx_align_offset;
+  xo.rx_headroom = (64 - at % 64) % 64;
   NR_RETURN_IF_ERROR(xdp::XskSocket::Open(xo, &t->xsk_));
   if (!t->xsk_->multi_buffer()) {
     // The kernel cannot split a frame over several of this socket's buffers: frames
@@ -58,6 +62,10 @@ Status XdpTransport::Open(const XdpOptions& o, std::unique_ptr<XdpTransport>* ou
     }
   }
   t->neighbours_.reset(new xdp::NeighbourCache(t->dev_.ifindex));
+  t->align_offset_ = o.rx_align_offset;
+  // Room for a receive's worth of what cannot be read in place: 64 of the kernel
+  // socket's largest datagrams, or ~450 MTU-9000 frames.
+  t->scratch_.resize(size_t(64) << 16);
   NR_RETURN_IF_ERROR(o.program->SetSocket(o.queue, t->xsk_->fd()));
   *out = std::move(t);
   return Status::Ok();
@@ -79,6 +87,7 @@ std::map<std::string, uint64_t> XdpTransport::Stats() const {
   m["rx_xsk"] = n_.rx_xsk;
   m["rx_kernel"] = n_.rx_kernel;
   m["rx_malformed"] = n_.rx_malformed;
+  m["rx_lent"] = n_.rx_lent;
   m["tx_xsk"] = n_.tx_xsk;
   m["tx_dropped"] = n_.tx_dropped;
   m["tx_kernel_unresolved"] = n_.tx_kernel_unresolved;
@@ -87,6 +96,8 @@ std::map<std::string, uint64_t> XdpTransport::Stats() const {
   m["tx_kernel_oversize"] = n_.tx_kernel_oversize;
   m["tx_kernel_family"] = n_.tx_kernel_family;
   m["neighbour_lookups"] = neighbours_->lookups();
+  m["tx_kicks"] = xsk_->kicks();
+  m["tx_kicks_again"] = xsk_->kicks_again();
   uint64_t rx_dropped = 0, ring_full = 0, fill_empty = 0, tx_invalid = 0;
   xsk_->Statistics(&rx_dropped, &ring_full, &fill_empty, &tx_invalid);
   m["xsk_rx_dropped"] = rx_dropped;
@@ -133,7 +144,16 @@ size_t XdpTransport::CopyPayload(const RxPacket& p, size_t payload_offset, size_
   return done;
 }
 
-bool XdpTransport::Deliver(const RxPacket& p, InPacket* pkt) {
+uint8_t* XdpTransport::Scratch(size_t bytes) {
+  size_t at = scratch_used_ + 64;
+  at -= (at + align_offset_) % 64;  // byte align_offset_ of the datagram on 64 bytes
+  if (at + bytes > scratch_.size()) return nullptr;
+  scratch_used_ = at + bytes;
+  return scratch_.data() + at;
+}
+
+bool XdpTransport::Deliver(const RxPacket& p, InPacket* pkt, bool* full) {
+  *full = false;
   const xdp_desc* d = xsk_->RxDesc(p.first);
   xdp::Parsed f;
   if (!xdp::ParseFrame(xsk_->data(d->addr), d->len, p.len, &f)) {
@@ -141,18 +161,32 @@ bool XdpTransport::Deliver(const RxPacket& p, InPacket* pkt) {
     RecycleFrames(p);
     return false;
   }
-  if (f.payload_len > pkt->cap) {
-    pkt->len = pkt->cap + 1;  // as a truncated recvmmsg reports it: the caller drops it
+  if (p.count == 1) {  // read in place; the frame returns at the next receive
+    pkt->buf = xsk_->data(d->addr) + f.payload_offset;
+    lent_.push_back(d->addr & ~uint64_t(xdp::XskSocket::kFrameBytes - 1));
+    ++n_.rx_lent;
   } else {
-    pkt->len = CopyPayload(p, f.payload_offset, 0, pkt->buf, f.payload_len);
+    uint8_t* at = Scratch(f.payload_len);
+    if (at == nullptr) {
+      *full = true;
+      return false;
+    }
+    pkt->buf = at;
+    CopyPayload(p, f.payload_offset, 0, at, f.payload_len);
+    RecycleFrames(p);
   }
+  pkt->cap = pkt->len = f.payload_len;
   pkt->from = Endpoint::Of(f.src, f.src_port_be);
   pkt->local_ip = f.dst.is_v4() ? f.dst.v4() : 0;
   pkt->local_ip6 = f.dst.is_v4() ? IpAddr() : f.dst;
   pkt->verified = false;
-  RecycleFrames(p);
   ++n_.rx_xsk;
   return true;
+}
+
+void XdpTransport::ReturnLent() {
+  for (uint64_t a : lent_) xsk_->Recycle(a);
+  lent_.clear();
 }
 
 Status XdpTransport::WaitBoth(int64_t timeout_us) {
@@ -166,12 +200,16 @@ Status XdpTransport::WaitBoth(int64_t timeout_us) {
 
 Status XdpTransport::RecvBatch(InPacket* pkts, size_t max, int64_t timeout_us, size_t* got) {
   *got = 0;
+  ReturnLent();  // the caller is done with what the last receive handed it
+  scratch_used_ = 0;
   if (max == 0) return Status::Ok();
   for (int pass = 0; pass < 2; ++pass) {
     size_t n = 0;
+    bool full = false;
     if (held_ && !held_kernel_) {  // a packet PeekHeader looked at comes first
       held_ = false;
-      if (Deliver(held_packet_, &pkts[n])) ++n;
+      if (Deliver(held_packet_, &pkts[n], &full)) ++n;
+      if (full) RecycleFrames(held_packet_);  // (scratch is empty here: cannot happen)
       xsk_->RxRelease(held_packet_.count);
     }
     held_ = held_kernel_ = false;
@@ -182,8 +220,10 @@ Status XdpTransport::RecvBatch(InPacket* pkts, size_t max, int64_t timeout_us, s
     while (n < max && used < avail) {
       RxPacket p;
       if (!NextPacket(idx + used, avail - used, &p)) break;  // its rest is still coming
+      const bool ok = Deliver(p, &pkts[n], &full);
+      if (full) break;  // no scratch left this time: it stays in the ring
       used += p.count;
-      if (Deliver(p, &pkts[n])) ++n;
+      if (ok) ++n;
     }
     if (used < avail) xsk_->RxCancel(avail - used);
     if (used) xsk_->RxRelease(used);
@@ -192,8 +232,15 @@ Status XdpTransport::RecvBatch(InPacket* pkts, size_t max, int64_t timeout_us, s
     // port): looked at when the ring had nothing, and every 16th call regardless.
     if (n == 0 || ++polls_since_kernel_ >= 16) {
       polls_since_kernel_ = 0;
+      size_t room = 0;
+      for (; n + room < max; ++room) {
+        uint8_t* b = Scratch(65536);
+        if (b == nullptr) break;
+        pkts[n + room].buf = b;
+        pkts[n + room].cap = 65536;
+      }
       size_t k = 0;
-      NR_RETURN_IF_ERROR(udp_->RecvBatch(pkts + n, max - n, 0, &k));
+      if (room) NR_RETURN_IF_ERROR(udp_->RecvBatch(pkts + n, room, 0, &k));
       n_.rx_kernel += k;
       n += k;
     }
@@ -201,6 +248,7 @@ Status XdpTransport::RecvBatch(InPacket* pkts, size_t max, int64_t timeout_us, s
       *got = n;
       return Status::Ok();
     }
+    scratch_used_ = 0;  // nothing was handed out: start the scratch afresh
     NR_RETURN_IF_ERROR(WaitBoth(timeout_us));
   }
   return Status::Ok();
@@ -209,6 +257,7 @@ Status XdpTransport::RecvBatch(InPacket* pkts, size_t max, int64_t timeout_us, s
 Status XdpTransport::PeekHeader(uint8_t* buf, size_t n, int64_t timeout_us, size_t* len,
                                 Endpoint* from) {
   *len = 0;
+  ReturnLent();
   for (int pass = 0; pass < 2; ++pass) {
     while (!held_) {
       uint32_t idx = 0;
@@ -297,7 +346,7 @@ Status XdpTransport::SendXsk(const OutPacket& p, const xdp::NextHop& hop, size_t
     // Every frame is queued or in flight: have the kernel send the queue, then wait
     // for the completions that give them back (bounded, as a full socket blocks).
     for (int i = 0; xsk_->free_frames() < frames; ++i) {
-      NR_RETURN_IF_ERROR(xsk_->Kick(true, &n_.tx_dropped));
+      NR_RETURN_IF_ERROR(Kick());
       if (i > 1000) {
         return IoError("AF_XDP queue " + std::to_string(xsk_->queue()) + " of " + dev_.name +
                        " gets no transmit completions back");
@@ -317,11 +366,10 @@ Status XdpTransport::SendXsk(const OutPacket& p, const xdp::NextHop& hop, size_t
   for (int k = 0; k < p.iovcnt; ++k) {
     const uint8_t* piece = static_cast<const uint8_t*>(p.iov[k].iov_base);
     const size_t len = p.iov[k].iov_len;
-    acc = xdp::ChecksumAdd(acc, piece, len, &odd);
-    for (size_t done = 0; done < len;) {
+    for (size_t done = 0; done < len;) {  // copied and summed in one pass
       const size_t f = pos / frame, off = pos % frame;
       const size_t take = std::min(len - done, frame - off);
-      memcpy(xsk_->data(addr[f]) + off, piece + done, take);
+      acc = xdp::ChecksumCopy(acc, xsk_->data(addr[f]) + off, piece + done, take, &odd);
       done += take;
       pos += take;
     }
@@ -330,12 +378,19 @@ Status XdpTransport::SendXsk(const OutPacket& p, const xdp::NextHop& hop, size_t
   for (uint32_t f = 0; f < frames; ++f) {
     const uint32_t len = uint32_t(std::min(frame, frame_len - size_t(f) * frame));
     while (!xsk_->Queue(addr[f], len, f + 1 < frames)) {  // the ring is full: send it
-      NR_RETURN_IF_ERROR(xsk_->Kick(true, &n_.tx_dropped));
+      NR_RETURN_IF_ERROR(Kick());
     }
   }
   ++n_.tx_xsk;
   *sent = true;
   return Status::Ok();
+}
+
+Status XdpTransport::Kick() {
+  uint64_t dropped = 0;
+  Status st = xsk_->Kick(true, &dropped);
+  n_.tx_dropped += dropped;
+  return st;
 }
 
 Status XdpTransport::SendBatch(OutPacket* pkts, size_t n) {
@@ -355,7 +410,7 @@ Status XdpTransport::SendBatch(OutPacket* pkts, size_t n) {
     }
     if (!sent) via_kernel_.push_back(p);
   }
-  NR_RETURN_IF_ERROR(xsk_->Kick(true, &n_.tx_dropped));
+  NR_RETURN_IF_ERROR(Kick());
   if (!via_kernel_.empty()) return udp_->SendBatch(via_kernel_.data(), via_kernel_.size());
   return Status::Ok();
 }
@@ -385,6 +440,7 @@ Status OpenXdpTransports(const XdpSetup& setup, std::vector<std::unique_ptr<Tran
     o.program = *program;
     o.queue = t;
     o.try_zero_copy = setup.try_zero_copy;
+    o.rx_align_offset = setup.rx_align_offset;
     std::unique_ptr<XdpTransport> x;
     Status st = XdpTransport::Open(o, &x);
     if (st.ok()) {

@@ -21,6 +21,7 @@
 
 #include "transport/transport.h"
 #include "transport/udp/udp_transport.h"
+#include "transport/xdp/counter.h"
 #include "transport/xdp/netlink.h"
 #include "transport/xdp/xdp_program.h"
 #include "transport/xdp/xsk_socket.h"
@@ -32,6 +33,9 @@ struct XdpOptions {
   std::shared_ptr<xdp::XdpProgram> program;   // attached to the device
   uint32_t queue = 0;                         // the queue whose frames this transport takes
   bool try_zero_copy = true;
+  // Lay received IPv4 frames out so that byte `rx_align_offset` of their UDP payload
+  // falls on a 64-byte boundary (the aggregator: its RoCE payload, 32 bytes in).
+  uint32_t rx_align_offset = 0;
 };
 
 class XdpTransport : public Transport {
@@ -48,10 +52,15 @@ class XdpTransport : public Transport {
   Status RecvScatter(iovec* iov, int iovcnt, size_t* len) override;
   Endpoint local() const override { return udp_->local(); }
   int PollFd() const override { return epoll_fd_; }
+  // Received datagrams are read where they lie: a one-buffer frame in the UMEM, where
+  // the kernel wrote it (its buffer returns to the kernel at the next receive), a
+  // longer one, or one the kernel socket took, in this transport's scratch memory.
+  bool OwnsReceiveBuffers() const override { return true; }
 
   // "AF_XDP native copy mode on queue 0 of eth0" (what carries this port's traffic).
-  std::string Describe() const;
-  // Packets by path: rx_xsk, rx_kernel, tx_xsk, tx_kernel_* by reason, and the
+  std::string Describe() const override;
+  // Packets by path: rx_xsk (rx_lent of them read in place), rx_kernel,
+  // tx_xsk, tx_kernel_* by reason, and the
   // kernel's AF_XDP drop counters for this socket.
   std::map<std::string, uint64_t> Stats() const;
   const xdp::XskSocket& socket() const { return *xsk_; }
@@ -66,10 +75,14 @@ class XdpTransport : public Transport {
   // The next whole packet among `avail` peeked descriptors from `idx`; false when the
   // peeked run ends inside a packet (its rest is not in the ring yet).
   bool NextPacket(uint32_t idx, uint32_t avail, RxPacket* p) const;
-  // Copies packet `p`'s datagram into `pkt` (its buf/cap), recycles its frames.
-  bool Deliver(const RxPacket& p, InPacket* pkt);
+  // Points `pkt` at packet `p`'s datagram (in place, or copied into scratch); false
+  // when it is malformed (dropped), or when scratch has no room (*full: left in the ring).
+  bool Deliver(const RxPacket& p, InPacket* pkt, bool* full);
+  // `bytes` of scratch whose byte align_offset_ lies on 64 bytes; nullptr when full.
+  uint8_t* Scratch(size_t bytes);
   size_t CopyPayload(const RxPacket& p, size_t payload_offset, size_t skip, uint8_t* dst, size_t n);
   void RecycleFrames(const RxPacket& p);
+  void ReturnLent();  // frames lent by the previous receive, back to the kernel
   Status SendXsk(const OutPacket& p, const xdp::NextHop& hop, size_t bytes, bool* sent);
   Status WaitBoth(int64_t timeout_us);
 
@@ -80,6 +93,10 @@ class XdpTransport : public Transport {
   xdp::Interface dev_;
   int epoll_fd_ = -1;
   uint32_t polls_since_kernel_ = 0;
+  std::vector<uint64_t> lent_;     // UMEM frames the caller reads now
+  std::vector<uint8_t> scratch_;   // multi-buffer frames and the kernel socket's datagrams
+  size_t scratch_used_ = 0;        // bytes of scratch_ the current receive handed out
+  uint32_t align_offset_ = 0;      // XdpOptions::rx_align_offset
   std::vector<OutPacket> via_kernel_;
   // A packet PeekHeader looked at and RecvScatter will take: from the ring, or (when
   // `held_kernel_`) the kernel socket's next datagram.
@@ -87,10 +104,11 @@ class XdpTransport : public Transport {
   RxPacket held_packet_;
   xdp::Parsed held_parsed_;
   struct {
-    uint64_t rx_xsk = 0, rx_kernel = 0, rx_malformed = 0, tx_xsk = 0, tx_dropped = 0;
-    uint64_t tx_kernel_unresolved = 0, tx_kernel_stale = 0, tx_kernel_elsewhere = 0;
-    uint64_t tx_kernel_oversize = 0, tx_kernel_family = 0;
+    xdp::Count rx_xsk, rx_kernel, rx_malformed, rx_lent, tx_xsk, tx_dropped;
+    xdp::Count tx_kernel_unresolved, tx_kernel_stale, tx_kernel_elsewhere;
+    xdp::Count tx_kernel_oversize, tx_kernel_family;
   } n_;
+  Status Kick();  // sends what is queued, counting the device's drops
 };
 
 // The data threads' transports on one device: one program, and one XdpTransport per
@@ -103,6 +121,7 @@ struct XdpSetup {
   uint32_t count = 1;       // threads (queues, ports)
   xdp::AttachMode mode = xdp::AttachMode::kAuto;
   bool try_zero_copy = true;
+  uint32_t rx_align_offset = 0;  // XdpOptions::rx_align_offset
 };
 Status OpenXdpTransports(const XdpSetup& setup, std::vector<std::unique_ptr<Transport>>* out,
                          std::shared_ptr<xdp::XdpProgram>* program, std::vector<std::string>* notes);

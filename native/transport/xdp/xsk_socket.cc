@@ -36,7 +36,8 @@ Status XskSocket::Open(const XskOptions& opts, std::unique_ptr<XskSocket>* out) 
   ucfg.fill_size = opts.ring;
   ucfg.comp_size = opts.ring;
   ucfg.frame_size = kFrameBytes;
-  ucfg.frame_headroom = 0;
+  ucfg.frame_headroom = opts.rx_headroom;
+  s->rx_headroom_ = opts.rx_headroom;
   // Zero-copy where the driver can, copy mode elsewhere; multi-buffer frames where
   // the kernel has them. A refused bind leaves its rings configured on the UMEM's
   // socket, so each try starts from a fresh UMEM registration.
@@ -81,6 +82,14 @@ Status XskSocket::Open(const XskOptions& opts, std::unique_ptr<XskSocket>* out) 
   // Copy mode sends at most 32 frames per sendto() unless told more (Linux 6.17).
   unsigned budget = opts.ring;
   setsockopt(s->fd_, SOL_XDP, XDP_MAX_TX_SKB_BUDGET, &budget, sizeof(budget));
+  // Copy mode builds an skb per frame, charged to this socket's send buffer until the
+  // receiver frees it (a veth peer holds it until the rank has read it): the default
+  // ~200 KiB would stall sending after a few dozen jumbo frames. A whole ring of them
+  // (SO_SNDBUFFORCE with CAP_NET_ADMIN, else as much as wmem_max allows).
+  int sndbuf = int(opts.ring) * int(2 * kFrameBytes + 1024);
+  if (setsockopt(s->fd_, SOL_SOCKET, SO_SNDBUFFORCE, &sndbuf, sizeof(sndbuf)) != 0) {
+    setsockopt(s->fd_, SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof(sndbuf));
+  }
   for (uint32_t f = 0; f < opts.ring; ++f) s->recycle_.push_back(uint64_t(f) * kFrameBytes);
   s->Refill();
   for (uint32_t f = opts.ring; f < frames; ++f) s->free_.push_back(uint64_t(f) * kFrameBytes);
@@ -141,7 +150,9 @@ Status XskSocket::Kick(bool drain, uint64_t* dropped) {
   for (int spins = 0;; ++spins) {
     const bool any = tx_pending() > 0;
     if (any && (zero_copy_ ? xsk_ring_prod__needs_wakeup(&tx_) : true)) {
+      ++kicks_;
       if (sendto(fd_, nullptr, 0, MSG_DONTWAIT, nullptr, 0) < 0) {
+        if (errno == EAGAIN) ++kicks_again_;
         if (errno == EBUSY) {
           ++*dropped;  // the device dropped a frame (full queue): lost, like any other
         } else if (errno != EAGAIN && errno != ENOBUFS && errno != EINTR) {

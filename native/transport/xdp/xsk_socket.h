@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "transport/xdp/counter.h"
 
 namespace netreduce {
 namespace xdp {
@@ -35,6 +36,9 @@ struct XskOptions {
   uint32_t ring = 4096;  // descriptors in each of the four rings (a power of two)
   bool try_zero_copy = true;
   bool try_multi_buffer = true;
+  // Bytes the kernel leaves free before each received frame (UMEM frame headroom),
+  // chosen by the transport so that the datagrams its caller reads sit aligned.
+  uint32_t rx_headroom = 0;
 };
 
 class XskSocket {
@@ -49,8 +53,9 @@ class XskSocket {
   uint32_t queue() const { return queue_; }
   bool zero_copy() const { return zero_copy_; }
   bool multi_buffer() const { return multi_buffer_; }
-  // The longest frame one receive buffer holds: the kernel keeps XDP_PACKET_HEADROOM.
-  uint32_t rx_frame_room() const { return kFrameBytes - 256; }
+  // The longest frame one receive buffer holds: the kernel keeps XDP_PACKET_HEADROOM
+  // (256) and our headroom before it.
+  uint32_t rx_frame_room() const { return kFrameBytes - 256 - rx_headroom_; }
   uint8_t* data(uint64_t addr) { return static_cast<uint8_t*>(xsk_umem__get_data(area_, addr)); }
 
   // Receive: peek up to `max` descriptors (one packet may take several), release
@@ -71,6 +76,8 @@ class XskSocket {
   Status Kick(bool drain, uint64_t* dropped);
   uint32_t tx_pending();
 
+  uint64_t kicks() const { return kicks_; }              // sendto() calls made
+  uint64_t kicks_again() const { return kicks_again_; }  // ... answered EAGAIN (more to do)
   // XDP_STATISTICS: the kernel's drops on this socket.
   void Statistics(uint64_t* rx_dropped, uint64_t* rx_ring_full, uint64_t* fill_empty,
                   uint64_t* tx_invalid) const;
@@ -81,6 +88,7 @@ class XskSocket {
   std::string ifname_;
   uint32_t queue_ = 0;
   uint32_t ring_ = 0;
+  uint32_t rx_headroom_ = 0;
   void* area_ = nullptr;
   size_t area_bytes_ = 0;
   xsk_umem* umem_ = nullptr;
@@ -92,6 +100,7 @@ class XskSocket {
   int fd_ = -1;
   bool zero_copy_ = false;
   bool multi_buffer_ = false;
+  Count kicks_, kicks_again_;
   std::vector<uint64_t> free_;     // TX frames not in flight
   std::vector<uint64_t> recycle_;  // RX frames read, not yet back in the fill ring
 };
