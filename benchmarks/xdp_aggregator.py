@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The aggregator's cost per byte on each data-port transport (issue 19): worker input
-GB per CPU-second of netreduce-switch with kernel UDP sockets (--transport udp) and
-with AF_XDP (--transport xdp), side by side in one run, on the emulated testbed (root).
+GB per CPU-second of netreduce-switch with plain kernel UDP sockets, with UDP GSO/GRO
+sockets (the default) and with AF_XDP (--transport xdp), side by side in one run, on
+the emulated testbed (root).
 
     PYTHONPATH=. python benchmarks/xdp_aggregator.py --mtu 1500,9000 --np 2 --rounds 3 \\
         --json benchmarks/results/xdp_aggregator.json
@@ -10,7 +11,7 @@ N hosts (network namespaces) each run one rank; the aggregator runs in its own, 
 data thread; links are not the limit (--rate 100gbit: the testbed's shapers pass
 everything). Per round and transport a fresh daemon; each rank does a warm-up, then
 --iters all-reduces of --size float32, the daemon's CPU read around them. Rounds
-alternate the transports (udp, xdp, udp, xdp, ...) so that both see the same machine.
+alternate the variants (udp, udp-gso, xdp, udp, ...) so that all see the same machine.
 
 CPU accounting. This kernel counts CPU by tick (no IRQ_TIME_ACCOUNTING): a softirq is
 charged to the task it interrupted, as system time, and to /proc/stat's softirq
@@ -90,11 +91,18 @@ def proc_stat() -> Dict[str, int]:
     return dict(zip(names, vals))
 
 
-def one_run(tb, transport: str, mtu: int, n: int, size: int, iters: int, payload: int) -> dict:
+# The daemon variants: (--transport, NETREDUCE_UDP_OFFLOAD of the daemon). The ranks
+# keep the default offload in every variant, so only the aggregator's path changes.
+VARIANTS = {"udp": ("udp", "off"), "udp-gso": ("udp", "auto"), "xdp": ("xdp", "auto")}
+
+
+def one_run(tb, variant: str, mtu: int, n: int, size: int, iters: int, payload: int) -> dict:
     from netreduce.protocol.client import ControlClient
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]))
-    switch = tb.spawn_switch(env=env, args=["--transport", transport, "--payload-bytes",
-                                            str(payload), "--threads", "1"])
+    transport, offload = VARIANTS[variant]
+    switch = tb.spawn_switch(env=dict(env, NETREDUCE_UDP_OFFLOAD=offload),
+                             args=["--transport", transport, "--payload-bytes", str(payload),
+                                   "--threads", "1"])
     host, port = switch.address
     job = f"xa-{uuid.uuid4().hex[:6]}"
     procs = [tb.popen(r, [sys.executable, __file__, "--worker", host, str(port), job, str(r),
@@ -141,7 +149,7 @@ def one_run(tb, transport: str, mtu: int, n: int, size: int, iters: int, payload
     gb = n * size * iters / 1e9
     tr = snap.get("transport", {})
     port_stats = (tr.get("port_stats") or [{}])[0]
-    return {"transport": transport, "carried_by": tr.get("transport"), "mtu": mtu, "np": n,
+    return {"transport": variant, "carried_by": tr.get("transport"), "mtu": mtu, "np": n,
             "size": size, "iters": iters, "payload_bytes": payload,
             "worker_input_gb": gb, "wall_s": wall,
             "slowest_rank_s": max(o["seconds"] for o in outs),
@@ -155,13 +163,13 @@ def one_run(tb, transport: str, mtu: int, n: int, size: int, iters: int, payload
             "rx_xsk": port_stats.get("rx_xsk", 0), "tx_xsk": port_stats.get("tx_xsk", 0),
             "port_stats": port_stats, "program": tr.get("program", {}),
             "retransmits": sum(o["stats"].get("retransmits", 0) for o in outs),
-            "describe": tr.get("ports")}
+            "describe": tr.get("ports"), "daemon_offload": offload}
 
 
 def summarize(records: List[dict]) -> List[dict]:
     rows = []
     for mtu in sorted({r["mtu"] for r in records}):
-        for transport in ("udp", "xdp"):
+        for transport in VARIANTS:
             rs = [r for r in records if r["mtu"] == mtu and r["transport"] == transport]
             if not rs:
                 continue
@@ -171,9 +179,9 @@ def summarize(records: List[dict]) -> List[dict]:
                 row[key] = {"median": statistics.median(vals), "min": min(vals), "max": max(vals)}
             row["wall_s"] = statistics.median(r["wall_s"] for r in rs)
             rows.append(row)
-    for row in rows:  # xdp against udp, same MTU, same run
+    for row in rows:  # each against plain sockets, same MTU, same run
         base = next((b for b in rows if b["mtu"] == row["mtu"] and b["transport"] == "udp"), None)
-        if base and row["transport"] == "xdp":
+        if base and row["transport"] != "udp":
             row["vs_udp"] = {k: row[k]["median"] / base[k]["median"] for k in ("aggregator", "total")}
     return rows
 
@@ -186,7 +194,9 @@ def main(argv=None) -> int:
     ap.add_argument("--iters", type=int, default=6)
     ap.add_argument("--rounds", type=int, default=3, help="runs of each transport, alternating")
     ap.add_argument("--rate", default="100gbit")
-    ap.add_argument("--transports", default="udp,xdp")
+    ap.add_argument("--transports", default="udp,udp-gso,xdp",
+                    help="daemon variants: udp (plain sockets, NETREDUCE_UDP_OFFLOAD=off), "
+                         "udp-gso (sockets with GSO/GRO, the default), xdp (--transport xdp)")
     ap.add_argument("--name", default="xdagg", help="testbed name")
     ap.add_argument("--json", default="")
     ap.add_argument("--worker", nargs=7, help=argparse.SUPPRESS)
@@ -209,7 +219,7 @@ def main(argv=None) -> int:
                     rec = one_run(tb, transport, mtu, args.np, size, args.iters, payload)
                     rec["round"] = rnd
                     records.append(rec)
-                    print(f"# MTU {mtu} {transport:>3} round {rnd}: aggregator "
+                    print(f"# MTU {mtu} {transport:>7} round {rnd}: aggregator "
                           f"{rec['gb_per_cpu_s']['aggregator']:.2f} GB/CPU-s, total "
                           f"{rec['gb_per_cpu_s']['total']:.2f} GB/CPU-s, wall {rec['wall_s']:.2f} s, "
                           f"load {rec['loadavg'][1][0]:.1f}, rx_xsk {rec['rx_xsk']} of "
@@ -217,11 +227,11 @@ def main(argv=None) -> int:
     meta["loadavg_at_end"] = os.getloadavg()
     summary = summarize(records)
     for row in summary:
-        print(f"MTU {row['mtu']:>5} {row['transport']:>3}: aggregator "
+        print(f"MTU {row['mtu']:>5} {row['transport']:>7}: aggregator "
               f"{row['aggregator']['median']:.2f} GB/CPU-s ({row['aggregator']['min']:.2f}-"
               f"{row['aggregator']['max']:.2f}), total {row['total']['median']:.2f} "
               f"({row['total']['min']:.2f}-{row['total']['max']:.2f}), wall {row['wall_s']:.2f} s"
-              + (f"; xdp/udp aggregator {row['vs_udp']['aggregator']:.2f}x, total "
+              + (f"; /udp aggregator {row['vs_udp']['aggregator']:.2f}x, total "
                  f"{row['vs_udp']['total']:.2f}x" if "vs_udp" in row else ""))
     if args.json:
         meta["summary"] = summary
