@@ -248,7 +248,6 @@ PYBIND11_MODULE(_native, m) {
       // Per data port, its transport's packet counts by path (AF_XDP ports: rx_xsk,
       // tx_xsk, tx_kernel_*...; sockets: none), and the XDP program's counters.
       .def("transport_stats", [](Aggregator& a) {
-             const DataPortsInfo& p = a.data_ports();
              py::dict d;
              py::list ports;
              for (const auto& t : a.data_transports()) {
@@ -263,7 +262,7 @@ PYBIND11_MODULE(_native, m) {
              }
              d["ports"] = ports;
 #ifdef NETREDUCE_HAVE_XDP
-             if (p.program) d["program"] = p.program->Counters();
+             if (a.data_ports().program) d["program"] = a.data_ports().program->Counters();
 #endif
              return d;
            })
