@@ -23,6 +23,12 @@ if [ "$what" = test ]; then
   need clang++ clang
   ls /usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a >/dev/null 2>&1 || \
     apt_pkgs+=(libclang-rt-dev)
+  # The AF_XDP transport (native/transport/xdp): libxdp/libbpf headers at build time
+  # (setup.py compiles it in only where they are; its XDP program needs clang, above),
+  # xdp-tools for inspecting what is attached (xdp-loader status).
+  [ -e /usr/include/xdp/xsk.h ] || apt_pkgs+=(libxdp-dev)
+  [ -e /usr/include/bpf/libbpf.h ] || apt_pkgs+=(libbpf-dev)
+  need xdp-loader xdp-tools
 fi
 [ -e /usr/include/zlib.h ] || apt_pkgs+=(zlib1g-dev)
 # the ICRC's CRC-32 with PCLMULQDQ (setup.py builds without it, slower at MTU 1500)

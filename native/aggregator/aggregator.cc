@@ -72,23 +72,25 @@ Status Aggregator::Start() {
                            std::to_string(wire::kMaxPayload) + ", got " +
                            std::to_string(cfg_.payload_bytes));
   }
-  for (uint32_t t = 0; t < cfg_.threads; ++t) {
-    DataTransportOptions o;
-    o.udp.host = cfg_.host;
-    o.udp.port = uint16_t(cfg_.port + t);
-    o.udp.rcvbuf_bytes = 64 << 20;
-    o.udp.sndbuf_bytes = 16 << 20;
-    o.udp.recv_batch_bytes = kBatchBytes;
-    o.offload = cfg_.udp_offload;
-    std::unique_ptr<Transport> s;
-    Status st = MakeDataTransport(o, &s);
-    if (!st.ok()) {
-      sockets_.clear();
-      return st;
-    }
-    if (t == 0 && cfg_.port == 0) cfg_.port = ntohs(s->local().port);
-    sockets_.push_back(std::move(s));
+  DataPortsOptions o;
+  o.base.udp.host = cfg_.host;
+  o.base.udp.port = cfg_.port;
+  o.base.udp.rcvbuf_bytes = 64 << 20;
+  o.base.udp.sndbuf_bytes = 16 << 20;
+  o.base.udp.recv_batch_bytes = kBatchBytes;
+  o.base.offload = cfg_.udp_offload;
+  o.count = cfg_.threads;
+  o.transport = cfg_.transport;
+  o.xdp_device = cfg_.xdp_device;
+  o.xdp_mode = cfg_.xdp_mode;
+  o.xdp_fallback = cfg_.xdp_fallback;
+  o.rx_align_offset = wire::kHeaderBytes;  // AF_XDP: RoCE payloads on 64 bytes in its frames
+  Status st = MakeDataPorts(o, &sockets_, &data_ports_);
+  if (!st.ok()) {
+    sockets_.clear();
+    return st;
   }
+  if (cfg_.port == 0) cfg_.port = ntohs(sockets_[0]->local().port);
   running_ = true;
   for (uint32_t t = 0; t < cfg_.threads; ++t) threads_.emplace_back([this, t] { Loop(t); });
   return Status::Ok();
@@ -99,6 +101,7 @@ void Aggregator::Stop() {
   for (auto& t : threads_) t.join();
   threads_.clear();
   sockets_.clear();
+  data_ports_ = DataPortsInfo();  // detaches the XDP program, once no socket is in its map
 }
 
 void Aggregator::Loop(uint32_t thread_index) {

@@ -46,6 +46,13 @@ struct AggregatorConfig {
   bool multicast = false;
   std::string group_base = "239.78.0.0";
   UdpOffload udp_offload = UdpOffload::kAuto;  // NETREDUCE_UDP_OFFLOAD (make_transport.h)
+  // The data ports' packet path (MakeDataPorts, make_transport.h): "udp" (kernel
+  // sockets) or "xdp" (AF_XDP on xdp_device's queues; kernel sockets, with the
+  // reason, when it cannot attach and xdp_fallback holds).
+  std::string transport = "udp";
+  std::string xdp_device;
+  std::string xdp_mode = "auto";
+  bool xdp_fallback = true;
 };
 
 struct Job {
@@ -125,6 +132,9 @@ class Aggregator {
   // The data sockets' packet path (Transport::Describe), e.g. "udp gso+gro"; "" before
   // Start().
   std::string DataPath() const;
+  // What carries the data ports (after Start): transport, per-port words, fallback.
+  const DataPortsInfo& data_ports() const { return data_ports_; }
+  const std::vector<std::unique_ptr<Transport>>& data_transports() const { return sockets_; }
 
   // Admission: a pool of `payload_bytes` per slot (0 = config().payload_bytes, at
   // most that) for a job of `size` ranks with `key`; refuses cleanly past max_jobs
@@ -200,6 +210,7 @@ class Aggregator {
 
   AggregatorConfig cfg_;
   std::vector<std::unique_ptr<Transport>> sockets_;
+  DataPortsInfo data_ports_;  // how sockets_ came to be (an XDP program among them)
   std::vector<std::thread> threads_;
   std::atomic<bool> running_{false};
   mutable std::mutex mu_;  // guards jobs_ and memory_used_

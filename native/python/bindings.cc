@@ -11,6 +11,9 @@
 #include "engine/engine.h"
 #include "reduce/dtype.h"
 #include "wire/roce.h"
+#ifdef NETREDUCE_HAVE_XDP
+#include "transport/xdp/xdp_transport.h"
+#endif
 
 namespace py = pybind11;
 using namespace netreduce;
@@ -107,6 +110,7 @@ py::dict HeaderToDict(const wire::Header& h) {
 
 void BindHierarchical(py::module_& m);  // hierarchical_bindings.cc
 void BindVerbs(py::module_& m);         // verbs_bindings.cc
+void BindXdp(py::module_& m, PyObject* error, PyObject* refused);  // xdp_bindings.cc
 std::shared_ptr<Transport> TransportFromPy(const py::object& obj);  // verbs_bindings.cc
 
 PYBIND11_MODULE(_native, m) {
@@ -139,10 +143,20 @@ PYBIND11_MODULE(_native, m) {
     for (int i = 0; i < kNumDTypes; ++i) names.append(DTypeName(DType(i)));
     d["dtypes"] = names;
     d["ops"] = py::make_tuple("sum", "min", "max", "product");
+    py::list transports;
+    transports.append("udp");
 #ifdef NETREDUCE_HAVE_VERBS
-    d["transports"] = py::make_tuple("udp", "verbs");
+    transports.append("verbs");
+#endif
+#ifdef NETREDUCE_HAVE_XDP
+    transports.append("xdp");
+#endif
+    d["transports"] = py::tuple(transports);
+#ifdef NETREDUCE_HAVE_XDP
+    d["xdp"] = "built in: netreduce-switch --transport xdp";
 #else
-    d["transports"] = py::make_tuple("udp");
+    d["xdp"] = "not built (the AF_XDP transport needs libxdp-dev, libbpf-dev and clang when the "
+               "module is built: scripts/install.sh test)";
 #endif
     d["wire"] = "RoCEv2 (UDP, BTH+RETH+ImmDt, ICRC); jumbo software extension";
 #ifdef NETREDUCE_HAVE_LIBDEFLATE
@@ -158,18 +172,24 @@ PYBIND11_MODULE(_native, m) {
   py::class_<Aggregator>(m, "Aggregator")
       .def(py::init([](const std::string& host, uint16_t port, uint32_t slots, uint32_t payload_bytes,
                        uint32_t max_jobs, uint32_t threads, uint64_t memory_limit, bool multicast,
-                       const std::string& group_base, const std::string& udp_offload) {
+                       const std::string& group_base, const std::string& udp_offload,
+                       const std::string& transport, const std::string& xdp_device,
+                       const std::string& xdp_mode, bool xdp_fallback) {
              AggregatorConfig c;
              c.host = host; c.port = port; c.slots = slots; c.payload_bytes = payload_bytes;
              c.max_jobs = max_jobs; c.threads = threads; c.memory_limit = memory_limit;
              c.multicast = multicast; c.group_base = group_base;
              Throw(ParseUdpOffload(udp_offload, &c.udp_offload));
+             c.transport = transport; c.xdp_device = xdp_device; c.xdp_mode = xdp_mode;
+             c.xdp_fallback = xdp_fallback;
              return std::make_unique<Aggregator>(c);
            }),
            py::arg("host") = "0.0.0.0", py::arg("port") = wire::kDefaultPort, py::arg("slots") = 32,
            py::arg("payload_bytes") = 65464, py::arg("max_jobs") = 16, py::arg("threads") = 1,
            py::arg("memory_limit") = uint64_t(1) << 30, py::arg("multicast") = false,
-           py::arg("group_base") = "239.78.0.0", py::arg("udp_offload") = "auto")
+           py::arg("group_base") = "239.78.0.0", py::arg("udp_offload") = "auto",
+           py::arg("transport") = "udp", py::arg("xdp_device") = "", py::arg("xdp_mode") = "auto",
+           py::arg("xdp_fallback") = true)
       .def("start", [](Aggregator& a) { Throw(a.Start()); })
       .def("stop", [](Aggregator& a) { py::gil_scoped_release nogil; a.Stop(); })
       .def_property_readonly("port", &Aggregator::port)
@@ -206,6 +226,46 @@ PYBIND11_MODULE(_native, m) {
       .def("set_job_ordered", [](Aggregator& a, uint32_t index) { Throw(a.SetJobOrdered(index)); },
            py::arg("index"))  // NETREDUCE_DETERMINISTIC (aggregator/ordered_slot.h)
       .def("group", &Aggregator::Group, py::arg("index"))
+      // What carries the data ports: transport ("udp" | "xdp"), ports (per port, in
+      // words), notes (ports of an xdp setup left on sockets), fallback (why xdp was
+      // asked for and not given); with xdp also device, mode and the program's id.
+      .def("transport_info", [](Aggregator& a) {
+             const DataPortsInfo& p = a.data_ports();
+             py::dict d;
+             d["transport"] = p.transport;
+             d["ports"] = p.describe;
+             d["notes"] = p.notes;
+             d["fallback"] = p.fallback;
+#ifdef NETREDUCE_HAVE_XDP
+             if (p.program) {
+               d["device"] = p.program->device().name;
+               d["mode"] = p.program->mode();
+               d["program_id"] = p.program->program_id();
+             }
+#endif
+             return d;
+           })
+      // Per data port, its transport's packet counts by path (AF_XDP ports: rx_xsk,
+      // tx_xsk, tx_kernel_*...; sockets: none), and the XDP program's counters.
+      .def("transport_stats", [](Aggregator& a) {
+             py::dict d;
+             py::list ports;
+             for (const auto& t : a.data_transports()) {
+#ifdef NETREDUCE_HAVE_XDP
+               if (auto* x = dynamic_cast<XdpTransport*>(t.get())) {
+                 ports.append(x->Stats());
+                 continue;
+               }
+#endif
+               (void)t;
+               ports.append(py::dict());
+             }
+             d["ports"] = ports;
+#ifdef NETREDUCE_HAVE_XDP
+             if (a.data_ports().program) d["program"] = a.data_ports().program->Counters();
+#endif
+             return d;
+           })
       .def("counters", &Aggregator::GlobalCounters)
       .def("job_counters", [](Aggregator& a, uint32_t index) {
              std::map<std::string, uint64_t> out;
@@ -316,4 +376,5 @@ PYBIND11_MODULE(_native, m) {
   }, py::arg("src"), py::arg("dst"), py::arg("src_port"), py::arg("dst_port"), py::arg("header"),
      py::arg("payload"), py::arg("pad"));
   BindVerbs(m);  // after Aggregator: it adds attach_verbs_peer to it
+  BindXdp(m, g_error, g_refused);
 }

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "common/status.h"
 #include "transport/transport.h"
@@ -33,5 +34,36 @@ struct DataTransportOptions {
 };
 
 Status MakeDataTransport(const DataTransportOptions& opts, std::unique_ptr<Transport>* out);
+
+namespace xdp {
+class XdpProgram;
+}
+
+// The aggregator's data ports: `count` transports on ports base.udp.port + t (thread
+// t). transport "udp": MakeDataTransport for each. "xdp": one XDP program on the
+// device, an AF_XDP socket on queue t for port + t (transport/xdp/, compiled in where
+// libxdp/libbpf exist); where AF_XDP cannot be had — no privilege, a program already
+// attached, no such device, not built — the kernel sockets, with the reason in
+// DataPortsInfo::fallback, or that reason as the error without xdp_fallback.
+struct DataPortsOptions {
+  DataTransportOptions base;  // host, first port (0: ephemeral), buffers, UDP offload
+  uint32_t count = 1;
+  std::string transport = "udp";  // "udp" or "xdp"
+  std::string xdp_device;         // empty: the device holding base.udp.host
+  std::string xdp_mode = "auto";  // auto, native, generic
+  bool xdp_fallback = true;
+  uint32_t rx_align_offset = 0;   // AF_XDP: byte of a datagram to put on 64 bytes
+};
+
+struct DataPortsInfo {
+  std::shared_ptr<xdp::XdpProgram> program;  // xdp: the attached program
+  std::string transport;                     // what carries them: "udp" or "xdp"
+  std::vector<std::string> describe;         // per port, in words
+  std::vector<std::string> notes;            // ports of an xdp setup left on sockets
+  std::string fallback;                      // why "xdp" was asked and "udp" given
+};
+
+Status MakeDataPorts(const DataPortsOptions& opts, std::vector<std::unique_ptr<Transport>>* out,
+                     DataPortsInfo* info);
 
 }  // namespace netreduce

@@ -380,7 +380,12 @@ class ControlServer:
                      payload_reason=job.payload_reason if job.payload_final else
                      f"pending until every rank has registered ({job.payload_reason})")
             jobs[job.name] = c
-        return {"global": dict(self.aggregator.counters()), "jobs": jobs, "hidden_jobs": hidden}
+        out = {"global": dict(self.aggregator.counters()), "jobs": jobs, "hidden_jobs": hidden}
+        if hasattr(self.aggregator, "transport_info"):  # what carries the data ports
+            stats = self.aggregator.transport_stats()
+            out["transport"] = dict(self.aggregator.transport_info(), port_stats=stats["ports"],
+                                    program=stats.get("program", {}))
+        return out
 
 
 def _dispatch(srv: ControlServer, sess: Session, msg: Dict[str, Any]) -> Any:
