@@ -13,7 +13,7 @@ the aggregator's link N x rate (see docs/testbed.md). Adds Open MPI and Horovod.
     PYTHONPATH=. python benchmarks/allreduce.py --testbed --rate 1gbit --np 4,8 \\
         --json benchmarks/results/testbed.json --plot benchmarks/results/testbed.png
 
-Implementations (--impls): netreduce (the raw data plane: netreduce.dataplane over a
+Implementations (--impls): netreduce (the raw data plane: netreduce.worker.dataplane over a
 netreduce-switch), gloo (torch.distributed, gloo backend, ring all-reduce), mpi
 (mpi4py MPI_Allreduce, Open MPI forced onto TCP over the emulated links), horovod
 (Horovod 0.28.1 with Gloo; benchmarks/setup_peers.sh installs it).
@@ -55,7 +55,7 @@ TESTBED_IMPLS = IMPLS
 # =============================================================================
 class _Netreduce:
     def __init__(self, cfg: dict, rank: int, size: int):
-        from netreduce import dataplane
+        from netreduce.worker import dataplane
         host, port = cfg["switch"]
         kw = {k: v for k, v in cfg.get("netreduce_connect", {}).items() if v is not None}
         self.conn = dataplane.connect((host, int(port)), job=cfg["job"], rank=rank, size=size,

@@ -51,7 +51,7 @@ def worker_scale(args: argparse.Namespace) -> None:
     NegotiationClient sends): hello, then ``--steps`` steps of one tensor each."""
     import asyncio
 
-    from netreduce.negotiation import ResponseCache, wire_request
+    from netreduce.worker.negotiation import ResponseCache, wire_request
     host, port = args.switch.rsplit(":", 1)
     sig = ("allreduce", "float32", (1024,), "sum", 1.0, 1.0, -1)
 
@@ -108,8 +108,8 @@ def _rounds(args: argparse.Namespace, address: Any, ranks: range) -> List[float]
 
     import numpy as np
 
-    from netreduce import dataplane
-    from netreduce.response_cache import HEADER
+    from netreduce.worker import dataplane
+    from netreduce.worker.response_cache import HEADER
     with ThreadPoolExecutor(max_workers=args.count) as pool:
         conns = list(pool.map(lambda r: dataplane.connect(address, args.job + "-dp", r,
                                                           args.size, timeout=120.0), ranks))

@@ -45,7 +45,8 @@ class HierarchicalImpl:
     flat ``netreduce`` does)."""
 
     def __init__(self, cfg: dict, rank: int, size: int) -> None:
-        from netreduce import config, dataplane
+        from netreduce import config
+        from netreduce.worker import dataplane
         from netreduce.algorithms import select
         from netreduce.environment import Topology
         L = int(cfg["per_host"])
@@ -61,7 +62,7 @@ class HierarchicalImpl:
         conn = dataplane.connect(address, job=cfg["job"], rank=rank, size=size,
                                  timeout=cfg["timeout"])
         topo = Topology(rank, size, rank % L, L, cfg["job"], "benchmark", True)
-        self.algo = select.build(conn, topo, knobs, address)
+        self.algo = select.build(conn, topo, knobs, address, connect=dataplane.connect)
         assert self.algo.name == "hierarchical", self.algo.name
         self.in_place = False
 

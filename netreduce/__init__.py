@@ -21,7 +21,7 @@ from netreduce.api import (allgather_object, allreduce, allreduce_,  # noqa: F40
                            grouped_allreduce_, grouped_allreduce_async, init,
                            is_initialized, join, local_rank, local_size, poll, rank, shutdown,
                            size, synchronize)
-from netreduce.communicator import Handle  # noqa: F401
+from netreduce.worker.communicator import Handle  # noqa: F401
 
 __all__ = [
     "__version__", "NetReduceError", "ReduceOp", "Average", "Sum", "Min", "Max",

@@ -23,7 +23,7 @@ import netreduce as _nr
 from netreduce.horovod_queries import (  # noqa: F401  Horovod's process queries
     shutdown, is_initialized, rank, size, local_rank, local_size, cross_rank,
     cross_size, is_homogeneous, mpi_built, gloo_built, nccl_built, rocm_built)
-from netreduce import process_sets as _ps
+from netreduce.worker import process_sets as _ps
 from netreduce.errors import InvalidArgumentError
 
 from .compression import Compression
@@ -41,7 +41,7 @@ NetReduceError = _nr.NetReduceError
 HorovodInternalError = NetReduceError
 
 
-# Process sets (netreduce/process_sets.py): each one a sub-job at the aggregator.
+# Process sets (netreduce/worker/process_sets.py): each one a sub-job at the aggregator.
 ProcessSet = _ps.ProcessSet
 global_process_set = _ps.global_process_set
 add_process_set = _ps.add_process_set

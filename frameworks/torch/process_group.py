@@ -32,7 +32,7 @@ from torch._C._distributed_c10d import _create_work_from_future
 
 import netreduce as _nr
 from netreduce import config, environment
-from netreduce import process_sets as _ps
+from netreduce.worker import process_sets as _ps
 from netreduce.protocol.address import format_address, parse_address
 from netreduce.errors import InvalidArgumentError
 

@@ -8,7 +8,7 @@ import uuid
 import numpy as np
 import pytest
 
-from netreduce import dataplane
+from netreduce.worker import dataplane
 from tests.parallel.ranks import rank_barrier, run_ranks
 
 PAYLOAD = 65464  # the daemon's default payload bytes

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from benchmarks import loss
-from netreduce import dataplane
+from netreduce.worker import dataplane
 from netreduce.protocol.client import ControlClient
 from netreduce.errors import DataPlaneError
 from netreduce.switch import spawn

@@ -16,7 +16,7 @@ from typing import Dict, List, Tuple
 import numpy as np
 import pytest
 
-from netreduce import dataplane
+from netreduce.worker import dataplane
 from netreduce.errors import NetReduceError
 from netreduce.process import terminate
 from netreduce.switch import METRICS_PREFIX, READY_PREFIX

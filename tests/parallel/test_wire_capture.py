@@ -19,7 +19,7 @@ from typing import List, Tuple
 import numpy as np
 import pytest
 
-from netreduce import dataplane
+from netreduce.worker import dataplane
 from netreduce.switch import spawn
 from tests.unit.test_wire import reference_icrc
 from tests.unit.test_wire_ipv6 import icrc_of_ipv6_packet

@@ -1,7 +1,7 @@
 """The vote folded into the data: a steady step in one data-plane message
 (docs/control_plane.md, "Speculation").
 
-A round (netreduce/response_cache.py) costs one data-plane message before the agreed
+A round (netreduce/worker/response_cache.py) costs one data-plane message before the agreed
 group's own message. In a steady training loop the round agrees on the same small
 group step after step, so once two consecutive agreements ran exactly the same one
 group G (same ids, in the same fused order), every rank makes its next message a
@@ -36,9 +36,9 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from netreduce import timeline as tl
+from netreduce.worker import timeline as tl
 from netreduce.protocol.signature import nbytes
-from netreduce.fusion import FusionBuffer
+from netreduce.worker.fusion_buffer import FusionBuffer
 from netreduce.ops import STORAGE, WIRE_DTYPE, ReduceOp
 
 EXACT_WIRE = ("float32", "float64", "int32", "int64")  # a sum of N ones is exact

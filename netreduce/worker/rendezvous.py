@@ -1,6 +1,6 @@
 """The job's own rendezvous, a rank's side: small all-gathers among the job's ranks
 that do not go through the aggregator, for the decisions every rank must take alike
-when the aggregator refused the job or died (netreduce/failover.py).
+when the aggregator refused the job or died (netreduce/worker/failover.py).
 
 Rank 0 serves it on NETREDUCE_RENDEZVOUS, which every rank knows before any
 aggregator answered: three commands of the control server that rank 0 runs in
@@ -15,10 +15,25 @@ from typing import Any, Dict, List, Optional, Tuple
 from netreduce import config
 from netreduce.errors import ControlPlaneError, NetReduceError
 from netreduce.protocol import auth
-from netreduce.protocol.address import format_address
+from netreduce.protocol.address import format_address, parse_address
 from netreduce.protocol.client import ControlClient
 
 WATCH_WAIT_S = 1.0  # one long-poll; the client asks again
+
+
+def rendezvous_address(knobs: Dict[str, Any]) -> Tuple[str, int]:
+    """NETREDUCE_RENDEZVOUS, else MASTER_ADDR:MASTER_PORT+1 from the launcher."""
+    text = knobs.get("NETREDUCE_RENDEZVOUS") or ""
+    if text:
+        return parse_address(text, what="NETREDUCE_RENDEZVOUS")
+    env = config.launcher_environment()
+    if env.get("MASTER_ADDR") and env.get("MASTER_PORT", "").isdigit():
+        return env["MASTER_ADDR"], int(env["MASTER_PORT"]) + 1
+    raise NetReduceError(
+        "NETREDUCE_FALLBACK=host and NETREDUCE_STANDBY_SWITCH need a rendezvous that does "
+        "not go through the aggregator: set NETREDUCE_RENDEZVOUS=HOST:PORT (rank 0's host, a "
+        "free port) on every rank, or launch with MASTER_ADDR/MASTER_PORT set (netreduce-run, "
+        "torchrun)")
 
 
 class Rendezvous:

@@ -17,16 +17,16 @@ import logging
 from typing import Any, Dict
 
 from netreduce.errors import NetReduceError
+from netreduce.protocol import auth
 from netreduce.protocol.address import format_address
+from netreduce.protocol.client import ControlClient
+from netreduce.worker.rendezvous import rendezvous_address
 
 log = logging.getLogger("netreduce")
 
 
 def query(knobs: Dict[str, Any], job: str, secret: str, timeout: float = 2.0) -> Dict[str, Any]:
     """For `netreduce info`: the job's status from its rendezvous, or why not."""
-    from netreduce.protocol import auth
-    from netreduce.protocol.client import ControlClient
-    from netreduce.job_paths import rendezvous_address
     try:
         address = rendezvous_address(knobs)
     except (NetReduceError, ValueError) as exc:
@@ -74,7 +74,6 @@ def report_fell_back(cand: Any, reason_text: str, job: str, to: str) -> None:
     """Rank 0, after the job went on without the aggregators of ``cand`` (refused or
     unreachable): tell those that answer now, so that they count it. Best effort,
     one second per aggregator at most."""
-    from netreduce.protocol.client import ControlClient
     if cand.kind != "switch":
         return
     reason = refusal_reason(reason_text)

@@ -2,14 +2,14 @@
 the coordinator (netreduce/switch/coordinator.py has the protocol essay).
 
 One connection per rank carries three kinds of request at once, each with an id
-(control/mux.py): one outstanding ``negotiate`` — it submits what this rank has and
+(mux.py): one outstanding ``negotiate`` — it submits what this rank has and
 long-polls at the aggregator until the global log has something new; the
 background thread waits on its reply (a pipe) and on its own wake-up pipe with
 select(), so a submission made while the poll is out goes at once as a
 ``negotiate_submit``; and one ``negotiate_watch`` that the coordinator answers only
 when the job fails, so failures arrive even when no negotiation is outstanding.
 Tensors already in the response cache skip all of this in the steady state
-(netreduce/response_cache.py).
+(netreduce/worker/response_cache.py).
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from netreduce import config
 from netreduce.protocol import auth
-from netreduce.control.mux import Mailbox, Multiplexed
+from netreduce.worker.mux import Mailbox, Multiplexed
 from netreduce.errors import ControlPlaneError
 
 Sig = Tuple[str, str, Tuple[int, ...], str, float, float, int]
@@ -105,7 +105,7 @@ class LineConnection:
 
     def close(self) -> None:
         try:
-            # shutdown first: a thread blocked in recv() on this socket (control/mux.py's
+            # shutdown first: a thread blocked in recv() on this socket (mux.py's
             # reader) would keep it open, and the aggregator would never see it close
             self.sock.shutdown(socket.SHUT_RDWR)
         except OSError:
@@ -168,7 +168,7 @@ class NegotiationClient:
     """One rank's connection to the coordinator, after the hello handshake (which
     returns once every rank of the job has joined, or fails naming the missing
     ranks). Its long-poll, submissions and failure watch share the connection
-    (control/mux.py): the coordinator answers each when it can."""
+    (mux.py): the coordinator answers each when it can."""
 
     def __init__(self, address: Tuple[str, int], job: str, rank: int, size: int, *,
                  threshold: int, capacity: int, start_timeout: float,
@@ -194,7 +194,7 @@ class NegotiationClient:
             raise
         self.next_seq = int(reply.get("seq", 0))
         # The job's settings, from its first rank's hello: every rank runs the same
-        # agreement rounds (netreduce/response_cache.py) over the same vector width.
+        # agreement rounds (netreduce/worker/response_cache.py) over the same vector width.
         self.agree = bool(reply.get("agree", False))
         self.width = int(reply.get("capacity", capacity))
         self.threshold = int(reply.get("threshold", threshold))

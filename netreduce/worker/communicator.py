@@ -30,26 +30,21 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from netreduce import timeline as tl
-from netreduce.done_flag import DoneFlag
+from netreduce.algorithms.scatter_gather import run as run_scatter_gather
 from netreduce.errors import (ControlPlaneError, NegotiationError, NetReduceError,
-                              OperationTimeoutError, RankFailedError, ShutdownError)
-from netreduce.fusion import FusionBuffer
-from netreduce.negotiation import NegotiationClient, ResponseCache, sig_of
-from netreduce import unmatched
-from netreduce.response_cache import ROUND_SEQ, Agreement
+                              OperationTimeoutError, RankFailedError, ShutdownError,
+                              tensor_names)
 from netreduce.ops import STORAGE, WIRE_DTYPE, ReduceOp, scale_into
+from netreduce.worker import timeline as tl
+from netreduce.worker import unmatched
+from netreduce.worker.done_flag import DoneFlag
+from netreduce.worker.fusion_buffer import FusionBuffer
+from netreduce.worker.negotiation import NegotiationClient, ResponseCache, sig_of
+from netreduce.worker.response_cache import ROUND_SEQ, Agreement
 
 log = logging.getLogger("netreduce")
 # Seconds a transfer under way may still finish after a rank died without shutdown().
 ABORT_GRACE_S = 1.0
-
-
-def tensor_names(names: Sequence[str], limit: int = 5) -> str:
-    """"tensor 'a'" or "tensors 'a', 'b' (+3 more)": how errors name what failed."""
-    shown = ", ".join(f"'{n}'" for n in names[:limit])
-    more = f" (+{len(names) - limit} more)" if len(names) > limit else ""
-    return f"tensor{'s' if len(names) > 1 else ''} {shown}{more}"
 
 
 def _naming(exc: NetReduceError, prefix: str) -> NetReduceError:
@@ -162,7 +157,7 @@ class Communicator:
                                   start_timeout=float(knobs["NETREDUCE_START_TIMEOUT"]),
                                   timeout=float(knobs["NETREDUCE_TIMEOUT"]),
                                   agree=bool(knobs.get("NETREDUCE_CACHE_AGREEMENT", True)))
-        # Steady state without the coordinator (netreduce/response_cache.py), when the
+        # Steady state without the coordinator (netreduce/worker/response_cache.py), when the
         # job agreed on it at hello (every rank must run the same rounds).
         self.agreement = (Agreement(self, self.neg.width, self.neg.threshold)
                           if getattr(self.neg, "agree", False) and size > 1 else None)
@@ -346,7 +341,7 @@ class Communicator:
             if self.name_counters.get(kind, 0) <= n:
                 self.name_counters[kind] = n + 1
 
-    # --- negotiation timeout (netreduce/unmatched.py) -------------------------------
+    # --- negotiation timeout (netreduce/worker/unmatched.py) -------------------------------
     def _next_deadline(self) -> Optional[float]:
         return unmatched.next_deadline(self)
 
@@ -488,7 +483,6 @@ class Communicator:
         if first.kind in ("barrier", "join"):
             return
         if first.kind in ("allgatherv", "reducescatter"):
-            from netreduce.algorithms.scatter_gather import run as run_scatter_gather
             run_scatter_gather(self, group)
             return
         wire = WIRE_DTYPE[first.dtype]

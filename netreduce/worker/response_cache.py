@@ -2,7 +2,7 @@
 run through netreduce's own data plane (docs/design.md, "Control plane").
 
 Once the coordinator has negotiated a tensor, it carries a small integer id (the
-response cache, netreduce/negotiation.py). A later submission of the same name with
+response cache, netreduce/worker/negotiation.py). A later submission of the same name with
 the same signature does not go to the coordinator: the ranks agree among themselves,
 with one tiny all-reduce through the aggregator (op MIN on an int32 vector) that the
 executor thread runs between data-plane messages — a *round*:
@@ -55,10 +55,10 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 
 import numpy as np
 
-from netreduce.errors import NegotiationError, NetReduceError
+from netreduce.errors import NegotiationError, NetReduceError, tensor_names
 from netreduce.protocol import fusion
 from netreduce.protocol.signature import fusion_key, nbytes
-from netreduce.speculation import Speculation
+from netreduce.worker.speculation import Speculation
 
 WAKE = ("wake",)            # put on the executor's queue: new local work
 BITS_SEQ = -2               # Tensor.seq of a submission waiting in the agreement
@@ -77,7 +77,7 @@ class Agreement:
     """One communicator's rounds. ``route`` runs on user threads (under the
     communicator's lock), ``loop`` is the executor thread."""
 
-    ROUND_SEQ, GROUP_SEQ = ROUND_SEQ, GROUP_SEQ   # for netreduce/speculation.py
+    ROUND_SEQ, GROUP_SEQ = ROUND_SEQ, GROUP_SEQ   # for netreduce/worker/speculation.py
 
     def __init__(self, comm: Any, width: int, threshold: int) -> None:
         self.comm = comm
@@ -116,7 +116,7 @@ class Agreement:
         cache = self.comm.cache
         if self.off is None:
             # Rounds and speculative messages are calls of comm.dp like any other: under
-            # failover (netreduce/failover.py) an interrupted one completes on the next
+            # failover (netreduce/worker/failover.py) an interrupted one completes on the next
             # path with the same result on every rank (docs/failover.md, "Rounds").
             self.off = False
         if self.off:
@@ -334,7 +334,6 @@ class Agreement:
             return exc  # its verdict: the aggregators that failed, why no path is left
         with self.lock:
             names = [t.name for t in self.pending.values()]
-        from netreduce.communicator import tensor_names
         what = tensor_names(names) if names else "no cached tensor"
         return NegotiationError(
             f"rank {self.comm.rank} of job '{self.comm.job}': the ranks' agreement on cached "

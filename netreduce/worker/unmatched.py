@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from typing import Any, List, Optional
 
-from netreduce import timeline as tl
+from netreduce.worker import timeline as tl
 from netreduce.errors import NegotiationError
 
 

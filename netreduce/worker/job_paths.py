@@ -23,8 +23,13 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from netreduce import config
-from netreduce.protocol.address import format_address, parse_address, parse_addresses
+from netreduce.algorithms import host_fallback
+from netreduce.algorithms.flat import Flat
+from netreduce.algorithms.multi_aggregator import MultiAggregator
 from netreduce.errors import AdmissionError, ControlPlaneError, NetReduceError
+from netreduce.protocol.address import format_address, parse_addresses
+from netreduce.worker.failover import Failover
+from netreduce.worker.rendezvous import Rendezvous, rendezvous_address
 
 log = logging.getLogger("netreduce")
 Address = Tuple[str, int]
@@ -63,21 +68,6 @@ def describe_config() -> str:
         return f"on: {' -> '.join(paths)}; rendezvous at rank 0: {rv}"
     except ValueError as exc:
         return f"<invalid: {exc}>"
-
-
-def rendezvous_address(knobs: Dict[str, Any]) -> Address:
-    """NETREDUCE_RENDEZVOUS, else MASTER_ADDR:MASTER_PORT+1 from the launcher."""
-    text = knobs.get("NETREDUCE_RENDEZVOUS") or ""
-    if text:
-        return parse_address(text, what="NETREDUCE_RENDEZVOUS")
-    env = config.launcher_environment()
-    if env.get("MASTER_ADDR") and env.get("MASTER_PORT", "").isdigit():
-        return env["MASTER_ADDR"], int(env["MASTER_PORT"]) + 1
-    raise NetReduceError(
-        "NETREDUCE_FALLBACK=host and NETREDUCE_STANDBY_SWITCH need a rendezvous that does "
-        "not go through the aggregator: set NETREDUCE_RENDEZVOUS=HOST:PORT (rank 0's host, a "
-        "free port) on every rank, or launch with MASTER_ADDR/MASTER_PORT set (netreduce-run, "
-        "torchrun)")
 
 
 def candidates(knobs: Dict[str, Any], hosts: Optional[Sequence[Address]]) -> List[Candidate]:
@@ -120,11 +110,8 @@ class Opener:
                 time.sleep(0.2)
 
     def build(self, cand: Candidate, reach_for: float) -> Any:
-        from netreduce.algorithms.flat import Flat
-        from netreduce.algorithms.multi_aggregator import MultiAggregator
         t = self.topo
         if cand.kind == "host":
-            from netreduce.algorithms import host_fallback
             return host_fallback.build(cand.addresses, job=t.job, rank=t.rank, size=t.size,
                                        connect=self.connect, connect_kw=self.connect_kw)
         conns: List[Any] = []
@@ -167,6 +154,8 @@ class Opener:
     def _layer(self, cand: Candidate, algo: Any, key: str) -> Tuple[Any, List[str]]:
         """Every rank is in: the layout exchange over the new path, and the
         hierarchical algorithm where it calls for one; agreed like the admission."""
+        # Imported here: select loads the native module (hierarchical's shared memory),
+        # and `netreduce info` (describe_config) must work in a checkout without it.
         from netreduce.algorithms.select import build as build_algorithm
         address = cand.addresses[0]
         layered, error = None, ""
@@ -216,12 +205,10 @@ def start(topo: Any, knobs: Dict[str, Any], connect: Callable[..., Any],
           serve: Callable[..., Any]) -> Started:
     """Every rank of the job calls this at init: rendezvous, local aggregators,
     the first path every rank gets into, and the failover algorithm over it.
-    ``connect`` opens a data-plane connection (netreduce/dataplane.py);
+    ``connect`` opens a data-plane connection (netreduce/worker/dataplane.py);
     ``serve(host, port, secret_required=...)`` starts this rank's in-process
     aggregator (netreduce.api passes netreduce/switch/in_process.py's
     LocalAggregator: the worker does not import the daemon)."""
-    from netreduce.failover import Failover
-    from netreduce.rendezvous import Rendezvous
     several = [c for c in candidates(knobs, None) if len(c.addresses) > 1]
     if knobs.get("NETREDUCE_ALGORITHM") == "hierarchical" and several:
         raise NetReduceError(

@@ -19,6 +19,7 @@ import threading
 from typing import Any, Dict, Iterator, List, Optional, Sequence
 
 from netreduce.errors import InvalidArgumentError, NetReduceError
+from netreduce.worker import context
 
 
 class ProcessSet:
@@ -31,21 +32,18 @@ class ProcessSet:
         self.comm: Any = None  # this rank's communicator of the set (members only)
 
     def _job_ranks(self) -> List[int]:
-        from netreduce import api
-        return list(range(api.size())) if self.ranks is None else self.ranks
+        return list(range(context.size())) if self.ranks is None else self.ranks
 
     def included(self) -> bool:
-        from netreduce import api
-        return api.rank() in self._job_ranks()
+        return context.rank() in self._job_ranks()
 
     def size(self) -> int:
         return len(self._job_ranks())
 
     def rank(self) -> int:
         """This rank's position in the set (-1 when it is not a member)."""
-        from netreduce import api
         ranks = self._job_ranks()
-        return ranks.index(api.rank()) if api.rank() in ranks else -1
+        return ranks.index(context.rank()) if context.rank() in ranks else -1
 
     def __repr__(self) -> str:
         if self.process_set_id == 0:
@@ -64,11 +62,10 @@ _next_id = [1]
 def add_process_set(process_set: Any) -> ProcessSet:
     """Register a set (a ProcessSet or a list of ranks) on every rank; members join
     the set's sub-job at the aggregator (this waits until every member has)."""
-    from netreduce import api
     ps = process_set if isinstance(process_set, ProcessSet) else ProcessSet(process_set)
     if ps.ranks is None:
         raise InvalidArgumentError("add_process_set(): the global process set is always registered")
-    size = api.size()
+    size = context.size()
     bad = [r for r in ps.ranks if not 0 <= r < size]
     if bad or len(set(ps.ranks)) != len(ps.ranks) or not ps.ranks:
         raise InvalidArgumentError(f"add_process_set(): ranks {ps.ranks} must be distinct ranks of "
@@ -83,9 +80,9 @@ def add_process_set(process_set: Any) -> ProcessSet:
         ps.process_set_id = _next_id[0]
         _next_id[0] += 1
         _sets[ps.process_set_id] = ps
-    if api.rank() in ps.ranks:
+    if context.rank() in ps.ranks:
         try:
-            ps.comm = api._sub_communicator(f"ps{ps.process_set_id}", ps.ranks.index(api.rank()),
+            ps.comm = context.sub_communicator(f"ps{ps.process_set_id}", ps.ranks.index(context.rank()),
                                             len(ps.ranks))
         except BaseException:
             with _lock:
@@ -100,10 +97,9 @@ def add_members_only(ranks: Sequence[int]) -> ProcessSet:
     ranks and by how many such sets with those ranks this rank has made, which
     every member counts alike."""
     import hashlib
-    from netreduce import api
     ps = ProcessSet(ranks)
-    if api.rank() not in ps.ranks:
-        raise InvalidArgumentError(f"rank {api.rank()} is not in {ps.ranks}")
+    if context.rank() not in ps.ranks:
+        raise InvalidArgumentError(f"rank {context.rank()} is not in {ps.ranks}")
     digest = hashlib.sha1(",".join(map(str, ps.ranks)).encode()).hexdigest()[:12]
     with _lock:
         nth = _group_counts.get(digest, 0)
@@ -111,7 +107,7 @@ def add_members_only(ranks: Sequence[int]) -> ProcessSet:
         ps.process_set_id = f"g{digest}.{nth}"
         _sets[ps.process_set_id] = ps
     try:
-        ps.comm = api._sub_communicator(ps.process_set_id, ps.ranks.index(api.rank()),
+        ps.comm = context.sub_communicator(ps.process_set_id, ps.ranks.index(context.rank()),
                                         len(ps.ranks))
     except BaseException:
         with _lock:
@@ -157,19 +153,18 @@ def using(process_set: Any) -> Iterator[None]:
             getattr(process_set, "process_set_id", None) == 0:
         yield
         return
-    from netreduce import api
     if not isinstance(process_set, ProcessSet) or process_set.process_set_id not in _sets:
         raise InvalidArgumentError(f"process set {process_set!r} is not registered "
                          "(add_process_set() on every rank first)")
     if process_set.comm is None:
-        raise NetReduceError(f"rank {api.rank()} is not a member of {process_set}: only its "
+        raise NetReduceError(f"rank {context.rank()} is not a member of {process_set}: only its "
                              "ranks may call collectives on it")
-    previous = getattr(api._tls, "comm", None), getattr(_active, "ps", None)
-    api._tls.comm, _active.ps = process_set.comm, process_set
+    previous = getattr(context.thread, "comm", None), getattr(_active, "ps", None)
+    context.thread.comm, _active.ps = process_set.comm, process_set
     try:
         yield
     finally:
-        api._tls.comm, _active.ps = previous
+        context.thread.comm, _active.ps = previous
 
 
 _active = threading.local()

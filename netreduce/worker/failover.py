@@ -46,8 +46,9 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from netreduce.dataplane import check_reduction
+from netreduce.algorithms.base import check_reduction
 from netreduce.errors import DataPlaneError, NetReduceError
+from netreduce.worker import job_status
 
 log = logging.getLogger("netreduce")
 WATCH_POLL_S = 0.2  # how often the path watcher re-reads the current path's sockets
@@ -389,7 +390,6 @@ def _report_refusals(cands: Sequence[Any], tried: Sequence[int], reasons: Sequen
                      job: str, to: str) -> None:
     """Rank 0: tell the aggregators of the candidates that did not take the job (in
     the background: the job does not wait for them)."""
-    from netreduce import job_status
     pairs = [(cands[i], r) for i, r in zip(tried, reasons)]
     if pairs:
         threading.Thread(target=lambda: [job_status.report_fell_back(c, r, job, to)
