@@ -4,7 +4,7 @@
     netreduce-run -np 4 --switch 10.0.0.5:4791 -- python train.py --lr 0.1
 
 Across hosts use the launcher you already have (mpirun, srun, torchrun) with
-NETREDUCE_SWITCH=host:port; netreduce reads their rank variables (environment.py).
+NETREDUCE_SWITCH=host:port; netreduce reads their rank variables (netreduce/environment.py).
 
 Guarantees, because a training job that half-dies is worse than one that dies:
 every rank runs in its own session (process group), so that stopping a rank also
@@ -19,17 +19,15 @@ import argparse
 import os
 import secrets
 import signal
-import subprocess
 import sys
-import threading
 import time
-from typing import IO, List, Optional, Sequence
+from typing import List, Optional, Sequence
 
 from netreduce import config
+from netreduce.launcher.ranks import Job, LaunchError
+from netreduce.process import free_tcp_port
 from netreduce.protocol.address import format_address, parse_addresses
-from netreduce.process import detach_and_die_with_parent, free_tcp_port
-
-GRACE_S = 3.0  # SIGTERM -> SIGKILL; keeps "a failing rank stops the job" under 10 s
+from netreduce.switch import spawn
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -53,79 +51,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="do not prefix output lines with [rank]")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the program every rank runs")
     return p
-
-
-def _pump(stream: IO[bytes], out: IO[bytes], prefix: bytes, lock: threading.Lock) -> None:
-    for line in iter(stream.readline, b""):
-        if not line.endswith(b"\n"):
-            line += b"\n"
-        with lock:
-            out.write(prefix + line)
-            out.flush()
-    stream.close()
-
-
-class LaunchError(Exception):
-    def __init__(self, message: str, code: int) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-class Job:
-    def __init__(self, command: Sequence[str], np_: int, env: dict, prefix: bool) -> None:
-        self.procs: List[subprocess.Popen] = []
-        self.pumps: List[threading.Thread] = []
-        lock = threading.Lock()
-        for rank in range(np_):
-            # torch.distributed's variables too, so init_process_group("netreduce" or
-            # "gloo") works unchanged under netreduce-run.
-            rank_env = dict(env, NETREDUCE_RANK=str(rank), NETREDUCE_LOCAL_RANK=str(rank),
-                            RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(np_),
-                            LOCAL_WORLD_SIZE=str(np_))
-            try:
-                proc = subprocess.Popen(list(command), env=rank_env, preexec_fn=detach_and_die_with_parent,
-                                        stdin=subprocess.DEVNULL,
-                                        stdout=subprocess.PIPE if prefix else None,
-                                        stderr=subprocess.PIPE if prefix else None)
-            except OSError as exc:
-                self.stop(signal.SIGKILL)
-                raise LaunchError(f"cannot start rank {rank}: {command[0]}: {exc.strerror}",
-                                  127 if isinstance(exc, FileNotFoundError) else 126) from None
-            self.procs.append(proc)
-        # Readers start only after the last fork: preexec_fn in a process that already
-        # runs threads can deadlock on a lock a thread held at fork time.
-        for rank, proc in enumerate(self.procs if prefix else []):
-            for stream, out in ((proc.stdout, sys.stdout.buffer), (proc.stderr, sys.stderr.buffer)):
-                t = threading.Thread(target=_pump, daemon=True,
-                                     args=(stream, out, f"[{rank}] ".encode(), lock))
-                t.start()
-                self.pumps.append(t)
-
-    def signal_all(self, signum: int) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                try:
-                    os.killpg(proc.pid, signum)  # the rank and anything it started
-                except ProcessLookupError:
-                    pass
-
-    def stop(self, first: int = signal.SIGTERM) -> None:
-        """first signal, then SIGKILL for whatever is left after the grace period;
-        the process groups are killed even when the leader already exited."""
-        self.signal_all(first)
-        deadline = time.monotonic() + GRACE_S
-        while time.monotonic() < deadline and any(p.poll() is None for p in self.procs):
-            time.sleep(0.02)
-        for proc in self.procs:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-            proc.wait()
-
-    def finish_output(self) -> None:
-        for t in self.pumps:
-            t.join(2.0)
 
 
 def _exit_code(returncode: int) -> int:
@@ -152,7 +77,6 @@ def run(argv: Optional[Sequence[str]] = None) -> int:
         except ValueError as exc:
             parser.error(str(exc))
     else:
-        from netreduce.switch import spawn
         extra = []
         for arg in args.switch_arg:
             extra += arg.split("=", 1) if arg.startswith("--") and "=" in arg else [arg]
@@ -219,7 +143,3 @@ def run(argv: Optional[Sequence[str]] = None) -> int:
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
     sys.exit(run(argv))
-
-
-if __name__ == "__main__":
-    main()
