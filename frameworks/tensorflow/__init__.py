@@ -15,12 +15,12 @@ Only conversion lives here (tensors to numpy buffers and back); negotiation, fus
 the data plane are the ``netreduce`` core. docs/tensorflow.md has the semantics.
 """
 from .compression import Compression  # noqa: F401
-from .functions import (allgather_object, broadcast_object, broadcast_object_fn,  # noqa: F401
-                        broadcast_variables)
+from .functions import (allgather_object, broadcast_, broadcast_object,  # noqa: F401
+                        broadcast_object_fn, broadcast_variables)
 from .gradient_tape import DistributedGradientTape  # noqa: F401
 from .mpi_ops import (  # noqa: F401
     Adasum, Average, HorovodInternalError, Max, Min, NetReduceError, Product, ReduceOp, Sum,
-    allgather, allreduce, barrier, broadcast, broadcast_, cross_rank, cross_size, cuda_built,
+    allgather, allreduce, barrier, broadcast, cross_rank, cross_size, cuda_built,
     global_process_set, gloo_built, grouped_allreduce, init, is_homogeneous, is_initialized,
     join, local_rank, local_rank_op, local_size, local_size_op, mpi_built, nccl_built, rank,
     rank_op, rocm_built, shutdown, size, size_op)

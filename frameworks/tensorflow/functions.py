@@ -36,6 +36,15 @@ def broadcast_variables(variables, root_rank, process_set=global_process_set, in
     return tf.group(*[a for a in assigns if a is not None])
 
 
+def broadcast_(variables, root_rank, name=None, process_set=global_process_set):
+    """Overwrite ``variables`` (one or a list) with root_rank's values, in place."""
+    _check_process_set(process_set)
+    single = not isinstance(variables, (list, tuple))
+    items = [variables] if single else list(variables)
+    broadcast_variables(items, root_rank, name=name)  # one group for all of them
+    return items[0] if single else items
+
+
 def broadcast_object(obj: Any, root_rank: int = 0, session=None, name: Optional[str] = None,
                      process_set=global_process_set) -> Any:
     """Return root_rank's ``obj`` (anything picklable) on every rank."""

@@ -234,16 +234,6 @@ def broadcast(tensor, root_rank, name=None, ignore_name_scope=False,
     return bcast(tensor)
 
 
-def broadcast_(variables, root_rank, name=None, process_set=global_process_set):
-    """Overwrite ``variables`` (one or a list) with root_rank's values, in place."""
-    _check_process_set(process_set)
-    single = not isinstance(variables, (list, tuple))
-    items = [variables] if single else list(variables)
-    from .functions import broadcast_variables  # one group for all of them
-    broadcast_variables(items, root_rank, name=name)
-    return items[0] if single else items
-
-
 def allgather(tensor, name=None, ignore_name_scope=False, process_set=global_process_set):
     """Concatenate every rank's ``tensor`` along the first dimension (the first
     dimension may differ between ranks)."""
