@@ -54,7 +54,8 @@ setup(
     # prometheus_client: netreduce-switch --metrics-port (pure Python, no dependencies).
     install_requires=["numpy>=1.21", "prometheus_client>=0.20", "cryptography>=3.1"],
     extras_require={
-        "test": ["pytest>=7", "hypothesis>=6", "pytest-timeout"],
+        # import-linter: the layer contracts (pyproject.toml, scripts/check_imports.py)
+        "test": ["pytest>=7", "hypothesis>=6", "pytest-timeout", "import-linter>=2.13"],
         "torch": ["torch"],
         # TensorFlow and MXNet cannot share numpy (>=1.26 vs <1.24): scripts/env_*.sh
         # give each its own environment; these extras are what a user installs.
