@@ -19,8 +19,8 @@ import numpy as np
 
 from netreduce import _native
 from netreduce.algorithms.base import check_reduction
-from netreduce.errors import DataPlaneError, RankFailedError
 from netreduce.algorithms.hosts import Layout
+from netreduce.errors import DataPlaneError, RankFailedError
 
 log = logging.getLogger("netreduce")
 # Ring slots: the shared-memory stage of chunk k+1 overlaps the network of chunk k, and

@@ -28,6 +28,8 @@ from netreduce.algorithms.multi_aggregator import MultiAggregator
 from netreduce.protocol.address import format_address
 
 log = logging.getLogger("netreduce")
+
+
 def build(addresses: Sequence[Tuple[str, int]], *, job: str, rank: int, size: int,
           connect: Callable[..., Any], connect_kw: Dict[str, Any]) -> MultiAggregator:
     """Rank ``rank``'s connections to every worker-hosted aggregator (rank i's is

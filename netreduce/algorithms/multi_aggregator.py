@@ -36,9 +36,9 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from netreduce import config
-from netreduce.protocol.address import format_address, parse_address, resolve
 from netreduce.algorithms.base import check_array
 from netreduce.errors import DataPlaneError, NetReduceError
+from netreduce.protocol.address import format_address, parse_address, resolve
 
 log = logging.getLogger("netreduce")
 MIN_SPLIT = 256 << 10  # bytes: smaller buffers go whole to one aggregator

@@ -22,9 +22,9 @@ from typing import Any, Callable, Dict, List
 from netreduce.algorithms import hosts
 from netreduce.algorithms.flat import Flat
 from netreduce.algorithms.hierarchical import Hierarchical
+from netreduce.algorithms.hosts import Layout, TopologyError
 from netreduce.algorithms.multi_aggregator import MultiAggregator
 from netreduce.protocol.address import parse_addresses
-from netreduce.algorithms.hosts import Layout, TopologyError
 
 log = logging.getLogger("netreduce")
 

@@ -440,4 +440,3 @@ def _answer(srv: ControlServer, sess: Session, line: bytes) -> "tuple[Dict[str, 
         return msg, _reply_of(line, resolve(_dispatch(srv, sess, msg)), None)
     except Exception as exc:
         return msg, _reply_of(line, None, exc)
-

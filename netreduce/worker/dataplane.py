@@ -13,12 +13,12 @@ import numpy as np
 
 from netreduce import _native, config
 from netreduce.algorithms.base import check_reduction
-from netreduce.worker import verbs_transport
-from netreduce.worker import rack
+from netreduce.errors import AdmissionError, ControlPlaneError, DataPlaneError
 from netreduce.protocol import auth
 from netreduce.protocol.address import format_address, resolve
 from netreduce.protocol.client import ControlClient
-from netreduce.errors import AdmissionError, ControlPlaneError, DataPlaneError
+from netreduce.worker import rack, verbs_transport
+
 
 def _translate(exc: Exception, where: str) -> Exception:
     if isinstance(exc, ValueError):

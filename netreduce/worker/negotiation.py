@@ -19,9 +19,9 @@ import threading
 from typing import Any, Dict, List, Optional, Tuple
 
 from netreduce import config
+from netreduce.errors import ControlPlaneError
 from netreduce.protocol import auth
 from netreduce.worker.mux import Mailbox, Multiplexed
-from netreduce.errors import ControlPlaneError
 
 Sig = Tuple[str, str, Tuple[int, ...], str, float, float, int]
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any, Optional, Tuple
 
-from netreduce.protocol.address import format_address, parse_address, resolve
 from netreduce.errors import AdmissionError, ControlPlaneError
+from netreduce.protocol.address import format_address, parse_address, resolve
 
 
 def parse(text: str) -> Optional[Tuple[str, int]]:

@@ -36,10 +36,10 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from netreduce.worker import timeline as tl
-from netreduce.protocol.signature import nbytes
-from netreduce.worker.fusion_buffer import FusionBuffer
 from netreduce.ops import STORAGE, WIRE_DTYPE, ReduceOp
+from netreduce.protocol.signature import nbytes
+from netreduce.worker import timeline as tl
+from netreduce.worker.fusion_buffer import FusionBuffer
 
 EXACT_WIRE = ("float32", "float64", "int32", "int64")  # a sum of N ones is exact
 MAX_BYTES = 64 << 10        # larger groups: the round is small next to the data

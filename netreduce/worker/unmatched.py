@@ -14,8 +14,8 @@ from __future__ import annotations
 import time
 from typing import Any, List, Optional
 
-from netreduce.worker import timeline as tl
 from netreduce.errors import NegotiationError
+from netreduce.worker import timeline as tl
 
 
 def _waiting(comm: Any) -> List[Any]:
