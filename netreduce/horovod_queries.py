@@ -58,3 +58,11 @@ def nccl_built() -> int:
 
 def rocm_built() -> bool:
     return False
+
+
+def ccl_built() -> bool:
+    return False
+
+
+def ddl_built() -> bool:
+    return False
