@@ -213,6 +213,15 @@ def _loadavg() -> str:
         return ""
 
 
+def _first_problem(test: dict) -> dict:
+    """The rank that says most about a failure: one that failed (with its message)
+    before one that only reported nothing (the launcher stopped it after the other
+    failed)."""
+    order = {"failed": 0, "skipped": 1, "no report": 2}
+    ranks = [r for r in test["ranks"] if r["outcome"] != "passed"]
+    return min(ranks, key=lambda r: order.get(r["outcome"], 3)) if ranks else {}
+
+
 def totals(tests: List[dict]) -> dict:
     counts = {"passed": 0, "failed": 0, "skipped": 0}
     for t in tests:
@@ -238,13 +247,12 @@ def summarize(path: str, against: Optional[str]) -> str:
                      f"({ref['meta'].get('label') or ''}) passes")
         for n in sorted(ref_pass - set(both)):
             x = mine.get(n)
-            why = "not run" if x is None else x["outcome"] + ": " + "; ".join(
-                f"rank {r['rank']} {r.get('message', '')[:200]}" for r in x["ranks"]
-                if r["outcome"] != "passed")
+            why = "not run" if x is None else x["outcome"] + ": " + (
+                "timeout; " if x["timed_out"] else "") + _first_problem(x).get("message", "")[:200]
             lines.append(f"  {n}: {why}")
     for x in rec["tests"]:
         if x["outcome"] == "failed" and not against:
-            first = next((r for r in x["ranks"] if r["outcome"] != "passed"), {})
+            first = _first_problem(x)
             lines.append(f"  FAIL {x['test']}: {'timeout; ' if x['timed_out'] else ''}"
                          f"{first.get('message', '')[:200]}")
     return "\n".join(lines)
@@ -315,7 +323,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
             results[nodeid] = result
             done = len(results)
             save()  # a run cut short keeps what it has
-        first = next((r for r in result["ranks"] if r["outcome"] not in ("passed",)), {})
+        first = _first_problem(result)
         note = "" if result["outcome"] == "passed" else \
             (" (timeout)" if result["timed_out"] else "") + " " + first.get("message", "")[:160]
         print(f"[{done}/{len(ids)}] {result['outcome'].upper():7s} {result['seconds']:6.1f}s "
