@@ -66,3 +66,16 @@ def ccl_built() -> bool:
 
 def ddl_built() -> bool:
     return False
+
+
+# Horovod's runtime queries: netreduce runs neither MPI nor Gloo collectives.
+def mpi_enabled() -> bool:
+    return False
+
+
+def gloo_enabled() -> bool:
+    return False
+
+
+def mpi_threads_supported() -> bool:
+    return False

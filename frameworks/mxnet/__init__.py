@@ -20,7 +20,8 @@ from .mpi_ops import (  # noqa: F401
     add_process_set, allgather_object, allreduce, allreduce_, barrier, broadcast,
     broadcast_, broadcast_object, ccl_built, cross_rank, cross_size, cuda_built, ddl_built,
     global_process_set, gloo_built, grouped_allreduce, grouped_allreduce_, init,
-    is_initialized, local_rank, local_size, mpi_built, nccl_built, rank, remove_process_set,
+    is_initialized, local_rank, local_size, mpi_built, mpi_enabled, gloo_enabled,
+    mpi_threads_supported, nccl_built, start_timeline, stop_timeline, rank, remove_process_set,
     rocm_built, shutdown, size)
 from .scatter_gather import (  # noqa: F401
     allgather, alltoall, grouped_allgather, grouped_reducescatter, reducescatter)
