@@ -38,7 +38,7 @@ from ray.train.torch import TorchConfig
 from netreduce import config
 from netreduce.protocol.address import parse_addresses
 from netreduce.errors import InvalidArgumentError, NetReduceError
-from netreduce.ray_executor import local_layout
+from netreduce.launcher.ray_executor import local_layout
 
 _RayTorchBackend = TorchConfig().backend_cls  # Ray's torch backend, through its public property
 

@@ -11,7 +11,7 @@ import torch
 from ray.train import ScalingConfig
 from ray.train.torch import TorchTrainer
 
-from netreduce.ray_executor import RayExecutor
+from netreduce.launcher.ray_executor import RayExecutor
 from netreduce.torch.ray_train import NetReduceConfig
 
 STEPS, LR, WORKERS = 8, 0.05, 2

@@ -1,5 +1,5 @@
 """Ray: Ray Train's TorchTrainer with netreduce.torch.ray_train.NetReduceConfig and
-netreduce.ray_executor.RayExecutor, each with 2 CPU workers on a local Ray cluster the
+netreduce.launcher.ray_executor.RayExecutor, each with 2 CPU workers on a local Ray cluster the
 driver (tests/parallel/ray_driver.py, its own process) starts and stops."""
 import json
 import os
@@ -77,7 +77,7 @@ def test_ray_executor_runs_a_job_twice_and_cleans_up(driven):
 def test_config_arguments_are_checked():
     _require_ray()
     from netreduce.errors import InvalidArgumentError
-    from netreduce.ray_executor import RayExecutor, local_layout
+    from netreduce.launcher.ray_executor import RayExecutor, local_layout
     from netreduce.torch.ray_train import NetReduceConfig
     with pytest.raises(InvalidArgumentError, match="backend is 'netreduce'"):
         NetReduceConfig(backend="gloo")

@@ -1,6 +1,6 @@
 """Run a netreduce job on Ray actors, as horovod.ray.RayExecutor runs a Horovod job.
 
-    from netreduce.ray_executor import RayExecutor
+    from netreduce.launcher.ray_executor import RayExecutor
 
     executor = RayExecutor(num_workers=4, cpus_per_worker=1)
     executor.start()                      # actors placed, aggregator started
