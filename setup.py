@@ -62,6 +62,8 @@ setup(
         "tensorflow": ["tensorflow-cpu>=2.16"],
         "mxnet": ["mxnet==1.9.1", "numpy<1.24"],
         "bench": ["matplotlib", "mpi4py"],
+        # Ray Train's TorchTrainer (netreduce.torch.ray_train) and RayExecutor
+        "ray": ["ray[train]>=2.40"],
         # netreduce.planner (GRID-style routing: the LP is solved by scipy's HiGHS)
         "planner": ["scipy>=1.9", "pyyaml"],
     },

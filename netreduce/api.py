@@ -15,7 +15,7 @@ from netreduce.errors import InvalidArgumentError, NetReduceError
 from netreduce.ops import ReduceOp, as_op, check_array, dtype_name
 from netreduce.protocol.address import parse_addresses
 from netreduce.switch import spawn as spawn_switch
-from netreduce.worker import context, job_paths, process_sets
+from netreduce.worker import context, job_paths, process_sets, timeline
 from netreduce.worker.communicator import Communicator, Handle, Tensor
 from netreduce.worker.context import comm as _comm
 
@@ -437,3 +437,24 @@ def allgather_object(obj: Any, name: Optional[str] = None) -> List[Any]:
 def _communicator() -> Communicator:
     """The live communicator (tests and adapters read its counters)."""
     return _comm()
+
+
+def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
+    """Horovod's ``start_timeline``: record this job's timeline (NETREDUCE_TIMELINE's
+    Chrome trace, netreduce/worker/timeline.py) into ``file_path`` from now on, on rank 0
+    (every rank with a ``{rank}`` in the path); a timeline already being written is
+    closed first. ``mark_cycles`` is accepted for Horovod's signature: netreduce's
+    trace has no cycle markers."""
+    comm = _comm()
+    new = timeline.Timeline.from_config(file_path, comm.rank)
+    old, comm.timeline = comm.timeline, new
+    if old is not None:
+        old.close()
+
+
+def stop_timeline() -> None:
+    """Horovod's ``stop_timeline``: close the timeline file (a complete JSON array);
+    spans of operations still in flight are dropped."""
+    comm = _comm()
+    if comm.timeline is not None:
+        comm.timeline.close()  # kept, closed: a span racing with this is a no-op

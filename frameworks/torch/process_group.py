@@ -322,6 +322,15 @@ def _ensure_aggregator(store: Any, rank: int, size: int) -> None:
     config.set_for_process("NETREDUCE_JOB_SECRET", secret)
 
 
+def stop_embedded_aggregator() -> None:
+    """Stop the aggregator this process started for the job (rank 0 without
+    NETREDUCE_SWITCH), if any: for hosts whose workers outlive the job (Ray's)."""
+    global _embedded_switch
+    switch, _embedded_switch = _embedded_switch, None
+    if switch is not None:
+        switch.stop()
+
+
 def _create(opts, backend_options=None):
     """torch's extended creator API: it names the group's ranks in the job."""
     store, rank, size = opts.store, opts.group_rank, opts.group_size

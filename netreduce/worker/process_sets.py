@@ -15,8 +15,10 @@ ranks without any exchange.
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 import threading
-from typing import Any, Dict, Iterator, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
 from netreduce.errors import InvalidArgumentError, NetReduceError
 from netreduce.worker import context
@@ -173,3 +175,35 @@ _active = threading.local()
 def current() -> ProcessSet:
     """The set whose communicator the calling thread is using now."""
     return getattr(_active, "ps", None) or global_process_set
+
+
+def check(process_set: Any) -> "ProcessSet":
+    """``process_set`` if it is a ProcessSet, else InvalidArgumentError (a ValueError)."""
+    if not isinstance(process_set, ProcessSet):
+        raise InvalidArgumentError(f"process_set must be a ProcessSet (global_process_set or one "
+                                   f"from add_process_set()), got {type(process_set).__name__}")
+    return process_set
+
+
+def root_in_set(root_rank: int, process_set: "ProcessSet") -> int:
+    """The set rank of a broadcast root that Horovod's callers name by its job rank."""
+    if process_set.ranks is None:
+        return root_rank
+    if root_rank not in process_set.ranks:
+        raise InvalidArgumentError(f"root_rank {root_rank} is not in {process_set}")
+    return process_set.ranks.index(root_rank)
+
+
+def on_process_set(fn: Callable) -> Callable:
+    """An adapter function whose core calls run on the communicator of its
+    ``process_set=`` argument (default: the job). The adapters wrap their
+    Horovod-signature collectives with it, so inside them api.size()/rank() are the
+    set's."""
+    sig = inspect.signature(fn)
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        ps = sig.bind_partial(*args, **kwargs).arguments.get("process_set", global_process_set)
+        with using(check(ps)):
+            return fn(*args, **kwargs)
+    return wrapper
