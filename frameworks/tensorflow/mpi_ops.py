@@ -1,43 +1,45 @@
 """Tensor collectives with horovod.tensorflow 0.28's names, arguments and defaults.
 
-How a TensorFlow value reaches the core, and back:
+How a TensorFlow value reaches the core, and back (``collective``):
 
 * eagerly, ``tensor.numpy()`` (on CPU a view of the tensor's buffer) goes to the
-  netreduce core and the result array comes back through ``tf.convert_to_tensor``;
-* inside ``tf.function`` (Keras ``fit`` included) the very same Python body becomes one
-  ``tf.numpy_function`` node. No custom op is compiled: the cost is one Python call per
-  node (a few tens of µs holding the GIL) and one copy of each result into a TF tensor,
-  while the transfer itself runs in the core's threads with the GIL released. The node
-  is stateful, so tf.function's automatic control dependencies run netreduce nodes in
-  program order on every rank; a blocked node therefore never waits for one that a
-  busy TF thread pool has not started yet.
-* grouped_allreduce makes a list of tensors one node and one core submission, so
+  netreduce core (buffers.py) and the result array comes back through
+  ``tf.convert_to_tensor``; netreduce's errors come out as their TensorFlow twins
+  (errors.py: a shape mismatch is a tf.errors.FailedPreconditionError and a
+  netreduce NegotiationError);
+* in a graph (tf.function, Keras ``fit``, a TF1 Session) the call is one node of an
+  asynchronous custom op (kernels/collective_ops.cc, op_bridge.py): its kernel hands
+  the buffers to the core and returns at once, and TensorFlow's ``done`` comes when
+  the core's handle completes. No TensorFlow thread waits for a peer, so no order
+  in which TensorFlow runs independent collectives can deadlock: the core pairs
+  them by name. The node's failure status has the same TensorFlow type as the
+  eager error, with the same message.
+* grouped calls make a list of tensors one node and one core submission, so
   negotiation and fusion see them together (DistributedGradientTape and the Keras
   optimizer cut a step's gradients at the fusion buffer size: gradient_tape.py).
 
 Names: eager calls without ``name=`` use the core's per-call counter (every rank calls
-in the same order); in a graph the name is derived at trace time from the input tensor's
-graph name (as Horovod does), which is the same on every rank that traced the same code.
-Errors: eagerly the core's NetReduceError propagates as is; in a graph TensorFlow wraps
-it in ``tf.errors.UnknownError`` whose message carries the netreduce message.
+in the same order); in a graph the name is derived at graph-construction time from
+the input tensor's graph name (as Horovod does), made unique in the graph, and is the
+same on every rank that built the same graph.
 """
 from __future__ import annotations
 
 import re
-from typing import Any, Callable, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
 
 from netreduce.horovod_args import handle_average_backwards_compatibility  # noqa: F401
 import netreduce as _nr
+from netreduce import process_sets as _ps
 from netreduce.horovod_queries import (  # noqa: F401  Horovod's process queries
     shutdown, is_initialized, rank, size, local_rank, local_size, cross_rank,
     cross_size, is_homogeneous, mpi_built, gloo_built, nccl_built, rocm_built)
 from netreduce.ops import as_op
-from netreduce.errors import InvalidArgumentError
 
-from .buffers import allgather_array, broadcast_arrays, reduce_arrays
+from . import buffers, errors
 from .compression import Compression
 
 Average, Sum, Min, Max = _nr.Average, _nr.Sum, _nr.Min, _nr.Max
@@ -46,49 +48,61 @@ ReduceOp = _nr.ReduceOp
 NetReduceError = _nr.NetReduceError
 HorovodInternalError = NetReduceError  # the name Horovod code catches
 
-
-class _ProcessSet:
-    """Horovod 0.28 takes ``process_set=``; netreduce has one: the whole job."""
-    process_set_id = 0
-
-    def included(self) -> bool:
-        return True
-
-    def size(self) -> int:
-        return size()
-
-    def rank(self) -> int:
-        return rank()
-
-    def __repr__(self) -> str:
-        return "global_process_set"
-
-
-global_process_set = _ProcessSet()
+# Process sets (netreduce/process_sets.py): each one a sub-job at the aggregator.
+ProcessSet = _ps.ProcessSet
+global_process_set = _ps.global_process_set
+add_process_set = _ps.add_process_set
+remove_process_set = _ps.remove_process_set
 
 
 def _check_process_set(process_set: Any) -> None:
-    if process_set is not global_process_set:
-        raise NotImplementedError("netreduce supports only the global process set")
+    if not isinstance(process_set, ProcessSet):
+        raise NotImplementedError(
+            f"process_set must be a ProcessSet (global_process_set or one from "
+            f"add_process_set()), got {type(process_set).__name__}: netreduce supports no "
+            "other kind of process set")
+
+
+def set_size(process_set: Any) -> int:
+    return process_set.size()
+
+
+def set_rank(process_set: Any) -> int:
+    return process_set.rank()
+
+
+def _set_root(root_rank: int, process_set: Any, what: str) -> int:
+    """Horovod names a set's broadcast root by its rank in the job."""
+    if not 0 <= int(root_rank) < size():
+        raise errors.InvalidArgumentError(f"{what}: root_rank {root_rank} is outside "
+                                          f"[0, {size()})")
+    if process_set.ranks is None:
+        return int(root_rank)
+    if root_rank not in process_set.ranks:
+        raise errors.InvalidArgumentError(f"{what}: root_rank {root_rank} is not in "
+                                          f"{process_set}")
+    return process_set.ranks.index(root_rank)
 
 
 # --- lifecycle -------------------------------------------------------------------------
 def init(comm: Any = None, process_sets: Any = None) -> None:
-    """Join the job (rank, size and aggregator come from the launcher)."""
+    """Join the job (rank, size and aggregator come from the launcher); register
+    ``process_sets`` (ProcessSet objects or rank lists) as Horovod does."""
     if comm is not None:
-        raise InvalidArgumentError("netreduce.tensorflow.init(): comm= (an MPI communicator) is not "
-                         "supported; netreduce always spans the launched job")
-    if process_sets not in (None, [], [global_process_set]):
-        raise NotImplementedError("netreduce.tensorflow.init(): only the global process "
-                                  "set is supported")
+        raise errors.InvalidArgumentError(
+            "netreduce.tensorflow.init(): comm= (an MPI communicator) is not supported; "
+            "netreduce always spans the launched job")
     _nr.init()
+    for ps in process_sets or ():
+        if ps is not global_process_set:
+            add_process_set(ps)
 
 
 def cuda_built() -> bool:
     return False
 
 
-# --- the graph seam ----------------------------------------------------------------------
+# --- the seam: eager numpy call or asynchronous graph op ---------------------------------
 def _as_tensor(value: Any) -> tf.Tensor:
     if isinstance(value, tf.Tensor):
         return value
@@ -100,61 +114,68 @@ def normalize_name(text: str) -> str:
 
 
 def default_name(kind: str, tensors: Sequence[tf.Tensor], name: Optional[str]) -> Optional[str]:
-    """The core's tensor name: the user's, else (in a graph) one derived from the first
-    input's graph name; None eagerly (the core numbers calls)."""
-    if name is not None or tf.executing_eagerly():
-        return name
-    suffix = f".x{len(tensors)}" if len(tensors) > 1 else ""
-    return f"{kind}.{normalize_name(tensors[0].name)}{suffix}"
-
-
-def run_numpy(fn: Callable[..., List[np.ndarray]], inputs: Sequence[tf.Tensor],
-              out_dtypes: Sequence[tf.DType], out_shapes: Sequence[Any],
-              op_name: str) -> List[tf.Tensor]:
-    """Run ``fn`` (numpy arrays in, list of arrays out) now if eager, else as one
-    stateful numpy_function node with the given static output shapes."""
+    """The core's tensor name. Eagerly the user's (or None: the core numbers calls);
+    in a graph the user's or one derived from the first input's graph name, made
+    unique in the graph (TensorFlow's own rule for node names, so two calls on one
+    tensor do not collide)."""
     if tf.executing_eagerly():
-        results = fn(*[t.numpy() for t in inputs])
-        return [tf.convert_to_tensor(r, dtype=d) for r, d in zip(results, out_dtypes)]
-    outs = tf.numpy_function(fn, list(inputs), list(out_dtypes), stateful=True, name=op_name)
-    outs = [outs] if isinstance(outs, tf.Tensor) else list(outs)
-    for out, shape in zip(outs, out_shapes):
-        out.set_shape(shape)
-    return outs
+        return name
+    if name is None:
+        suffix = f".x{len(tensors)}" if len(tensors) > 1 else ""
+        name = f"{kind}.{normalize_name(tensors[0].name)}{suffix}"
+    return normalize_name(tf.compat.v1.get_default_graph().unique_name(name))
 
 
-def _reduce_tensors(tensors: Sequence[tf.Tensor], name: Optional[str], op: Any,
-                    prescale_factor: float, postscale_factor: float,
-                    kind: str) -> List[tf.Tensor]:
-    label = default_name(kind, tensors, name)
+def collective(kind: str, tensors: Sequence[tf.Tensor], call: Dict[str, Any],
+               splits: Optional[tf.Tensor] = None) -> List[tf.Tensor]:
+    """Run one netreduce call now (eager) or add it to the graph as one node."""
+    if tf.executing_eagerly():
+        arrays = [t.numpy() for t in tensors]
+        with errors.convert():
+            result = buffers.submit(call, arrays, splits=None if splits is None
+                                    else np.asarray(splits)).wait()
+        if kind == "alltoall":
+            return [tf.convert_to_tensor(result[0], dtype=tensors[0].dtype),
+                    tf.convert_to_tensor(result[1], dtype=tf.int32)]
+        return [tf.convert_to_tensor(r, dtype=t.dtype) for r, t in zip(result, tensors)]
+    from .op_bridge import graph_call
+    inputs = list(tensors) + ([splits] if kind == "alltoall" else [])
+    return graph_call(kind, inputs, call)
+
+
+def _reduce(tensors: Sequence[tf.Tensor], name: Optional[str], op: Any, prescale_factor: float,
+            postscale_factor: float, kind: str, process_set: Any) -> List[tf.Tensor]:
     op = as_op(op)  # a bad op fails here, at the call, not inside the graph
-
-    def body(*arrays):
-        return reduce_arrays(arrays, label, op, prescale_factor, postscale_factor)
-    return run_numpy(body, tensors, [t.dtype for t in tensors], [t.shape for t in tensors],
-                     "NetReduceAllreduce")
+    for t in tensors:
+        if t.dtype == tf.bool:
+            raise errors.InvalidArgumentError(
+                f"allreduce: tensor {name or t.name!r} has dtype bool, which netreduce cannot "
+                "reduce (cast it to an integer type)")
+    call = buffers.spec("allreduce", default_name(kind, tensors, name), op, prescale_factor,
+                        postscale_factor, process_set_id=process_set.process_set_id)
+    return collective("allreduce", tensors, call)
 
 
 def _reduce_with_grad(tensors: List[tf.Tensor], name: Optional[str], op: Any,
                       prescale_factor: float, postscale_factor: float,
-                      kind: str) -> List[tf.Tensor]:
+                      kind: str, process_set: Any) -> List[tf.Tensor]:
     """All-reduce whose gradient is the all-reduce of the gradient with the same op and
     scale factors (Horovod's registered gradient), as one group both ways."""
 
     @tf.custom_gradient
     def reduced(*xs):
-        ys = _reduce_tensors(xs, name, op, prescale_factor, postscale_factor, kind)
+        ys = _reduce(xs, name, op, prescale_factor, postscale_factor, kind, process_set)
 
         def grad(*dys):
             dys = [tf.zeros_like(x) if d is None else d for x, d in zip(xs, dys)]
-            return _reduce_tensors(dys, None, op, prescale_factor, postscale_factor,
-                                   kind + ".grad")
+            return _reduce(dys, None, op, prescale_factor, postscale_factor, kind + ".grad",
+                           process_set)
         return ys, grad
     out = reduced(*tensors)
     return [out] if isinstance(out, tf.Tensor) else list(out)
 
 
-# --- public collectives ------------------------------------------------------------------
+# --- allreduce -------------------------------------------------------------------------------
 def allreduce(tensor, average=None, device_dense='', device_sparse='',
               compression=Compression.none, op=None, prescale_factor=1.0,
               postscale_factor=1.0, name=None, process_set=global_process_set,
@@ -165,25 +186,30 @@ def allreduce(tensor, average=None, device_dense='', device_sparse='',
     _check_process_set(process_set)
     op = as_op(handle_average_backwards_compatibility(op, average))
     if isinstance(tensor, tf.IndexedSlices):
-        return _allreduce_indexed_slices(tensor, op, prescale_factor, postscale_factor, name)
+        return _allreduce_indexed_slices([tensor], op, prescale_factor, postscale_factor, name,
+                                         process_set)[0]
     tensor = _as_tensor(tensor)
     compressed, ctx = compression.compress(tensor)
     reduced = _reduce_with_grad([compressed], name, op, prescale_factor, postscale_factor,
-                                "allreduce")[0]
+                                "allreduce", process_set)[0]
     return compression.decompress(reduced, ctx)
 
 
-def _allreduce_indexed_slices(slices, op, prescale_factor, postscale_factor, name):
+def _allreduce_indexed_slices(slices, op, prescale_factor, postscale_factor, name, process_set):
     if op not in (Sum, Average):
         raise NotImplementedError("Only Sum and Average ops are supported with tf.IndexedSlices")
     if prescale_factor != 1.0 or postscale_factor != 1.0:
         raise NotImplementedError("Pre/postscale_factor are not supported with tf.IndexedSlices")
-    base = default_name("allreduce.sparse", [slices.values], name)
-    values = allgather(slices.values, name=None if base is None else f"{base}.values")
-    indices = allgather(slices.indices, name=None if base is None else f"{base}.indices")
-    if op is Average:
-        values = values / tf.cast(size(), values.dtype)
-    return tf.IndexedSlices(values, indices, dense_shape=slices.dense_shape)
+    from .scatter_gather import grouped_allgather
+    base = None if name is None else f"{name}.sparse"
+    values = grouped_allgather([s.values for s in slices], process_set=process_set,
+                               name=None if base is None else f"{base}.values")
+    indices = grouped_allgather([s.indices for s in slices], process_set=process_set,
+                                name=None if base is None else f"{base}.indices")
+    n = set_size(process_set)
+    return [tf.IndexedSlices(v / tf.cast(n, v.dtype) if op is Average else v, i,
+                             dense_shape=s.dense_shape)
+            for v, i, s in zip(values, indices, slices)]
 
 
 def grouped_allreduce(tensors, average=None, device_dense='', device_sparse='',
@@ -198,18 +224,29 @@ def grouped_allreduce(tensors, average=None, device_dense='', device_sparse='',
     op = as_op(handle_average_backwards_compatibility(op, average))
     tensors = list(tensors)
     out: List[Any] = [None] * len(tensors)
-    dense = [i for i, t in enumerate(tensors) if not isinstance(t, tf.IndexedSlices)]
-    for i, t in enumerate(tensors):
-        if i not in dense:
-            out[i] = _allreduce_indexed_slices(t, op, prescale_factor, postscale_factor,
-                                               None if name is None else f"{name}.sparse{i}")
+    sparse = [i for i, t in enumerate(tensors) if isinstance(t, tf.IndexedSlices)]
+    dense = [i for i in range(len(tensors)) if i not in sparse]
+    if sparse:
+        reduced_slices = _allreduce_indexed_slices(
+            [tensors[i] for i in sparse], op, prescale_factor, postscale_factor,
+            None if name is None else f"{name}.s", process_set)
+        for i, r in zip(sparse, reduced_slices):
+            out[i] = r
     if dense:
         pairs = [compression.compress(_as_tensor(tensors[i])) for i in dense]
         reduced = _reduce_with_grad([p[0] for p in pairs], name, op, prescale_factor,
-                                    postscale_factor, "grouped_allreduce")
+                                    postscale_factor, "grouped_allreduce", process_set)
         for i, r, (_, ctx) in zip(dense, reduced, pairs):
             out[i] = compression.decompress(r, ctx)
     return out
+
+
+# --- broadcast ---------------------------------------------------------------------------------
+def _broadcast(tensors: Sequence[tf.Tensor], root: int, name: Optional[str], kind: str,
+               process_set: Any) -> List[tf.Tensor]:
+    call = buffers.spec("broadcast", default_name(kind, tensors, name), root_rank=root,
+                        process_set_id=process_set.process_set_id)
+    return collective("broadcast", tensors, call)
 
 
 def broadcast(tensor, root_rank, name=None, ignore_name_scope=False,
@@ -217,56 +254,58 @@ def broadcast(tensor, root_rank, name=None, ignore_name_scope=False,
     """root_rank's ``tensor`` on every rank (differentiable: the gradient is the
     averaged gradient on the root and zero elsewhere, as in Horovod)."""
     _check_process_set(process_set)
-    if not 0 <= int(root_rank) < size():
-        raise InvalidArgumentError(f"broadcast: root_rank {root_rank} is outside [0, {size()})")
+    root = _set_root(root_rank, process_set, "broadcast")
     tensor = _as_tensor(tensor)
 
     @tf.custom_gradient
     def bcast(x):
-        label = default_name("broadcast", [x], name)
-        y = run_numpy(lambda a: broadcast_arrays([a], root_rank, label), [x], [x.dtype],
-                      [x.shape], "NetReduceBroadcast")[0]
+        y = _broadcast([x], root, name, "broadcast", process_set)[0]
 
         def grad(dy):
-            reduced = _reduce_tensors([dy], None, Average, 1.0, 1.0, "broadcast.grad")[0]
+            reduced = _reduce([dy], None, Average, 1.0, 1.0, "broadcast.grad", process_set)[0]
             return reduced if rank() == root_rank else reduced * 0
         return y, grad
+    if not tensor.dtype.is_floating:
+        return _broadcast([tensor], root, name, "broadcast", process_set)[0]
     return bcast(tensor)
 
 
 def broadcast_(variables, root_rank, name=None, process_set=global_process_set):
-    """Overwrite ``variables`` (one or a list) with root_rank's values, in place."""
+    """Overwrite ``variables`` (one or a list) with root_rank's values, in place, as
+    one submission. Returns their updated values (in a graph: reads that run after
+    the assignment, so fetching them performs it, as Horovod's do)."""
     _check_process_set(process_set)
     single = not isinstance(variables, (list, tuple))
     items = [variables] if single else list(variables)
-    from .functions import broadcast_variables  # one group for all of them
-    broadcast_variables(items, root_rank, name=name)
-    return items[0] if single else items
+    from .functions import assign_broadcast
+    assign = assign_broadcast(items, root_rank, name, process_set)
+    if tf.executing_eagerly():
+        values = [tf.convert_to_tensor(v) for v in items]
+    else:
+        with tf.control_dependencies([assign]):
+            values = [tf.identity(v.read_value() if hasattr(v, "read_value") else v)
+                      for v in items]
+    return values[0] if single else values
 
 
-def allgather(tensor, name=None, ignore_name_scope=False, process_set=global_process_set):
-    """Concatenate every rank's ``tensor`` along the first dimension (the first
-    dimension may differ between ranks)."""
-    _check_process_set(process_set)
-    tensor = _as_tensor(tensor)
-    label = default_name("allgather", [tensor], name)
-    shape = tensor.shape
-    out_shape = tf.TensorShape([None]).concatenate(shape[1:]) if shape.rank else [None]
-    return run_numpy(lambda a: [allgather_array(a, label)], [tensor], [tensor.dtype],
-                     [out_shape], "NetReduceAllgather")[0]
-
-
+# --- the rest of horovod.tensorflow.mpi_ops -----------------------------------------------------
 def barrier(process_set=global_process_set) -> None:
     _check_process_set(process_set)
-    _nr.barrier()
+    with _ps.using(process_set), errors.convert():
+        _nr.barrier()
 
 
 def join() -> int:
-    return int(_nr.join())
+    with errors.convert():
+        return int(_nr.join())
 
 
 def size_op(process_set_id=0, name=None):
-    return tf.constant(size(), dtype=tf.int32, name=name)
+    return tf.constant(_ps.lookup(process_set_id).size(), dtype=tf.int32, name=name)
+
+
+def process_set_included_op(process_set_id=0, name=None):
+    return tf.constant(int(_ps.lookup(process_set_id).included()), dtype=tf.int32, name=name)
 
 
 def local_size_op(name=None):
@@ -279,3 +318,8 @@ def rank_op(name=None):
 
 def local_rank_op(name=None):
     return tf.constant(local_rank(), dtype=tf.int32, name=name)
+
+
+# Plain Python that builds ops: AutoGraph must not rewrite it inside tf.function.
+for _name in ('allreduce', 'grouped_allreduce', 'broadcast', 'broadcast_', 'collective'):
+    globals()[_name] = tf.autograph.experimental.do_not_convert(globals()[_name])

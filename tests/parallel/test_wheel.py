@@ -14,7 +14,8 @@ def test_wheel_ships_every_adapter_and_its_files(installed):
     for rel in ("netreduce/__init__.py", "netreduce/_native.pyi", "netreduce/algorithms/flat.py",
                 "netreduce/torch/__init__.py", "netreduce/mxnet/__init__.py",
                 "netreduce/tensorflow/__init__.py", "netreduce/tensorflow/keras/__init__.py",
-                "netreduce/tensorflow/keras/callbacks.py"):
+                "netreduce/tensorflow/keras/callbacks.py",
+                "netreduce/tensorflow/kernels/collective_ops.cc"):
         assert os.path.isfile(os.path.join(site, rel)), rel
     assert [f for f in os.listdir(os.path.join(site, "netreduce")) if f.startswith("_native")
             and f.endswith(".so")]
