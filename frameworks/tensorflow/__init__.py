@@ -22,7 +22,7 @@ from .functions import (allgather_object, broadcast_global_variables,  # noqa: F
 from .gradient_tape import DistributedGradientTape, PartialDistributedGradientTape  # noqa: F401
 from .mpi_ops import (  # noqa: F401
     Adasum, Average, HorovodInternalError, Max, Min, NetReduceError, Product, ProcessSet,
-    ReduceOp, Sum, add_process_set, allreduce, barrier, broadcast, broadcast_, cross_rank,
+    ReduceOp, _executing_eagerly, Sum, add_process_set, allreduce, barrier, broadcast, broadcast_, cross_rank,
     cross_size, cuda_built, global_process_set, gloo_built, grouped_allreduce, init,
     is_homogeneous, is_initialized, join, local_rank, local_rank_op, local_size, local_size_op,
     mpi_built, nccl_built, process_set_included_op, rank, rank_op, remove_process_set,

@@ -102,6 +102,11 @@ def cuda_built() -> bool:
     return False
 
 
+def _executing_eagerly() -> bool:
+    """horovod.tensorflow's helper (its own tests and some user code call it)."""
+    return tf.executing_eagerly()
+
+
 # --- the seam: eager numpy call or asynchronous graph op ---------------------------------
 def _as_tensor(value: Any) -> tf.Tensor:
     if isinstance(value, tf.Tensor):
