@@ -19,14 +19,15 @@ the data plane are the ``netreduce`` core. docs/tensorflow.md has the semantics.
 from .compression import Compression  # noqa: F401
 from .functions import (allgather_object, broadcast_global_variables,  # noqa: F401
                         broadcast_object, broadcast_object_fn, broadcast_variables)
-from .gradient_tape import DistributedGradientTape, PartialDistributedGradientTape  # noqa: F401
+from .gradient_tape import (DistributedGradientTape,  # noqa: F401
+                            PartialDistributedGradientTape)
 from .mpi_ops import (  # noqa: F401
     Adasum, Average, HorovodInternalError, Max, Min, NetReduceError, Product, ProcessSet,
-    ReduceOp, _executing_eagerly, Sum, add_process_set, allreduce, barrier, broadcast, broadcast_, cross_rank,
-    cross_size, cuda_built, global_process_set, gloo_built, grouped_allreduce, init,
-    is_homogeneous, is_initialized, join, local_rank, local_rank_op, local_size, local_size_op,
-    mpi_built, nccl_built, process_set_included_op, rank, rank_op, remove_process_set,
-    rocm_built, shutdown, size, size_op)
+    ReduceOp, Sum, _executing_eagerly, add_process_set, allreduce, barrier, broadcast,
+    broadcast_, cross_rank, cross_size, cuda_built, global_process_set, gloo_built,
+    grouped_allreduce, init, is_homogeneous, is_initialized, join, local_rank, local_rank_op,
+    local_size, local_size_op, mpi_built, nccl_built, process_set_included_op, rank, rank_op,
+    remove_process_set, rocm_built, shutdown, size, size_op)
 from .scatter_gather import (allgather, alltoall, grouped_allgather,  # noqa: F401
                              grouped_reducescatter, reducescatter)
 from .optimizer import DistributedOptimizer  # noqa: F401
