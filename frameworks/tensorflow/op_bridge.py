@@ -28,8 +28,8 @@ from .op_library import Library, load
 # TensorFlow's DataType enum -> numpy dtype, for the types the ops accept.
 _DTYPES: Dict[int, np.dtype] = {
     int(d.as_datatype_enum): np.dtype(d.as_numpy_dtype)
-    for d in (tf.int8, tf.uint8, tf.int16, tf.int32, tf.int64, tf.float16, tf.bfloat16,
-              tf.float32, tf.float64, tf.bool)}
+    for d in (tf.int8, tf.uint8, tf.int16, tf.uint16, tf.int32, tf.uint32, tf.int64,
+              tf.float16, tf.bfloat16, tf.float32, tf.float64, tf.bool)}
 IN_PLACE = ("allreduce", "broadcast")  # the kernel preallocated outputs holding the input
 
 

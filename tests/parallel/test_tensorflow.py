@@ -21,7 +21,8 @@ if LAUNCHED:
     import netreduce.tensorflow as hvd
     from netreduce.errors import NegotiationError
 
-DTYPES = [tf.int32, tf.int64, tf.float16, tf.float32, tf.float64, tf.bfloat16, tf.uint8]
+DTYPES = [tf.int32, tf.int64, tf.float16, tf.float32, tf.float64, tf.bfloat16, tf.uint8,
+          tf.int8, tf.int16, tf.uint16]
 DIMS = [0, 1, 2, 3]
 MODES = ["eager", "function"]
 
@@ -35,7 +36,7 @@ def initialized():
 
 def _random(dim, dtype, seed=1234):
     rng = np.random.default_rng(seed)
-    low = 0 if dtype == tf.uint8 else -20
+    low = 0 if dtype.is_unsigned else -20
     return tf.cast(tf.constant(rng.integers(low, 20, size=[5] * dim)), dtype)
 
 

@@ -178,7 +178,8 @@ absl::Status alltoall_shapes(InferenceContext* c) {
 // tf.function's automatic control dependencies, so they need not run in program
 // order. `spec` carries the tensor name, reduction and factors, root rank and
 // process set (JSON, written by op_bridge.spec()).
-#define NETREDUCE_TYPES "{int8, uint8, int16, int32, int64, half, bfloat16, float, double, bool}"
+#define NETREDUCE_TYPES \
+  "{int8, uint8, int16, uint16, int32, uint32, int64, half, bfloat16, float, double, bool}"
 
 REGISTER_OP("NetreduceAllreduce")
     .Input("tensors: T")
