@@ -104,6 +104,14 @@ class Handle:
                 return
         _run_callback(fn, self)
 
+    def run_if_ready(self) -> None:
+        """Run this operation's data-plane step on the calling thread if it can go now
+        (a steady-state step whose whole group this rank holds), as wait() does, and
+        return without waiting otherwise. For an adapter that completes by callback
+        (add_done_callback): its thread saves the executor's wake-up."""
+        if self._helper is not None and not self._event.is_set():
+            self._helper(self)
+
     def wait(self, timeout: Optional[float] = None) -> Any:
         self._event.waited = True  # a synchronous loop (Speculation reads it)
         if self._helper is not None and timeout is None and not self._event.is_set():

@@ -132,6 +132,7 @@ class Library:
         c.nrtf_done.argtypes, c.nrtf_done.restype = [i64, ctypes.c_int, ctypes.c_char_p], None
         c.nrtf_stop.argtypes, c.nrtf_stop.restype = [], None
         c.nrtf_pending.argtypes, c.nrtf_pending.restype = [], i64
+        c.nrtf_queued.argtypes, c.nrtf_queued.restype = [], i64
         self.c = c
 
 

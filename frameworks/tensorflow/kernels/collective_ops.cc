@@ -323,6 +323,13 @@ __attribute__((visibility("default"))) void nrtf_stop() {
   }
 }
 
+// Requests not yet taken by the bridge (it runs a ready step itself only when none is).
+__attribute__((visibility("default"))) int64_t nrtf_queued() {
+  netreduce_tf::Queue& q = netreduce_tf::queue();
+  std::lock_guard<std::mutex> lock(q.mu);
+  return static_cast<int64_t>(q.fresh.size());
+}
+
 // Requests submitted and not yet done (tests, shutdown diagnostics).
 __attribute__((visibility("default"))) int64_t nrtf_pending() {
   netreduce_tf::Queue& q = netreduce_tf::queue();
