@@ -113,6 +113,17 @@ class _DistributedGradientTape(tf.GradientTape):
         scale_local_gradients, as in Horovod)."""
         self._local_sources.add(_key(source))
 
+    def get_local_and_global_gradients(self, target, sources, output_gradients=None):
+        """Horovod's split of gradient(): ([(local source, its gradient)], [(shared
+        source, its all-reduced gradient)])."""
+        grads = self.gradient(target, sources, output_gradients)
+        flat_sources, flat_grads = tf.nest.flatten(sources), tf.nest.flatten(grads)
+        local = [(s, g) for s, g in zip(flat_sources, flat_grads)
+                 if _key(s) in self._local_sources]
+        shared = [(s, g) for s, g in zip(flat_sources, flat_grads)
+                  if _key(s) not in self._local_sources]
+        return local, shared
+
     def gradient(self, target, sources, output_gradients=None,
                  unconnected_gradients=tf.UnconnectedGradients.NONE, use_generic_names=False):
         grads = super().gradient(target, sources, output_gradients, unconnected_gradients)

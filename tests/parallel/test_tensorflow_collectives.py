@@ -356,3 +356,11 @@ def test_partial_distributed_gradient_tape_keeps_local_layers_local():
     for g in grads[:2]:  # shared: averaged, the same on every rank
         every = hvd.allgather_object(g.numpy())
         assert all(np.allclose(e, every[0]) for e in every)
+    with tf.GradientTape() as again_tape:
+        again = tf.reduce_sum(local(shared(x)))
+    tape = hvd.PartialDistributedGradientTape(again_tape, local_layers=[local])
+    mine, common = tape.get_local_and_global_gradients(
+        again, shared.trainable_weights + local.trainable_weights)
+    assert [id(v) for v, _ in mine] == [id(v) for v in local.trainable_weights]
+    assert [id(v) for v, _ in common] == [id(v) for v in shared.trainable_weights]
+    np.testing.assert_allclose(mine[0][1].numpy(), own[2].numpy() / size, rtol=1e-5)
