@@ -15,6 +15,7 @@ from __future__ import annotations
 import atexit
 import ctypes
 import json
+import logging
 import threading
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -25,6 +26,7 @@ from . import buffers
 from .errors import status_code
 from .op_library import Library, load
 
+log = logging.getLogger("netreduce")
 # TensorFlow's DataType enum -> numpy dtype, for the types the ops accept.
 _DTYPES: Dict[int, np.dtype] = {
     int(d.as_datatype_enum): np.dtype(d.as_numpy_dtype)
@@ -61,7 +63,10 @@ class Bridge:
             if rid < 0:
                 return
             if rid:
-                self._start(rid)
+                try:
+                    self._start(rid)
+                except Exception:  # a bug here must not stop every later graph op
+                    log.exception("netreduce.tensorflow: the op bridge failed on a request")
 
     def _spec(self, text: bytes) -> Dict[str, Any]:
         spec = self._specs.get(text)
@@ -103,8 +108,11 @@ class Bridge:
             # Nothing else to submit: if this completes a steady-state step, run its
             # data-plane message here (as a waiting eager caller would) instead of
             # handing it to the core's executor thread. It returns at once otherwise.
-            for handle in pending.handles:
-                handle.run_if_ready()
+            try:
+                for handle in pending.handles:
+                    handle.run_if_ready()
+            except Exception:
+                pass  # the step's failure reaches the request through its handle
 
     def _finish(self, rid: int, kind: str, outputs: List[Optional[np.ndarray]], result: Any,
                 error: Optional[BaseException]) -> None:
