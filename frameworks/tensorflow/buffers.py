@@ -27,15 +27,27 @@ from netreduce.ops import as_op
 
 class Pending:
     """One adapter call in flight: its core handles and ``finish`` (their results, in
-    handle order, -> the call's result)."""
+    handle order, -> the call's result). ``error``: a submission that failed after
+    others of the same call had started; the call fails with it, but only once
+    those have finished (the core may still be writing into the call's buffers)."""
 
-    __slots__ = ("handles", "finish")
+    __slots__ = ("handles", "finish", "error")
 
-    def __init__(self, handles: Sequence[Any], finish: Callable[[List[Any]], Any]):
-        self.handles, self.finish = list(handles), finish
+    def __init__(self, handles: Sequence[Any], finish: Callable[[List[Any]], Any],
+                 error: Optional[BaseException] = None):
+        self.handles, self.finish, self.error = list(handles), finish, error
 
     def wait(self) -> Any:
-        return self.finish([h.wait() for h in self.handles])
+        results = []
+        for h in self.handles:
+            try:
+                results.append(h.wait())
+            except Exception:
+                if self.error is None:
+                    raise
+        if self.error is not None:
+            raise self.error
+        return self.finish(results)
 
     def when_done(self, fn: Callable[[Any, Optional[BaseException]], None]) -> None:
         """``fn(result, None)`` or ``fn(None, error)`` once every handle has finished,
@@ -55,10 +67,28 @@ class Pending:
                 return
             fn(result, None)
         if not self.handles:
-            fn(self.finish([]), None)
+            if self.error is not None:
+                fn(None, self.error)
+            else:
+                fn(self.finish([]), None)
             return
         for h in self.handles:
             h.add_done_callback(one_done)
+
+
+def _start_all(starts: Sequence[Callable[[], Any]], finish: Callable[[List[Any]], Any]
+               ) -> Pending:
+    """Run the submissions in order; one that fails after others started becomes the
+    Pending's error (a first one that fails raises: nothing is in flight)."""
+    handles: List[Any] = []
+    for start in starts:
+        try:
+            handles.append(start())
+        except Exception as exc:
+            if not handles:
+                raise
+            return Pending(handles, finish, error=exc)
+    return Pending(handles, finish)
 
 
 def _to_core(a: np.ndarray, same_shape: bool = True):
@@ -104,16 +134,16 @@ def _grouped(submit: Callable[..., Any], arrays: Sequence[np.ndarray], name: Opt
     and return the results in the input order, each turned back by _to_core."""
     prepared = [_to_core(a, same_shape) for a in arrays]
     groups = _by_dtype_hint(prepared)
-    handles = [submit([prepared[i][0] for i in idx], _label(name, k, len(groups)),
-                      prepared[idx[0]][1]) for k, idx in enumerate(groups)]
-
     def finish(results):
         out: List[Any] = [None] * len(arrays)
         for idx, res in zip(groups, results):
             for i, r in zip(idx, res):
                 out[i] = prepared[i][2](r)
         return out
-    return Pending(handles, finish)
+    return _start_all([lambda k=k, idx=idx: submit([prepared[i][0] for i in idx],
+                                                   _label(name, k, len(groups)),
+                                                   prepared[idx[0]][1])
+                       for k, idx in enumerate(groups)], finish)
 
 
 # --- collectives ---------------------------------------------------------------------------
@@ -132,9 +162,10 @@ def broadcast(arrays: Sequence[np.ndarray], root_rank: int, name: Optional[str],
               inplace: bool = False) -> Pending:
     """root_rank's arrays on every rank, submitted together."""
     prepared = [_to_core(a) for a in arrays]
-    handles = [_api.broadcast_async(p[0], root_rank, None if name is None else f"{name}.{i}",
-                                    inplace=inplace, **p[1]) for i, p in enumerate(prepared)]
-    return Pending(handles, lambda results: [p[2](r) for p, r in zip(prepared, results)])
+    return _start_all([lambda i=i, p=p: _api.broadcast_async(
+        p[0], root_rank, None if name is None else f"{name}.{i}", inplace=inplace, **p[1])
+        for i, p in enumerate(prepared)],
+        lambda results: [p[2](r) for p, r in zip(prepared, results)])
 
 
 def allgather(arrays: Sequence[np.ndarray], name: Optional[str]) -> Pending:
@@ -198,8 +229,13 @@ def alltoall(array: np.ndarray, splits: Optional[np.ndarray], name: Optional[str
     rows = int(mine.sum())
     data = _grouped(lambda xs, label, kw: _api.grouped_allgather_async(xs, name=label, **kw),
                     [array[:rows]], None if name is None else f"{name}.data", False)
-    counts = _api.allgather_async(mine.reshape(1, -1),
-                                  name=None if name is None else f"{name}.splits")
+    if data.error is not None:
+        return data
+    try:
+        counts = _api.allgather_async(mine.reshape(1, -1),
+                                      name=None if name is None else f"{name}.splits")
+    except Exception as exc:  # the rows are on their way: fail once they have arrived
+        return Pending(data.handles, data.finish, error=exc)
 
     def finish(results: List[Any]) -> Tuple[np.ndarray, np.ndarray]:
         gathered = data.finish(results[:-1])[0]
