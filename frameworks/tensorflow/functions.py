@@ -17,10 +17,10 @@ def assign_broadcast(variables, root_rank, name: Optional[str], process_set) -> 
     """Assign root_rank's values to ``variables``, all of them one core submission
     (negotiated and fused together). Returns the group of assign ops in a graph
     (running it performs the broadcast), None eagerly."""
-    root = _set_root(root_rank, process_set, "broadcast_variables")
     variables = list(variables)
     if not variables:
         return None if tf.executing_eagerly() else tf.no_op()
+    root = _set_root(root_rank, process_set, "broadcast_variables")
     values = [_as_tensor(v) for v in variables]
     received = _broadcast(values, root, name, "broadcast_variables", process_set)
     assigns = [var.assign(value) for var, value in zip(variables, received)]

@@ -72,7 +72,10 @@ def set_rank(process_set: Any) -> int:
 
 
 def _set_root(root_rank: int, process_set: Any, what: str) -> int:
-    """Horovod names a set's broadcast root by its rank in the job."""
+    """Horovod names a set's broadcast root by its rank in the job. Before init() a
+    graph may already be built (as with Horovod): the core checks the root then."""
+    if process_set.ranks is None and not is_initialized():
+        return int(root_rank)
     if not 0 <= int(root_rank) < size():
         raise errors.InvalidArgumentError(f"{what}: root_rank {root_rank} is outside "
                                           f"[0, {size()})")

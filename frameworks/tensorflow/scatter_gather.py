@@ -20,7 +20,7 @@ from netreduce.ops import as_op
 from . import buffers, errors
 from .compression import Compression
 from .mpi_ops import (Average, Sum, _as_tensor, _check_process_set, _reduce, collective,
-                      default_name, global_process_set, set_rank, set_size)
+                      default_name, global_process_set, is_initialized, set_rank, set_size)
 
 
 # --- allgather -----------------------------------------------------------------------------
@@ -88,7 +88,7 @@ def _alltoall(tensor: tf.Tensor, splits: tf.Tensor, name: Optional[str], process
     call = buffers.spec("alltoall", default_name("alltoall", [tensor], name),
                         process_set_id=process_set.process_set_id)
     output, received = collective("alltoall", [tensor], call, splits=splits)
-    if not tf.executing_eagerly():
+    if not tf.executing_eagerly() and is_initialized():
         received.set_shape([set_size(process_set)])
     return output, received
 
@@ -101,7 +101,7 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False,
     the gradient with the received splits)."""
     _check_process_set(process_set)
     tensor = _as_tensor(tensor)
-    n = set_size(process_set)
+    n = set_size(process_set) if is_initialized() else None  # a graph built before init()
     given = splits is not None
     if given:
         splits = tf.convert_to_tensor(splits)
@@ -114,7 +114,7 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False,
     rank_ = tensor.shape.rank
     rows = 1 if rank_ == 0 else (tensor.shape[0] if rank_ is not None else None)
     values = tf.get_static_value(splits)
-    if rows is not None and values is not None:
+    if n is not None and rows is not None and values is not None:
         with errors.convert():
             buffers.check_splits(rows, values, n)
 
@@ -147,7 +147,7 @@ def _reducescatter(tensors: Sequence[tf.Tensor], name: Optional[str], op: Any,
                         prescale_factor, postscale_factor,
                         process_set_id=process_set.process_set_id)
     outs = collective("reducescatter", tensors, call)
-    if not tf.executing_eagerly():
+    if not tf.executing_eagerly() and is_initialized():
         n, me = set_size(process_set), set_rank(process_set)
         for t, out in zip(tensors, outs):
             if t.shape.rank is not None and t.shape[0] is not None:
@@ -162,13 +162,13 @@ def _reducescatter_with_grad(tensors, name, op, prescale_factor, postscale_facto
     if not all(t.dtype.is_floating for t in tensors):
         return _reducescatter(tensors, name, op, prescale_factor, postscale_factor, kind,
                               process_set)
-    factor = (set_size(process_set) if op is Sum else 1) * prescale_factor * postscale_factor
-
     @tf.custom_gradient
     def scattered(*xs):
         ys = _reducescatter(xs, name, op, prescale_factor, postscale_factor, kind, process_set)
 
         def grad(*dys):
+            factor = (set_size(process_set) if op is Sum else 1) * prescale_factor * \
+                postscale_factor
             dys = [tf.zeros_like(y) if d is None else d for y, d in zip(ys, dys)]
             scaled = [d * tf.cast(factor, d.dtype) if factor != 1 else d for d in dys]
             return _allgather(scaled, None, kind + ".grad", process_set)
