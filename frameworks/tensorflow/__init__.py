@@ -27,7 +27,8 @@ from .mpi_ops import (  # noqa: F401
     broadcast_, cross_rank, cross_size, cuda_built, global_process_set, gloo_built,
     grouped_allreduce, init, is_homogeneous, is_initialized, join, local_rank, local_rank_op,
     local_size, local_size_op, mpi_built, nccl_built, process_set_included_op, rank, rank_op,
-    remove_process_set, rocm_built, shutdown, size, size_op)
+    remove_process_set, rocm_built, shutdown, size, size_op, ccl_built, ddl_built, mpi_enabled,
+    gloo_enabled, mpi_threads_supported)
 from .scatter_gather import (allgather, alltoall, grouped_allgather,  # noqa: F401
                              grouped_reducescatter, reducescatter)
 from .optimizer import DistributedOptimizer  # noqa: F401

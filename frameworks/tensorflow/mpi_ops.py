@@ -36,7 +36,8 @@ import netreduce as _nr
 from netreduce import process_sets as _ps
 from netreduce.horovod_queries import (  # noqa: F401  Horovod's process queries
     shutdown, is_initialized, rank, size, local_rank, local_size, cross_rank,
-    cross_size, is_homogeneous, mpi_built, gloo_built, nccl_built, rocm_built)
+    cross_size, is_homogeneous, mpi_built, gloo_built, nccl_built, rocm_built, ccl_built,
+    ddl_built, mpi_enabled, gloo_enabled, mpi_threads_supported)
 from netreduce.ops import as_op
 
 from . import buffers, errors

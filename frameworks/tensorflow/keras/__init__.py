@@ -12,7 +12,8 @@ from netreduce.tensorflow import (  # noqa: F401
     Adasum, Average, Compression, Max, Min, ProcessSet, Product, Sum, add_process_set,
     allgather_object, broadcast_object, cross_rank, cross_size, cuda_built, global_process_set,
     gloo_built, init, is_initialized, local_rank, local_size, mpi_built, nccl_built, rank,
-    remove_process_set, rocm_built, shutdown, size)
+    remove_process_set, rocm_built, shutdown, size, ccl_built, ddl_built, mpi_enabled,
+    gloo_enabled, mpi_threads_supported)
 
 from .callbacks import (BestModelCheckpoint, BroadcastGlobalVariablesCallback,  # noqa: F401
                         LearningRateScheduleCallback, LearningRateWarmupCallback,
