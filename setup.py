@@ -3,6 +3,7 @@ extension ``netreduce._native`` (C++17, pybind11, -O3, no -march=native: the SIM
 reduction kernels pick their instruction set at run time)."""
 import glob
 import os
+import shutil
 
 from pybind11.setup_helpers import Pybind11Extension, build_ext
 from setuptools import find_packages, setup
@@ -17,6 +18,14 @@ FRAMEWORKS = {
     "netreduce.mxnet": "frameworks/mxnet",
 }
 ADAPTERS = [n for n, p in FRAMEWORKS.items() if os.path.exists(os.path.join(HERE, p, "__init__.py"))]
+# ... with every subpackage (netreduce.tensorflow.keras): package_dir maps the adapter's
+# folder, but only the packages listed are installed. An editable install hides a
+# missing one (it maps the whole folder); tests/parallel/test_wheel.py installs the wheel.
+ADAPTER_PACKAGES = ADAPTERS + [f"{n}.{sub}" for n in ADAPTERS
+                               for sub in find_packages(os.path.join(HERE, FRAMEWORKS[n]))]
+# Files an adapter reads at run time: netreduce.tensorflow compiles its graph ops from
+# this source on first use (frameworks/tensorflow/op_library.py).
+ADAPTER_DATA = {"netreduce.tensorflow": ["kernels/*.cc"]}
 
 
 # The verbs transport (native/transport/verbs) needs libibverbs' headers (Debian
@@ -41,16 +50,34 @@ ext = Pybind11Extension(
     define_macros=[("NETREDUCE_HAVE_VERBS", "1")] if HAVE_VERBS else [],
 )
 
+class BuildExt(build_ext):
+    """NETREDUCE_PREBUILT_NATIVE=<path of a built netreduce/_native*.so>: package that
+    file instead of compiling the extension again. For the test suite's wheel
+    (tests/installed.py), built from the checkout whose editable install has just
+    compiled it: what the wheel test checks is what ships (packages, package data,
+    entry points), and a second native compile would add minutes to CI."""
+
+    def build_extension(self, ext):
+        prebuilt = os.environ.get("NETREDUCE_PREBUILT_NATIVE")
+        if prebuilt and ext.name == "netreduce._native":
+            dest = self.get_ext_fullpath(ext.name)
+            os.makedirs(os.path.dirname(dest), exist_ok=True)
+            shutil.copyfile(prebuilt, dest)
+            return
+        super().build_extension(ext)
+
+
 setup(
     name="netreduce",
     version="0.1.0",
     description="In-network aggregation all-reduce for distributed deep-learning training",
     python_requires=">=3.9",
-    packages=find_packages(include=["netreduce", "netreduce.*"]) + ADAPTERS,
+    packages=find_packages(include=["netreduce", "netreduce.*"]) + ADAPTER_PACKAGES,
     package_dir={name: path for name, path in FRAMEWORKS.items() if name in ADAPTERS},
-    package_data={"netreduce": ["_native.pyi", "py.typed"]},
+    package_data={"netreduce": ["_native.pyi", "py.typed"],
+                  **{n: files for n, files in ADAPTER_DATA.items() if n in ADAPTERS}},
     ext_modules=[ext],
-    cmdclass={"build_ext": build_ext},
+    cmdclass={"build_ext": BuildExt},
     # prometheus_client: netreduce-switch --metrics-port (pure Python, no dependencies).
     install_requires=["numpy>=1.21", "prometheus_client>=0.20", "cryptography>=3.1"],
     extras_require={

@@ -66,6 +66,7 @@ class Handle:
         self._error: Optional[BaseException] = None
         self._event = DoneFlag()  # its lock guards _remaining and _error too
         self._helper: Optional[Callable[["Handle"], None]] = None  # Agreement.help
+        self._callbacks: Optional[List[Callable[["Handle"], None]]] = None
         if not outputs:
             self._event.set()
 
@@ -74,11 +75,37 @@ class Handle:
             if error is not None and self._error is None:
                 self._error = error
             self._remaining -= 1
-            if self._remaining == 0:
-                self._event.set_locked()
+            if self._remaining != 0:
+                return
+            self._event.set_locked()
+            callbacks, self._callbacks = self._callbacks, None
+        for fn in callbacks or ():
+            _run_callback(fn, self)
 
     def done(self) -> bool:
         return self._event.is_set()
+
+    def add_done_callback(self, fn: Callable[["Handle"], None]) -> None:
+        """Call ``fn(handle)`` once the operation has finished or failed (``wait()``
+        then returns or raises at once): on this thread if it already has, else on
+        the netreduce thread that finishes it — so ``fn`` must be quick and must
+        never wait for another operation. For adapters whose framework completes
+        work by callback (TensorFlow's asynchronous kernels) rather than a wait."""
+        with self._event.lock:
+            if not self._event.is_set():
+                if self._callbacks is None:
+                    self._callbacks = []
+                self._callbacks.append(fn)
+                return
+        _run_callback(fn, self)
+
+    def run_if_ready(self) -> None:
+        """Run this operation's data-plane step on the calling thread if it can go now
+        (a steady-state step whose whole group this rank holds), as wait() does, and
+        return without waiting otherwise. For an adapter that completes by callback
+        (add_done_callback): its thread saves the executor's wake-up."""
+        if self._helper is not None and not self._event.is_set():
+            self._helper(self)
 
     def wait(self, timeout: Optional[float] = None) -> Any:
         self._event.waited = True  # a synchronous loop (Speculation reads it)
@@ -91,6 +118,13 @@ class Handle:
         if self._error is not None:
             raise self._error
         return list(self._outputs) if self._grouped else self._outputs[0]
+
+
+def _run_callback(fn: Callable[[Handle], None], handle: Handle) -> None:
+    try:
+        fn(handle)
+    except Exception:  # a callback's bug must not stop the thread that completes handles
+        log.exception("netreduce: a handle's done callback failed")
 
 
 class Tensor:

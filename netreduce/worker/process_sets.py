@@ -147,6 +147,19 @@ def remove_all() -> None:
     _group_counts.clear()
 
 
+def lookup(process_set_id: Any) -> ProcessSet:
+    """The registered set with this id (0 is the whole job): what an adapter that
+    carries only the id (a graph op's attribute) hands to ``using``."""
+    if process_set_id in (0, None):
+        return global_process_set
+    with _lock:
+        found = _sets.get(process_set_id)
+    if found is None:
+        raise InvalidArgumentError(f"process set id {process_set_id!r} is not registered "
+                                   "(add_process_set() on every rank first)")
+    return found
+
+
 @contextlib.contextmanager
 def using(process_set: Any) -> Iterator[None]:
     """Run the core calls inside on ``process_set``'s communicator (the global one
