@@ -116,6 +116,7 @@ class Engine {
   int64_t GapTimeout() const;
   uint32_t next_msg_ = 0;
   std::mt19937_64 rng_;
+  std::unique_ptr<uint8_t[]> recv_storage_;  // Run()'s receive buffers (engine thread only)
 
   std::mutex mu_;
   std::condition_variable cv_;
