@@ -37,6 +37,7 @@ struct Counters {
   std::atomic<uint64_t> slots_completed{0};
   std::atomic<uint64_t> duplicates{0};        // contributions seen before (not added again)
   std::atomic<uint64_t> retransmitted_results{0};
+  std::atomic<uint64_t> held_notices{0};      // header-only "held" answers (kExtHeld)
   std::atomic<uint64_t> drops[int(Drop::kCount)] = {};
 
   void Add(std::atomic<uint64_t>& c, uint64_t v = 1) { c.fetch_add(v, std::memory_order_relaxed); }

@@ -77,6 +77,10 @@ struct SlotTrack {
   // (and the other ranks' lag), not also the wait behind its predecessors.
   bool head = false;
   bool probe = false;  // its early deadline is the tail probe (engine/repair.h)
+  // The aggregator said its round holds this contribution (a held notice): not lost,
+  // waiting for other ranks. Only a lost result is left to repair: one probe per
+  // kHeldProbeUs, no early deadlines, no round-trip sample from its result.
+  bool held = false;
   uint8_t header[wire::kHeaderBytes];
   uint8_t trailer[8];
   OutPacket pkt;
@@ -255,6 +259,11 @@ Status Engine::Run(Request& req) {
     h.length = own_of(c) ? 0 : uint32_t(n * esize);
     h.pad = uint8_t(wire::PaddedLength(h.length) - h.length);
     h.msg_id = id_of(c);
+    // No round-trip estimate yet (a job's first message): ask the aggregator to say
+    // when the round holds this contribution but waits for others (docs/protocol.md,
+    // "Held notices"), so that waiting for a rank still starting up is not taken for
+    // loss. UDP only: a verbs NIC acknowledges on its own.
+    h.ack_req = !cfg_.transport && srtt_us_ == 0.0;
     wire::Encode(h, t.header);
     const uint8_t* payload = req.src + first * esize;
     Endpoint to = agg_;
@@ -274,6 +283,7 @@ Status Engine::Run(Request& req) {
     t.deadline_us = now + t.rto_us;
     t.retries = 0;
     t.early = false;
+    t.held = false;
     t.pkt.to = to;
     t.pkt.iov[0] = {t.header, wire::kHeaderBytes};
     t.pkt.iov[1] = {const_cast<uint8_t*>(payload), h.length};
@@ -296,11 +306,15 @@ Status Engine::Run(Request& req) {
     start_chunk(slots[(base + uint64_t(c)) % window_], c, now);
   }
 
-  std::vector<SlotTrack*> probes(cfg_.threads, nullptr);
+  std::vector<SlotTrack*> probes(cfg_.threads, nullptr), held_probes(cfg_.threads, nullptr);
   bool first_of_batch = true;
-  std::vector<uint8_t> storage(kRecvBatch * kRecvBufBytes);
+  // The receive buffers (64 x 64 KiB) are the engine's, made once and never zeroed:
+  // a vector per message memset 4 MiB and page-faulted it in on every all-reduce,
+  // which at 1,000 engines on one host was most of the job's start-up CPU.
+  if (!recv_storage_) recv_storage_.reset(new uint8_t[kRecvBatch * kRecvBufBytes]);
+  uint8_t* const storage = recv_storage_.get();
   std::vector<InPacket> in(kRecvBatch);
-  for (size_t i = 0; i < kRecvBatch; ++i) in[i].buf = storage.data() + i * kRecvBufBytes;
+  for (size_t i = 0; i < kRecvBatch; ++i) in[i].buf = storage + i * kRecvBufBytes;
   uint8_t peek[wire::kHeaderBytes];
   uint8_t trailer[8];
 
@@ -327,8 +341,9 @@ Status Engine::Run(Request& req) {
     for (auto& t : slots) {
       if (t.chunk < 0) continue;
       const size_t l = lane_of(t.seq);
-      const int64_t due = t.early ? t.deadline_us
-                                  : std::max({t.deadline_us, lane_progress[l] + rto, next_probe[l]});
+      const int64_t due = t.early || t.held
+                              ? t.deadline_us
+                              : std::max({t.deadline_us, lane_progress[l] + rto, next_probe[l]});
       wait_us = std::min(wait_us, std::max<int64_t>(0, due - now));
     }
     // The chunk outstanding in the result's slot, if the result is for it.
@@ -345,6 +360,30 @@ Status Engine::Run(Request& req) {
         return nullptr;  // a duplicate or late result for a chunk already done
       }
       return &t;
+    };
+    // A held notice (wire::kExtHeld) for the chunk outstanding in its slot: the round
+    // has this rank's contribution and waits for others. Its round trip is the path's
+    // alone, the one sample a first message can give without the others' lag.
+    auto held_notice = [&](const wire::Header& h) {
+      if (h.dest_qp != my_qpn_ || h.key != cfg_.key || h.slot >= window_ || h.length != 0) {
+        ignored_results_++;
+        return;
+      }
+      SlotTrack& t = slots[h.slot];
+      if (t.chunk < 0 || h.msg_id != id_of(t.chunk) || h.psn != (t.seq & wire::kPsnMask) ||
+          h.offset != size_t(t.chunk) * chunk_elems) {
+        return;  // for a chunk already done (its result came first)
+      }
+      held_notices_++;
+      const int64_t t_now = NowUs();
+      if (!t.held) {
+        if (t.retries == 0 && t.head) SampleRtt(double(t_now - t.first_send_us));
+        t.rto_us = kHeldProbeUs;  // from now on the held probe's interval
+      }
+      t.held = true;
+      t.early = t.probe = false;
+      t.deadline_us = t_now + t.rto_us;
+      lane_progress[lane_of(t.seq)] = t_now;  // the path answers: no timeout probe yet
     };
     // A result that matches no outstanding chunk. A second result for a chunk that
     // completed after a retransmission means the aggregator answered both sends: the
@@ -377,8 +416,8 @@ Status Engine::Run(Request& req) {
       // An inter-result gap: t was already on its way when the lane's previous result
       // came. Only the first result of a receive batch: those behind it in the same
       // batch waited in the socket, their spacing is the engine's, not the path's.
-      if (first_of_batch && lane_last_seq[lane] >= 0 && t.seq > uint64_t(lane_last_seq[lane]) &&
-          t.last_send_us <= lane_progress[lane]) {
+      if (first_of_batch && !t.held && lane_last_seq[lane] >= 0 &&
+          t.seq > uint64_t(lane_last_seq[lane]) && t.last_send_us <= lane_progress[lane]) {
         SampleGap(double(t_now - lane_progress[lane]));
       }
       first_of_batch = false;
@@ -394,10 +433,11 @@ Status Engine::Run(Request& req) {
       const bool proven = t.retries > 0 && repeat_seen;
       if (proven) spurious_retransmits_++, needless_by_repeat_++;
       if (t.retries == 0 || proven) {  // Karn: only unambiguous samples
-        if (!proven && t.head) SampleRtt(double(t_now - t.first_send_us));
+        // (a held chunk's round trip is the wait for the others; its notice sampled)
+        if (!proven && t.head && !t.held) SampleRtt(double(t_now - t.first_send_us));
         r.sample_us = -1;
       } else {
-        r.head = t.head;
+        r.head = t.head && !t.held;  // a held chunk's first send waited for the others
         r.msg_id = id_of(t.chunk);
         r.psn = uint32_t(t.seq & wire::kPsnMask);
         r.sample_us = t_now - t.first_send_us;
@@ -411,7 +451,7 @@ Status Engine::Run(Request& req) {
       for (auto& o : slots) {
         if (o.chunk < 0 || lane_of(o.seq) != lane) continue;
         if (o.seq < t.seq) {
-          if (!o.early && o.last_send_us <= t.last_send_us) {
+          if (!o.early && !o.held && o.last_send_us <= t.last_send_us) {
             o.early = true;
             o.deadline_us = std::min(o.deadline_us, t_now + reorder_us);
           }
@@ -423,7 +463,7 @@ Status Engine::Run(Request& req) {
       // Only for the lane's last outstanding chunk: any other is covered when a later
       // one is answered, and a gap deadline on every chunk of a long window misfired
       // whenever the loaded host descheduled the aggregator for a few gaps.
-      if (expected != nullptr && later == 1 && !expected->early) {
+      if (expected != nullptr && later == 1 && !expected->early && !expected->held) {
         expected->early = true;
         expected->deadline_us =
             std::min(expected->deadline_us,
@@ -453,6 +493,13 @@ Status Engine::Run(Request& req) {
           SlotTrack* t = nullptr;
           const bool ours = len <= kRecvBufBytes &&
                             wire::Decode(peek, len, &h) == wire::DecodeError::kOk && h.jumbo;
+          if (ours && h.held) {
+            iovec iov = {storage, kRecvBufBytes};
+            size_t got_len = 0;
+            NR_RETURN_IF_ERROR(sock.RecvScatter(&iov, 1, &got_len));
+            held_notice(h);
+            continue;
+          }
           if (ours) t = match(h);
           size_t got_len = 0;
           if (t != nullptr) {
@@ -460,7 +507,7 @@ Status Engine::Run(Request& req) {
             // own contribution, which the others' sum is combined with.
             const size_t at = size_t(t->chunk) * chunk_elems * esize;
             const bool own = own_of(t->chunk);
-            uint8_t* into = own ? storage.data() : req.dst + at;
+            uint8_t* into = own ? storage : req.dst + at;
             iovec iov[3] = {{peek, wire::kHeaderBytes},
                             {into, h.length},
                             {trailer, size_t(h.pad) + wire::kIcrcBytes}};
@@ -470,7 +517,7 @@ Status Engine::Run(Request& req) {
             }
             complete(*t, h.repeat_seen);
           } else {
-            iovec iov = {storage.data(), kRecvBufBytes};
+            iovec iov = {storage, kRecvBufBytes};
             NR_RETURN_IF_ERROR(sock.RecvScatter(&iov, 1, &got_len));
             if (ours) {
               late_result(h);
@@ -491,6 +538,10 @@ Status Engine::Run(Request& req) {
             (!p.verified &&
              !wire::IcrcValid(h, p.from.address(), p.local_address(), p.from.port, sock.local().port, p.buf))) {
           ignored_results_++;
+          continue;
+        }
+        if (h.held) {
+          held_notice(h);
           continue;
         }
         SlotTrack* t = match(h);
@@ -519,6 +570,8 @@ Status Engine::Run(Request& req) {
     now = NowUs();
     std::vector<SlotTrack*>& probe = probes;
     std::fill(probe.begin(), probe.end(), nullptr);
+    std::vector<SlotTrack*>& held_probe = held_probes;
+    std::fill(held_probe.begin(), held_probe.end(), nullptr);
     auto resend = [&](SlotTrack& t) {
       t.retries++;
       t.last_send_us = now;
@@ -536,7 +589,9 @@ Status Engine::Run(Request& req) {
                        "; is netreduce-switch running there and are all ranks alive?");
       }
       const size_t l = lane_of(t.seq);
-      if (t.early) {
+      if (t.held) {  // only its result can be missing now: the lane's oldest asks again
+        if (held_probe[l] == nullptr || t.seq < held_probe[l]->seq) held_probe[l] = &t;
+      } else if (t.early) {
         t.early = false;
         t.deadline_us = now + t.rto_us;
         fast_retransmits_++;
@@ -545,6 +600,18 @@ Status Engine::Run(Request& req) {
       } else if (now - lane_progress[l] >= rto && (probe[l] == nullptr || t.seq < probe[l]->seq)) {
         probe[l] = &t;
       }
+    }
+    // Held chunks wait for the same ranks, so a lane asks for one of them per backed-off
+    // interval, as a stalled lane probes (the window's others wait for that answer).
+    for (size_t l = 0; l < held_probe.size(); ++l) {
+      SlotTrack* p = held_probe[l];
+      if (p == nullptr) continue;
+      p->rto_us = std::min(p->rto_us * 2, kMaxHeldProbeUs);
+      for (auto& o : slots) {
+        if (o.chunk >= 0 && o.held && lane_of(o.seq) == l) o.deadline_us = now + p->rto_us;
+      }
+      held_probes_++;
+      resend(*p);
     }
     for (size_t l = 0; l < probe.size(); ++l) {
       SlotTrack* p = probe[l];

@@ -108,7 +108,8 @@ class Connection:
         self.payload_reason = str(grant.get("payload_reason", ""))
         # Slots fold contributions in rank order (NETREDUCE_DETERMINISTIC, agreed at admission).
         self.deterministic = bool(grant.get("deterministic", False))
-        self._missing: list = list(grant.get("missing", []))
+        self._missing: list = list(grant.get("missing", []))  # the first few (MISSING_SHOWN)
+        self._missing_count = int(grant.get("missing_count", len(self._missing)))
         self._start_error: Optional[Exception] = None
         self._started = threading.Event()
         if self.payload_bytes:  # the last rank to register (or a job of one)
@@ -156,6 +157,7 @@ class Connection:
             while not self.payload_bytes and not self._closed:
                 reply = self._control.call("payload", wait=1.0, timeout=15.0)
                 self._missing = list(reply.get("missing", []))
+                self._missing_count = int(reply.get("missing_count", len(self._missing)))
                 self.payload_reason = str(reply.get("payload_reason", ""))
                 self.payload_bytes = int(reply["payload_bytes"])
             if not self._closed:
@@ -177,6 +179,8 @@ class Connection:
             return engine
         if not self._started.wait(self.timeout):
             missing = ", ".join(map(str, self._missing)) or "?"
+            if self._missing_count > len(self._missing):
+                missing += f" and {self._missing_count - len(self._missing)} more"
             raise DataPlaneError(
                 f"{self._where()}: rank(s) {missing} have not registered with the aggregator "
                 f"within {self.timeout:g} s (the job's payload is fixed, and data flows, "
