@@ -121,8 +121,8 @@ def worker_join(args: argparse.Namespace) -> None:
 
     import numpy as np
 
-    from netreduce import dataplane
-    from netreduce.negotiation import NegotiationClient
+    from netreduce.worker import dataplane
+    from netreduce.worker.negotiation import NegotiationClient
     host, port = args.switch.rsplit(":", 1)
     address = (host, int(port))
     n = args.size

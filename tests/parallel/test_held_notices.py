@@ -12,7 +12,8 @@ import uuid
 
 import numpy as np
 
-from netreduce import _native, dataplane
+from netreduce import _native
+from netreduce.worker import dataplane
 from netreduce.protocol.client import ControlClient
 from tests.parallel.ranks import run_ranks
 
