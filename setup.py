@@ -19,6 +19,14 @@ FRAMEWORKS = {
     "netreduce.mxnet": "frameworks/mxnet",
 }
 ADAPTERS = [n for n, p in FRAMEWORKS.items() if os.path.exists(os.path.join(HERE, p, "__init__.py"))]
+# ... with every subpackage (netreduce.tensorflow.keras): package_dir maps the adapter's
+# folder, but only the packages listed are installed. An editable install hides a
+# missing one (it maps the whole folder); tests/parallel/test_wheel.py installs the wheel.
+ADAPTER_PACKAGES = ADAPTERS + [f"{n}.{sub}" for n in ADAPTERS
+                               for sub in find_packages(os.path.join(HERE, FRAMEWORKS[n]))]
+# Files an adapter reads at run time: netreduce.tensorflow compiles its graph ops from
+# this source on first use (frameworks/tensorflow/op_library.py).
+ADAPTER_DATA = {"netreduce.tensorflow": ["kernels/*.cc"]}
 
 
 # The verbs transport (native/transport/verbs) needs libibverbs' headers (Debian
@@ -61,7 +69,13 @@ def _multiarch_include():
 class BuildExt(build_ext):
     """Compiles the XDP program to a BPF object and embeds it in the extension as a
     byte array (build_temp/xdp/xdp_steer_object.h), so the module needs no file at
-    run time."""
+    run time.
+
+    NETREDUCE_PREBUILT_NATIVE=<path of a built netreduce/_native*.so>: package that
+    file instead of compiling the extension again. For the test suite's wheel
+    (tests/installed.py), built from the checkout whose editable install has just
+    compiled it: what the wheel test checks is what ships (packages, package data,
+    entry points), and a second native compile would add minutes to CI."""
 
     def build_extensions(self):
         if HAVE_XDP:
@@ -88,6 +102,15 @@ class BuildExt(build_ext):
                 e.include_dirs.append(out_dir)
         super().build_extensions()
 
+    def build_extension(self, ext):
+        prebuilt = os.environ.get("NETREDUCE_PREBUILT_NATIVE")
+        if prebuilt and ext.name == "netreduce._native":
+            dest = self.get_ext_fullpath(ext.name)
+            os.makedirs(os.path.dirname(dest), exist_ok=True)
+            shutil.copyfile(prebuilt, dest)
+            return
+        super().build_extension(ext)
+
 
 ext = Pybind11Extension(
     "netreduce._native",
@@ -108,21 +131,25 @@ setup(
     version="0.1.0",
     description="In-network aggregation all-reduce for distributed deep-learning training",
     python_requires=">=3.9",
-    packages=find_packages(include=["netreduce", "netreduce.*"]) + ADAPTERS,
+    packages=find_packages(include=["netreduce", "netreduce.*"]) + ADAPTER_PACKAGES,
     package_dir={name: path for name, path in FRAMEWORKS.items() if name in ADAPTERS},
-    package_data={"netreduce": ["_native.pyi", "py.typed"]},
+    package_data={"netreduce": ["_native.pyi", "py.typed"],
+                  **{n: files for n, files in ADAPTER_DATA.items() if n in ADAPTERS}},
     ext_modules=[ext],
     cmdclass={"build_ext": BuildExt},
     # prometheus_client: netreduce-switch --metrics-port (pure Python, no dependencies).
     install_requires=["numpy>=1.21", "prometheus_client>=0.20", "cryptography>=3.1"],
     extras_require={
-        "test": ["pytest>=7", "hypothesis>=6", "pytest-timeout"],
+        # import-linter: the layer contracts (pyproject.toml, scripts/check_imports.py)
+        "test": ["pytest>=7", "hypothesis>=6", "pytest-timeout", "import-linter>=2.13"],
         "torch": ["torch"],
         # TensorFlow and MXNet cannot share numpy (>=1.26 vs <1.24): scripts/env_*.sh
         # give each its own environment; these extras are what a user installs.
         "tensorflow": ["tensorflow-cpu>=2.16"],
         "mxnet": ["mxnet==1.9.1", "numpy<1.24"],
         "bench": ["matplotlib", "mpi4py"],
+        # Ray Train's TorchTrainer (netreduce.torch.ray_train) and RayExecutor
+        "ray": ["ray[train]>=2.40"],
         # netreduce.planner (GRID-style routing: the LP is solved by scipy's HiGHS)
         "planner": ["scipy>=1.9", "pyyaml"],
     },

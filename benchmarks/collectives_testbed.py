@@ -36,7 +36,7 @@ sys.path.insert(0, HERE)
 if REPO not in sys.path:
     sys.path.insert(1, REPO)
 
-import allreduce as ar  # noqa: E402  (its launch helpers: _wait_all, _worker_env, _free_port)
+import allreduce_launch as launch  # noqa: E402  (wait_all, worker_env, free_port)
 import common  # noqa: E402
 
 COLLECTIVES = os.path.join(HERE, "collectives.py")
@@ -57,7 +57,7 @@ def _launch_env(tb, impl: str, n: int, cleanup: list) -> tuple:
             per_rank[r].update(NETREDUCE_RANK=str(r), NETREDUCE_LOCAL_RANK="0")
     if impl in ("gloo", "fsdp-gloo", "fsdp-netreduce"):
         # TCPStore in host 0's namespace, reached over the emulated links.
-        common_env.update(MASTER_ADDR=tb.hosts[0].address, MASTER_PORT=str(ar._free_port()),
+        common_env.update(MASTER_ADDR=tb.hosts[0].address, MASTER_PORT=str(launch.free_port()),
                           WORLD_SIZE=str(n), LOCAL_WORLD_SIZE="1",
                           GLOO_SOCKET_IFNAME=tb.ifname)
         for r in range(n):
@@ -92,12 +92,12 @@ def _run(tb, impl: str, n: int, argv: List[str], timeout: float) -> Dict:
         before = tb.counters()
         procs = []
         for r in range(n):
-            env = ar._worker_env(dict(common_env, **per_rank[r]))
+            env = launch.worker_env(dict(common_env, **per_rank[r]))
             with open(logs[r], "w") as log:
                 procs.append(tb.popen(r, argv, env=env, cwd=REPO, stdout=log,
                                       stderr=subprocess.STDOUT))
         t0 = time.monotonic()
-        ar._wait_all(procs, timeout, f"{impl} N={n}")
+        launch.wait_all(procs, timeout, f"{impl} N={n}")
         wall = time.monotonic() - t0
         after = tb.counters()
         wire = {h.name: {k: after[h.name][k] - before[h.name][k] for k in ("tx_bytes", "rx_bytes")}

@@ -9,6 +9,7 @@ import platform
 import re
 import resource
 import shlex
+import shutil
 import subprocess
 import sys
 from typing import Callable, Dict, Iterable, List, Optional
@@ -111,6 +112,17 @@ def _version(module: str) -> Optional[str]:
         return getattr(mod, "__version__", "?")
     except Exception:
         return None
+
+
+def horovod_missing() -> Optional[str]:
+    """Why Horovod's PyTorch peer cannot run here (None when it can)."""
+    probe = subprocess.run([sys.executable, "-c", "import horovod.torch"], capture_output=True,
+                           text=True)
+    if probe.returncode != 0:
+        return "horovod.torch not importable (run benchmarks/setup_peers.sh)"
+    if shutil.which("horovodrun") is None:
+        return "horovodrun not on PATH"
+    return None
 
 
 def run_cleanups(cleanup: List[Callable[[], object]]) -> None:

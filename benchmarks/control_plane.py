@@ -4,6 +4,7 @@ training step costs when cached tensors are agreed on through the data plane.
 
     PYTHONPATH=. python benchmarks/control_plane.py scale --ranks 1000 --procs 4
     PYTHONPATH=. python benchmarks/control_plane.py step --before /tmp/nr-before
+    PYTHONPATH=. python benchmarks/control_plane.py join --ranks 1000 --procs 4
 
 ``scale``: one real netreduce-switch; ``--ranks`` lightweight simulated ranks (the
 real rank-side NegotiationClient, one control connection each, no data plane) in
@@ -13,6 +14,15 @@ time per step through the coordinator: every rank submits one tensor (by its cac
 id after the first step) and waits for its log entry — the path a cache miss takes.
 ``--rounds`` adds the agreement path at that scale: the same ranks open real data
 planes and time the agreement round (the int32 MIN all-reduce of the cache vector).
+
+``join``: one real netreduce-switch; ``--ranks`` rank threads in ``--procs``
+processes, each running what ``nr.init()`` runs on a rank with the project's own
+classes: data-plane admission (``dataplane.connect``: register, the payload, the
+native engine) and then the hello (``NegotiationClient``: returns once every rank
+joined). Then every rank's first all-reduce, 16 int32 (rank r gives r), checked
+exact on every rank. Reports the full join (first connection to the last hello),
+the first all-reduce (last hello to the last result), the engines' resends and
+the CPU used, per run (``--repeat``) and as medians with the spread.
 
 ``step``: N=4 ranks on this host through the public API (nr.allreduce of 4 KiB,
 float32, one name), the median of ``--repeat`` runs of ``--iters`` each, for
@@ -51,7 +61,7 @@ def worker_scale(args: argparse.Namespace) -> None:
     NegotiationClient sends): hello, then ``--steps`` steps of one tensor each."""
     import asyncio
 
-    from netreduce.negotiation import ResponseCache, wire_request
+    from netreduce.worker.negotiation import ResponseCache, wire_request
     host, port = args.switch.rsplit(":", 1)
     sig = ("allreduce", "float32", (1024,), "sum", 1.0, 1.0, -1)
 
@@ -102,14 +112,78 @@ def worker_scale(args: argparse.Namespace) -> None:
     print(json.dumps(out), flush=True)
 
 
+def worker_join(args: argparse.Namespace) -> None:
+    """``--count`` rank threads from ``--first``: admission, hello, one all-reduce.
+    Prints one JSON line: per-phase timestamps (time.time(), comparable across the
+    processes of one host) and the engines' counters summed."""
+    import resource
+    import threading
+
+    import numpy as np
+
+    from netreduce.worker import dataplane
+    from netreduce.worker.negotiation import NegotiationClient
+    host, port = args.switch.rsplit(":", 1)
+    address = (host, int(port))
+    n = args.size
+    go = threading.Event()
+    t = {k: [0.0] * args.count for k in ("start", "admitted", "joined", "done")}
+    stats: List[Dict[str, int]] = [{} for _ in range(args.count)]
+    errors: List[str] = []
+
+    def rank(i: int) -> None:
+        r = args.first + i
+        go.wait()
+        try:
+            t["start"][i] = time.time()
+            dp = dataplane.connect(address, args.job, r, n, timeout=120.0)
+            t["admitted"][i] = time.time()
+            neg = NegotiationClient(address, args.job, r, n, threshold=64 << 20,
+                                    capacity=1024, start_timeout=120.0, timeout=120.0,
+                                    agree=True)
+            t["joined"][i] = time.time()
+            x = np.full(16, r, np.int32)
+            dp.allreduce(x)
+            t["done"][i] = time.time()
+            if not (x == n * (n - 1) // 2).all():
+                errors.append(f"rank {r}: wrong sum {x[:4]}")
+            stats[i] = dp.stats()
+        except Exception as exc:  # reported to the driver, which fails the run
+            errors.append(f"rank {r}: {exc!r}")
+            return
+        leave.wait()
+        neg.close()
+        dp.close()
+
+    leave = threading.Event()  # set once every process has reported: no rank leaves early
+    threads = [threading.Thread(target=rank, args=(i,), daemon=True) for i in range(args.count)]
+    for th in threads:
+        th.start()
+    cpu0 = resource.getrusage(resource.RUSAGE_SELF)
+    go.set()
+    while not errors and not all(t["done"]):
+        time.sleep(0.005)
+    cpu1 = resource.getrusage(resource.RUSAGE_SELF)
+    keys = sorted({k for st in stats for k in st})
+    print(json.dumps({
+        "first": args.first, "count": args.count, "errors": errors[:10], "n_errors": len(errors),
+        "times": t, "stats": {k: sum(st.get(k, 0) for st in stats) for k in keys},
+        "max_retransmits": max((st.get("retransmits", 0) for st in stats), default=0),
+        "cpu_s": (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime)}),
+        flush=True)
+    sys.stdin.readline()  # the driver: every process has its results
+    leave.set()
+    for th in threads:
+        th.join(30)
+
 def _rounds(args: argparse.Namespace, address: Any, ranks: range) -> List[float]:
     """Real data planes for the same ranks; each times ``--steps`` agreement rounds."""
     from concurrent.futures import ThreadPoolExecutor
 
     import numpy as np
 
-    from netreduce import dataplane
-    from netreduce.response_cache import HEADER
+    from netreduce.worker import dataplane
+    from netreduce.worker.response_cache import HEADER
     with ThreadPoolExecutor(max_workers=args.count) as pool:
         conns = list(pool.map(lambda r: dataplane.connect(address, args.job + "-dp", r,
                                                           args.size, timeout=120.0), ranks))
@@ -155,10 +229,10 @@ def worker_step(args: argparse.Namespace) -> None:
 
 
 # --- drivers ------------------------------------------------------------------------
-def _spawn_switch(pythonpath: str):
+def _spawn_switch(pythonpath: str, *extra: str):
     env = dict(os.environ, PYTHONPATH=pythonpath)
     proc = subprocess.Popen([sys.executable, "-m", "netreduce.switch", "--host", "127.0.0.1",
-                             "--port", "0", "--max-jobs", "64"], stdout=subprocess.PIPE,
+                             "--port", "0", "--max-jobs", "64", *extra], stdout=subprocess.PIPE,
                             text=True, env=env, cwd=pythonpath)
     line = proc.stdout.readline()
     addr = line.split("listening on ")[1].split()[0]
@@ -199,6 +273,108 @@ def drive_scale(args: argparse.Namespace) -> None:
         rounds = [max(o["rounds"][i] for o in outs) for i in range(args.steps)]
         rec["agreement_round_ms_median"] = round(statistics.median(rounds[1:]) * 1e3, 2)
     print(json.dumps(rec))
+
+
+def _commit() -> str:
+    try:
+        return subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def _daemon_cpu_s(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def drive_join(args: argparse.Namespace) -> None:
+    runs = []
+    for run in range(args.repeat):
+        runs.append(_join_once(args))
+        print(json.dumps(runs[-1]), flush=True)
+    keys = ("join_s", "admission_s", "hello_after_admission_s", "first_allreduce_s",
+            "resends_per_rank")
+    summary = {k: {"median": round(statistics.median(r[k] for r in runs), 4),
+                   "min": min(r[k] for r in runs), "max": max(r[k] for r in runs)}
+               for k in keys}
+    print(json.dumps({"summary": summary}))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"command": "python3 benchmarks/control_plane.py " + " ".join(sys.argv[1:]),
+                       "summary": summary, "runs": runs}, f, indent=1)
+
+
+def _join_once(args: argparse.Namespace) -> Dict[str, Any]:
+    load0 = os.getloadavg()
+    proc, addr = _spawn_switch(REPO, *args.switch_args.split())
+    job = "join-" + uuid.uuid4().hex[:6]
+    per = [args.ranks // args.procs + (1 if i < args.ranks % args.procs else 0)
+           for i in range(args.procs)]
+    firsts = [sum(per[:i]) for i in range(args.procs)]
+    cpu_d0 = _daemon_cpu_s(proc.pid)
+    workers = [subprocess.Popen(
+        [sys.executable, __file__, "worker-join", "--switch", addr, "--job", job,
+         "--size", str(args.ranks), "--first", str(f), "--count", str(c)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        env=dict(os.environ, PYTHONPATH=REPO, **dict(e.split("=", 1) for e in args.env)))
+        for f, c in zip(firsts, per)]
+    outs = []
+    try:
+        for w in workers:
+            line = w.stdout.readline()
+            if not line:
+                raise RuntimeError(f"a worker exited (rc {w.wait()}) without its report")
+            outs.append(json.loads(line))
+        cpu_daemon = _daemon_cpu_s(proc.pid) - cpu_d0
+        for w in workers:
+            w.stdin.write("leave\n")
+            w.stdin.flush()
+        for w in workers:
+            w.wait(60)
+    finally:
+        for w in workers:
+            if w.poll() is None:
+                w.kill()
+        proc.terminate()
+        proc.wait()
+    errors = [e for o in outs for e in o["errors"]]
+    if errors:
+        raise RuntimeError(f"{sum(o['n_errors'] for o in outs)} ranks failed: {errors[:5]}")
+    times = {k: [v for o in outs for v in o["times"][k]] for k in outs[0]["times"]}
+    stats: Dict[str, int] = {}
+    for o in outs:
+        for k, v in o["stats"].items():
+            stats[k] = stats.get(k, 0) + v
+    t0 = min(times["start"])
+    return {
+        "ranks": args.ranks, "procs": args.procs,
+        # the full join: first connection to the last hello returning
+        "join_s": round(max(times["joined"]) - t0, 3),
+        "admission_s": round(max(times["admitted"]) - t0, 3),
+        "hello_after_admission_s": round(max(times["joined"]) - max(times["admitted"]), 3),
+        # the first all-reduce: the last hello returning to the last result
+        "first_allreduce_s": round(max(times["done"]) - max(times["joined"]), 3),
+        # the first hello to return came this long before the last one
+        "hello_spread_s": round(max(times["joined"]) - min(times["joined"]), 3),
+        "hello_spread_per_process_s": [round(max(o["times"]["joined"]) - min(o["times"]["joined"]),
+                                             3) for o in outs],
+        "hello_first_per_process_s": [round(min(o["times"]["joined"]) - t0, 3) for o in outs],
+        "first_allreduce_slowest_rank_s": round(max(d - j for d, j in zip(times["done"],
+                                                                          times["joined"])), 3),
+        "resends": stats.get("retransmits", 0),
+        "resends_per_rank": round(stats.get("retransmits", 0) / args.ranks, 3),
+        "max_resends_one_rank": max(o["max_retransmits"] for o in outs),
+        "engine": {k: stats[k] for k in ("fast_retransmits", "timeout_probes", "tail_probes",
+                                         "held_notices", "held_probes", "spurious_retransmits",
+                                         "packets_sent", "packets_received", "ignored_results")
+                   if k in stats},
+        "cpu_s": {"ranks": round(sum(o["cpu_s"] for o in outs), 2),
+                  "daemon": round(cpu_daemon, 2)},
+        "load": [round(x, 2) for x in load0 + os.getloadavg()],
+        "commit": _commit(), "env": args.env, "switch_args": args.switch_args,
+        "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 
 
 def _threads(pid: int) -> int:
@@ -305,6 +481,19 @@ def main() -> None:
     st.add_argument("--cycles", default="1,0")
     st.add_argument("--algorithms", default="auto,flat")
     st.add_argument("--json", default="")
+    j = sub.add_parser("join")
+    j.add_argument("--ranks", type=int, default=1000)
+    j.add_argument("--procs", type=int, default=4)
+    j.add_argument("--repeat", type=int, default=3)
+    j.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                   help="environment of the rank processes (e.g. NETREDUCE_RETRANSMIT_MS=1)")
+    j.add_argument("--switch-args", default="", help="extra netreduce-switch options")
+    j.add_argument("--json", default="")
+    wj = sub.add_parser("worker-join")
+    for a in ("--switch", "--job"):
+        wj.add_argument(a, required=True)
+    for a in ("--size", "--first", "--count"):
+        wj.add_argument(a, type=int, required=True)
     w = sub.add_parser("worker-scale")
     for a in ("--switch", "--job"):
         w.add_argument(a, required=True)
@@ -316,8 +505,8 @@ def main() -> None:
     ws.add_argument("--warmup", type=int, default=100)
     ws.add_argument("--raw", action="store_true")
     args = p.parse_args()
-    {"scale": drive_scale, "step": drive_step, "worker-scale": worker_scale,
-     "worker-step": worker_step}[args.mode](args)
+    {"scale": drive_scale, "step": drive_step, "join": drive_join, "worker-scale": worker_scale,
+     "worker-step": worker_step, "worker-join": worker_join}[args.mode](args)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ rank-order folding on against the default (arrival order), same daemon, same run
 
     PYTHONPATH=. python benchmarks/deterministic.py --np 4 --size 64M --iters 5
 
-Loopback: N rank processes (netreduce.dataplane, the raw data plane) and the daemon
+Loopback: N rank processes (netreduce.worker.dataplane, the raw data plane) and the daemon
 on this machine. The two modes alternate job by job (default, deterministic, default,
 ...) so that machine load hits both alike. Time: per iteration the slowest rank's,
 median over --iters after one verified warm-up; the aggregator's `ordered_staged`
@@ -30,7 +30,7 @@ if REPO not in sys.path:
 def _rank(rank, n, address, job, count, iters, deterministic, barrier, q):
     import numpy as np
 
-    from netreduce import dataplane
+    from netreduce.worker import dataplane
     with dataplane.connect(address, job, rank, n, timeout=60.0,
                            deterministic=deterministic) as conn:
         assert conn.deterministic == deterministic

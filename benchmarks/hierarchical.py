@@ -13,19 +13,19 @@ and memcpy bandwidth measured in the same run next to the shared-memory stage's.
     PYTHONPATH=. python benchmarks/hierarchical.py --hosts 1 --per-host 4 --sizes 4K,64M \\
         --impls hierarchical,mpi,gloo,horovod
 
-The ranks are the workers of benchmarks/allreduce.py (same verified warm-up, same
-timing: the slowest rank's mean per iteration); this file adds the rank -> host
-placement and the ``hierarchical`` implementation (the public algorithm layer over
-a netreduce-switch, NETREDUCE_ALGORITHM=hierarchical).
+The ranks are those of benchmarks/allreduce.py (benchmarks/allreduce_rank.py: same
+verified warm-up, same timing, the slowest rank's mean per iteration), where the
+``hierarchical`` implementation (the algorithm layer over a netreduce-switch,
+NETREDUCE_ALGORITHM=hierarchical) and ``hierarchical-api`` (through nr.init()) live
+too; this file adds the rank -> host placement and the tables.
 """
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
-from typing import Dict, List
+from typing import List
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -33,83 +33,13 @@ sys.path.insert(0, HERE)
 if REPO not in sys.path:
     sys.path.insert(1, REPO)
 
-import allreduce  # noqa: E402
+import allreduce_launch as launch  # noqa: E402
 import common  # noqa: E402
 
 IMPLS = ("hierarchical", "hierarchical-api", "netreduce", "gloo", "mpi", "horovod")
 
 
-class HierarchicalImpl:
-    """Worker side: the algorithm netreduce.init() would choose, built directly so
-    that the benchmark times the data plane, not negotiation (as allreduce.py's
-    flat ``netreduce`` does)."""
-
-    def __init__(self, cfg: dict, rank: int, size: int) -> None:
-        from netreduce import config, dataplane
-        from netreduce.algorithms import select
-        from netreduce.environment import Topology
-        L = int(cfg["per_host"])
-        host, port = cfg["switch"]
-        address = (host, int(port))
-        knobs = dict(config.snapshot(), NETREDUCE_ALGORITHM="hierarchical",
-                     NETREDUCE_TIMEOUT=cfg["timeout"])
-        if cfg.get("shm_chunk"):
-            knobs["NETREDUCE_SHM_CHUNK"] = common.parse_size(cfg["shm_chunk"])
-        if cfg.get("shm_depth"):  # exploring the ring depth (not a knob: 2 is the default)
-            from netreduce.algorithms import hierarchical
-            hierarchical.DEPTH = int(cfg["shm_depth"])
-        conn = dataplane.connect(address, job=cfg["job"], rank=rank, size=size,
-                                 timeout=cfg["timeout"])
-        topo = Topology(rank, size, rank % L, L, cfg["job"], "benchmark", True)
-        self.algo = select.build(conn, topo, knobs, address)
-        assert self.algo.name == "hierarchical", self.algo.name
-        self.in_place = False
-
-    def run(self, src, dst):
-        self.algo.allreduce(src, dst)
-
-    def counters(self) -> dict:
-        st = self.algo.stats()
-        out = {k: st[k] for k in ("shm_busy_ns", "shm_wait_ns", "shm_net_wait_ns")}
-        out["packets_sent"] = st.get("packets_sent", 0)
-        out["retransmits"] = st.get("retransmits", 0) + st.get("fast_retransmits", 0)
-        return out
-
-    def close(self):
-        self.algo.close()
-
-
-class ApiImpl:
-    """Worker side: the public API (nr.init(), nr.allreduce_ with op=Sum), so the
-    figure includes negotiation (NETREDUCE_CYCLE_TIME), the communicator's threads
-    and the fusion path; the algorithm init() chooses is hierarchical here."""
-
-    def __init__(self, cfg: dict, rank: int, size: int) -> None:
-        from netreduce import config
-        L = int(cfg["per_host"])
-        host, port = cfg["switch"]
-        for knob, value in (("NETREDUCE_SWITCH", f"{host}:{port}"), ("NETREDUCE_JOB", cfg["job"]),
-                            ("NETREDUCE_RANK", rank), ("NETREDUCE_SIZE", size),
-                            ("NETREDUCE_LOCAL_RANK", rank % L), ("NETREDUCE_LOCAL_SIZE", L),
-                            ("NETREDUCE_TIMEOUT", cfg["timeout"])):
-            config.set_for_process(knob, value)
-        if cfg.get("shm_chunk"):
-            config.set_for_process("NETREDUCE_SHM_CHUNK", cfg["shm_chunk"])
-        import netreduce as nr
-        self.nr = nr
-        nr.init()
-        assert nr.api._comm().dp.name == "hierarchical"
-        self.in_place = True
-        self.name = None
-
-    def run(self, src, dst):
-        self.nr.allreduce_(dst, op=self.nr.Sum, name=self.name)
-
-    def close(self):
-        self.nr.shutdown()
-
-
-class HostRunner(allreduce.Runner):
+class HostRunner(launch.Runner):
     """Rank r runs on host r // L (its namespace on the testbed)."""
 
     def __init__(self, testbed, per_host: int, hosts: int) -> None:
@@ -192,12 +122,12 @@ def main(argv=None) -> int:
             for impl in impls:
                 print(f"# {impl} {args.hosts} hosts x {L} ranks ...", file=sys.stderr, flush=True)
                 try:
-                    per_rank = allreduce.run_impl(impl, n, runner, dict(base, per_host=L), args)
+                    per_rank = launch.run_impl(impl, n, runner, dict(base, per_host=L), args)
                 except Exception as exc:  # one missing peer must not void the run
                     errors.append(f"{impl} {args.hosts}x{L}: {exc}")
                     print(f"# FAILED {errors[-1]}", file=sys.stderr, flush=True)
                     continue
-                for rec in allreduce.merge(impl, n, per_rank):
+                for rec in launch.merge(impl, n, per_rank):
                     rec["per_host"], rec["hosts"] = L, args.hosts
                     mine = [r for r in per_rank if r["size"] == rec["size"]]
                     for k in ("shm_busy_ns", "shm_wait_ns", "shm_net_wait_ns"):

@@ -21,7 +21,7 @@ import uuid
 
 import numpy as np
 
-from netreduce import dataplane
+from netreduce.worker import dataplane
 from netreduce.switch import spawn
 
 

@@ -92,7 +92,7 @@ def diff(after: Dict[str, float], before: Dict[str, float]) -> Dict[str, float]:
 # =============================================================================
 def rank_main(cfg: dict) -> int:
     import numpy as np
-    from netreduce import dataplane
+    from netreduce.worker import dataplane
     rank, n = cfg["rank"], cfg["np"]
     count = cfg["size"] // 4
     conn = dataplane.connect(tuple(cfg["switch"]), job=cfg["job"], rank=rank, size=n,

@@ -74,7 +74,7 @@ def worker(rank: int, size: int, address: Tuple[str, int], job: str, n: int, see
            max_elems: int, drop_rate: float, timeout: float, check: bool = True,
            **engine_kw) -> Dict:
     """One rank: the whole stream, timed; every result against the reference."""
-    from netreduce import dataplane
+    from netreduce.worker import dataplane
 
     ops = plan(n, seed, max_elems)
     inputs = [contribution(seed, i, rank, c, d) for i, (c, d, _) in enumerate(ops)]

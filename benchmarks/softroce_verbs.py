@@ -27,7 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from netreduce.switch import spawn  # noqa: E402
-from tests.softroce.harness import REPO, SoftRoceBed, guest_python  # noqa: E402
+from tests.softroce.harness import REPO, SoftRoceBed, guest_env, guest_python  # noqa: E402
 
 
 def main() -> int:
@@ -59,7 +59,7 @@ def main() -> int:
             rundir.mkdir()
             (rundir / "plan.json").write_text(json.dumps({"phases": phases}))
             worker = REPO / "tests" / "softroce" / "guest_worker.py"
-            script = (f"export HOME=/root PYTHONDONTWRITEBYTECODE=1\ncd /tmp\n"
+            script = (f"export {guest_env()}\ncd /tmp\n"
                       f"chroot /hostroot {guest_python()} {worker} /mnt/share/plan.json "
                       f"/mnt/share/result.json\n")
             rc = bed.boot(rundir, script, timeout=900)

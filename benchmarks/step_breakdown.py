@@ -33,8 +33,8 @@ def worker(args: argparse.Namespace) -> None:
     import numpy as np
 
     import netreduce as nr
-    from netreduce import communicator as cm
-    from netreduce import response_cache as rc
+    from netreduce.worker import communicator as cm
+    from netreduce.worker import response_cache as rc
     events = []
     clock = time.perf_counter_ns
 

@@ -174,7 +174,7 @@ def _wait_workers(procs, helpers, timeout: float, what: str, logdir: str) -> Non
 
 def run_one(tb, mode: str, args: argparse.Namespace) -> Dict:
     sys.path.insert(0, HERE)
-    import allreduce as ar
+    import allreduce_launch as launch
     import common
 
     n = len(tb.hosts)
@@ -202,13 +202,13 @@ def run_one(tb, mode: str, args: argparse.Namespace) -> Dict:
         else:
             servers = [tb.aggregator] if mode == "dist_sync-1srv" else list(tb.hosts)
             base.update(DMLC_PS_ROOT_URI=tb.hosts[0].address,
-                        DMLC_PS_ROOT_PORT=str(ar._free_port()), DMLC_NUM_WORKER=str(n),
+                        DMLC_PS_ROOT_PORT=str(launch.free_port()), DMLC_NUM_WORKER=str(n),
                         DMLC_NUM_SERVER=str(len(servers)), DMLC_INTERFACE=tb.ifname)
             # `import mxnet` with DMLC_ROLE=scheduler/server runs that role and exits
             # when the workers finish (what tools/launch.py starts on each host).
             roles = [("scheduler", tb.hosts[0])] + [("server", s) for s in servers]
             for i, (role, node) in enumerate(roles):
-                env = ar._worker_env(dict(base, DMLC_ROLE=role, DMLC_NODE_HOST=node.address))
+                env = launch.worker_env(dict(base, DMLC_ROLE=role, DMLC_NODE_HOST=node.address))
                 with open(os.path.join(tmp, f"{role}{i}.log"), "w") as log:
                     helpers.append(tb.popen(node, [python, "-c", "import mxnet"], env=env,
                                             cwd=ROOT, stdout=log, stderr=subprocess.STDOUT))
@@ -216,7 +216,7 @@ def run_one(tb, mode: str, args: argparse.Namespace) -> Dict:
                 per_rank[r].update(DMLC_ROLE="worker", DMLC_NODE_HOST=tb.hosts[r].address)
         procs = []
         for r in range(n):
-            env = ar._worker_env(dict(base, **per_rank[r]))
+            env = launch.worker_env(dict(base, **per_rank[r]))
             with open(logs[r], "w") as log:
                 procs.append(tb.popen(r, me, env=env, cwd=ROOT, stdout=log,
                                       stderr=subprocess.STDOUT))

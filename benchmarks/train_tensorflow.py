@@ -153,7 +153,7 @@ def _tail(path: str, lines: int = 6) -> str:
 
 def run_one(tb, mode: str, args: argparse.Namespace) -> Dict:
     sys.path.insert(0, HERE)
-    import allreduce as ar  # _wait_all, _worker_env
+    import allreduce_launch as launch  # wait_all, worker_env
     import common
 
     n = len(tb.hosts)
@@ -183,7 +183,7 @@ def run_one(tb, mode: str, args: argparse.Namespace) -> Dict:
                     {"cluster": cluster, "task": {"type": "worker", "index": r}})
         procs = []
         for r in range(n):
-            env = ar._worker_env(dict(common_env, **per_rank[r]))
+            env = launch.worker_env(dict(common_env, **per_rank[r]))
             for proxy in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY",
                           "grpc_proxy", "all_proxy", "ALL_PROXY"):
                 env.pop(proxy, None)  # gRPC would route the workers' traffic through it
@@ -192,7 +192,7 @@ def run_one(tb, mode: str, args: argparse.Namespace) -> Dict:
                                       stderr=subprocess.STDOUT))
         t0 = time.monotonic()
         try:
-            ar._wait_all(procs, args.timeout, f"{mode} N={n}")
+            launch.wait_all(procs, args.timeout, f"{mode} N={n}")
         except RuntimeError as exc:
             bad = [r for r, proc in enumerate(procs) if proc.returncode not in (None, 0)]
             first = bad[0] if bad else 0

@@ -55,10 +55,7 @@ def worker(host: str, port: int, job: str, rank: int, size: int, count: int, ite
     the iterations, say how long they took."""
     import numpy as np
 
-    try:  # issue 21 moved it into netreduce.worker on main; this branch sits before that
-        from netreduce.worker import dataplane
-    except ImportError:
-        from netreduce import dataplane
+    from netreduce.worker import dataplane
     src = np.full(count, rank + 1, np.float32)
     dst = np.empty_like(src)
     with dataplane.connect((host, port), job, rank, size, timeout=120) as conn:

@@ -20,14 +20,16 @@ from netreduce.api import (allgather_object, allreduce, allreduce_,  # noqa: F40
                            broadcast_async, broadcast_object, grouped_allreduce,
                            grouped_allreduce_, grouped_allreduce_async, init,
                            is_initialized, join, local_rank, local_size, poll, rank, shutdown,
-                           size, synchronize)
-from netreduce.communicator import Handle  # noqa: F401
+                           size, start_timeline, stop_timeline, synchronize)
+from netreduce.alltoall import alltoall, alltoall_async  # noqa: F401
+from netreduce.worker.communicator import Handle  # noqa: F401
 
 __all__ = [
     "__version__", "NetReduceError", "ReduceOp", "Average", "Sum", "Min", "Max",
     "Product", "Adasum", "Handle", "init", "shutdown", "is_initialized", "rank", "size",
     "local_rank", "local_size", "allreduce", "allreduce_", "allreduce_async",
     "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async", "broadcast",
-    "broadcast_", "broadcast_async", "broadcast_object", "allgather_object", "barrier", "join",
-    "poll", "synchronize",
+    "broadcast_", "broadcast_async", "broadcast_object", "allgather_object", "alltoall",
+    "alltoall_async", "barrier", "join", "poll", "synchronize", "start_timeline",
+    "stop_timeline",
 ]

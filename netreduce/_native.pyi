@@ -1,7 +1,7 @@
 """Types of netreduce._native, the pybind11 module built from native/ (bindings in
 native/python/bindings.cc). Buffers cross by the buffer protocol without copies and
 must be C-contiguous; every wait releases the GIL. Users go through
-netreduce.dataplane (connect(address, job, rank, size) -> Connection) instead."""
+netreduce.worker.dataplane (connect(address, job, rank, size) -> Connection) instead."""
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 DTYPES: Dict[str, int]  # float32, float64, float16, bfloat16, int32, int64 -> wire code

@@ -5,32 +5,22 @@ from __future__ import annotations
 import atexit
 import itertools
 import pickle
-import threading
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from netreduce import config, environment
-from netreduce.communicator import Communicator, Handle, Tensor
-from netreduce.protocol.address import parse_addresses
-from netreduce.errors import InvalidArgumentError, NetReduceError
 from netreduce.algorithms.scatter_gather import shard_rows
+from netreduce.errors import InvalidArgumentError, NetReduceError
 from netreduce.ops import ReduceOp, as_op, check_array, dtype_name
+from netreduce.protocol.address import parse_addresses
+from netreduce.switch import spawn as spawn_switch
+from netreduce.worker import context, job_paths, process_sets, timeline
+from netreduce.worker.communicator import Communicator, Handle, Tensor
+from netreduce.worker.context import comm as _comm
 
+_g = context.state  # init() and shutdown() keep the process's communicator here
 
-class _Global:
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.comm: Optional[Communicator] = None
-        self.topology: Optional[environment.Topology] = None
-        self.switch: Any = None  # the embedded aggregator of a single-process run
-        self.atexit_registered = False
-
-
-_g = _Global()
-# A thread may carry its own communicator: unit tests run several ranks as threads of
-# one process through this very API (environment.discover is per process).
-_tls = threading.local()
 
 # Seams for tests that run without the native module: replaced by fakes there.
 _connect: Optional[Callable[..., Any]] = None
@@ -57,9 +47,7 @@ def init() -> None:
         if knobs["NETREDUCE_SWITCH"]:
             address = _parse_address(knobs["NETREDUCE_SWITCH"])
         elif topo.size == 1:
-            spawn = _spawn_switch
-            if spawn is None:
-                from netreduce.switch import spawn
+            spawn = _spawn_switch or spawn_switch
             switch_proc = spawn(host="127.0.0.1", port=0, fanout="multicast")
             address = tuple(switch_proc.address)
         else:
@@ -68,12 +56,12 @@ def init() -> None:
                 "start one (netreduce-switch --host H --port P) and export "
                 "NETREDUCE_SWITCH=H:P on every rank, or launch with netreduce-run")
         connect = _connect
-        if connect is None:
-            from netreduce.dataplane import connect
-        from netreduce import job_paths
+        if connect is None:  # here: the data plane loads the native module (_source_tree.py)
+            from netreduce.worker.dataplane import connect
+        _g.connect = connect  # process sets' sub-jobs connect alike (worker/context.py)
         if topo.size > 1 and job_paths.enabled(knobs):
             # A standby or FALLBACK=host: rank 0 serves negotiation and the job's
-            # rendezvous; the data path may change under the communicator (failover.py).
+            # rendezvous; the data path may change under the communicator (worker/failover.py).
             # (Only such a job hosts an aggregator: the daemon's modules load here.)
             from netreduce.switch.in_process import LocalAggregator
             started = job_paths.start(topo, knobs, connect, serve=LocalAggregator)
@@ -101,7 +89,7 @@ def init() -> None:
                                 dataplane=dp, knobs=knobs)
             # Every rank has joined (the hello): exchange the host layout and choose the
             # algorithm the communicator hands its buffers to (netreduce/algorithms).
-            try:
+            try:  # (imported here: select loads the native module, as the data plane)
                 from netreduce.algorithms.select import build as build_algorithm
                 comm.dp = build_algorithm(dp, topo, knobs, address, connect=connect)
             except BaseException:
@@ -131,7 +119,6 @@ def shutdown() -> None:
     if comm is None:
         return
     try:
-        from netreduce import process_sets
         process_sets.remove_all()  # their sub-jobs first: members wait for each other there
     except NetReduceError:
         pass
@@ -145,42 +132,8 @@ def shutdown() -> None:
                 switch_proc.stop()
 
 
-def _sub_communicator(suffix: str, rank: int, size: int) -> Communicator:
-    """A communicator for a sub-job of this job (a process set): admitted at the
-    (first) aggregator as job ``<job>.<suffix>``, flat data plane, its own
-    negotiation. Every member calls this together."""
-    parent = _g.comm
-    if parent is None:
-        raise NetReduceError("netreduce has not been initialized; call netreduce.init() first")
-    knobs = config.snapshot()
-    connect = _connect
-    if connect is None:
-        from netreduce.dataplane import connect
-    from netreduce.algorithms.flat import Flat
-    job = f"{parent.job}.{suffix}"
-    dp = connect(parent.address, job=job, rank=rank, size=size,
-                 timeout=knobs["NETREDUCE_TIMEOUT"], retransmit_ms=knobs["NETREDUCE_RETRANSMIT_MS"],
-                 drop_rate=knobs["NETREDUCE_DROP_RATE"], window=knobs["NETREDUCE_WINDOW"])
-    try:
-        comm = Communicator(rank=rank, size=size, job=job, address=parent.address, dataplane=dp,
-                            knobs=knobs)
-    except BaseException:
-        dp.close()
-        raise
-    comm.dp = Flat(dp)
-    comm.topology = parent.topology
-    return comm
-
-
 def is_initialized() -> bool:
     return _g.comm is not None
-
-
-def _comm() -> Communicator:
-    comm = getattr(_tls, "comm", None) or _g.comm
-    if comm is None:
-        raise NetReduceError("netreduce has not been initialized; call netreduce.init() first")
-    return comm
 
 
 def rank() -> int:
@@ -484,3 +437,24 @@ def allgather_object(obj: Any, name: Optional[str] = None) -> List[Any]:
 def _communicator() -> Communicator:
     """The live communicator (tests and adapters read its counters)."""
     return _comm()
+
+
+def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
+    """Horovod's ``start_timeline``: record this job's timeline (NETREDUCE_TIMELINE's
+    Chrome trace, netreduce/worker/timeline.py) into ``file_path`` from now on, on rank 0
+    (every rank with a ``{rank}`` in the path); a timeline already being written is
+    closed first. ``mark_cycles`` is accepted for Horovod's signature: netreduce's
+    trace has no cycle markers."""
+    comm = _comm()
+    new = timeline.Timeline.from_config(file_path, comm.rank)
+    old, comm.timeline = comm.timeline, new
+    if old is not None:
+        old.close()
+
+
+def stop_timeline() -> None:
+    """Horovod's ``stop_timeline``: close the timeline file (a complete JSON array);
+    spans of operations still in flight are dropped."""
+    comm = _comm()
+    if comm.timeline is not None:
+        comm.timeline.close()  # kept, closed: a span racing with this is a no-op

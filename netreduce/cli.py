@@ -1,6 +1,8 @@
 """``netreduce`` command: ``netreduce info`` prints what this installation is and how
 it is configured — version, native build features, the rank this environment would
-get, and every NETREDUCE_* knob with its value and where the value came from."""
+get, and every NETREDUCE_* knob with its value and where the value came from; with
+an aggregator (NETREDUCE_SWITCH or --switch), what this host's path to it carries
+(``probe``); with failover on, what the running job runs on now."""
 from __future__ import annotations
 
 import argparse
@@ -13,8 +15,11 @@ import numpy as np
 
 import netreduce
 from netreduce import config, environment
-from netreduce.protocol.address import parse_address
-from netreduce.control.probe import probe
+from netreduce.errors import ControlPlaneError
+from netreduce.protocol.address import format_address, parse_address, resolve
+from netreduce.protocol.client import ControlClient
+from netreduce.worker import job_status
+from netreduce.worker.job_paths import describe_config
 
 
 def _native_info() -> Dict[str, Any]:
@@ -33,6 +38,44 @@ def _native_info() -> Dict[str, Any]:
         except (ValueError, RuntimeError) as exc:
             info["data_path"] = f"<unavailable: {exc}>"
     return info
+
+
+def probe(text: str, what: str = "NETREDUCE_SWITCH", timeout: float = 2.0) -> Dict[str, Any]:
+    """What `netreduce info` says about an aggregator address: how it parses and
+    resolves, the path MTU from this host and the payload that path carries, and,
+    when the aggregator answers, each of its jobs' payload and why it was chosen."""
+    out: Dict[str, Any] = {"given": text}
+    try:
+        address = parse_address(text, what=what)
+        out["address"] = format_address(address)
+        address = resolve(address)
+        out["resolved"] = address[0]
+    except ValueError as exc:
+        out["error"] = str(exc)
+        return out
+    try:
+        from netreduce import _native
+        mtu, ipv6 = _native.path_mtu(*address)
+    except (ImportError, ValueError, RuntimeError) as exc:
+        out["path_error"] = str(exc)
+    else:
+        payload = _native.payload_for_mtu(mtu, ipv6)
+        out.update(path_mtu=mtu, ipv6=ipv6, payload_bytes=payload,
+                   payload_reason=f"payload {payload} B: path MTU {mtu} from this host toward "
+                                  f"{address[0]} (unless the aggregator's --payload-bytes or "
+                                  "another rank's path is smaller)")
+    try:
+        with ControlClient(address, timeout=timeout) as client:
+            counters = client.call("counters", timeout=timeout)
+    except ControlPlaneError as exc:
+        out["unreachable"] = str(exc)
+        return out
+    out["jobs"] = {name: {k: job.get(k) for k in ("size", "ranks", "payload_bytes",
+                                                   "payload_reason")}
+                   for name, job in counters.get("jobs", {}).items()}
+    if counters.get("hidden_jobs"):  # jobs with a secret: the operator's to read
+        out["hidden_jobs"] = counters["hidden_jobs"]
+    return out
 
 
 def collect(switch: Optional[str] = None) -> Dict[str, Any]:
@@ -62,10 +105,8 @@ def collect(switch: Optional[str] = None) -> Dict[str, Any]:
         address = ""
     if address:  # the payload this host's path gives, and what the aggregator chose
         data["aggregator"] = probe(address, what="--switch" if switch else "NETREDUCE_SWITCH")
-    from netreduce.job_paths import describe_config
     data["failover"] = describe_config()  # docs/failover.md
     if data["failover"].startswith("on") and "job" in rank:  # the running job, from rank 0
-        from netreduce import job_status
         data["job_status"] = job_status.query(config.snapshot(), rank["job"],
                                               config.get("NETREDUCE_JOB_SECRET"))
     return data
@@ -118,8 +159,7 @@ def print_info(info: Dict[str, Any], out: Optional[Any] = None) -> None:
     if "failover" in info:
         w(f"failover: {info['failover']}\n")
     if "job_status" in info:
-        from netreduce.job_status import describe
-        w(f"  now: {describe(info['job_status'])}\n")
+        w(f"  now: {job_status.describe(info['job_status'])}\n")
     w("knobs (value [source]):\n")
     width = max(len(n) for n in info["knobs"])
     for name, k in info["knobs"].items():

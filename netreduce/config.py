@@ -178,6 +178,13 @@ declare("NETREDUCE_SIZE", int, -1, "number of ranks; -1 = discover from the laun
 declare("NETREDUCE_LOCAL_RANK", int, -1, "rank among the processes on this host; -1 = discover")
 declare("NETREDUCE_LOCAL_SIZE", int, -1, "processes of the job on this host; -1 = discover")
 
+# --- framework adapters ----------------------------------------------------------------
+declare("NETREDUCE_TF_OP_CACHE", str, "",
+        "folder of netreduce.tensorflow's graph ops, compiled once per TensorFlow version on "
+        "first graph use; empty = ~/.cache/netreduce/tf-ops")
+declare("NETREDUCE_CXX", str, "c++",
+        "C++17 compiler (and leading flags) that builds netreduce.tensorflow's graph ops")
+
 def get(name: str) -> Any:
     """Current value of knob ``name``: the environment if set, else its default."""
     knob = KNOBS[name]

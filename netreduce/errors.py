@@ -2,6 +2,7 @@
 
 Messages name what a user needs to act on: rank, tensor, aggregator address,
 job, slot, the limit that was hit."""
+from typing import Sequence
 
 
 class NetReduceError(RuntimeError):
@@ -53,3 +54,10 @@ class InvalidTypeError(NetReduceError, TypeError):
     """A call's argument has a type netreduce cannot take (an unsupported dtype, a
     tensor of another framework): nothing was submitted. Also a TypeError, as in
     Horovod."""
+
+
+def tensor_names(names: Sequence[str], limit: int = 5) -> str:
+    """"tensor 'a'" or "tensors 'a', 'b' (+3 more)": how errors name what failed."""
+    shown = ", ".join(f"'{n}'" for n in names[:limit])
+    more = f" (+{len(names) - limit} more)" if len(names) > limit else ""
+    return f"tensor{'s' if len(names) > 1 else ''} {shown}{more}"

@@ -58,3 +58,24 @@ def nccl_built() -> int:
 
 def rocm_built() -> bool:
     return False
+
+
+def ccl_built() -> bool:
+    return False
+
+
+def ddl_built() -> bool:
+    return False
+
+
+# Horovod's runtime queries: netreduce runs neither MPI nor Gloo collectives.
+def mpi_enabled() -> bool:
+    return False
+
+
+def gloo_enabled() -> bool:
+    return False
+
+
+def mpi_threads_supported() -> bool:
+    return False

@@ -53,6 +53,9 @@ $py -m pip install -q --no-build-isolation -e ".[$extras]"
 if [ "$what" = test ]; then
   # The control-port fuzz harness (fuzz/control_fuzzer.py)
   $py -c "import atheris" 2>/dev/null || $py -m pip install -q atheris
+  # Ray Train for tests/parallel/test_ray.py (pinned: 2.60 adds only its own
+  # packages beside torch 2.13 and TensorFlow, upgrading none of theirs)
+  $py -c "import ray.train.torch" 2>/dev/null || $py -m pip install -q "ray[train]==2.60.0"
   # The peers the tests compare against, and one environment per framework group
   # that cannot share this one's numpy (each script caches what it builds under
   # ~/.cache/netreduce and is a no-op when its environment is already complete).

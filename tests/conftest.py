@@ -32,3 +32,12 @@ def switch():
     proc = spawn(host="127.0.0.1", port=0)
     yield proc
     proc.stop()
+
+
+@pytest.fixture(scope="session")
+def installed(tmp_path_factory):
+    """netreduce from a wheel of this checkout, in a throwaway venv (tests/installed.py);
+    built once per session."""
+    from tests.installed import install
+
+    return install(tmp_path_factory.mktemp("installed"))

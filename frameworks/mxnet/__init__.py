@@ -17,10 +17,14 @@ from .compression import Compression  # noqa: F401
 from .kvstore import NetReduce, patch_create_kvstore as _patch_create_kvstore
 from .mpi_ops import (  # noqa: F401
     Adasum, Average, Max, Min, NetReduceError, ProcessSet, Product, ReduceOp, Sum,
-    allgather_object, allreduce, allreduce_, barrier, broadcast, broadcast_,
-    broadcast_object, cross_rank, cross_size, cuda_built, global_process_set, gloo_built,
-    grouped_allreduce, grouped_allreduce_, init, is_initialized, local_rank, local_size,
-    mpi_built, nccl_built, rank, rocm_built, shutdown, size)
+    add_process_set, allgather_object, allreduce, allreduce_, barrier, broadcast,
+    broadcast_, broadcast_object, ccl_built, cross_rank, cross_size, cuda_built, ddl_built,
+    global_process_set, gloo_built, grouped_allreduce, grouped_allreduce_, init,
+    is_initialized, local_rank, local_size, mpi_built, mpi_enabled, gloo_enabled,
+    mpi_threads_supported, nccl_built, start_timeline, stop_timeline, rank, remove_process_set,
+    rocm_built, shutdown, size)
+from .scatter_gather import (  # noqa: F401
+    allgather, alltoall, grouped_allgather, grouped_reducescatter, reducescatter)
 from .trainer import DistributedOptimizer, DistributedTrainer, broadcast_parameters  # noqa: F401
 
 KVStore = NetReduce  # the class behind kvstore="netreduce"

@@ -7,6 +7,10 @@ in place. ``grouped_allreduce`` submits all of its tensors before waiting, so th
 negotiates and fuses them together. ``priority`` is accepted for Horovod's
 signatures; with synchronous calls the order of the calls is the order of execution
 (DistributedTrainer submits its gradients in Horovod's priority order, -index).
+
+``process_set=`` runs a call on a process set (netreduce/worker/process_sets.py: each set is
+a sub-job at the aggregator); broadcast roots are job ranks, as in Horovod. The
+allgather, alltoall and reducescatter families are in scatter_gather.py.
 """
 from __future__ import annotations
 
@@ -16,14 +20,18 @@ import mxnet as mx
 
 from netreduce.horovod_args import handle_average_backwards_compatibility  # noqa: F401
 import netreduce as _nr
+from netreduce.worker import process_sets as _ps
 from netreduce.errors import InvalidArgumentError
 from netreduce.horovod_queries import (  # noqa: F401  Horovod's process queries
     shutdown, is_initialized, rank, size, local_rank, local_size, cross_rank,
-    cross_size, mpi_built, gloo_built, nccl_built, rocm_built)
+    cross_size, mpi_built, gloo_built, nccl_built, rocm_built, ccl_built, ddl_built,
+    mpi_enabled, gloo_enabled, mpi_threads_supported)
 
 from .buffers import HostBuffer
 
 Average = _nr.Average
+start_timeline = _nr.start_timeline  # Horovod's run-time timeline control
+stop_timeline = _nr.stop_timeline
 Sum = _nr.Sum
 Min = _nr.Min
 Max = _nr.Max
@@ -33,51 +41,32 @@ Product = _nr.Product
 ReduceOp = _nr.ReduceOp
 NetReduceError = _nr.NetReduceError
 
-
-class ProcessSet:
-    """Horovod 0.28 takes ``process_set=``; netreduce has one: the whole job."""
-
-    process_set_id = 0
-
-    def included(self) -> bool:
-        return True
-
-    def size(self) -> int:
-        return _nr.size()
-
-    def rank(self) -> int:
-        return _nr.rank()
-
-    def __repr__(self) -> str:
-        return "global_process_set"
-
-
-global_process_set = ProcessSet()
-
-
-def _check_process_set(process_set: Any) -> None:
-    if process_set is not global_process_set:
-        raise NotImplementedError("netreduce supports only the global process set")
+ProcessSet = _ps.ProcessSet
+global_process_set = _ps.global_process_set
+add_process_set = _ps.add_process_set
+remove_process_set = _ps.remove_process_set
+on_process_set = _ps.on_process_set
 
 
 # --- lifecycle -----------------------------------------------------------------------
 def init(comm: Any = None, process_sets: Any = None) -> None:
-    """Join the job (rank, size and aggregator come from the launcher)."""
+    """Join the job (rank, size and aggregator come from the launcher); then register
+    ``process_sets`` (as add_process_set on every rank would)."""
     if comm is not None:
         raise InvalidArgumentError("netreduce.mxnet.init(): comm= (an MPI communicator) is not "
-                         "supported; netreduce always spans the launched job")
-    if process_sets not in (None, [], [global_process_set]):
-        raise NotImplementedError("netreduce.mxnet.init(): process sets other than the "
-                                  "global one are not supported")
+                                   "supported; netreduce always spans the launched job")
     _nr.init()
+    for ps in process_sets or ():
+        if ps is not global_process_set:
+            add_process_set(ps)
 
 
 def cuda_built() -> bool:
     return mx.context.num_gpus() > 0
 
 
+@on_process_set
 def barrier(process_set=global_process_set) -> None:
-    _check_process_set(process_set)
     _nr.barrier()
 
 
@@ -110,6 +99,7 @@ def reduce_in_place(tensors: Sequence[Any], names: Sequence[Optional[str]], op: 
         buf.write_back()
 
 
+@on_process_set
 def allreduce(tensor, average=None, name=None, priority=0, prescale_factor=1.0,
               postscale_factor=1.0, process_set=global_process_set, op=None):
     """Average (or ``op``) ``tensor`` over all ranks into a new NDArray; ``tensor``
@@ -119,15 +109,16 @@ def allreduce(tensor, average=None, name=None, priority=0, prescale_factor=1.0,
                       process_set, op)
 
 
+@on_process_set
 def allreduce_(tensor, average=None, name=None, priority=0, prescale_factor=1.0,
                postscale_factor=1.0, process_set=global_process_set, op=None):
     """All-reduce ``tensor`` in place; returns it."""
-    _check_process_set(process_set)
     op = handle_average_backwards_compatibility(op, average)
     reduce_in_place([tensor], [name], op, prescale_factor, postscale_factor)
     return tensor
 
 
+@on_process_set
 def grouped_allreduce(tensors, average=None, name=None, priority=0, prescale_factor=1.0,
                       postscale_factor=1.0, process_set=global_process_set, op=None):
     """All-reduce a list of NDArrays into new ones, negotiated and fused together."""
@@ -136,10 +127,10 @@ def grouped_allreduce(tensors, average=None, name=None, priority=0, prescale_fac
                               postscale_factor, process_set, op)
 
 
+@on_process_set
 def grouped_allreduce_(tensors, average=None, name=None, priority=0, prescale_factor=1.0,
                        postscale_factor=1.0, process_set=global_process_set, op=None):
     """All-reduce a list of NDArrays in place; returns the list."""
-    _check_process_set(process_set)
     op = handle_average_backwards_compatibility(op, average)
     tensors = list(tensors)
     if not tensors:
@@ -173,26 +164,27 @@ def broadcast_many(tensors: Sequence[Any], names: Sequence[Optional[str]], root_
         buf.write_back()
 
 
+@on_process_set
 def broadcast(tensor, root_rank, name=None, priority=0, process_set=global_process_set):
     """root_rank's ``tensor`` as a new NDArray on every rank."""
     output = tensor.copy()
     return broadcast_(output, root_rank, name, priority, process_set)
 
 
+@on_process_set
 def broadcast_(tensor, root_rank, name=None, priority=0, process_set=global_process_set):
-    """Overwrite ``tensor`` with root_rank's, in place; returns it."""
-    _check_process_set(process_set)
-    broadcast_many([tensor], [name], root_rank)
+    """Overwrite ``tensor`` with root_rank's (a job rank), in place; returns it."""
+    broadcast_many([tensor], [name], _ps.root_in_set(root_rank, process_set))
     return tensor
 
 
+@on_process_set
 def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None,
                      process_set=global_process_set) -> Any:
-    _check_process_set(process_set)
-    return _nr.broadcast_object(obj, root_rank, name)
+    return _nr.broadcast_object(obj, _ps.root_in_set(root_rank, process_set), name)
 
 
+@on_process_set
 def allgather_object(obj: Any, name: Optional[str] = None,
                      process_set=global_process_set) -> List[Any]:
-    _check_process_set(process_set)
     return _nr.allgather_object(obj, name)

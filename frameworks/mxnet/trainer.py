@@ -5,6 +5,10 @@ netreduce **average** (Horovod's semantics: ``step(batch_size)`` takes the local
 batch). All of a step's gradients are submitted before the first wait, so the core
 negotiates them in one round and fuses them; they are submitted in Horovod's priority
 order (parameter index, -i).
+
+With ``process_set=`` both reduce over that set only (averaging by its size); on a
+rank outside the set they leave the gradients as they are, as Horovod does (the
+rank's optimizer still steps, on its own gradients).
 """
 from __future__ import annotations
 
@@ -15,20 +19,22 @@ from typing import Any, List, Optional
 
 import mxnet as mx
 
+from netreduce.worker import process_sets as _ps
 from netreduce.errors import InvalidArgumentError
 
 from .compression import Compression
 from .mpi_ops import (Average, Sum, broadcast_, broadcast_many, global_process_set,
-                      reduce_in_place, size, _check_process_set)
+                      reduce_in_place, size)
 
 
 def _reduce_grads(grads: List[Any], names: List[str], compression: Any, average: bool,
-                  predivide: float) -> None:
+                  predivide: float, process_set: Any) -> None:
     pairs = [compression.compress(g) for g in grads]
-    reduce_in_place([p[0] for p in pairs], names, Average if average else Sum,
-                    prescale_factor=1.0 / predivide,
-                    postscale_factor=predivide if average else 1.0,
-                    what="DistributedTrainer")
+    with _ps.using(process_set):
+        reduce_in_place([p[0] for p in pairs], names, Average if average else Sum,
+                        prescale_factor=1.0 / predivide,
+                        postscale_factor=predivide if average else 1.0,
+                        what="DistributedTrainer")
     for grad, (reduced, ctx) in zip(grads, pairs):
         if reduced is not grad:
             grad[:] = compression.decompress(reduced, ctx)
@@ -40,10 +46,10 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
 
     def __init__(self, optimizer, gradient_predivide_factor=1.0, num_groups=0,
                  process_set=global_process_set):
-        _check_process_set(process_set)
         self._optimizer = optimizer
         self._gradient_predivide_factor = gradient_predivide_factor
         self._num_groups = num_groups
+        self._process_set = _ps.check(process_set)
 
     def __getattr__(self, item):
         return getattr(self._optimizer, item)
@@ -55,12 +61,13 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
         return self._optimizer.create_state_multi_precision(index, weight)
 
     def _do_allreduce(self, index, grad):
-        if size() == 1:
+        # A rank outside the set keeps its own gradient (Horovod's update() skips it).
+        if not self._process_set.included() or self._process_set.size() == 1:
             return
         indices = list(index) if isinstance(index, (tuple, list)) else [index]
         grads = list(grad) if isinstance(grad, (tuple, list)) else [grad]
         _reduce_grads(grads, [f"optimizer.{i}" for i in indices], Compression.none, True,
-                      self._gradient_predivide_factor)
+                      self._gradient_predivide_factor, self._process_set)
 
     def update(self, index, weight, grad, state):
         self._do_allreduce(index, grad)
@@ -91,7 +98,7 @@ class DistributedTrainer(mx.gluon.Trainer):
     def __init__(self, params, optimizer, optimizer_params=None,
                  compression=Compression.none, gradient_predivide_factor=1.0, prefix=None,
                  num_groups=0, process_set=global_process_set):
-        _check_process_set(process_set)
+        _ps.check(process_set)
         if isinstance(optimizer, DistributedOptimizer):
             optimizer = optimizer._optimizer
             warnings.warn("DistributedTrainer does not take DistributedOptimizer "
@@ -108,16 +115,18 @@ class DistributedTrainer(mx.gluon.Trainer):
         self._gradient_predivide_factor = gradient_predivide_factor
         self._prefix = prefix or ""
         self._num_groups = num_groups
+        self._process_set = process_set
 
     def _allreduce_grads(self):
-        if size() == 1:
+        if self._process_set.size() == 1 or not self._process_set.included():
             return
         grads, names = [], []
         for i, param in enumerate(self._params):
             if param.grad_req != "null":
                 grads.append(param.list_grad()[0])
                 names.append(f"{self._prefix}{i}")
-        _reduce_grads(grads, names, self._compression, True, self._gradient_predivide_factor)
+        _reduce_grads(grads, names, self._compression, True, self._gradient_predivide_factor,
+                      self._process_set)
 
 
 def _append_broadcast_init(param, root_rank: int, name: str):

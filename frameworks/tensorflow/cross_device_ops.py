@@ -31,8 +31,7 @@ import netreduce as _nr
 from netreduce.errors import InvalidArgumentError
 
 from .gradient_tape import buckets, fusion_limit
-from .buffers import reduce_arrays
-from .mpi_ops import Sum, default_name, run_numpy, size
+from .mpi_ops import Sum, _reduce, global_process_set, size
 
 
 def _local_sum(per_replica: Any, device: str) -> tf.Tensor:
@@ -87,12 +86,9 @@ class CrossDeviceOps(tf.distribute.CrossDeviceOps):
         # fusion-buffer-sized groups in backprop order, as for DistributedGradientTape
         for k, bucket in enumerate(buckets(dict(enumerate(sums)), fusion_limit())):
             part = [sums[i] for i in bucket]
-            name = default_name("cross_device", part,
-                                None if self._nr_name is None else f"{self._nr_name}.b{k}")
+            name = None if self._nr_name is None else f"{self._nr_name}.b{k}"
             with tf.device(devices[0]):
-                out = run_numpy(lambda *a, name=name: reduce_arrays(a, name, Sum, 1.0, factor),
-                                part, [t.dtype for t in part], [t.shape for t in part],
-                                "NetReduceCrossDevice")
+                out = _reduce(part, name, Sum, 1.0, factor, "cross_device", global_process_set)
             for i, r in zip(bucket, out):
                 reduced[i] = r
         return [self.broadcast(r, d) for r, (_, d) in zip(reduced, pairs)]

@@ -41,7 +41,8 @@ def check_predivide(op: Any, gradient_predivide_factor: float) -> None:
 
 def allreduce_gradients(grads: Sequence[Any], *, op: Any, compression: Any,
                         sparse_as_dense: bool, gradient_predivide_factor: float = 1.0,
-                        name: Optional[str] = None) -> List[Any]:
+                        name: Optional[str] = None,
+                        process_set: Any = global_process_set) -> List[Any]:
     """The all-reduced gradients (None stays None), as one grouped submission."""
     grads = list(grads)
     present = [i for i, g in enumerate(grads) if g is not None]
@@ -59,7 +60,8 @@ def allreduce_gradients(grads: Sequence[Any], *, op: Any, compression: Any,
     for k, bucket in enumerate(buckets(todo, fusion_limit())):
         label = None if name is None else (f"{name}.b{k}" if k else name)
         reduced = grouped_allreduce([todo[i] for i in bucket], op=op, compression=compression,
-                                    prescale_factor=1.0 / f, postscale_factor=f, name=label)
+                                    prescale_factor=1.0 / f, postscale_factor=f, name=label,
+                                    process_set=process_set)
         for i, r in zip(bucket, reduced):
             out[i] = r
     return out
@@ -98,8 +100,9 @@ class _DistributedGradientTape(tf.GradientTape):
     """A GradientTape whose gradient() returns gradients all-reduced across ranks."""
 
     def _nr_setup(self, op, compression, sparse_as_dense, gradient_predivide_factor,
-                  scale_local_gradients):
+                  scale_local_gradients, process_set):
         self._nr_op, self._nr_compression = op, compression
+        self._nr_process_set = process_set
         self._nr_sparse_as_dense = sparse_as_dense
         self._nr_predivide = gradient_predivide_factor
         self._nr_scale_local = scale_local_gradients
@@ -110,6 +113,17 @@ class _DistributedGradientTape(tf.GradientTape):
         scale_local_gradients, as in Horovod)."""
         self._local_sources.add(_key(source))
 
+    def get_local_and_global_gradients(self, target, sources, output_gradients=None):
+        """Horovod's split of gradient(): ([(local source, its gradient)], [(shared
+        source, its all-reduced gradient)])."""
+        grads = self.gradient(target, sources, output_gradients)
+        flat_sources, flat_grads = tf.nest.flatten(sources), tf.nest.flatten(grads)
+        local = [(s, g) for s, g in zip(flat_sources, flat_grads)
+                 if _key(s) in self._local_sources]
+        shared = [(s, g) for s, g in zip(flat_sources, flat_grads)
+                  if _key(s) not in self._local_sources]
+        return local, shared
+
     def gradient(self, target, sources, output_gradients=None,
                  unconnected_gradients=tf.UnconnectedGradients.NONE, use_generic_names=False):
         grads = super().gradient(target, sources, output_gradients, unconnected_gradients)
@@ -119,7 +133,8 @@ class _DistributedGradientTape(tf.GradientTape):
         reduced = allreduce_gradients([flat_grads[i] for i in shared], op=self._nr_op,
                                       compression=self._nr_compression,
                                       sparse_as_dense=self._nr_sparse_as_dense,
-                                      gradient_predivide_factor=self._nr_predivide)
+                                      gradient_predivide_factor=self._nr_predivide,
+                                      process_set=self._nr_process_set)
         out = list(flat_grads)
         for i, g in zip(shared, reduced):
             out[i] = g
@@ -152,5 +167,21 @@ def DistributedGradientTape(gradtape, device_dense='', device_sparse='',
     tape = cls.__new__(cls)
     tape.__dict__.update(gradtape.__dict__)  # the recorded tape, persistent, watch flags
     tape._nr_setup(op, compression, sparse_as_dense, gradient_predivide_factor,
-                   scale_local_gradients)
+                   scale_local_gradients, process_set)
+    return tape
+
+
+def PartialDistributedGradientTape(gradtape, device_dense='', device_sparse='',
+                                   compression=Compression.none, sparse_as_dense=False,
+                                   op=Average, gradient_predivide_factor=1.0, num_groups=0,
+                                   groups=None, process_set=global_process_set,
+                                   local_layers=None, scale_local_gradients=True):
+    """DistributedGradientTape whose ``local_layers``' trainable variables keep their
+    own gradients (scaled by 1/size with scale_local_gradients, as in Horovod)."""
+    tape = DistributedGradientTape(gradtape, device_dense, device_sparse, compression,
+                                   sparse_as_dense, op, gradient_predivide_factor, num_groups,
+                                   groups, process_set, scale_local_gradients)
+    for layer in local_layers or []:
+        for var in layer.trainable_weights:
+            tape.register_local_source(var)
     return tape

@@ -21,9 +21,10 @@ from .mpi_ops import (  # noqa: F401
     allreduce, allreduce_, allreduce_async, allreduce_async_,
     barrier, broadcast, broadcast_, broadcast_async, broadcast_async_, cross_rank, cross_size,
     ProcessSet, add_process_set, remove_process_set,
-    cuda_built, global_process_set, gloo_built, grouped_allreduce, grouped_allreduce_,
+    ccl_built, cuda_built, ddl_built, global_process_set, gloo_built, grouped_allreduce, grouped_allreduce_,
     grouped_allreduce_async, grouped_allreduce_async_, init, is_homogeneous, is_initialized,
-    join, local_rank, local_size, mpi_built, nccl_built, poll, rank, rocm_built, shutdown, size,
+    join, local_rank, local_size, mpi_built, mpi_enabled, gloo_enabled, mpi_threads_supported,
+    nccl_built, start_timeline, stop_timeline, poll, rank, rocm_built, shutdown, size,
     synchronize)
 from .scatter_gather import (  # noqa: F401
     allgather, allgather_async, alltoall, alltoall_async, grouped_allgather, grouped_allgather_async,

@@ -42,9 +42,15 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
                               process_set=global_process_set) -> None:
     """Make every rank's optimizer state (tensors and options) equal root_rank's.
 
-    ``model`` is accepted for Horovod's signature; Horovod uses it only to find sparse
-    embeddings, whose gradients netreduce does not support (DistributedOptimizer
-    refuses sparse_as_dense), so it changes nothing here."""
+    A fresh optimizer has no state yet (momentum buffers appear at the first step), so
+    it first takes one step on zero gradients, as Horovod does, so that every rank has
+    the same tensors to receive into; the parameters are put back afterwards (weight
+    decay would have moved them). Parameters that require a gradient and had none
+    keep that zero gradient, as under Horovod (code written for Horovod reads it);
+    a gradient a parameter already had is put back. Those zero gradients are sparse
+    where the optimizer takes only sparse ones: every parameter for
+    torch.optim.SparseAdam, and with ``model`` the weights of its
+    ``nn.Embedding(sparse=True)`` modules (Horovod's use of ``model``)."""
     _check_process_set(process_set)
     if model is not None and not isinstance(model, torch.nn.Module):
         raise InvalidTypeError(f"broadcast_optimizer_state(): model must be a torch.nn.Module, "
@@ -52,21 +58,23 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
     if isinstance(optimizer, torch.optim.LBFGS):
         raise InvalidArgumentError("cannot broadcast torch.optim.LBFGS state")
     state_dict = optimizer.state_dict()
-    # A fresh optimizer has no state yet (momentum buffers appear at the first step):
-    # take one step with zero gradients so that every rank has the same tensors to
-    # receive into, then put the parameters back (weight decay would move them).
     if not state_dict["state"]:
+        sparse = {id(p) for m in (model.modules() if model is not None else ())
+                  if isinstance(m, torch.nn.Embedding) and m.sparse for p in m.parameters()}
+        all_sparse = isinstance(optimizer, torch.optim.SparseAdam)
         params = [p for group in optimizer.param_groups for p in group["params"]
                   if p.requires_grad]
         saved = [(p, p.detach().clone(), p.grad) for p in params]
         for p in params:
-            p.grad = torch.zeros_like(p)
+            zero = torch.zeros_like(p)
+            p.grad = zero.to_sparse() if all_sparse or id(p) in sparse else zero
         base_step = getattr(optimizer, "_netreduce_base_step", None)
         (base_step or optimizer.step)()  # a DistributedOptimizer must not all-reduce here
         with torch.no_grad():
             for p, data, grad in saved:
                 p.copy_(data)
-                p.grad = grad
+                if grad is not None:
+                    p.grad = grad
         state_dict = optimizer.state_dict()
     if not state_dict["state"]:
         return  # a stateless optimizer (plain SGD): nothing to send

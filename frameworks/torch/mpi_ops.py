@@ -22,13 +22,16 @@ from netreduce.horovod_args import handle_average_backwards_compatibility  # noq
 import netreduce as _nr
 from netreduce.horovod_queries import (  # noqa: F401  Horovod's process queries
     shutdown, is_initialized, rank, size, local_rank, local_size, cross_rank,
-    cross_size, is_homogeneous, mpi_built, gloo_built, nccl_built, rocm_built)
-from netreduce import process_sets as _ps
+    cross_size, is_homogeneous, mpi_built, gloo_built, nccl_built, rocm_built, ccl_built,
+    ddl_built, mpi_enabled, gloo_enabled, mpi_threads_supported)
+from netreduce.worker import process_sets as _ps
 from netreduce.errors import InvalidArgumentError
 
 from .compression import Compression
 
 Average = _nr.Average
+start_timeline = _nr.start_timeline  # Horovod's run-time timeline control
+stop_timeline = _nr.stop_timeline
 Sum = _nr.Sum
 Min = _nr.Min
 Max = _nr.Max
@@ -41,7 +44,7 @@ NetReduceError = _nr.NetReduceError
 HorovodInternalError = NetReduceError
 
 
-# Process sets (netreduce/process_sets.py): each one a sub-job at the aggregator.
+# Process sets (netreduce/worker/process_sets.py): each one a sub-job at the aggregator.
 ProcessSet = _ps.ProcessSet
 global_process_set = _ps.global_process_set
 add_process_set = _ps.add_process_set

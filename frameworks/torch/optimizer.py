@@ -5,6 +5,13 @@ an asynchronous in-place all-reduce when the parameter's gradient has been accum
 ``backward_passes_per_step`` times, so communication overlaps the rest of backward;
 ``step()`` (or ``synchronize()``) waits for all of them. Gradients are summed locally
 across the passes (not divided), then averaged across ranks.
+
+With ``process_set=`` the gradients are averaged over that set; a rank outside it
+registers no hooks and steps on its own gradients (Horovod's behaviour: the set's
+ranks train one replica, the others are left alone). A sparse gradient stays sparse
+for the wrapped optimizer (torch.optim.SparseAdam takes nothing else): all-gathered
+as indices and values by default, or — ``sparse_as_dense=True`` — all-reduced as a
+dense copy and turned back into a sparse tensor before the step, as Horovod does.
 """
 from __future__ import annotations
 
@@ -24,9 +31,12 @@ from .mpi_ops import (Average, allreduce_async_, global_process_set, size, synch
 
 class _DistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, params, named_parameters, compression, backward_passes_per_step=1,
-                 op=Average, gradient_predivide_factor=1.0):
+                 op=Average, gradient_predivide_factor=1.0, sparse_as_dense=False,
+                 process_set=global_process_set):
         super(self.__class__, self).__init__(params)
         self._compression = compression
+        self.sparse_as_dense = bool(sparse_as_dense)
+        self.process_set = process_set
 
         if named_parameters is not None:
             named_parameters = list(named_parameters)
@@ -58,7 +68,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._requires_update = set()
         self._synchronized = False
         self._should_synchronize = True
-        if size() > 1:
+        if process_set.included() and size() > 1:
             self._register_hooks()
 
     def load_state_dict(self, *args, **kwargs):
@@ -87,14 +97,15 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             # This rank's forward did not use p, another rank's may have: every rank
             # must still submit the tensor, so contribute zeros.
             p.grad = torch.zeros_like(p)
-        if p.grad.is_sparse:
+        tensor = p.grad
+        if tensor.is_sparse:
             if self.sparse_as_dense:
-                p.grad = p.grad.to_dense()
+                tensor = tensor.to_dense()  # a copy: p.grad stays sparse for the optimizer
             else:  # Horovod's: all-gather indices and values; the handle is a function
                 from .scatter_gather import sparse_allreduce_async
                 return sparse_allreduce_async(p.grad, self._parameter_names.get(p), self.op,
                                               process_set=self.process_set), None
-        compressed, ctx = self._compression.compress(p.grad)
+        compressed, ctx = self._compression.compress(tensor)
         if self.op == Average:
             # Split the average: divide by the factor before the sum, multiply after;
             # the core divides by size() on top of postscale for Average.
@@ -126,6 +137,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def synchronize(self) -> None:
         """Wait for every gradient's all-reduce (starting those whose hook has not fired)."""
+        if not self.process_set.included():
+            self._synchronized = True
+            return
         for p in self._requires_update - set(self._handles):
             self._handles[p] = self._allreduce_grad_async(p)
         for p, (handle, ctx) in list(self._handles.items()):
@@ -139,7 +153,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             output = synchronize(handle)
             self._allreduce_delay[p] = self.backward_passes_per_step
             decompressed = self._compression.decompress(output, ctx)
-            if decompressed.data_ptr() != p.grad.data_ptr():
+            if p.grad.is_sparse:  # sparse_as_dense: the averaged dense copy, sparse again
+                p.grad = decompressed.to_sparse()
+            elif decompressed.data_ptr() != p.grad.data_ptr():
                 p.grad.copy_(decompressed)
         self._handles.clear()
         self._synchronized = True
@@ -202,8 +218,5 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
         pass
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
                dict(_DistributedOptimizer.__dict__))
-    opt = cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step,
-              op, gradient_predivide_factor)
-    opt.sparse_as_dense = bool(sparse_as_dense)
-    opt.process_set = process_set
-    return opt
+    return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step,
+               op, gradient_predivide_factor, sparse_as_dense, process_set)

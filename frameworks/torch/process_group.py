@@ -32,7 +32,7 @@ from torch._C._distributed_c10d import _create_work_from_future
 
 import netreduce as _nr
 from netreduce import config, environment
-from netreduce import process_sets as _ps
+from netreduce.worker import process_sets as _ps
 from netreduce.protocol.address import format_address, parse_address
 from netreduce.errors import InvalidArgumentError
 
@@ -320,6 +320,15 @@ def _ensure_aggregator(store: Any, rank: int, size: int) -> None:
     # netreduce.init() reads the aggregator address and job secret from its configuration
     config.set_for_process("NETREDUCE_SWITCH", address)
     config.set_for_process("NETREDUCE_JOB_SECRET", secret)
+
+
+def stop_embedded_aggregator() -> None:
+    """Stop the aggregator this process started for the job (rank 0 without
+    NETREDUCE_SWITCH), if any: for hosts whose workers outlive the job (Ray's)."""
+    global _embedded_switch
+    switch, _embedded_switch = _embedded_switch, None
+    if switch is not None:
+        switch.stop()
 
 
 def _create(opts, backend_options=None):

@@ -13,13 +13,14 @@ from typing import List
 import torch
 
 from netreduce import api as _api
+from netreduce.alltoall import alltoall_async as _alltoall_async
 from netreduce.errors import InvalidArgumentError
 
 from .compression import Compression
 from .mpi_ops import (_MOVABLE, _REDUCIBLE, Average, Sum, _Buf, _check_process_set,
-                      _core_handle, _on_process_set, _Pending, _register, _set_aware,
+                      _core_handle, _on_process_set, _set_aware,
                       global_process_set,
-                      handle_average_backwards_compatibility, poll, rank, size, synchronize,
+                      handle_average_backwards_compatibility, rank, size, synchronize,
                       allreduce)
 
 
@@ -113,59 +114,29 @@ def grouped_allgather(tensors, name=None, process_set=global_process_set) -> Lis
 
 
 # --- alltoall ------------------------------------------------------------------------------
-def _check_splits(tensor, splits) -> torch.Tensor:
-    n = size()
-    rows = tensor.shape[0] if tensor.dim() else 1
-    if splits is None:
-        if rows % n:
-            raise InvalidArgumentError("splits not provided, but first dimension of tensor is not an "
-                             "even multiple of the number of workers.")
-        return torch.full((n,), rows // n, dtype=torch.int32)
-    if not isinstance(splits, torch.Tensor):
-        splits = torch.tensor(splits, dtype=torch.int32)
-    if splits.dtype != torch.int32:
-        raise InvalidArgumentError("alltoall expects splits to contain 32-bit integer elements.")
-    splits = splits.reshape(-1).cpu()
-    if splits.numel() != n:
-        raise InvalidArgumentError("Number of entries in splits does not equal number of workers.")
-    if bool((splits < 0).any()):
-        raise InvalidArgumentError(f"alltoall: splits entries must not be negative, got {splits.tolist()}")
-    if int(splits.sum()) > rows:
-        raise InvalidArgumentError("Sum of splits entries is greater than the first dimension of tensor.")
-    return splits
-
-
 def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set) -> int:
     """Start sending rows ``splits[r]`` (consecutive, in rank order) of ``tensor`` to
     rank r; synchronize returns (received rows in rank order, received_splits).
 
-    Relayed through the aggregator: alltoall has nothing to reduce, and ranks have no
-    paths to each other in netreduce (every byte goes rank <-> aggregator), so every
-    rank's send buffer and splits are all-gathered and each rank keeps the rows meant
-    for it. Each rank receives N times what a peer-to-peer alltoall would deliver."""
+    The core's relayed alltoall (netreduce/alltoall.py: every rank's rows and splits
+    are all-gathered, each rank keeps its own; N times the bytes a peer-to-peer
+    alltoall delivers) with Horovod's split checks and errors."""
     _check_process_set(process_set)
-    mine = _check_splits(tensor, splits)
-    rows = int(mine.sum())
-    data = tensor.reshape((1,) if tensor.dim() == 0 else tensor.shape)[:rows].contiguous()
-    h_data = allgather_async(data, name=f"{name}.data" if name else None)
-    h_splits = allgather_async(mine.reshape(1, -1), name=f"{name}.splits" if name else None)
-    pending = [h_data, h_splits]
-    me = rank()
+    if isinstance(splits, torch.Tensor):
+        if splits.dtype != torch.int32:
+            raise InvalidArgumentError("alltoall expects splits to contain 32-bit integer "
+                                       "elements.")
+        splits = splits.reshape(-1).cpu().numpy()
+    if not isinstance(tensor, torch.Tensor):
+        raise InvalidArgumentError(f"alltoall: expected a torch.Tensor, got {type(tensor).__name__}")
+    buf = _Buf((tensor.reshape(1) if tensor.dim() == 0 else tensor).contiguous(), "alltoall",
+               name, _MOVABLE)
+    inner = _alltoall_async(buf.array, splits, name, **buf.kwargs)
 
-    def wait():
-        return [synchronize(h) for h in pending]
-
-    def finish(results):
-        gathered, all_splits = results
-        all_splits = all_splits.to(torch.int64)
-        pieces, start = [], 0
-        for q in range(all_splits.shape[0]):
-            offset = start + int(all_splits[q, :me].sum())
-            pieces.append(gathered[offset:offset + int(all_splits[q, me])])
-            start += int(all_splits[q].sum())
-        received = all_splits[:, me].to(torch.int32)
-        return torch.cat(pieces), received
-    return _register(_Pending(lambda: all(poll(h) for h in pending), wait, finish))
+    def finish(result):
+        received, counts = result
+        return buf.to_tensor_shaped(received), torch.from_numpy(counts)
+    return _core_handle(inner, finish)
 
 
 @_set_aware

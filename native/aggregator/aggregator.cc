@@ -159,6 +159,18 @@ void Aggregator::QueueResult(Job& job, const wire::Header& round, uint32_t rank,
   QueueResultPacket(job, round, rank, payload, my_port, out);
 }
 
+void Aggregator::QueueHeld(Job& job, const wire::Header& h, uint32_t rank, uint16_t my_port,
+                           ResultBatch& out) {
+  wire::Header notice = h;
+  notice.length = 0;
+  notice.pad = 0;
+  notice.ack_req = false;
+  notice.held = true;
+  job.counters.Add(out.thread, &Counters::held_notices);
+  global_.Add(out.thread, &Counters::held_notices);
+  QueueResultPacket(job, notice, rank, nullptr, my_port, out);
+}
+
 void Aggregator::QueueResultPacket(Job& job, const wire::Header& round, uint32_t rank,
                                    const uint8_t* payload, uint16_t my_port, ResultBatch& out) {
   if (out.full()) out.Flush();
@@ -307,6 +319,7 @@ void Aggregator::HandleDatagram(uint32_t thread_index, uint16_t my_port, const I
       QueueResult(job, h, rank, acc, my_port, out);
     } else {  // (a rack's slot waiting on the spine: its uplink timer resends, uplink.cc)
       job.pool.MarkRepeat(h.slot, h.shadow, rank);
+      if (h.ack_req && !verbs) QueueHeld(job, h, rank, my_port, out);
     }
     return;
   }
@@ -320,6 +333,10 @@ void Aggregator::HandleDatagram(uint32_t thread_index, uint16_t my_port, const I
   ++s.count;
   jc.Add(jc.bytes_reduced, h.length);
   gc.Add(gc.bytes_reduced, h.length);
+  // The rank asked whether its contribution arrived (it has no round-trip estimate
+  // yet): yes, and the round waits for others -- so it waits too, without resending.
+  const bool held = h.ack_req && !verbs && (s.count != job.expected || job.uplink);
+  if (held) QueueHeld(job, h, rank, my_port, out);
   if (s.count == job.expected) {
     const size_t rn = s.length / esize;  // the round's elements (a marker carries none)
     h.length = s.length;  // the result carries them, whoever's packet completed the slot

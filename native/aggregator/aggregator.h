@@ -178,6 +178,10 @@ class Aggregator {
   void Loop(uint32_t thread_index);
   // Queues the stored result of a round for `rank`, or for the job's multicast group
   // when rank == wire::kGroupRank.
+  // A held notice (wire::kExtHeld): header only, to `rank` whose contribution `h`
+  // asked for one (kAckReqBit) and now waits in its round for other ranks.
+  void QueueHeld(Job& job, const wire::Header& h, uint32_t rank, uint16_t my_port,
+                 ResultBatch& out);
   void QueueResult(Job& job, const wire::Header& round, uint32_t rank, const uint8_t* payload,
                    uint16_t my_port, ResultBatch& out);
   void QueueResultPacket(Job& job, const wire::Header& round, uint32_t rank, const uint8_t* payload,

@@ -41,6 +41,7 @@ struct alignas(64) Counters {
   std::atomic<uint64_t> slots_completed{0};
   std::atomic<uint64_t> duplicates{0};        // contributions seen before (not added again)
   std::atomic<uint64_t> retransmitted_results{0};
+  std::atomic<uint64_t> held_notices{0};      // header-only "held" answers (kExtHeld)
   std::atomic<uint64_t> drops[int(Drop::kCount)] = {};
 
   // One writer per shard (its data thread): a load and a store, no locked add.

@@ -178,6 +178,11 @@ Status Engine::Run(Request& req) {
     h.length = own_of(c) ? 0 : uint32_t(n * esize);
     h.pad = uint8_t(wire::PaddedLength(h.length) - h.length);
     h.msg_id = id_of(c);
+    // No round-trip estimate yet (a job's first message): ask the aggregator to say
+    // when the round holds this contribution but waits for others (docs/protocol.md,
+    // "Held notices"), so that waiting for a rank still starting up is not taken for
+    // loss. UDP only: a verbs NIC acknowledges on its own.
+    h.ack_req = !cfg_.transport && srtt_us_ == 0.0;
     wire::Encode(h, t.header);
     const uint8_t* payload = req.src + first * esize;
     Endpoint to = agg_;
@@ -200,6 +205,7 @@ Status Engine::Run(Request& req) {
     t.deadline_us = now + t.rto_us;
     t.retries = 0;
     t.early = false;
+    t.held = false;
     t.pkt.to = to;
     t.pkt.iov[0] = {t.header, wire::kHeaderBytes};
     t.pkt.iov[1] = {const_cast<uint8_t*>(payload), h.length};
@@ -227,7 +233,7 @@ Status Engine::Run(Request& req) {
     start_chunk(slots[(base + uint64_t(c)) % window_], c, now);
   }
 
-  std::vector<SlotTrack*> probes(cfg_.threads, nullptr);
+  std::vector<SlotTrack*> probes(cfg_.threads, nullptr), held_probes(cfg_.threads, nullptr);
   bool first_of_batch = true;
   uint8_t* const storage = rs.storage.get();
   std::vector<InPacket>& in = rs.in;
@@ -268,6 +274,30 @@ Status Engine::Run(Request& req) {
       }
       return &t;
     };
+    // A held notice (wire::kExtHeld) for the chunk outstanding in its slot: the round
+    // has this rank's contribution and waits for others. Its round trip is the path's
+    // alone, the one sample a first message can give without the others' lag.
+    auto held_notice = [&](const wire::Header& h) {
+      if (h.dest_qp != my_qpn_ || h.key != cfg_.key || h.slot >= window_ || h.length != 0) {
+        ignored_results_++;
+        return;
+      }
+      SlotTrack& t = slots[h.slot];
+      if (t.chunk < 0 || h.msg_id != id_of(t.chunk) || h.psn != (t.seq & wire::kPsnMask) ||
+          h.offset != size_t(t.chunk) * chunk_elems) {
+        return;  // for a chunk already done (its result came first)
+      }
+      held_notices_++;
+      const int64_t t_now = NowUs();
+      if (!t.held) {
+        if (t.retries == 0 && t.head) SampleRtt(double(t_now - t.first_send_us));
+        t.rto_us = kHeldProbeUs;  // from now on the held probe's interval
+      }
+      t.held = true;
+      t.early = t.probe = false;
+      t.deadline_us = t_now + t.rto_us;
+      lane_progress[t.lane] = t_now;  // the path answers: no timeout probe yet
+    };
     // A result that matches no outstanding chunk. A second result for a chunk that
     // completed after a retransmission means the aggregator answered both sends: the
     // first result answered the original, which was only slow (a rank stalled, a
@@ -299,8 +329,8 @@ Status Engine::Run(Request& req) {
       // An inter-result gap: t was already on its way when the lane's previous result
       // came. Only the first result of a receive batch: those behind it in the same
       // batch waited in the socket, their spacing is the engine's, not the path's.
-      if (first_of_batch && lane_last_seq[lane] >= 0 && t.seq > uint64_t(lane_last_seq[lane]) &&
-          t.last_send_us <= lane_progress[lane]) {
+      if (first_of_batch && !t.held && lane_last_seq[lane] >= 0 &&
+          t.seq > uint64_t(lane_last_seq[lane]) && t.last_send_us <= lane_progress[lane]) {
         SampleGap(double(t_now - lane_progress[lane]));
       }
       first_of_batch = false;
@@ -316,10 +346,11 @@ Status Engine::Run(Request& req) {
       const bool proven = t.retries > 0 && repeat_seen;
       if (proven) spurious_retransmits_++, needless_by_repeat_++;
       if (t.retries == 0 || proven) {  // Karn: only unambiguous samples
-        if (!proven && t.head) SampleRtt(double(t_now - t.first_send_us));
+        // (a held chunk's round trip is the wait for the others; its notice sampled)
+        if (!proven && t.head && !t.held) SampleRtt(double(t_now - t.first_send_us));
         r.sample_us = -1;
       } else {
-        r.head = t.head;
+        r.head = t.head && !t.held;  // a held chunk's first send waited for the others
         r.msg_id = id_of(t.chunk);
         r.psn = uint32_t(t.seq & wire::kPsnMask);
         r.sample_us = t_now - t.first_send_us;
@@ -334,7 +365,7 @@ Status Engine::Run(Request& req) {
       while (order[pos] != mine) ++pos;
       for (size_t k = 0; k < pos; ++k) {  // older chunks of the lane: overtaken
         SlotTrack& o = slots[order[k]];
-        if (!o.early && o.last_send_us <= t.last_send_us) {
+        if (!o.early && !o.held && o.last_send_us <= t.last_send_us) {
           o.early = true;
           o.deadline_us = std::min(o.deadline_us, t_now + reorder_us);
           due_by(o.deadline_us);
@@ -346,7 +377,7 @@ Status Engine::Run(Request& req) {
       // Only for the lane's last outstanding chunk: any other is covered when a later
       // one is answered, and a gap deadline on every chunk of a long window misfired
       // whenever the loaded host descheduled the aggregator for a few gaps.
-      if (expected != nullptr && later == 1 && !expected->early) {
+      if (expected != nullptr && later == 1 && !expected->early && !expected->held) {
         expected->early = true;
         expected->deadline_us =
             std::min(expected->deadline_us,
@@ -378,6 +409,13 @@ Status Engine::Run(Request& req) {
           SlotTrack* t = nullptr;
           const bool ours = len <= kRecvBufBytes &&
                             wire::Decode(peek, len, &h) == wire::DecodeError::kOk && h.jumbo;
+          if (ours && h.held) {
+            iovec iov = {storage, kRecvBufBytes};
+            size_t got_len = 0;
+            NR_RETURN_IF_ERROR(sock.RecvScatter(&iov, 1, &got_len));
+            held_notice(h);
+            continue;
+          }
           if (ours) t = match(h);
           size_t got_len = 0;
           if (t != nullptr) {
@@ -423,6 +461,10 @@ Status Engine::Run(Request& req) {
           ignored_results_++;
           continue;
         }
+        if (h.held) {
+          held_notice(h);
+          continue;
+        }
         SlotTrack* t = match(h);
         if (t == nullptr) {
           late_result(h);
@@ -453,6 +495,8 @@ Status Engine::Run(Request& req) {
     const int64_t sweep_rto = Rto();
     std::vector<SlotTrack*>& probe = probes;
     std::fill(probe.begin(), probe.end(), nullptr);
+    std::vector<SlotTrack*>& held_probe = held_probes;
+    std::fill(held_probe.begin(), held_probe.end(), nullptr);
     auto resend = [&](SlotTrack& t) {
       t.retries++;
       t.last_send_us = now;
@@ -462,11 +506,12 @@ Status Engine::Run(Request& req) {
     for (uint32_t s = 0; s < window_; ++s) {
       SlotTrack& t = slots[s];
       if (t.chunk < 0) continue;
-      // A chunk without an early deadline is due once its lane has been quiet for a
-      // timeout, and no sooner than the lane's next probe.
-      const int64_t due = t.early ? t.deadline_us
-                                  : std::max({t.deadline_us, lane_progress[t.lane] + sweep_rto,
-                                              next_probe[t.lane]});
+      // A chunk without an early deadline (or a held one's probe) is due once its lane
+      // has been quiet for a timeout, and no sooner than the lane's next probe.
+      const int64_t due = t.early || t.held
+                              ? t.deadline_us
+                              : std::max({t.deadline_us, lane_progress[t.lane] + sweep_rto,
+                                          next_probe[t.lane]});
       next_due = std::min(next_due, due);
       if (t.deadline_us > now) continue;
       if (now - t.first_send_us >= timeout_us) {
@@ -477,7 +522,9 @@ Status Engine::Run(Request& req) {
                        "; is netreduce-switch running there and are all ranks alive?");
       }
       const size_t l = t.lane;
-      if (t.early) {
+      if (t.held) {  // only its result can be missing now: the lane's oldest asks again
+        if (held_probe[l] == nullptr || t.seq < held_probe[l]->seq) held_probe[l] = &t;
+      } else if (t.early) {
         t.early = false;
         t.deadline_us = now + t.rto_us;
         due_by(t.deadline_us);
@@ -487,6 +534,18 @@ Status Engine::Run(Request& req) {
       } else if (now - lane_progress[l] >= rto && (probe[l] == nullptr || t.seq < probe[l]->seq)) {
         probe[l] = &t;
       }
+    }
+    // Held chunks wait for the same ranks, so a lane asks for one of them per backed-off
+    // interval, as a stalled lane probes (the window's others wait for that answer).
+    for (size_t l = 0; l < held_probe.size(); ++l) {
+      SlotTrack* p = held_probe[l];
+      if (p == nullptr) continue;
+      p->rto_us = std::min(p->rto_us * 2, kMaxHeldProbeUs);
+      for (auto& o : slots) {
+        if (o.chunk >= 0 && o.held && o.lane == l) o.deadline_us = now + p->rto_us;
+      }
+      held_probes_++;
+      resend(*p);
     }
     for (size_t l = 0; l < probe.size(); ++l) {
       SlotTrack* p = probe[l];

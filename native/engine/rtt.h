@@ -11,6 +11,10 @@ namespace engine_timing {
 constexpr int64_t kMaxRtoUs = 1000000;
 constexpr int64_t kInitialRtoUs = 5000;  // before the first round-trip sample
 constexpr int64_t kReorderFloorUs = 50;  // least reorder window of an overtaken chunk
+// A held chunk's probe interval (engine.cc, held notices), doubling up to the cap: it
+// waits for other ranks, and only its result, once sent, can be lost.
+constexpr int64_t kHeldProbeUs = kMaxRtoUs;
+constexpr int64_t kMaxHeldProbeUs = 8 * kMaxRtoUs;
 
 }  // namespace engine_timing
 }  // namespace netreduce

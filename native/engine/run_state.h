@@ -35,6 +35,10 @@ struct SlotTrack {
   // (and the other ranks' lag), not also the wait behind its predecessors.
   bool head = false;
   bool probe = false;  // its early deadline is the tail probe (engine/repair.h)
+  // The aggregator said its round holds this contribution (a held notice): not lost,
+  // waiting for other ranks. Only a lost result is left to repair: one probe per
+  // kHeldProbeUs, no early deadlines, no round-trip sample from its result.
+  bool held = false;
   uint32_t lane = 0;   // slot % threads: the aggregator thread (data port) serving it
   uint8_t header[wire::kHeaderBytes];
   uint8_t trailer[8];

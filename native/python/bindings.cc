@@ -103,6 +103,7 @@ py::dict HeaderToDict(const wire::Header& h) {
   d["psn"] = h.psn; d["dtype"] = h.dtype; d["op"] = h.op; d["shadow"] = h.shadow;
   d["result"] = h.result; d["slot"] = h.slot; d["offset"] = h.offset; d["key"] = h.key;
   d["length"] = h.length; d["msg_id"] = h.msg_id; d["repeat_seen"] = h.repeat_seen;
+  d["ack_req"] = h.ack_req; d["held"] = h.held;
   return d;
 }
 
@@ -344,6 +345,7 @@ PYBIND11_MODULE(_native, m) {
     h.slot = uint16_t(get("slot", 0)); h.offset = get("offset", 0); h.key = uint32_t(get("key", 0));
     h.length = uint32_t(get("length", 0)); h.msg_id = uint32_t(get("msg_id", 0));
     h.repeat_seen = get("repeat_seen", 0) != 0;
+    h.ack_req = get("ack_req", 0) != 0; h.held = get("held", 0) != 0;
     h.pad = uint8_t(get("pad", wire::PaddedLength(h.length) - h.length));
     uint8_t out[wire::kHeaderBytes];
     wire::Encode(h, out);

@@ -38,6 +38,10 @@ constexpr uint8_t kExtJumbo = 0x40;   // BTH byte 8, reserved bit: software jumb
 // round had this rank's contribution before a repeat of it (resend or tail copy)
 // arrived, so that repeat was needless (docs/protocol.md, "Repeat seen").
 constexpr uint8_t kExtRepeatSeen = 0x20;
+// BTH byte 8, reserved bit, on a header-only answer to a contribution that asked for
+// one (kAckReqBit, BTH's AckReq): the round holds this rank's contribution and waits
+// for other ranks' (docs/protocol.md, "Held notices"). Software extension, UDP ranks.
+constexpr uint8_t kExtHeld = 0x10;
 
 constexpr uint32_t kRankBits = 12;
 constexpr uint32_t kMaxRanks = 1u << kRankBits;  // per job
@@ -80,6 +84,8 @@ struct Header {
   uint8_t shadow = 0;     // 1 bit
   bool result = false;    // set on the aggregator's answers
   bool repeat_seen = false;  // kExtRepeatSeen, results only
+  bool ack_req = false;   // kAckReqBit, contributions only: answer with a held notice
+  bool held = false;      // kExtHeld, results only: a held notice, not a result
   uint16_t slot = 0;
   uint64_t offset = 0;    // element offset of this payload inside the message, 40 bits
   uint32_t key = 0;       // job key (R_Key)

@@ -1,5 +1,5 @@
 """The flat algorithm: every rank's whole buffer through the aggregator, one
-connection (netreduce.dataplane.Connection) per rank. What netreduce did before the
+connection (netreduce.worker.dataplane.Connection) per rank. What netreduce did before the
 hierarchical path; still the choice when every host runs one rank."""
 from __future__ import annotations
 

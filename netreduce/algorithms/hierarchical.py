@@ -18,9 +18,9 @@ from typing import Any, Callable, Dict, List, Optional
 import numpy as np
 
 from netreduce import _native
-from netreduce.dataplane import check_reduction
+from netreduce.algorithms.base import check_reduction
+from netreduce.algorithms.hosts import Layout
 from netreduce.errors import DataPlaneError, RankFailedError
-from netreduce.topology import Layout
 
 log = logging.getLogger("netreduce")
 # Ring slots: the shared-memory stage of chunk k+1 overlaps the network of chunk k, and

@@ -1,7 +1,7 @@
 """The host-based all-reduce: the job's own ranks aggregate, no aggregator needed.
 
 What NETREDUCE_FALLBACK=host runs when the aggregator refuses the job, cannot be
-reached at start, or dies mid-job without a standby (netreduce/failover.py).
+reached at start, or dies mid-job without a standby (netreduce/worker/failover.py).
 
 Every rank runs an aggregator in process (netreduce/switch/in_process.py) — the
 native aggregator the daemon uses (its own threads, the GIL never involved) plus the
@@ -16,7 +16,7 @@ on every rank for the multi-aggregator's reason: each element is summed by one
 aggregator and every rank receives that aggregator's bytes.
 
 Rank 0's in-process aggregator also serves the job's negotiation and rendezvous
-(netreduce/rendezvous.py) on NETREDUCE_RENDEZVOUS; the others listen on a free port
+(netreduce/worker/rendezvous.py) on NETREDUCE_RENDEZVOUS; the others listen on a free port
 and announce where through the rendezvous.
 """
 from __future__ import annotations
@@ -28,6 +28,8 @@ from netreduce.algorithms.multi_aggregator import MultiAggregator
 from netreduce.protocol.address import format_address
 
 log = logging.getLogger("netreduce")
+
+
 def build(addresses: Sequence[Tuple[str, int]], *, job: str, rank: int, size: int,
           connect: Callable[..., Any], connect_kw: Dict[str, Any]) -> MultiAggregator:
     """Rank ``rank``'s connections to every worker-hosted aggregator (rank i's is

@@ -36,9 +36,9 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from netreduce import config
-from netreduce.protocol.address import format_address, parse_address, resolve
-from netreduce.dataplane import _check_array
+from netreduce.algorithms.base import check_array
 from netreduce.errors import DataPlaneError, NetReduceError
+from netreduce.protocol.address import format_address, parse_address, resolve
 
 log = logging.getLogger("netreduce")
 MIN_SPLIT = 256 << 10  # bytes: smaller buffers go whole to one aggregator
@@ -128,11 +128,11 @@ class MultiAggregator:
     # -- the Algorithm interface ---------------------------------------------------
     def allreduce(self, src: np.ndarray, dst: Optional[np.ndarray] = None, op: str = "sum",
                   dtype: Optional[str] = None) -> np.ndarray:
-        src = _check_array(src, "source array")
+        src = check_array(src, "source array")
         if dst is None:
             dst = src
         else:
-            dst = _check_array(dst, "destination array")
+            dst = check_array(dst, "destination array")
             if dst.dtype != src.dtype or dst.nbytes != src.nbytes:
                 raise ValueError(f"destination ({dst.dtype}, {dst.nbytes} B) does not match "
                                  f"source ({src.dtype}, {src.nbytes} B)")
@@ -163,7 +163,7 @@ class MultiAggregator:
         """Owner delivery over several aggregators: rank r's stretch ``bounds[r]`` is
         spread over the aggregators like any buffer, each part a message whose sum only
         rank r receives (docs/protocol.md, "Reduce-scatter"); in place."""
-        flat = _check_array(src, "source array").reshape(-1)
+        flat = check_array(src, "source array").reshape(-1)
         requests = []
         errors: List[str] = []
         for owner, (lo, hi) in enumerate(bounds):

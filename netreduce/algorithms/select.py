@@ -17,14 +17,14 @@ multi-aggregator algorithm (multi_aggregator.py) under ``auto`` and ``flat``; wi
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List
 
-from netreduce import topology
+from netreduce.algorithms import hosts
 from netreduce.algorithms.flat import Flat
 from netreduce.algorithms.hierarchical import Hierarchical
+from netreduce.algorithms.hosts import Layout, TopologyError
 from netreduce.algorithms.multi_aggregator import MultiAggregator
 from netreduce.protocol.address import parse_addresses
-from netreduce.topology import Layout, TopologyError
 
 log = logging.getLogger("netreduce")
 
@@ -54,10 +54,12 @@ def layout_ranks(layout: Layout) -> int:
 
 
 def build(connection: Any, topo: Any, knobs: Dict[str, Any], address: Any,
-          connect: Optional[Callable[..., Any]] = None) -> Any:
+          connect: Callable[..., Any]) -> Any:
     """The algorithm for this rank, over ``connection`` (its flat data-plane
     connection, already admitted). Every rank of the job calls this together, after
-    every rank has joined (the exchange runs over the flat data plane)."""
+    every rank has joined (the exchange runs over the flat data plane). ``connect``
+    opens the further connections an algorithm needs (netreduce/worker/dataplane.py's
+    connect, or the unit tests' fake)."""
     mode = knobs["NETREDUCE_ALGORITHM"]
     addresses = aggregators(knobs, address)
     if len(addresses) > 1 and topo.size > 1:
@@ -68,12 +70,10 @@ def build(connection: Any, topo: Any, knobs: Dict[str, Any], address: Any,
     def allreduce_int64(rows: Any) -> Any:
         return connection.allreduce(rows)
 
-    layout = topology.exchange(allreduce_int64, topo.rank, topo.size, topo.local_rank,
+    layout = hosts.exchange(allreduce_int64, topo.rank, topo.size, topo.local_rank,
                                topo.local_size, topo.local_known)
     if choose(mode, layout) == "flat":
         return Flat(connection)
-    if connect is None:
-        from netreduce.dataplane import connect
     return Hierarchical.build(
         connection, layout, job=topo.job, address=address,
         timeout=float(knobs["NETREDUCE_TIMEOUT"]),
@@ -91,16 +91,13 @@ def aggregators(knobs: Dict[str, Any], address: Any) -> List[Any]:
 
 
 def several_aggregators(connection: Any, addresses: List[Any], topo: Any,
-                        knobs: Dict[str, Any], mode: str,
-                        connect: Optional[Callable[..., Any]]) -> Any:
+                        knobs: Dict[str, Any], mode: str, connect: Callable[..., Any]) -> Any:
     """The multi-aggregator algorithm over flat connections (one per aggregator)."""
     if mode == "hierarchical":
         raise TopologyError(
             f"NETREDUCE_ALGORITHM=hierarchical with {len(addresses)} aggregators "
             f"(NETREDUCE_SWITCH={knobs['NETREDUCE_SWITCH']}): the two are not combined yet; "
             "use NETREDUCE_ALGORITHM=auto or flat, or name one aggregator")
-    if connect is None:
-        from netreduce.dataplane import connect
     return MultiAggregator.build(
         connection, addresses, job=topo.job, rank=topo.rank, size=topo.size, connect=connect,
         connect_kw=dict(timeout=float(knobs["NETREDUCE_TIMEOUT"]),

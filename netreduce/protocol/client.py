@@ -6,8 +6,8 @@ import socket
 import threading
 from typing import Any, Dict, Optional
 
-from netreduce.protocol.address import Address, format_address, parse_address  # noqa: F401
 from netreduce.errors import ControlPlaneError
+from netreduce.protocol.address import Address, format_address, parse_address  # noqa: F401
 
 
 class ControlClient:

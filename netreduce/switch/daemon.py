@@ -21,9 +21,9 @@ from netreduce.protocol.address import family_of, format_address
 from netreduce.protocol.auth import Guard, read_operator_secret
 from netreduce.switch import coordinator  # noqa: F401  registers the negotiation commands
 from netreduce.switch import service, uplink
+from netreduce.switch.child import DEFAULT_PORT, METRICS_PREFIX, READY_PREFIX
 from netreduce.switch.limits import Limits
 from netreduce.switch.server import ControlServer
-from netreduce.switch.child import DEFAULT_PORT, METRICS_PREFIX, READY_PREFIX
 
 
 def build_parser() -> argparse.ArgumentParser:

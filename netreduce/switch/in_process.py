@@ -2,7 +2,7 @@
 (its own threads; the GIL is never involved) and the control server that admits
 ranks to it, on a thread of the rank.
 
-What a job with failover (netreduce/job_paths.py, which gets this class from
+What a job with failover (netreduce/worker/job_paths.py, which gets this class from
 netreduce.api: the worker never imports the daemon) runs: rank 0's serves the job's
 negotiation, its rendezvous (switch/rendezvous.py) and its status
 (switch/job_status.py) on NETREDUCE_RENDEZVOUS; with NETREDUCE_FALLBACK=host every

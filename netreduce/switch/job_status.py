@@ -6,7 +6,7 @@ in-process aggregator (switch/in_process.py), which serves the job's rendezvous
   all-reduce: no aggregator sums its gradients), why it did not start on its first
   path, and its failovers — the failover algorithm's ``status()``. The asker proves
   the job's secret as a rank does: knowing the job's name and address is not enough
-  to read it (``netreduce info`` asks: netreduce/job_status.py);
+  to read it (``netreduce info`` asks: netreduce/worker/job_status.py);
 * with NETREDUCE_JOB_METRICS=HOST:PORT, Prometheus metrics of the same state
   (``netreduce_job_*``, labelled with the job's name; docs/operations.md).
 """

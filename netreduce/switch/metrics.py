@@ -32,6 +32,8 @@ _COUNTERS: List[Tuple[str, str, str]] = [
     ("duplicates", "duplicates", "Contributions seen before (retransmissions), never added again"),
     ("retransmitted_results", "retransmitted_results",
      "Results re-sent to a rank that retransmitted into a completed slot"),
+    ("held_notices", "held_notices",
+     "Held notices: a rank without a round-trip estimate asked, and its round waits for others"),
 ]
 _DIRECTIONAL = [("packets", "packets", "RoCEv2 datagrams, in = from workers, out = results"),
                 ("bytes", "bytes", "UDP payload bytes of those datagrams (headers included)")]

@@ -1,7 +1,7 @@
 """The job's own rendezvous, the server's side: three commands that rank 0's
 in-process aggregator (switch/in_process.py) serves for its job on
 NETREDUCE_RENDEZVOUS, which every rank knows before any aggregator answered. The
-ranks' side, and what the exchanges decide, is netreduce/rendezvous.py.
+ranks' side, and what the exchanges decide, is netreduce/worker/rendezvous.py.
 
 * ``rv_gather`` {key, value}: waits until every rank of the job has posted a value
   under ``key`` and answers all of them in rank order — one exchange, one decision
@@ -20,7 +20,7 @@ from typing import Any, Dict, Tuple
 from netreduce.switch.commands import RequestError, register_handler
 
 # A watch that does not say how long it may wait waits this long (ranks say:
-# netreduce/rendezvous.py asks for its own WATCH_WAIT_S); 5 s at most.
+# netreduce/worker/rendezvous.py asks for its own WATCH_WAIT_S); 5 s at most.
 WATCH_WAIT_S = 1.0
 
 

@@ -33,6 +33,21 @@ from netreduce.switch.waits import Topic, Wait, resolve
 log = logging.getLogger("netreduce.switch")
 # How long the last rank's register waits for the earlier ranks to be told the payload.
 INFORM_WAIT_S = 5.0
+MISSING_SHOWN = 16  # unregistered ranks named in a reply (an error message's worth)
+
+
+def _missing(job: "JobRecord") -> Dict[str, Any]:
+    """The first MISSING_SHOWN ranks that have not registered, and how many have not:
+    every register and payload reply carries them, so at 1,000 ranks the whole list
+    (made and encoded per reply) was O(N^2) work for the event loop."""
+    shown: List[int] = []
+    if len(job.ranks) < job.size:
+        for r in range(job.size):
+            if r not in job.ranks:
+                shown.append(r)
+                if len(shown) == MISSING_SHOWN:
+                    break
+    return {"missing": shown, "missing_count": job.size - len(job.ranks)}
 
 
 @dataclasses.dataclass
@@ -251,7 +266,7 @@ class ControlServer:
             return {"job_index": job.index, "key": job.key, "slots": slots,
                     "payload_bytes": job.payload_bytes if final else 0,
                     "payload_reason": job.payload_reason if final else "",
-                    "missing": sorted(set(range(job.size)) - set(job.ranks)),
+                    **_missing(job),
                     "data_port": agg.port, "threads": agg.threads,
                     "deterministic": job.deterministic,
                     "group": group, "group_port": group_port}
@@ -298,9 +313,11 @@ class ControlServer:
     def payload_delivered(self, sess: Session) -> None:
         """The final payload's answer to ``sess`` has been written to its socket."""
         with self.lock:
-            if sess.record is not None:
-                sess.record.informed.add(sess.rank)
-                self.payload_topic.notify()
+            job = sess.record
+            if job is not None:
+                job.informed.add(sess.rank)
+                if job.awaiting <= job.informed:  # what the last rank's grant waits for
+                    self.payload_topic.notify()
 
     def wait_payload(self, sess: Session, msg: Dict[str, Any]) -> Dict[str, Any]:
         """The job's payload once every rank has registered; payload_bytes 0 and the
@@ -318,9 +335,8 @@ class ControlServer:
             if not job.payload_final and job.closing:
                 raise RequestError(f"job '{job.name}': a rank left before every rank had "
                                    "registered; this run of the job is over")
-            missing = sorted(set(range(job.size)) - set(job.ranks))
             reply = {"payload_bytes": job.payload_bytes if job.payload_final else 0,
-                     "payload_reason": job.payload_reason, "missing": missing}
+                     "payload_reason": job.payload_reason, **_missing(job)}
             if job.payload_final:  # the slots follow the payload (native SlotsFor)
                 reply["slots"] = int(self.aggregator.job_counters(job.index)["slots"])
             return reply
@@ -450,4 +466,3 @@ def _answer(srv: ControlServer, sess: Session, line: bytes) -> "tuple[Dict[str, 
         return msg, _reply_of(line, resolve(_dispatch(srv, sess, msg)), None)
     except Exception as exc:
         return msg, _reply_of(line, None, exc)
-

@@ -51,7 +51,7 @@ FELL_BACK_TO = ("switch", "host")
 
 def fell_back_counts(srv: Any) -> Dict[Tuple[str, str], int]:
     """(reason, to) -> jobs that this daemon refused (or that could not reach it) and
-    that went on elsewhere, as their rank 0 reported (netreduce/job_status.py)."""
+    that went on elsewhere, as their rank 0 reported (netreduce/worker/job_status.py)."""
     return dict(getattr(srv, "_nr_fell_back", {}))
 
 

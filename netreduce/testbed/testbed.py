@@ -134,7 +134,7 @@ class SwitchHandle:
 
     def __init__(self, proc: subprocess.Popen, address):
         self.proc = proc
-        self.address = address          # (host, port) for netreduce.dataplane.connect
+        self.address = address          # (host, port) for netreduce.worker.dataplane.connect
         self.pid = proc.pid             # `ip netns exec` execs the daemon: same pid
         self.log: List[str] = []
         self._drain = threading.Thread(target=self._read, daemon=True)

@@ -31,9 +31,11 @@ kpkg=$(apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-im
 [ -n "$kpkg" ] || { apt-get update -qq; kpkg=$(apt-cache depends linux-image-amd64 | awk '/Depends: linux-image-[0-9]/{print $2; exit}'); }
 kver=${kpkg#linux-image-}
 cache=$cache_root/$kver
+# The initramfs is current when it was built from these very scripts: their content
+# hash, not their mtime (a fresh checkout or a worktree has new mtimes, same bytes).
+want=$(cat "$here/guest_init.sh" "$here/build_initramfs.sh" | sha256sum | cut -d' ' -f1)
 if [ -s "$cache/vmlinuz" ] && [ -s "$cache/initramfs.cpio.gz" ] && \
-   [ "$cache/initramfs.cpio.gz" -nt "$here/guest_init.sh" ] && \
-   [ "$cache/initramfs.cpio.gz" -nt "$here/build_initramfs.sh" ]; then
+   [ "$(cat "$cache/initramfs.sha256" 2>/dev/null)" = "$want" ]; then
   echo "$cache"; exit 0
 fi
 mkdir -p "$cache"
@@ -48,5 +50,8 @@ if [ ! -s "$cache/vmlinuz" ] || [ ! -d "$cache/modules" ]; then
   cp "$work/kern/boot/vmlinuz-$kver" "$cache/vmlinuz"
   depmod -b "$cache/modules" "$kver"   # the .deb ships no modules.dep
 fi
-bash "$here/build_initramfs.sh" "$cache/modules" "$kver" "$cache/initramfs.cpio.gz"
+# Built aside and renamed: a guest booting meanwhile reads the old image or the new.
+bash "$here/build_initramfs.sh" "$cache/modules" "$kver" "$work/initramfs.cpio.gz"
+mv "$work/initramfs.cpio.gz" "$cache/initramfs.cpio.gz"
+echo "$want" > "$cache/initramfs.sha256"
 echo "$cache"

@@ -82,7 +82,7 @@ def hold(rank: int, size: int, mark: str, steps: int, out: dict) -> None:
 def psets(rank: int, size: int, mark: str, steps: int, out: dict) -> None:
     """exact's global all-reduces, each followed by one in each process set this rank
     belongs to ({0, 1} and {1, .., size-1}), checked bit for bit."""
-    from netreduce import process_sets
+    from netreduce.worker import process_sets
     sets = [process_sets.add_process_set([0, 1]),
             process_sets.add_process_set(list(range(1, size)))]
     digest = hashlib.sha256()

@@ -13,7 +13,8 @@ import uuid
 import numpy as np
 import pytest
 
-from netreduce import _native, dataplane
+from netreduce import _native
+from netreduce.worker import dataplane
 from netreduce.protocol import auth
 from netreduce.protocol.client import ControlClient
 from netreduce.errors import AdmissionError, ControlPlaneError

@@ -1,5 +1,5 @@
 """A rank that shuts down while the others run cache-agreement rounds
-(netreduce/response_cache.py) says so in its last round: afterwards no rank is left
+(netreduce/worker/response_cache.py) says so in its last round: afterwards no rank is left
 inside a round's all-reduce waiting for it. Without that, the staying rank's
 executor sat in the data plane until NETREDUCE_TIMEOUT, its shutdown's join gave
 up, and the interpreter's exit with that thread in native code aborted the
@@ -16,7 +16,7 @@ import sys, time
 import numpy as np
 import netreduce as nr
 from netreduce import api
-from netreduce.response_cache import ROUND_SEQ
+from netreduce.worker.response_cache import ROUND_SEQ
 nr.init()
 r = nr.rank()
 comm = api._communicator()
@@ -25,7 +25,7 @@ for step in range(20):                       # the same name: cached after the f
     out = nr.allreduce(x, name="g", op=nr.Sum)
     assert np.all(out == nr.size()), out
 assert comm.agreement is not None and comm.agreement.rounds > 0, "no round ran"
-# ... and steady steps were speculative (netreduce/speculation.py): rank 1 leaves
+# ... and steady steps were speculative (netreduce/worker/speculation.py): rank 1 leaves
 # with the speculation armed, so its last message is a speculative one saying 'other'
 assert comm.agreement.spec.hits > 0, "no speculative step"
 if r == 1:

@@ -14,7 +14,7 @@ import uuid
 import numpy as np
 import pytest
 
-from netreduce import dataplane
+from netreduce.worker import dataplane
 from netreduce.protocol.client import ControlClient
 from netreduce.switch import spawn
 from tests.parallel.ranks import run_ranks

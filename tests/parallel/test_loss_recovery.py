@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from benchmarks import loss
-from netreduce import dataplane
+from netreduce.worker import dataplane
 from netreduce.protocol.client import ControlClient
 from netreduce.errors import DataPlaneError
 from netreduce.switch import spawn
@@ -64,22 +64,46 @@ def test_lossless_runs_resend_little():
 
 
 def test_a_stalled_rank_costs_one_probe_per_doubling():
-    # Rank 1 registers and never sends: rank 0's whole window (8 MB is ~120 chunks, 32
-    # slots outstanding) waits. Nothing completes, so only the oldest chunk is resent,
-    # once per doubled timeout (5 ms before any sample: ~8 in 1.5 s) -- not every slot
-    # at every expiry (32 per doubling), and none of them counted as loss evidence.
+    # Rank 1 sends its first step and then nothing: rank 0's whole window (8 MB is
+    # ~120 chunks, 32 slots outstanding) waits. Nothing completes, so only the oldest
+    # chunk is resent, once per doubled timeout (from the estimate the first step
+    # gave: ~8 in 1.5 s) -- not every slot at every expiry (32 per doubling), and none
+    # of them counted as loss evidence.
     job = "stall-" + uuid.uuid4().hex[:6]
+    with spawn() as sw:
+        with dataplane.connect(sw.address, job, 1, 2, timeout=1.5) as other, \
+                dataplane.connect(sw.address, job, 0, 2, timeout=1.5) as conn:
+            first = [c.allreduce_async(np.ones(4, np.float32)) for c in (conn, other)]
+            for q in first:
+                q.wait()
+            before = conn.stats()
+            with pytest.raises(DataPlaneError, match="no result from the aggregator") as info:
+                conn.allreduce(np.ones(2_000_000, np.float32))
+            after = conn.stats()
+    stats = {k: after[k] - before[k] for k in ("retransmits", "fast_retransmits",
+                                               "timeout_probes", "held_probes")}
+    # The error counts the operation's resends, not those of the slot it names.
+    assert f"({stats['retransmits']} retransmissions)" in str(info.value)
+    assert stats["fast_retransmits"] == 0 and stats["held_probes"] == 0, stats
+    assert stats["retransmits"] == stats["timeout_probes"], stats
+    assert 3 <= stats["retransmits"] <= 16, stats
+
+
+def test_a_rank_that_never_comes_costs_one_held_probe_per_doubling():
+    # The same stall in the job's first step: rank 0 has no round-trip estimate, asks,
+    # and the aggregator holds its whole window (rank 1 registered, never sends). The
+    # window waits quietly: one held probe per lane per interval (1 s, then 2 s...),
+    # not the timer's ~8, and not one per held chunk.
+    job = "never-" + uuid.uuid4().hex[:6]
     with spawn() as sw, ControlClient(sw.address) as ghost:
         ghost.call("register", job=job, rank=1, size=2)
         with dataplane.connect(sw.address, job, 0, 2, timeout=1.5) as conn:
-            with pytest.raises(DataPlaneError, match="no result from the aggregator") as info:
+            with pytest.raises(DataPlaneError, match="no result from the aggregator"):
                 conn.allreduce(np.ones(2_000_000, np.float32))
             stats = conn.stats()
-    # The error counts the operation's resends, not those of the slot it names.
-    assert f"({stats['retransmits']} retransmissions)" in str(info.value)
-    assert stats["fast_retransmits"] == 0, stats
-    assert stats["retransmits"] == stats["timeout_probes"], stats
-    assert 3 <= stats["retransmits"] <= 16, stats
+    assert stats["held_notices"] >= 32, stats  # the whole first window, at once
+    assert stats["held_probes"] == 1, stats
+    assert stats["retransmits"] <= 3, stats  # + a timeout probe or two before the notices came
 
 
 @contextlib.contextmanager

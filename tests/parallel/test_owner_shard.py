@@ -12,7 +12,7 @@ import uuid
 import numpy as np
 import pytest
 
-from netreduce import dataplane
+from netreduce.worker import dataplane
 from tests.parallel.ranks import run_ranks
 
 COUNT = 50_001  # several packets per stretch, stretches of unequal length

@@ -14,7 +14,8 @@ import uuid
 import numpy as np
 import pytest
 
-from netreduce import _native, dataplane
+from netreduce import _native
+from netreduce.worker import dataplane
 from netreduce.protocol.client import ControlClient
 from netreduce.errors import DataPlaneError
 from netreduce.switch import spawn

@@ -1,4 +1,4 @@
-"""Speculative steps (netreduce/speculation.py) on the real data planes: three ranks
+"""Speculative steps (netreduce/worker/speculation.py) on the real data planes: three ranks
 through the launcher, flat (every rank through a real netreduce-switch) and
 hierarchical (shared memory), with an idle rank, a tensor set that changes and two
 dtypes; every result exact and bit-identical on every rank."""

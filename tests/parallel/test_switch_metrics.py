@@ -16,7 +16,7 @@ from typing import Dict, List, Tuple
 import numpy as np
 import pytest
 
-from netreduce import dataplane
+from netreduce.worker import dataplane
 from netreduce.errors import NetReduceError
 from netreduce.process import terminate
 from netreduce.switch import METRICS_PREFIX, READY_PREFIX
@@ -116,11 +116,15 @@ def test_scrape_counts_the_job(daemon):
     assert chunks == 10
     dup = _get(m, "netreduce_switch_job_duplicates_total", job=job)
     resent = _get(m, "netreduce_switch_job_retransmitted_results_total", job=job)
+    held = _get(m, "netreduce_switch_job_held_notices_total", job=job)
     # Every chunk from every rank once, plus any retransmission (counted as duplicate).
     assert _get(m, "netreduce_switch_job_packets_total", job=job, direction="in") == \
         chunks * SIZE + dup
+    # ... and out, plus the held notices: the first message's chunks asked (the ranks
+    # had no round-trip estimate yet), at most one per chunk and send of it
+    assert held <= chunks * SIZE + dup
     assert _get(m, "netreduce_switch_job_packets_total", job=job, direction="out") == \
-        chunks * SIZE + resent
+        chunks * SIZE + resent + held
     assert _get(m, "netreduce_switch_job_reduced_bytes_total", job=job) == COUNT * 4 * SIZE
     assert _get(m, "netreduce_switch_job_slots_completed_total", job=job) == chunks
     assert _get(m, "netreduce_switch_job_rounds_started_total", job=job) == chunks

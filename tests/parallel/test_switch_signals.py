@@ -17,7 +17,7 @@ from typing import List, Tuple
 import numpy as np
 import pytest
 
-from netreduce import dataplane
+from netreduce.worker import dataplane
 from netreduce.process import terminate
 from netreduce.switch import READY_PREFIX
 

@@ -10,7 +10,7 @@ import uuid
 import numpy as np
 
 from benchmarks import loss
-from netreduce import dataplane
+from netreduce.worker import dataplane
 from netreduce.switch import spawn
 from tests.parallel.ranks import run_ranks
 

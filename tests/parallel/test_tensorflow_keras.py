@@ -177,3 +177,118 @@ def test_strategy_fit_matches_single_process():
     _assert_same_everywhere(_weights(model))
     # the loss metric is aggregated over the processes too: the global epoch loss
     np.testing.assert_allclose(history.history["loss"], ref_loss, rtol=0.05)
+
+
+def test_learning_rate_warmup_and_schedule_callbacks():
+    """Warmup from lr/size to lr over the first epochs (every batch), then a staircase
+    schedule; the value Keras applies is the optimizer's variable, so every step of
+    the compiled train function uses it."""
+    size = hvd.size()
+    lr, steps = 0.4, 4
+    x, y = _data(rows_per_rank=steps * PER_RANK_BATCH // size + 1)
+    model = _model()
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(lr)), loss="mse")
+    seen = []
+
+    class Record(keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            seen.append(float(self.model.optimizer.learning_rate.numpy()))
+    model.fit(x[:steps * PER_RANK_BATCH], y[:steps * PER_RANK_BATCH], batch_size=PER_RANK_BATCH,
+              epochs=4, verbose=0, shuffle=False,
+              callbacks=[hvd.LearningRateWarmupCallback(initial_lr=lr, warmup_epochs=2),
+                         hvd.LearningRateScheduleCallback(initial_lr=lr, multiplier=0.5,
+                                                          start_epoch=2, end_epoch=4),
+                         Record()])
+    assert len(seen) == 4 * steps
+    for i, got in enumerate(seen[:2 * steps]):
+        epoch = i / steps + 1.0 / steps
+        np.testing.assert_allclose(got, lr / size * (epoch * (size - 1) / 2 + 1), rtol=1e-6)
+    np.testing.assert_allclose(seen[2 * steps:3 * steps], [lr] * steps, rtol=1e-6)
+    np.testing.assert_allclose(seen[3 * steps:], [lr * 0.5] * steps, rtol=1e-6)
+
+
+def test_keras_state_sync_restore_commit():
+    rank = hvd.rank()
+    model = _model()
+    model.build((None, FEATURES))
+    keras.utils.set_random_seed(50 + rank)
+    for w in model.weights:
+        w.assign(np.full(w.shape, float(rank + 1), np.float32))
+    state = hvd.elastic.KerasState(model, keras.optimizers.SGD(0.1), batch=20 + rank,
+                                   epoch=10 + rank)
+    state.sync()
+    assert all(np.all(w.numpy() == 1.0) for w in model.weights)
+    assert (state.batch, state.epoch) == (20, 10)
+    for w in model.weights:
+        w.assign(np.full(w.shape, 5.0, np.float32))
+    state.batch = 21
+    state.restore()
+    assert all(np.all(w.numpy() == 1.0) for w in model.weights) and state.batch == 20
+    for w in model.weights:
+        w.assign(np.full(w.shape, 5.0, np.float32))
+    state.epoch = 11
+    state.commit()
+    state.restore()
+    assert all(np.all(w.numpy() == 5.0) for w in model.weights) and state.epoch == 11
+
+
+def test_partial_distributed_optimizer_keeps_local_layers_local():
+    rank, size = hvd.rank(), hvd.size()
+    model = _model()
+    model.build((None, FEATURES))
+    for w in model.weights:
+        w.assign(np.full(w.shape, 0.1 * (rank + 1), np.float32))
+    local = model.layers[:1]
+    opt = hvd.PartialDistributedOptimizer(keras.optimizers.SGD(1.0), local_layers=local)
+    x, _ = _data()
+    before = [w.numpy().copy() for w in model.trainable_weights]
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(model(x[:4]) * float(rank + 1))
+    grads = tape.gradient(loss, model.trainable_weights)
+    opt.apply(grads, model.trainable_weights)
+    local_ids = {id(v) for layer in local for v in layer.trainable_weights}
+    for w, b, g in zip(model.trainable_weights, before, grads):
+        step = b - w.numpy()
+        if id(w) in local_ids:  # this rank's own gradient, over size
+            np.testing.assert_allclose(step, g.numpy() / size, rtol=1e-5, atol=1e-6)
+        else:  # the average of every rank's gradient: the same step everywhere
+            steps = hvd.allgather_object(step)
+            assert all(np.allclose(s, steps[0]) for s in steps)
+
+
+def test_load_model_comes_back_distributed_with_its_state(tmp_path_factory):
+    rank = hvd.rank()
+    x, y = _data()
+    model = _model()
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.Adam(0.01)), loss="mse")
+    model.fit(x, y, batch_size=PER_RANK_BATCH, epochs=1, verbose=0, shuffle=False,
+              callbacks=[hvd.BroadcastGlobalVariablesCallback(0)])
+    path = hvd.broadcast_object(str(tmp_path_factory.mktemp("saved") / "m.keras"), 0)
+    if rank == 0:
+        model.save(path)
+    hvd.allgather_object(None)  # saved before anyone loads
+    loaded = hvd.load_model(path)
+    from netreduce.tensorflow.keras.optimizer import _DistributedOptimizer
+    assert isinstance(loaded.optimizer, _DistributedOptimizer)
+    assert isinstance(loaded.optimizer, keras.optimizers.Adam)
+    assert int(loaded.optimizer.iterations.numpy()) == int(model.optimizer.iterations.numpy())
+    loaded.fit(x[rank::hvd.size()], y[rank::hvd.size()], batch_size=PER_RANK_BATCH, epochs=1,
+               verbose=0, shuffle=False)
+    _assert_same_everywhere(_weights(loaded))
+
+
+def test_sync_batch_normalization_uses_the_global_batch():
+    """Training-mode output of SyncBatchNormalization on each rank's slice equals plain
+    BatchNormalization on the whole batch, and so do the moving statistics."""
+    rank, size = hvd.rank(), hvd.size()
+    rng = np.random.default_rng(3)
+    batch = rng.normal(size=(4 * size, 5)).astype(np.float32) * 3 + 1
+    sync = nrtf.SyncBatchNormalization(momentum=0.5)
+    plain = keras.layers.BatchNormalization(momentum=0.5)
+    mine = batch[4 * rank:4 * rank + 4]
+    got = sync(mine, training=True).numpy()
+    want = plain(batch, training=True).numpy()[4 * rank:4 * rank + 4]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(sync.moving_mean.numpy(), plain.moving_mean.numpy(), rtol=1e-5)
+    np.testing.assert_allclose(sync.moving_variance.numpy(), plain.moving_variance.numpy(),
+                               rtol=1e-4)

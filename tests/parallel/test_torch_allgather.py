@@ -211,6 +211,37 @@ def test_distributed_optimizer_sparse_embedding(initialized, sparse_as_dense):
     assert torch.allclose(emb.weight.detach(), reference - grad / size)
 
 
+@launched
+@pytest.mark.parametrize("sparse_as_dense", [False, True])
+def test_sparse_gradients_reach_sparse_adam_sparse(initialized, sparse_as_dense):
+    """torch.optim.SparseAdam takes only sparse gradients: with either setting the
+    averaged gradient reaches it sparse, and the step is the one a single SparseAdam
+    makes with the averaged gradient (also after broadcast_optimizer_state, whose
+    materialising step needs sparse zero gradients for it)."""
+    rank, size = hvd.rank(), hvd.size()
+    torch.manual_seed(7)
+    emb = torch.nn.Embedding(10, 3, sparse=True)
+    reference = torch.nn.Embedding(10, 3, sparse=True)
+    reference.load_state_dict(emb.state_dict())
+    opt = hvd.DistributedOptimizer(torch.optim.SparseAdam(list(emb.parameters()), lr=0.1),
+                                   named_parameters=emb.named_parameters(),
+                                   sparse_as_dense=sparse_as_dense)
+    hvd.broadcast_optimizer_state(opt, root_rank=0, model=emb)
+    assert emb.weight.grad.is_sparse
+    opt.zero_grad()
+    emb(torch.tensor([rank, rank + 2, 9])).sum().backward()
+    opt.step()
+    assert emb.weight.grad.is_sparse
+    grad = torch.zeros(10, 3)
+    for r in range(size):
+        grad[[r, r + 2, 9]] += 1.0
+    ref_opt = torch.optim.SparseAdam(list(reference.parameters()), lr=0.1)
+    for g in (torch.zeros(10, 3), grad / size):  # the materialising step, then the real one
+        reference.weight.grad = g.to_sparse()
+        ref_opt.step()
+    assert torch.allclose(emb.weight.detach(), reference.weight.detach(), atol=1e-6)
+
+
 # --- alltoall (relayed through the aggregator as all-gathers) -----------------------------
 @launched
 @pytest.mark.parametrize("dtype,dim", list(itertools.product(

@@ -199,3 +199,27 @@ def test_broadcast_parameters_named_list():
     model = _model()
     hvd.broadcast_parameters(list(model.named_parameters()), root_rank=hvd.size() - 1)
     _same_on_all_ranks(list(model.parameters()))
+
+
+def test_broadcast_optimizer_state_with_parameters_that_take_no_gradient():
+    """A fresh optimizer over a frozen parameter and a trained one: the state is made
+    (one step on zero gradients), broadcast, and the parameters are unchanged; the
+    frozen one has no gradient, the other keeps a zero one (Horovod's; code written
+    for Horovod broadcasts it); a gradient a parameter already had is kept."""
+    rank = hvd.rank()
+    frozen = torch.nn.Parameter(torch.tensor([1.0, 3.0]), requires_grad=False)
+    trained = torch.nn.Parameter(torch.full((4,), 2.0 + rank))
+    kept = torch.nn.Parameter(torch.ones(3))
+    kept.grad = torch.full((3,), 5.0 + rank)
+    opt = hvd.DistributedOptimizer(
+        torch.optim.SGD([frozen, trained, kept], lr=0.1, momentum=0.9, weight_decay=0.5),
+        named_parameters=[("frozen", frozen), ("trained", trained), ("kept", kept)])
+    hvd.broadcast_parameters([("trained", trained)], root_rank=0)
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    assert frozen.grad is None and frozen.tolist() == [1.0, 3.0]
+    assert torch.equal(trained.grad, torch.zeros(4))
+    assert torch.equal(hvd.broadcast(trained.grad, root_rank=0), torch.zeros(4))
+    assert torch.equal(trained.detach(), torch.full((4,), 2.0))  # weight decay undone
+    assert torch.equal(kept.grad, torch.full((3,), 5.0 + rank))
+    assert frozen not in opt.state
+    _same_on_all_ranks([opt.state[trained]["momentum_buffer"]])

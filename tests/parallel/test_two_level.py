@@ -19,7 +19,7 @@ import uuid
 import numpy as np
 import pytest
 
-from netreduce import dataplane
+from netreduce.worker import dataplane
 from netreduce.protocol.client import ControlClient
 from netreduce.errors import NetReduceError
 from tests.parallel.ranks import run_ranks
@@ -144,10 +144,12 @@ def test_exact_through_rack_and_spine(tree):
     assert spine_c["drops"] - spine_c["drop_stale"] == 0 and \
         all(rc["drops"] - rc["drop_stale"] == 0 for rc in rack_c), (spine_c, rack_c)
     # What a rack sends: one partial per slot up (and its probes), one result per
-    # member down (and the answers to the members' resends).
+    # member down (and the answers to the members' resends, and the held notices of
+    # their first messages' chunks).
     for rc in rack_c:
         assert rc["packets_out"] == (rc["uplink_partials_sent"] + rc["uplink_partials_resent"]
-                                     + 2 * rc["slots_completed"] + rc["retransmitted_results"]), rc
+                                     + 2 * rc["slots_completed"] + rc["retransmitted_results"]
+                                     + rc["held_notices"]), rc
 
 
 @pytest.mark.parametrize("hop", ["worker", "uplink", "both"])

@@ -18,7 +18,8 @@ import uuid
 import numpy as np
 import pytest
 
-from netreduce import _native, dataplane
+from netreduce import _native
+from netreduce.worker import dataplane
 from netreduce.switch import spawn
 from tests.parallel.ranks import run_ranks
 from tests.procs import collect_ok
@@ -118,7 +119,7 @@ int sendmmsg(int fd, struct mmsghdr* v, unsigned n, int flags) {
 RANK_SCRIPT = r"""
 import json, sys
 import numpy as np
-from netreduce import dataplane
+from netreduce.worker import dataplane
 host, port, job, rank = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
 with dataplane.connect((host, port), job, rank, 2, timeout=60.0) as conn:
     a = np.full(300_007, rank + 1, dtype=np.float64)

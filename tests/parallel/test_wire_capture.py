@@ -25,7 +25,7 @@ from typing import List, Tuple
 import numpy as np
 import pytest
 
-from netreduce import dataplane
+from netreduce.worker import dataplane
 from netreduce.switch import spawn
 from tests.parallel.pcap_segments import split_gso
 from tests.unit.test_wire import reference_icrc
@@ -109,7 +109,8 @@ def test_tshark_decodes_a_run_as_roce(tmp_path, offload, offload_env):
     fields = ["infiniband.bth.opcode", "infiniband.bth.destqp", "infiniband.reth.r_key",
               "infiniband.reth.dmalen", "infiniband.reth.va", "udp.srcport",
               "infiniband.invariant.crc", "infiniband.bth.psn", "infiniband.immdt", "ip.src",
-              "ip.dst", "udp.dstport", "ip.id", "ip.flags", "udp.payload"]
+              "ip.dst", "udp.dstport", "ip.id", "ip.flags", "infiniband.bth.a",
+              "infiniband.bth.reserved7", "udp.payload"]
     rows, port, (key, index), sends = capture(tmp_path, "127.0.0.1", "ip", fields, offload)
     # With GSO each rank's three chunks left in one send (one lane, one batch).
     assert (sends >= 2) if offload == "auto" else (sends == 0), sends
@@ -122,7 +123,17 @@ def test_tshark_decodes_a_run_as_roce(tmp_path, offload, offload_env):
         assert int(r["infiniband.bth.destqp"], 0) >> 12 == index
         assert int(r["infiniband.reth.r_key"], 0) == key
         dmalen = int(r["infiniband.reth.dmalen"])
-        assert dmalen in (4096, 12000 - 2 * 4096)
+        ack_req = r["infiniband.bth.a"] in ("1", "True")
+        ext = int(r["infiniband.bth.reserved7"], 0)  # BTH byte 8's reserved bits
+        if int(r["udp.srcport"]) != port:
+            # A job's first message goes before any round-trip sample: every
+            # contribution asks (BTH.A) for a held notice (docs/protocol.md)
+            assert ack_req and ext == 0 and dmalen in (4096, 12000 - 2 * 4096), r
+        elif dmalen == 0:
+            # a held notice: the round holds this rank's contribution, waits for the other
+            assert not ack_req and ext == 0x10, r
+        else:
+            assert not ack_req and ext & 0x10 == 0 and dmalen in (4096, 12000 - 2 * 4096), r
         # What each engine sent: its first message (immediate = message id 0), chunk c
         # of 1024 floats with PSN c; results echo both.
         offset = int(r["infiniband.reth.va"], 0) & (2**40 - 1)
@@ -142,7 +153,10 @@ def test_tshark_decodes_a_run_as_roce(tmp_path, offload, offload_env):
         want = reference_icrc(r["ip.src"], r["ip.dst"], int(r["udp.srcport"]),
                               int(r["udp.dstport"]), udp[:32], udp[32:32 + dmalen], pad, ip_id)
         assert icrc == want != 0, r
-    results = [r for r in rows if int(r["udp.srcport"]) == port]
+    # each of the three chunks reached the aggregator first from one rank, who was told
+    notices = [r for r in rows if int(r["udp.srcport"]) == port and not int(r["infiniband.reth.dmalen"])]
+    assert len({r["infiniband.reth.va"] for r in notices}) == 3, notices
+    results = [r for r in rows if int(r["udp.srcport"]) == port and int(r["infiniband.reth.dmalen"])]
     assert len({(r["infiniband.bth.destqp"], r["infiniband.reth.va"]) for r in results}) == 6
     assert all((int(r["infiniband.reth.va"], 0) >> 56) & 1 for r in results)
     # PSNs 0, 1, 2 from each rank, and back to each rank's QP

@@ -37,7 +37,7 @@ ENV = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONP
 WORKER = r"""
 import json, sys
 import numpy as np
-from netreduce import dataplane
+from netreduce.worker import dataplane
 host, port, job, rank, size = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
 conn = dataplane.connect((host, port), job, rank, size, timeout=60.0)
 failures = []

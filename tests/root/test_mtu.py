@@ -34,7 +34,7 @@ ENV = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONP
 WORKER = r"""
 import json, sys
 import numpy as np
-from netreduce import dataplane
+from netreduce.worker import dataplane
 host, port, job, rank, size = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
 conn = dataplane.connect((host, port), job, rank, size, timeout=60.0)
 failures = []
@@ -139,7 +139,7 @@ def test_ipv6_testbed_payload_follows_the_path_without_flags(mtu, payload):
 SHRINK = r"""
 import subprocess
 import numpy as np
-from netreduce import dataplane
+from netreduce.worker import dataplane
 from netreduce.errors import DataPlaneError
 from netreduce.switch import spawn
 with spawn() as sw:  # no payload flag: the job gets what MTU 9000 carries

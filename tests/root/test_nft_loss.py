@@ -7,7 +7,7 @@ import uuid
 
 import numpy as np
 
-from netreduce import dataplane
+from netreduce.worker import dataplane
 from netreduce.protocol.client import ControlClient
 from netreduce.switch import spawn
 from tests.conftest import require_root

@@ -39,7 +39,7 @@ def rdma_counters() -> dict:
 
 
 def run_phase(phase: dict) -> dict:
-    from netreduce import dataplane
+    from netreduce.worker import dataplane
     host, port = phase["switch"].rsplit(":", 1)
     rank, size = int(phase["rank"]), int(phase["size"])
     out = {"job": phase["job"], "cases": [], "ok": True}

@@ -105,14 +105,46 @@ class SoftRoceBed:
         rundir.mkdir(parents=True, exist_ok=True)
         (rundir / "run.sh").write_text(script)
         env = dict(os.environ)
-        prefix = os.path.realpath(sys.prefix)
-        if not prefix.startswith("/usr"):
-            env["NR_EXTRA_SHARES"] = prefix  # a Python outside /usr (pyenv, venv base)
+        extra = guest_shares()
+        if extra:
+            env["NR_EXTRA_SHARES"] = ":".join(extra)
         proc = subprocess.run(["bash", str(SCRIPTS / "run_guest.sh"), str(rundir), self.tap,
                                self.guest_ip + "/24", str(timeout)], env=env)
         return proc.returncode
 
 
+def _under(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def guest_shares() -> List[str]:
+    """Host directories the guest needs beyond /usr, /etc and the repository (which
+    run_guest.sh always shares), each shared read-only at its own path: this
+    interpreter's prefix (a venv: its site-packages) and, when they differ, the base
+    installation it points to (sys.base_prefix: pyenv, uv or conda Python, whose
+    binary and standard library live there) and the directory of the binary the
+    interpreter's symlinks lead to. A directory inside another one shared is left
+    out: a read-only share cannot hold a mount point made for it."""
+    always = ["/usr", "/etc", os.path.realpath(REPO)]
+    wanted = [os.path.realpath(d) for d in
+              (sys.prefix, sys.base_prefix, os.path.dirname(os.path.realpath(sys.executable)))]
+    out: List[str] = []
+    for d in sorted(set(wanted), key=len):  # outer directories first
+        if not any(_under(d, r) for r in always + out):
+            out.append(d)
+    return out
+
+
+def guest_env() -> str:
+    """The guest's environment for run.sh's `export`: the checkout under test first on
+    the path (an editable install may point at another checkout, which the guest
+    does not see), no bytecode written into the read-only shares."""
+    return f"HOME=/root PYTHONDONTWRITEBYTECODE=1 PYTHONPATH={os.path.realpath(REPO)}"
+
+
 def guest_python() -> str:
-    """This interpreter, as the guest's chroot of the host's filesystem sees it."""
-    return os.path.realpath(sys.executable)
+    """This interpreter, as the guest's chroot of the host's filesystem sees it: the
+    path it was started by (a venv's bin/python, so the venv's pyvenv.cfg and
+    site-packages apply), its directory resolved, the last link kept."""
+    exe = sys.executable
+    return os.path.join(os.path.realpath(os.path.dirname(exe)), os.path.basename(exe))

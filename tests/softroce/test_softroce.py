@@ -19,7 +19,7 @@ import pytest
 
 from netreduce.switch import spawn
 from tests.softroce import guest_worker, roce_pcap
-from tests.softroce.harness import REPO, SoftRoceBed, guest_python, require_softroce
+from tests.softroce.harness import REPO, SoftRoceBed, guest_env, guest_python, require_softroce
 
 pytestmark = [pytest.mark.root, pytest.mark.slow, pytest.mark.softroce, pytest.mark.timeout(900)]
 
@@ -71,12 +71,13 @@ def run(tmp_path_factory):
             bed.start_capture(pcap)
             worker = REPO / "tests" / "softroce" / "guest_worker.py"
             script = f"""
-export HOME=/root PYTHONDONTWRITEBYTECODE=1 NETREDUCE_TRANSPORT=verbs NETREDUCE_VERBS_DEVICE=rxe0
+export {guest_env()} NETREDUCE_TRANSPORT=verbs NETREDUCE_VERBS_DEVICE=rxe0
 counters() {{ for f in /sys/class/infiniband/rxe0/ports/1/hw_counters/*; do echo "${{f##*/}} $(cat $f)"; done; }}
 counters > /mnt/share/counters_before.txt
 cd /tmp
 chroot /hostroot {guest_python()} {worker} /mnt/share/plan.json /mnt/share/result.json
 rc=$?
+sleep 1  # a last result or ACK still on its way is counted too (the capture sees it)
 counters > /mnt/share/counters_after.txt
 dmesg > /mnt/share/dmesg.txt
 exit $rc

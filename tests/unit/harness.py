@@ -4,8 +4,9 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable, Dict, List, Optional
 
-from netreduce import api, config
-from netreduce.communicator import Communicator
+from netreduce import config
+from netreduce.worker import context
+from netreduce.worker.communicator import Communicator
 from netreduce.environment import Topology
 
 from tests.unit.fakes import FakeControlServer, FakeFabric
@@ -35,11 +36,11 @@ class Ranks:
                                     knobs=self.knobs)
                 comm.topology = Topology(r, self.size, r, self.size, self.job, "threads")
                 self.comms[r] = comm
-                api._tls.comm = comm
+                context.thread.comm = comm
                 try:
                     results[r] = fn(r)
                 finally:
-                    api._tls.comm = None
+                    context.thread.comm = None
                     if shutdown:
                         comm.shutdown()
             except BaseException as exc:  # noqa: BLE001 — reported to the test

@@ -64,7 +64,7 @@ def test_init_reads_netreduce_switch_with_the_same_parser():
 
 
 def test_launcher_refuses_a_bad_switch_address(capsys):
-    from netreduce import launcher
+    from netreduce.launcher import command as launcher
     with pytest.raises(SystemExit) as info:
         launcher.run(["--switch", "agg-0:port", "-np", "1", "true"])
     assert info.value.code == 2

@@ -9,6 +9,7 @@ import pytest
 
 import netreduce as nr
 from netreduce import api
+from netreduce.worker import context
 from netreduce.errors import NegotiationError, RankFailedError, ShutdownError
 
 
@@ -183,7 +184,7 @@ def test_rank_shutdown_fails_others_naming_it(ranks):
     def fn(r):
         nr.allreduce(np.ones(2, np.float32), name="warmup")
         if r == 1:
-            api._tls.comm.shutdown()
+            context.thread.comm.shutdown()
             gate.set()
             return None
         h = nr.allreduce_async(np.ones(2, np.float32), name="needs-rank-1")
@@ -205,7 +206,7 @@ def test_rank_death_fails_others_naming_it(ranks):
         nr.allreduce(np.ones(2, np.float32), name="warmup")
         if r == 1:
             # what a killed process leaves behind: its connections close, nothing else
-            api._tls.comm.neg.close()
+            context.thread.comm.neg.close()
             return None
         with pytest.raises(RankFailedError, match="rank 1 disconnected"):
             nr.allreduce(np.ones(2, np.float32), name="needs-rank-1")
@@ -225,7 +226,7 @@ def test_pending_ops_fail_on_own_shutdown(ranks):
 
     def fn(r):
         h = nr.allreduce_async(np.ones(2, np.float32), name=f"never-{r}")
-        comm = api._tls.comm
+        comm = context.thread.comm
         bye = comm.neg.bye
 
         def bye_once_both_stop(*args, **kwargs):
@@ -283,15 +284,15 @@ def test_data_plane_error_names_the_tensors_and_keeps_where(ranks, monkeypatch):
 def _in_new_run(R, fabric, r, fn):
     """Rank r of R calls shutdown() then starts again (what netreduce.init() does),
     and runs fn on the new communicator; returns (communicator, fn's result)."""
-    from netreduce.communicator import Communicator
+    from netreduce.worker.communicator import Communicator
     R.comms[r].shutdown()
     comm = Communicator(rank=r, size=R.size, job=R.job, address=R.server.address,
                         dataplane=fabric.connect(None, R.job, r, R.size), knobs=R.knobs)
-    api._tls.comm = comm
+    context.thread.comm = comm
     try:
         return comm, fn()
     finally:
-        api._tls.comm = None
+        context.thread.comm = None
 
 
 def test_init_again_while_another_rank_is_still_in_the_first_run(ranks):
@@ -336,7 +337,7 @@ def test_fusion_buffer_allocated_once_and_cache_makes_steps_cheap(ranks):
     shapes = [(64, 3, 3), (64,), (128, 64), (128,), (10, 128), (10,)]
 
     def fn(r):
-        comm = api._tls.comm
+        comm = context.thread.comm
         for step in range(6):
             if step == 1:
                 first = comm.neg.requests
@@ -436,7 +437,7 @@ def test_last_barrier_survives_a_fast_peer_shutdown(ranks, monkeypatch):
     departure (watch) before it reads the barrier's log entry. The barrier must still
     complete on rank 1: rank 0 executed it."""
     import time
-    from netreduce.communicator import Communicator
+    from netreduce.worker.communicator import Communicator
     real = Communicator._on_reply
 
     def late_reply(self, reply):
@@ -449,7 +450,7 @@ def test_last_barrier_survives_a_fast_peer_shutdown(ranks, monkeypatch):
         nr.allreduce(np.ones(2, np.float32), name="last-step")
         nr.barrier()
         if r == 0:
-            api._tls.comm.shutdown()
+            context.thread.comm.shutdown()
         return True
     R = ranks(2)
     assert R.run(fn, shutdown=False) == [True, True]
@@ -476,7 +477,7 @@ def test_in_flight_transfer_is_aborted_when_a_peer_dies(ranks, monkeypatch):
 
     def fn(r):
         if r == 1:
-            R.fabric.comm_of_rank1 = api._tls.comm
+            R.fabric.comm_of_rank1 = context.thread.comm
         nr.allreduce(np.ones(2, np.float32), name="warmup")
         if r == 1:
             nr.allreduce_async(np.ones(2, np.float32), name="transfer")

@@ -1,4 +1,4 @@
-"""netreduce/failover.py's recovery, ranks as threads, with the split that real kills
+"""netreduce/worker/failover.py's recovery, ranks as threads, with the split that real kills
 reach only by chance made certain: the path dies after ranks 0 and 1 received all of
 call m's results and rank 2 did not (its in-place buffer holds part of them). Rank 2
 must get call m's result from a peer, ranks 0 and 1 must redo call m+1, and every
@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from netreduce.errors import DataPlaneError
-from netreduce.failover import Failover
-from netreduce.job_paths import Candidate
+from netreduce.worker.failover import Failover
+from netreduce.worker.job_paths import Candidate
 
 N = 3
 

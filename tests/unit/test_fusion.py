@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from netreduce.fusion import FusionBuffer
+from netreduce.worker.fusion_buffer import FusionBuffer
 from netreduce.protocol.fusion import plan
 
 F32 = ("float32", "sum")

@@ -1,4 +1,4 @@
-"""The steady state without the coordinator (netreduce/response_cache.py): ranks as
+"""The steady state without the coordinator (netreduce/worker/response_cache.py): ranks as
 threads through the public API, on the fakes (the fake fabric checks that every
 rank issues the same data-plane messages in the same order, rounds included)."""
 import time
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import netreduce as nr
-from netreduce import api
+from netreduce.worker import context
 from netreduce.errors import NegotiationError, RankFailedError
 
 
@@ -23,7 +23,7 @@ def test_cached_steps_ask_the_coordinator_nothing(ranks, size):
     want = size * (size + 1) / 2
 
     def fn(r):
-        comm = api._tls.comm
+        comm = context.thread.comm
         _step(r, ["a", "b", "c"])             # negotiated: every rank learns the ids
         before = comm.neg.requests
         for _ in range(10):
@@ -37,7 +37,7 @@ def test_cached_steps_ask_the_coordinator_nothing(ranks, size):
 
 def test_changed_tensor_set_falls_back_and_recaches(ranks):
     def fn(r):
-        comm = api._tls.comm
+        comm = context.thread.comm
         _step(r, ["a", "b"])
         _step(r, ["a", "b"])
         agreed = comm.agreement.agreed
@@ -92,7 +92,7 @@ def test_cached_tensor_submitted_late_by_one_rank_still_completes(ranks):
     """A straggler beyond stale_s: the tensor leaves the agreement for the coordinator
     on every rank, completes there, and is agreed on again afterwards."""
     def fn(r):
-        comm = api._tls.comm
+        comm = context.thread.comm
         _step(r, ["x"])
         _step(r, ["x"])
         if r == 1:
@@ -109,7 +109,7 @@ def test_cached_tensor_submitted_late_by_one_rank_still_completes(ranks):
 
 def test_agreement_off_asks_the_coordinator_every_step(ranks):
     def fn(r):
-        comm = api._tls.comm
+        comm = context.thread.comm
         _step(r, ["a"])
         before = comm.neg.requests
         for _ in range(3):
@@ -124,7 +124,7 @@ def test_a_rank_dying_during_rounds_fails_the_others_naming_it(ranks):
         _step(r, ["x"])
         _step(r, ["x"])
         if r == 1:
-            api._tls.comm.neg.close()         # what a killed process leaves behind
+            context.thread.comm.neg.close()         # what a killed process leaves behind
             return None
         with pytest.raises(RankFailedError, match="rank 1 disconnected"):
             for _ in range(100):

@@ -14,7 +14,7 @@ SCRIPT = r"""
 import netreduce
 print("IMPORTED", netreduce.__file__)
 for stmt in ("from netreduce import _native", "import netreduce.torch",
-             "from netreduce import dataplane"):
+             "from netreduce.worker import dataplane"):
     try:
         exec(stmt)
         print("NO ERROR", stmt)

@@ -1,4 +1,4 @@
-"""Steady steps in one data-plane message (netreduce/speculation.py): ranks as threads
+"""Steady steps in one data-plane message (netreduce/worker/speculation.py): ranks as threads
 through the public API, on the fakes. The fake fabric fails any message whose size,
 op or dtype differs between ranks, so every test also checks that all ranks issued
 the same speculative messages and rounds in the same order."""
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import netreduce as nr
-from netreduce import api
+from netreduce.worker import context
 
 
 def _data(r, step, name, shape=(5,), dtype=np.float32):
@@ -43,7 +43,7 @@ def _check(out, size, step, shapes=None, dtype=np.float32):
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32, np.int8])
 def test_steady_steps_are_speculative_and_exact(ranks, size, dtype):
     def fn(r):
-        comm = api._tls.comm
+        comm = context.thread.comm
         for step in range(16):
             _check(_step(r, step, ["g"], dtype=dtype), size, step, dtype=dtype)
         spec = comm.agreement.spec
@@ -63,7 +63,7 @@ def test_grouped_and_scaled_steps_match_the_plain_path(ranks):
                       for s in ((7,), (3, 4))]
             outs.append(nr.grouped_allreduce(arrays, op=nr.Average, name="pair",
                                              prescale_factor=0.5, postscale_factor=3.0))
-        return outs, api._tls.comm.agreement.spec.hits
+        return outs, context.thread.comm.agreement.spec.hits
     results = ranks(3).run(fn)
     for step in range(10):
         arrays = [[np.random.default_rng(r * 77 + step).standard_normal(s).astype(np.float32)
@@ -78,7 +78,7 @@ def test_grouped_and_scaled_steps_match_the_plain_path(ranks):
 
 def test_a_rank_submitting_another_set_in_another_order_late_stays_exact(ranks):
     def fn(r):
-        comm = api._tls.comm
+        comm = context.thread.comm
         for step in range(6):
             _check(_step(r, step, ["a"]), 2, step)
         assert comm.agreement.spec.armed or comm.agreement.spec.hits > 0
@@ -98,7 +98,7 @@ def test_alternating_sets_never_speculate_and_stay_exact(ranks):
     def fn(r):
         for step in range(12):
             _check(_step(r, step, ["a"] if step % 2 else ["b"]), 3, step)
-        spec = api._tls.comm.agreement.spec
+        spec = context.thread.comm.agreement.spec
         return spec.hits, spec.misses
     for hits, misses in ranks(3).run(fn):
         assert hits == 0 and misses == 0      # {a}, {b}, {a}: never twice the same
@@ -108,7 +108,7 @@ def test_tensor_set_changing_mid_training(ranks):
     shapes = {"c": (9,)}
 
     def fn(r):
-        spec = api._tls.comm.agreement.spec
+        spec = context.thread.comm.agreement.spec
         phases = [["a"], ["a", "b"], ["c"], ["c"]]
         hits = []
         step = 0
@@ -130,7 +130,7 @@ def test_an_idle_rank_joins_with_zero_votes_and_nothing_is_lost(ranks):
     """A rank that pauses past IDLE_S joins the speculative messages with zeros; the
     others' data is discarded, not summed, and the step completes exactly."""
     def fn(r):
-        spec = api._tls.comm.agreement.spec
+        spec = context.thread.comm.agreement.spec
         for step in range(5):
             _check(_step(r, step, ["g"]), 2, step)
         if r == 1:
@@ -157,7 +157,7 @@ def test_async_submissions_complete_without_a_wait(ranks):
                 time.sleep(0.0005)
             assert nr.poll(h), "an async step never ran"
             _check({"g": nr.synchronize(h)}, 2, step)
-        return api._tls.comm.agreement.spec.hits
+        return context.thread.comm.agreement.spec.hits
     for hits in ranks(2).run(fn):
         assert hits >= 4
 
@@ -182,7 +182,7 @@ def test_shutdown_while_speculating_ends_cleanly(ranks):
     """Rank 1 leaves with the speculation armed: its last speculative message says
     'other', the round after it says it leaves, rank 0 stops the agreement."""
     def fn(r):
-        comm = api._tls.comm
+        comm = context.thread.comm
         for step in range(6):
             _check(_step(r, step, ["g"]), 2, step)
         assert comm.agreement.spec.hits > 0
@@ -203,10 +203,10 @@ def test_shutdown_while_speculating_ends_cleanly(ranks):
 def test_an_idle_job_backs_off_and_resumes(ranks):
     """Every message finding every rank with nothing for QUIET_S doubles the idle
     pace (up to max(IDLE_S, stale_s)); the next step resets it and is exact."""
-    from netreduce.response_cache import IDLE_S, QUIET_S
+    from netreduce.worker.response_cache import IDLE_S, QUIET_S
 
     def fn(r):
-        ag = api._tls.comm.agreement
+        ag = context.thread.comm.agreement
         for step in range(4):
             _check(_step(r, step, ["g"]), 2, step)
         time.sleep(QUIET_S + 1.5)
@@ -222,7 +222,7 @@ def test_first_log_entry_batched_with_its_wake_still_runs(ranks, monkeypatch):
     """A slow executor takes the first submission's wake and its log entry in one
     batch, before the rounds start: the entry must count as received (v[0]), or no
     round ever runs it (a livelock seen under load)."""
-    from netreduce import response_cache
+    from netreduce.worker import response_cache
 
     take = response_cache._take
 

@@ -10,8 +10,9 @@ import pytest
 
 import netreduce as nr
 from netreduce import api
-from netreduce.communicator import Handle
-from netreduce.done_flag import DoneFlag
+from netreduce.worker import context
+from netreduce.worker.communicator import Handle
+from netreduce.worker.done_flag import DoneFlag
 from netreduce.errors import InvalidArgumentError, InvalidTypeError, NegotiationError, \
     OperationTimeoutError
 
@@ -132,7 +133,7 @@ def test_speculative_copies_match_the_plain_path(ranks, case, shape):
             kw = {"op": nr.Average, "postscale_factor": 3.0} if case == "average_post" \
                 else {"op": nr.Sum, "prescale_factor": 0.5}
         outs = [nr.allreduce(x, name="t", **kw) for _ in range(12)]
-        return outs, api._tls.comm.agreement.spec.hits
+        return outs, context.thread.comm.agreement.spec.hits
     results = ranks(2).run(fn)
     for outs, hits in results:
         assert hits >= 3                      # steps 3.. are speculative (load may miss)

@@ -1,13 +1,13 @@
-"""Host layout from the exchanged records (netreduce/topology.py) and the algorithm
+"""Host layout from the exchanged records (netreduce/algorithms/hosts.py) and the algorithm
 choice made from it (netreduce/algorithms/select.py): pure functions, no processes."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from netreduce import topology
+from netreduce.algorithms import hosts as topology
 from netreduce.algorithms.select import choose
-from netreduce.topology import Record, TopologyError
+from netreduce.algorithms.hosts import Record, TopologyError
 
 
 def rec(rank, host, lr, ln, known=True):

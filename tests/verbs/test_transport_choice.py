@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from netreduce import _native, dataplane
+from netreduce import _native
+from netreduce.worker import dataplane
 from netreduce.errors import AdmissionError
 
 

@@ -1,1 +1,0 @@
-"""The aggregator's control plane: job admission, counters, negotiation (TCP, JSON lines)."""

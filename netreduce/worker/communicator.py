@@ -1,0 +1,620 @@
+"""The communicator: one per process, two threads.
+
+* The negotiation thread owns the coordinator connections. It batches what the
+  user submitted during one cycle (NETREDUCE_CYCLE_TIME), sends it, and waits with
+  select() on the long-poll socket and on a wake-up pipe; each log entry it receives
+  is one fusion group, handed to the executor in log order.
+* The executor thread runs the groups strictly in log order — the order is what
+  keeps every rank's data-plane messages aligned — through the fusion buffer and the
+  data plane, then completes the handles.
+
+Splitting the two lets negotiation of step k+1's tensors overlap the data-plane
+transfer of step k's (the transfer releases the GIL).
+
+Failure: when the coordinator reports that a rank died or shut down, tensors still
+being negotiated fail at once; groups already in the log run only if the departed
+rank executed them too (``after``), otherwise the data-plane connection is aborted so
+that a transfer waiting for the dead rank fails now, not at the data-plane timeout.
+"""
+from __future__ import annotations
+
+import copy
+import logging
+import os
+import queue
+import re
+import select
+import threading
+import time
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+import numpy as np
+
+from netreduce.algorithms.scatter_gather import run as run_scatter_gather
+from netreduce.errors import (ControlPlaneError, NegotiationError, NetReduceError,
+                              OperationTimeoutError, RankFailedError, ShutdownError,
+                              tensor_names)
+from netreduce.ops import STORAGE, WIRE_DTYPE, ReduceOp, scale_into
+from netreduce.worker import timeline as tl
+from netreduce.worker import unmatched
+from netreduce.worker.done_flag import DoneFlag
+from netreduce.worker.fusion_buffer import FusionBuffer
+from netreduce.worker.negotiation import NegotiationClient, ResponseCache, sig_of
+from netreduce.worker.response_cache import ROUND_SEQ, Agreement
+
+log = logging.getLogger("netreduce")
+# Seconds a transfer under way may still finish after a rank died without shutdown().
+ABORT_GRACE_S = 1.0
+
+
+def _naming(exc: NetReduceError, prefix: str) -> NetReduceError:
+    """``exc`` (same class, same attributes such as RankFailedError.rank) with
+    ``prefix`` in front of its message, which is kept whole: it names the aggregator,
+    job and slot."""
+    named = copy.copy(exc)
+    named.args = (f"{prefix}: {exc}",) + tuple(exc.args[1:])
+    return named
+
+
+class Handle:
+    """What the *_async calls return; pass it to netreduce.poll / synchronize."""
+
+    def __init__(self, outputs: List[np.ndarray], grouped: bool) -> None:
+        self._outputs, self._grouped = outputs, grouped
+        self._remaining = len(outputs)
+        self._names: List[str] = []  # of the tensors behind it (Tensor adds itself)
+        self._error: Optional[BaseException] = None
+        self._event = DoneFlag()  # its lock guards _remaining and _error too
+        self._helper: Optional[Callable[["Handle"], None]] = None  # Agreement.help
+        self._callbacks: Optional[List[Callable[["Handle"], None]]] = None
+        if not outputs:
+            self._event.set()
+
+    def _finish_one(self, error: Optional[BaseException] = None) -> None:
+        with self._event.lock:
+            if error is not None and self._error is None:
+                self._error = error
+            self._remaining -= 1
+            if self._remaining != 0:
+                return
+            self._event.set_locked()
+            callbacks, self._callbacks = self._callbacks, None
+        for fn in callbacks or ():
+            _run_callback(fn, self)
+
+    def done(self) -> bool:
+        return self._event.is_set()
+
+    def add_done_callback(self, fn: Callable[["Handle"], None]) -> None:
+        """Call ``fn(handle)`` once the operation has finished or failed (``wait()``
+        then returns or raises at once): on this thread if it already has, else on
+        the netreduce thread that finishes it — so ``fn`` must be quick and must
+        never wait for another operation. For adapters whose framework completes
+        work by callback (TensorFlow's asynchronous kernels) rather than a wait."""
+        with self._event.lock:
+            if not self._event.is_set():
+                if self._callbacks is None:
+                    self._callbacks = []
+                self._callbacks.append(fn)
+                return
+        _run_callback(fn, self)
+
+    def run_if_ready(self) -> None:
+        """Run this operation's data-plane step on the calling thread if it can go now
+        (a steady-state step whose whole group this rank holds), as wait() does, and
+        return without waiting otherwise. For an adapter that completes by callback
+        (add_done_callback): its thread saves the executor's wake-up."""
+        if self._helper is not None and not self._event.is_set():
+            self._helper(self)
+
+    def wait(self, timeout: Optional[float] = None) -> Any:
+        self._event.waited = True  # a synchronous loop (Speculation reads it)
+        if self._helper is not None and timeout is None and not self._event.is_set():
+            self._helper(self)  # runs a speculative step on this thread (response_cache.py)
+        if not self._event.wait(timeout):
+            raise OperationTimeoutError(
+                f"{tensor_names(self._names or ['?'])} still in flight after waiting "
+                f"{timeout} s; the operation continues: wait again, or poll() until done")
+        if self._error is not None:
+            raise self._error
+        return list(self._outputs) if self._grouped else self._outputs[0]
+
+
+def _run_callback(fn: Callable[[Handle], None], handle: Handle) -> None:
+    try:
+        fn(handle)
+    except Exception:  # a callback's bug must not stop the thread that completes handles
+        log.exception("netreduce: a handle's done callback failed")
+
+
+class Tensor:
+    """One tensor of one submission, from submit to completion."""
+
+    __slots__ = ("name", "sig", "cacheable", "op", "array", "output", "handle",
+                 "t_submit", "t_sent", "seq", "index")
+
+    def __init__(self, name: str, sig: tuple, cacheable: bool, op: Optional[ReduceOp],
+                 array: Optional[np.ndarray], output: Optional[np.ndarray], handle: Handle):
+        self.name, self.sig, self.cacheable, self.op = name, sig, cacheable, op
+        self.array, self.output, self.handle = array, output, handle
+        self.index = len(handle._names)  # position among the handle's outputs
+        handle._names.append(name)
+        self.t_submit = tl.now_us()
+        self.t_sent = 0.0
+        self.seq = -1  # log position once negotiated
+
+    @property
+    def kind(self) -> str:
+        return self.sig[0]
+
+    @property
+    def dtype(self) -> str:
+        return self.sig[1]
+
+
+_AUTO_NAME = re.compile(r"^(\w+)\.noname\.(\d+)(?:\.|$)")  # api._auto_name's names
+
+
+def _zero_tensor(name: str, req: Dict[str, Any]) -> Tensor:
+    """A joined rank's stand-in for a tensor the others submitted: zeros of the same
+    dtype and shape (its own handle, which nobody waits on)."""
+    sig = sig_of(req)
+    output = np.zeros(sig[2], dtype=np.uint16 if sig[1] == "bfloat16" else np.dtype(sig[1]))
+    op = ReduceOp(sig[3]) if sig[3] else None
+    t = Tensor(name, sig, False, op, output, output, Handle([output], False))
+    t.t_sent = t.t_submit  # never negotiated by this rank: no wait to show
+    return t
+
+
+class Communicator:
+    def __init__(self, *, rank: int, size: int, job: str, address, dataplane: Any,
+                 knobs: Dict[str, Any],
+                 client_factory: Callable[..., NegotiationClient] = NegotiationClient) -> None:
+        self.rank, self.size, self.job, self.address = rank, size, job, address
+        self.dp = dataplane
+        self.cycle_s = float(knobs["NETREDUCE_CYCLE_TIME"]) / 1000.0
+        self.stall_s = float(knobs["NETREDUCE_STALL_TIMEOUT"])
+        self.timeout_s = float(knobs["NETREDUCE_TIMEOUT"])
+        self._poll_wait_s = min(1.0, self.stall_s / 2)  # long-poll wait at the aggregator
+        # The aggregator reports a tensor that some ranks have not submitted after
+        # this long (the warning, and the names of the missing ranks that the
+        # NETREDUCE_TIMEOUT error gives): no later than 3/4 of the timeout.
+        self._stall_req_s = min(self.stall_s, 0.75 * self.timeout_s)
+        self._missing: Dict[str, List[int]] = {}  # tensor name -> ranks last reported missing
+        self._last_reply_us = 0.0  # when the aggregator last answered a long-poll
+        self.fusion = FusionBuffer(int(knobs["NETREDUCE_FUSION_THRESHOLD"]))
+        self.timeline = tl.Timeline.from_config(knobs["NETREDUCE_TIMELINE"], rank)
+        self.cache = ResponseCache()
+        self.neg = client_factory(address, job, rank, size,
+                                  threshold=self.fusion.capacity,
+                                  capacity=int(knobs["NETREDUCE_CACHE_CAPACITY"]),
+                                  start_timeout=float(knobs["NETREDUCE_START_TIMEOUT"]),
+                                  timeout=float(knobs["NETREDUCE_TIMEOUT"]),
+                                  agree=bool(knobs.get("NETREDUCE_CACHE_AGREEMENT", True)))
+        # Steady state without the coordinator (netreduce/worker/response_cache.py), when the
+        # job agreed on it at hello (every rank must run the same rounds).
+        self.agreement = (Agreement(self, self.neg.width, self.neg.threshold)
+                          if getattr(self.neg, "agree", False) and size > 1 else None)
+        self._lock = threading.Lock()
+        self._inflight: Dict[str, Tensor] = {}
+        self._new: List[Tensor] = []
+        self._failure: Optional[NetReduceError] = None
+        self._fail_after: Optional[int] = None   # log entries <= this may still run
+        self._executing: Optional[int] = None    # seq the executor is running
+        self._done_seq = -1                      # last seq the executor finished
+        self._stopping = False
+        self._poll_out = False
+        self._wake_r, self._wake_w = os.pipe()
+        self._exec_q: "queue.Queue[Optional[tuple]]" = queue.Queue()
+        self.groups_executed = 0
+        self.name_counters: Dict[str, int] = {}  # auto-generated tensor names
+        self.topology: Any = None  # environment.Topology, set by netreduce.init()
+        self._neg_thread = threading.Thread(target=self._negotiate_loop,
+                                            name="netreduce-negotiation", daemon=True)
+        self._exec_thread = threading.Thread(target=self._execute_loop,
+                                             name="netreduce-executor", daemon=True)
+        self._watch_thread = threading.Thread(target=self._watch_loop,
+                                              name="netreduce-watch", daemon=True)
+        self._neg_thread.start()
+        self._exec_thread.start()
+        self._watch_thread.start()
+
+    # --- submission (user threads) -------------------------------------------------
+    def submit(self, tensors: Sequence[Tensor]) -> None:
+        with self._lock:
+            if self._failure is not None:
+                raise copy.copy(self._failure)  # a fresh traceback; keeps .rank
+            if self._stopping:
+                raise ShutdownError(
+                    f"netreduce has been shut down on rank {self.rank} of job '{self.job}' "
+                    f"({tensor_names([t.name for t in tensors])} not submitted); to go on, "
+                    "call netreduce.shutdown() and then netreduce.init() on every rank: the "
+                    "job restarts once all of its ranks have done so")
+            names = [t.name for t in tensors]
+            for name in names:
+                if name in self._inflight or names.count(name) > 1:
+                    raise ValueError(f"a tensor named '{name}' is already being reduced: "
+                                     "names must be unique among in-flight operations "
+                                     "(wait for the first with synchronize())")
+            for t in tensors:
+                self._inflight[t.name] = t
+            rest = self.agreement.route(list(tensors)) if self.agreement else tensors
+            self._new.extend(rest)
+        if rest:
+            os.write(self._wake_w, b"x")
+
+    # --- negotiation thread --------------------------------------------------------
+    def _negotiate_loop(self) -> None:
+        try:
+            while True:
+                with self._lock:
+                    if self._stopping:
+                        return
+                    new, self._new = self._new, []
+                    # Poll only while something awaits its log entry: tensors already
+                    # handed to the executor need nothing more from the coordinator
+                    # (failures come through the watch), so a steady step costs one
+                    # request, not one plus an idle re-poll.
+                    busy = any(t.seq == -1 for t in self._inflight.values())
+                    # After a clean departure, entries up to ``after`` still run here:
+                    # keep reading the log until we have them all.
+                    catching_up = self._failure is not None and self._fail_after is not None \
+                        and self.neg.next_seq <= self._fail_after
+                if new:
+                    self._send(new)
+                elif busy and not self._poll_out and (self._failure is None or catching_up):
+                    self._send([])
+                fds = [self._wake_r] + ([self.neg.poll_conn] if self._poll_out else [])
+                if self._poll_out and self.neg.poll_conn.pending():
+                    ready = [self.neg.poll_conn]
+                else:
+                    # A long-poll answers within its wait (<= 1 s); an aggregator silent
+                    # for NETREDUCE_TIMEOUT beyond that is hung or unreachable.
+                    limit = self._poll_wait_s + self.timeout_s if self._poll_out else None
+                    due = self._next_deadline()
+                    wait = limit if due is None else max(0.0, due if limit is None
+                                                         else min(limit, due))
+                    ready, _, _ = select.select(fds, [], [], wait)
+                    if not ready and (due is None or wait == limit):
+                        raise ControlPlaneError(
+                            f"the aggregator at {self.address[0]}:{self.address[1]} did not "
+                            f"answer a negotiation request within {limit:.0f} s")
+                if self.neg.poll_conn in ready:
+                    self._poll_out = False
+                    self._on_reply(self.neg.recv_poll())
+                    self._last_reply_us = tl.now_us()
+                if self._expire_unmatched():
+                    continue
+                if self._wake_r in ready:
+                    os.read(self._wake_r, 4096)
+                    # One cycle lets the rest of a burst (a backward pass) arrive,
+                    # so that it is negotiated and fused as one.
+                    time.sleep(self.cycle_s)
+        except NetReduceError as exc:
+            self._fail(exc, None, abort=True)
+        except Exception as exc:  # a bug here must not leave users hanging
+            log.exception("netreduce negotiation thread failed")
+            self._fail(NetReduceError(f"negotiation thread failed: {exc!r}"), None, abort=True)
+
+    def _send(self, tensors: List[Tensor]) -> None:
+        reqs = [self.cache.encode(t.name, t.sig, t.cacheable) for t in tensors]
+        if self._poll_out:
+            self.neg.submit(reqs)
+        else:
+            self.neg.send_poll(reqs, 1000.0 * self._poll_wait_s, self._stall_req_s)
+            self._poll_out = True
+        now = tl.now_us()
+        for t in tensors:
+            t.t_sent = now
+            if self.timeline:
+                self.timeline.span(t.name, "negotiate", t.t_submit, now)
+
+    def _on_reply(self, reply: Dict[str, Any]) -> None:
+        now = tl.now_us()
+        for entry in reply.get("e", []):
+            self.neg.next_seq = entry["seq"] + 1
+            with self._lock:
+                # Tensors this rank never submitted because it has joined (Horovod's
+                # join): the entry says what they are, and this rank sends zeros.
+                zeros = {z["n"]: z for z in entry.get("z", ()) if z}
+                if "a" in entry:
+                    sigs = {n: self._inflight[n].sig for n in entry["a"] if n in self._inflight}
+                    sigs.update({n: sig_of(zeros[n]) for n in entry["a"]
+                                 if n not in sigs and n in zeros})
+                    self.cache.learn({n: i for n, i in entry["a"].items() if n in sigs}, sigs)
+                group = []
+                for i, ref in enumerate(entry["t"]):
+                    z = entry["z"][i] if "z" in entry else 0
+                    name = z["n"] if z else self.cache.resolve(ref)
+                    t = self._inflight.get(name)
+                    if t is None and (z or "err" in entry):
+                        self._skip_auto_name(name)
+                    if t is None and z and "err" not in entry:
+                        t = _zero_tensor(name, z)
+                    group.append(t)
+                if None in group:
+                    if self._failure is not None or "err" in entry:
+                        # failed locally meanwhile; or an error for tensors that only
+                        # the other ranks submitted while this rank was joined
+                        continue
+                    raise NetReduceError(f"coordinator log entry {entry['seq']} names a tensor "
+                                         "this rank never submitted (protocol bug)")
+                for t in group:  # under the lock: _fail must see them as negotiated
+                    t.seq = entry["seq"]
+                if "last" in entry:
+                    group[0].output[...] = entry["last"]  # join(): the rank that joined last
+            for t in group:
+                if self.timeline:
+                    self.timeline.span(t.name, "wait_for_ranks", t.t_sent, now)
+            if "err" in entry:
+                self._complete(group, NegotiationError(entry["err"]))
+            else:
+                self._exec_q.put((entry["seq"], group))
+        for stall in reply.get("s", []):
+            self._missing[stall["n"]] = list(stall["missing"])
+            if self.stall_s > self._stall_req_s:
+                continue  # reported early for the timeout's error; not a warning yet
+            log.warning("netreduce rank %d: tensor '%s' has waited %.0f s for rank(s) %s, which "
+                        "have not submitted it (stalled ranks, or a name only some ranks use)",
+                        self.rank, stall["n"], stall.get("age", self.stall_s),
+                        ", ".join(map(str, stall["missing"])))
+        if reply.get("f"):
+            f = reply["f"]
+            self._fail(RankFailedError(f["msg"], int(f.get("rank", -1))), f.get("after"),
+                       abort=True)
+        elif self._failure is not None:
+            self._fail(self._failure, self._fail_after, abort=False)  # caught up yet?
+
+    def _skip_auto_name(self, name: str) -> None:
+        """A joined rank sees the others' collectives go by: keep its counters of
+        auto-generated names ("allreduce.noname.7") in step with theirs, so that
+        unnamed calls still pair up across ranks after the join."""
+        m = _AUTO_NAME.match(name)
+        if m:
+            kind, n = m.group(1), int(m.group(2))
+            if self.name_counters.get(kind, 0) <= n:
+                self.name_counters[kind] = n + 1
+
+    # --- negotiation timeout (netreduce/worker/unmatched.py) -------------------------------
+    def _next_deadline(self) -> Optional[float]:
+        return unmatched.next_deadline(self)
+
+    def _expire_unmatched(self) -> bool:
+        error = unmatched.expired(self)
+        if error is None:
+            return False
+        self._report_local_failure(error)
+        return True
+
+    # --- failure ---------------------------------------------------------------------
+    def _watch_loop(self) -> None:
+        try:
+            reply = self.neg.watch()
+        except (NetReduceError, OSError, ValueError) as exc:
+            if not self._stopping:  # our own shutdown closes the connection
+                self._fail(exc if isinstance(exc, NetReduceError) else ControlPlaneError(
+                    f"watch connection to {self.address[0]}:{self.address[1]} failed: {exc}"),
+                    None, abort=True)
+            return
+        f = reply.get("f")
+        if f and not self._stopping:
+            self._fail(RankFailedError(f["msg"], int(f.get("rank", -1))), f.get("after"),
+                       abort=True)
+
+    def _fail(self, error: NetReduceError, after: Optional[int], abort: bool) -> None:
+        """Record the first failure; fail what can no longer complete.
+
+        A rank that left cleanly (``after`` = the last log entry it executed) may have
+        completed entries that this rank has not read yet — a final barrier, say,
+        whose reply is still in our socket while the watch reports the departure.
+        Those must still run, so tensors without an entry fail only once this rank
+        has read the log past ``after``; _on_reply calls back here as it reads."""
+        with self._lock:
+            if self._failure is None:
+                self._failure, self._fail_after = error, after
+            error, after = self._failure, self._fail_after
+            caught_up = after is None or self.neg.next_seq > after
+            doomed = [t for t in self._inflight.values() if t.seq < 0] if caught_up else []
+            if caught_up:
+                self._new = []
+            running = self._executing
+        if not caught_up:
+            os.write(self._wake_w, b"x")  # the negotiation thread polls for the rest
+        self._complete(doomed, error)
+        if (abort or running == ROUND_SEQ) and running is not None and \
+                (after is None or running > after):
+            if after is None:
+                # Died unannounced: it may have contributed to the running entry just
+                # before dying (its results are then already on their way here), so
+                # the transfer gets a moment to finish before it is cut.
+                timer = threading.Timer(ABORT_GRACE_S, self._abort_if_running, (running, error))
+                timer.daemon = True
+                timer.start()
+            else:
+                self._abort_if_running(running, error)
+
+    def _abort_if_running(self, seq: int, error: NetReduceError) -> None:
+        with self._lock:
+            if self._executing != seq:
+                return  # it finished meanwhile
+        try:
+            self.dp.abort(str(error))
+        except Exception:  # already closed: nothing left to unblock
+            pass
+
+    def _complete(self, tensors: List[Tensor], error: Optional[BaseException] = None) -> None:
+        """Finish each tensor exactly once (failure paths may race with the executor);
+        identity, not name, decides: the name may already belong to a resubmission."""
+        finished = []
+        with self._lock:
+            for t in tensors:
+                if self._inflight.get(t.name) is t:
+                    del self._inflight[t.name]
+                    finished.append(t)
+        for t in finished:
+            t.handle._finish_one(error)
+
+    # --- executor thread ---------------------------------------------------------------
+    def _execute_loop(self) -> None:
+        if self.agreement is not None:
+            self.agreement.loop()  # rounds between the groups (response_cache.py)
+            return
+        while True:
+            item = self._exec_q.get()
+            if item is None:
+                return
+            self._run_item(*item)
+
+    def _run_item(self, seq: int, group: List[Tensor]) -> None:
+        """Execute one group: a log entry's (seq >= 0) or one agreed by a round (-1)."""
+        with self._lock:
+            failure, after = self._failure, self._fail_after
+            runnable = failure is None or (after is not None and seq <= after)
+            if runnable:
+                self._executing = seq
+        if not runnable:
+            self._complete(group, failure)
+            return
+        try:
+            self._execute(group)
+            self._complete(group)
+        except NetReduceError as exc:
+            with self._lock:
+                remote = self._failure
+            if remote is None:
+                # Our own data plane failed: say which tensors, keeping the
+                # aggregator / job / slot text that says where.
+                exc = _naming(exc, f"rank {self.rank}: reducing "
+                                   f"{tensor_names([t.name for t in group])} failed")
+            self._complete(group, remote or exc)
+            if remote is None:
+                self._report_local_failure(exc)
+        except Exception as exc:
+            # The other ranks ran (or wait in) this message: we are out of step
+            # with them from here on, so this is fatal for the job, not the group.
+            log.exception("netreduce executor failed on %s", [t.name for t in group])
+            error = NetReduceError(f"rank {self.rank} failed to reduce "
+                                   f"{[t.name for t in group][:5]}: {exc!r}")
+            self._complete(group, error)
+            self._report_local_failure(error)
+        finally:
+            with self._lock:
+                self._executing = None
+                self._done_seq = max(self._done_seq, seq)
+            self.groups_executed += 1
+
+    def _report_local_failure(self, exc: NetReduceError) -> None:
+        # Our data plane broke (timeout, aggregator gone): tell the others so that
+        # they fail now rather than at their own timeout, then fail ourselves.
+        try:
+            self.neg.abort(str(exc))
+        except NetReduceError:
+            pass
+        self._fail(exc, None, abort=False)
+
+    def _execute(self, group: List[Tensor]) -> None:
+        first = group[0]
+        if first.kind in ("barrier", "join"):
+            return
+        if first.kind in ("allgatherv", "reducescatter"):
+            run_scatter_gather(self, group)
+            return
+        wire = WIRE_DTYPE[first.dtype]
+        storage = STORAGE[wire]
+        wire_op = "sum" if first.kind == "broadcast" or first.op is ReduceOp.Average \
+            else first.op.wire
+        dp_dtype = "bfloat16" if wire == "bfloat16" else None
+        counts = [t.output.size for t in group]
+        total = sum(counts)
+        t0 = tl.now_us()
+        if len(group) == 1 and storage == first.output.dtype and \
+                (first.kind == "broadcast" or first.sig[4] == 1.0):
+            # One tensor in its own dtype: reduce straight into the output, no copies.
+            out = first.output
+            contributes = first.kind != "broadcast" or self.rank == first.sig[6]
+            if not contributes:
+                out.fill(0)  # a broadcast's non-root sends zeros: the sum is the root's data
+            src = first.array if contributes else out
+            t1 = tl.now_us()
+            if total:
+                self.dp.allreduce(src, None if src is out else out, op=wire_op, dtype=dp_dtype)
+            t2 = tl.now_us()
+            self._copy_out(first, out)
+        else:
+            if total * storage.itemsize <= self.fusion.capacity:
+                buf = self.fusion.view(storage, total)
+            else:  # lone tensor bigger than the fusion buffer, carried in a wider type
+                buf = np.empty(total, dtype=storage)
+            spans = FusionBuffer.offsets(counts)
+            for t, (a, b) in zip(group, spans):
+                self._copy_in(t, buf[a:b])
+            t1 = tl.now_us()
+            if total:
+                self.dp.allreduce(buf, None, op=wire_op, dtype=dp_dtype)
+            t2 = tl.now_us()
+            for t, (a, b) in zip(group, spans):
+                self._copy_out(t, buf[a:b])
+        t3 = tl.now_us()
+        if self.timeline:
+            args = {"fused": len(group), "bytes": int(total * storage.itemsize)}
+            for t in group:
+                self.timeline.span(t.name, "copy_in", t0, t1, args)
+                self.timeline.span(t.name, "allreduce", t1, t2, args)
+                self.timeline.span(t.name, "copy_out", t2, t3, args)
+
+    def _copy_in(self, t: Tensor, dst: np.ndarray) -> None:
+        """dst (wire-typed, flat or the output itself) = this rank's contribution."""
+        flat_dst = dst.reshape(-1)
+        if t.kind == "broadcast":
+            if self.rank == t.sig[6]:
+                if dst is not t.array:
+                    np.copyto(flat_dst, t.array.reshape(-1), casting="unsafe")
+            else:
+                flat_dst.fill(0)  # non-roots contribute zeros: the sum is the root's data
+            return
+        if dst is t.array and t.sig[4] == 1.0:
+            return
+        scale_into(flat_dst, t.array.reshape(-1), t.sig[4], t.dtype, WIRE_DTYPE[t.dtype])
+
+    def _copy_out(self, t: Tensor, src: np.ndarray) -> None:
+        factor = 1.0
+        if t.kind == "allreduce":
+            factor = t.sig[5] / self.size if t.op is ReduceOp.Average else t.sig[5]
+        if src is t.output and factor == 1.0:
+            return
+        scale_into(t.output.reshape(-1), src.reshape(-1), factor, t.dtype, WIRE_DTYPE[t.dtype])
+
+    # --- shutdown -------------------------------------------------------------------
+    def failure(self) -> Optional[NetReduceError]:
+        return self._failure
+
+    def shutdown(self, timeout: float = 30.0) -> None:
+        """Stop negotiating, run the groups already agreed (the other ranks run them
+        too), fail what was still being negotiated, say goodbye, release everything."""
+        with self._lock:
+            self._stopping = True
+        os.write(self._wake_w, b"x")
+        self._neg_thread.join(timeout)
+        with self._lock:
+            doomed = [t for t in self._inflight.values() if t.seq < 0]
+        for t in doomed:
+            self._complete([t], ShutdownError(
+                f"netreduce was shut down on rank {self.rank} before every rank of job "
+                f"'{self.job}' submitted tensor '{t.name}'"))
+        self._exec_q.put(None)
+        self._exec_thread.join(timeout)
+        if self._exec_thread.is_alive():
+            # Still inside the data plane (a peer that never answers): fail that call
+            # so the thread leaves native code before the interpreter exits.
+            self.dp.abort(f"rank {self.rank} of job '{self.job}' is shutting down")
+            self._exec_thread.join(5.0)
+        try:
+            self.neg.bye(self._done_seq)
+        except NetReduceError:
+            pass  # the aggregator is gone; nobody is left to tell
+        self.neg.close()
+        self._watch_thread.join(timeout)
+        for fd in (self._wake_r, self._wake_w):
+            os.close(fd)
+        if self.timeline:
+            self.timeline.close()

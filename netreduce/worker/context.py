@@ -1,0 +1,71 @@
+"""The job context of this process: the communicator a call uses. That is the one
+netreduce.init() made (one per process), or one that a thread carries itself: the
+unit tests run several ranks as threads of one process through the public API, and
+a process set's calls run on the set's own communicator (process_sets.using).
+netreduce.api and process_sets.py both read it here."""
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable, Optional
+
+from netreduce import config
+from netreduce.algorithms.flat import Flat
+from netreduce.errors import NetReduceError
+from netreduce.worker.communicator import Communicator
+
+
+class State:
+    """What init() made and shutdown() releases (under ``lock``)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.comm: Optional[Communicator] = None
+        self.topology: Any = None  # environment.Topology
+        self.switch: Any = None  # the embedded aggregator of a single-process run
+        self.connect: Optional[Callable[..., Any]] = None  # how init() reached the aggregator
+        self.atexit_registered = False
+
+
+state = State()
+# A thread's own communicator (thread.comm), which wins over the process's.
+thread = threading.local()
+
+
+def comm() -> Communicator:
+    found = getattr(thread, "comm", None) or state.comm
+    if found is None:
+        raise NetReduceError("netreduce has not been initialized; call netreduce.init() first")
+    return found
+
+
+def rank() -> int:
+    return comm().rank
+
+
+def size() -> int:
+    return comm().size
+
+
+def sub_communicator(suffix: str, rank: int, size: int) -> Communicator:
+    """A communicator for a sub-job of this job (a process set): admitted at the
+    (first) aggregator as job ``<job>.<suffix>``, flat data plane, its own
+    negotiation; connected the way init() connected. Every member calls this
+    together."""
+    parent = state.comm
+    if parent is None or state.connect is None:
+        raise NetReduceError("netreduce has not been initialized; call netreduce.init() first")
+    knobs = config.snapshot()
+    job = f"{parent.job}.{suffix}"
+    dp = state.connect(parent.address, job=job, rank=rank, size=size,
+                       timeout=knobs["NETREDUCE_TIMEOUT"],
+                       retransmit_ms=knobs["NETREDUCE_RETRANSMIT_MS"],
+                       drop_rate=knobs["NETREDUCE_DROP_RATE"], window=knobs["NETREDUCE_WINDOW"])
+    try:
+        sub = Communicator(rank=rank, size=size, job=job, address=parent.address, dataplane=dp,
+                           knobs=knobs)
+    except BaseException:
+        dp.close()
+        raise
+    sub.dp = Flat(dp)
+    sub.topology = parent.topology
+    return sub

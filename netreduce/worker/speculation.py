@@ -1,0 +1,224 @@
+"""The vote folded into the data: a steady step in one data-plane message
+(docs/control_plane.md, "Speculation").
+
+A round (netreduce/worker/response_cache.py) costs one data-plane message before the agreed
+group's own message. In a steady training loop the round agrees on the same small
+group step after step, so once two consecutive agreements ran exactly the same one
+group G (same ids, in the same fused order), every rank makes its next message a
+*speculative* one instead of a round: one sum all-reduce of
+
+    [ vote per id of G | other | G's data, fused as the group would be ]
+
+in a scratch buffer (the user's arrays are only read). A rank votes 1 for an id it
+has submitted (not stale) and contributes that tensor's data, 0 and zeros otherwise;
+``other`` is 1 when it has anything the round must see: other cached ids, log
+entries held for a round, ids to invalidate, a join, its shutdown, a stale
+submission. The sums say what happened, and say it the same on every rank:
+
+* every vote is N: every rank contributed G's data, so the sums are G's result —
+  copied out (post-scale, Average) as the group's own message would have been;
+* otherwise the sums are discarded (nothing was written to a user's array) and the
+  submissions stay pending for the round that follows.
+
+The next message is speculative again only when every vote was N and ``other`` is
+0; otherwise it is a round, which then sees everything the speculation did not.
+Both choices depend only on the sums, so every rank issues the same messages in the
+same order. A rank with nothing submitted joins at the idle pace with zero votes,
+exactly as it joins rounds, so stale_s, bans, the coordinator fallback and its
+NETREDUCE_TIMEOUT errors work as without speculation (after one failed
+speculation). Votes are exact because G's wire dtype holds every count up to N
+exactly (float32/float64/int32/int64) and its wire op is a sum.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from netreduce.ops import STORAGE, WIRE_DTYPE, ReduceOp
+from netreduce.protocol.signature import nbytes
+from netreduce.worker import timeline as tl
+from netreduce.worker.fusion_buffer import FusionBuffer
+
+EXACT_WIRE = ("float32", "float64", "int32", "int64")  # a sum of N ones is exact
+MAX_BYTES = 64 << 10        # larger groups: the round is small next to the data
+SUM_OPS = (ReduceOp.Sum, ReduceOp.Average)
+
+
+def eligible(group: Sequence[Any]) -> bool:
+    """Whether a fused group can carry its own vote (the same answer on every rank:
+    it reads only the signature, which the coordinator checked across ranks)."""
+    if not group:
+        return False
+    wire = WIRE_DTYPE.get(group[0].dtype)
+    if wire not in EXACT_WIRE:
+        return False
+    for t in group:
+        if t.kind != "allreduce" or t.op not in SUM_OPS or WIRE_DTYPE.get(t.dtype) != wire:
+            return False
+    return sum(nbytes(t.sig) for t in group) <= MAX_BYTES
+
+
+class Speculation:
+    """One communicator's speculative messages: armed by rounds, run under the
+    agreement's run lock (by the executor, or by a user thread in Handle.wait)."""
+
+    def __init__(self, agreement: Any) -> None:
+        self.ag = agreement
+        self.ids: Optional[Tuple[int, ...]] = None   # armed: G's ids, in fused order
+        self.prev: Optional[Tuple[int, ...]] = None  # the last group agreed on
+        self.sigs: Tuple[tuple, ...] = ()
+        self.spans: List[Tuple[int, int]] = []
+        self.buf: Optional[np.ndarray] = None
+        self.views: List[np.ndarray] = []
+        # per tensor of G, from its signature at arming (a step whose signature differs
+        # is not G's): whether its contribution is a plain copy into its view, and the
+        # factor its result is multiplied by when that is a plain float multiply
+        # (None: the communicator's general _copy_in/_copy_out, e.g. int8 or bfloat16)
+        self.plain_in: List[bool] = []
+        self.out_factor: List[Optional[float]] = []
+        self.shaped: List[np.ndarray] = []  # the views in each tensor's shape
+        self.votes: Optional[np.ndarray] = None  # buf[:k + 1]
+        self.full: List[int] = []           # the votes of a complete step: N per id
+        self.idset: frozenset = frozenset()  # G's ids
+        self.hits = 0                                 # statistics (tests, benchmarks)
+        self.misses = 0
+        self.idle = 0                                 # messages where no rank had anything
+        self.last_hit = 0.0                           # monotonic
+        self.waited = False     # the user was waiting for the last step (run() says why)
+
+    @property
+    def armed(self) -> bool:
+        return self.ids is not None
+
+    def disarm(self) -> None:
+        self.ids = None
+
+    def covered(self) -> bool:
+        """Whether this rank holds all of G (read on user threads under the
+        agreement's lock; a stale answer only delays a step to the next poll)."""
+        ids = self.ids
+        return ids is not None and all(i in self.ag.pending for i in ids)
+
+    def polling(self) -> bool:
+        """Whether the executor looks every POLL_S for submissions that route left
+        to a wait: while armed and steps have been completing, for 1 s at most."""
+        return self.ids is not None and time.monotonic() - self.last_hit < 1.0
+
+    def agreed(self, groups: List[Tuple[Tuple[int, ...], List[Any]]]) -> None:
+        """A round agreed on ``groups`` ((ids, tensors) in execution order): arm when
+        it is one eligible group, the same as the previous agreement's. A round that
+        agreed nothing (a slower rank) leaves the history as it was."""
+        if not groups:
+            return
+        if len(groups) != 1 or not eligible(groups[0][1]):
+            self.prev = None
+            return
+        ids, tensors = groups[0]
+        if ids == self.prev:
+            self._arm(ids, tensors)
+        self.prev = ids
+
+    def _arm(self, ids: Tuple[int, ...], tensors: List[Any]) -> None:
+        self.ids = ids
+        self.sigs = tuple(t.sig for t in tensors)
+        counts = [int(np.prod(t.sig[2], dtype=np.int64)) if t.sig[2] else 1 for t in tensors]
+        self.spans = FusionBuffer.offsets(counts)
+        storage = STORAGE[WIRE_DTYPE[tensors[0].dtype]]
+        size = len(ids) + 1 + sum(counts)
+        if self.buf is None or self.buf.dtype != storage or self.buf.size != size:
+            self.buf = np.empty(size, dtype=storage)
+        data = self.buf[len(ids) + 1:]
+        self.views = [data[a:b] for a, b in self.spans]  # each tensor's place
+        self.shaped = [v.reshape(t.sig[2]) for v, t in zip(self.views, tensors)]
+        self.votes = self.buf[:len(ids) + 1]
+        size_ = self.ag.comm.size
+        self.full = [size_] * len(ids)
+        self.idset = frozenset(ids)
+        self.plain_in = [WIRE_DTYPE[t.dtype] == t.dtype and t.sig[4] == 1.0 for t in tensors]
+        self.out_factor = [
+            (t.sig[5] / size_ if t.op is ReduceOp.Average else t.sig[5])
+            if t.dtype in ("float32", "float64") else None for t in tensors]
+
+    def run(self, held: bool, by_user: bool = False) -> Optional[bool]:
+        """One speculative message. Returns True when G completed, False when the
+        sums were discarded, None when the message failed (the failure is reported:
+        the plain executor takes over)."""
+        ag, comm, ids = self.ag, self.ag.comm, self.ids
+        assert ids is not None and self.buf is not None and self.votes is not None
+        k = len(ids)
+        buf, votes = self.buf, self.votes
+        mine: List[Any] = []
+        now = time.monotonic()
+        with comm._lock, ag.lock:
+            joined = any(t.sig[0] == "join" and t.seq < 0 for t in comm._inflight.values())
+            other = held or ag.leaving or joined or bool(ag.invalidate) or \
+                not ag.pending.keys() <= self.idset
+            for i, sig in zip(ids, self.sigs):
+                t = None if joined else ag.pending.get(i)
+                if t is not None and (now - ag.since[i] > ag.stale_s or t.sig != sig):
+                    t, other = None, True   # the round that follows bans it
+                mine.append(t)
+            if comm._failure is not None:
+                return None
+            comm._executing = ag.ROUND_SEQ
+        try:
+            for j, (t, view) in enumerate(zip(mine, self.views)):
+                if t is None:
+                    votes[j] = 0
+                    view.fill(0)
+                else:
+                    votes[j] = 1
+                    if self.plain_in[j]:
+                        self.shaped[j][...] = t.array  # same dtype and shape: a copy
+                    else:
+                        comm._copy_in(t, view)
+            votes[k] = 1 if other else 0
+            t0 = tl.now_us() if comm.timeline else 0.0
+            comm.dp.allreduce(buf, None, op="sum")
+        except Exception as exc:
+            ag._message_failed(exc)
+            return None
+        finally:
+            with comm._lock:
+                comm._executing = None
+        ag.rounds += 1
+        sums = votes.tolist()
+        complete = sums[:k] == self.full
+        if complete:
+            for t, view, shaped, factor in zip(mine, self.views, self.shaped, self.out_factor):
+                if factor is None:
+                    comm._copy_out(t, view)
+                elif factor == 1.0:
+                    t.output[...] = shaped    # the output has the tensor's dtype and shape
+                else:   # what scale_into does for a float tensor, without its dispatch
+                    np.multiply(shaped, factor, out=t.output)
+            if comm.timeline:
+                t1 = tl.now_us()
+                for t in mine:
+                    comm.timeline.span(t.name, "allreduce", t0, t1,
+                                       {"fused": k, "speculative": 1})
+            with ag.lock:
+                for i in ids:
+                    ag.pending.pop(i, None)
+                    ag.since.pop(i, None)
+            for t in mine:
+                t.seq = ag.GROUP_SEQ
+            ag.agreed += k
+            self.hits += 1
+            comm.groups_executed += 1
+            comm._complete(mine)
+            self.last_hit = now  # (before the message: the 1 s window is coarse)
+            # The user waited for this step when it ran it (help), or when its wait was
+            # under way as the executor ran it (it lost the run lock to a poll): either
+            # way a synchronous loop, whose next submission is left to its wait.
+            self.waited = by_user or all(t.handle._event.waited for t in mine)
+        elif not any(sums):
+            self.idle += 1                    # nobody had anything: nothing to see
+            return False
+        else:
+            self.misses += 1
+        if not complete or sums[k] != 0:
+            self.disarm()                     # a round next: it sees what we did not
+        return complete
