@@ -5,6 +5,7 @@ import glob
 import os
 import shutil
 import subprocess
+import sys
 
 from pybind11.setup_helpers import Pybind11Extension, build_ext
 from setuptools import find_packages, setup
@@ -46,6 +47,21 @@ HAVE_XDP = all(os.path.exists(h) for h in XDP_HEADERS) and CLANG is not None
 XDP_SOURCE = os.path.join("native", "transport", "xdp", "xdp_steer.bpf.c")
 
 
+def _say_what_is_left_out():
+    """A build without an optional dependency still works; say what it lacks and the
+    Debian package that brings it (scripts/install.sh installs them all)."""
+    missing = []
+    if not HAVE_LIBDEFLATE:
+        missing.append("libdeflate (ICRC with zlib's slower CRC-32): libdeflate-dev")
+    if not HAVE_XDP:
+        lacks = [h for h in XDP_HEADERS if not os.path.exists(h)] + ([] if CLANG else ["clang"])
+        missing.append("the AF_XDP transport (no " + ", ".join(lacks) + "): libxdp-dev libbpf-dev clang")
+    if not HAVE_VERBS:
+        missing.append("the verbs transport (no /usr/include/infiniband/verbs.h): libibverbs-dev")
+    for m in missing:
+        print(f"netreduce: building without {m}", file=sys.stderr)
+
+
 def native_sources():
     found = glob.glob(os.path.join("native", "**", "*.cc"), recursive=True)
     if not HAVE_VERBS:
@@ -78,6 +94,7 @@ class BuildExt(build_ext):
     entry points), and a second native compile would add minutes to CI."""
 
     def build_extensions(self):
+        _say_what_is_left_out()
         if HAVE_XDP:
             out_dir = os.path.join(self.build_temp, "xdp")
             os.makedirs(out_dir, exist_ok=True)

@@ -157,7 +157,7 @@ PYBIND11_MODULE(_native, m) {
     d["xdp"] = "built in: netreduce-switch --transport xdp";
 #else
     d["xdp"] = "not built (the AF_XDP transport needs libxdp-dev, libbpf-dev and clang when the "
-               "module is built: scripts/install.sh test)";
+               "module is built: scripts/install.sh)";
 #endif
     d["wire"] = "RoCEv2 (UDP, BTH+RETH+ImmDt, ICRC); jumbo software extension";
 #ifdef NETREDUCE_HAVE_LIBDEFLATE

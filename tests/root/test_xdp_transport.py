@@ -38,7 +38,7 @@ def native():
         pytest.skip(f"netreduce._native is not built ({exc})")
     if "xdp" not in _native.build_info()["transports"]:
         pytest.skip("netreduce._native was built without the AF_XDP transport "
-                    "(needs libxdp-dev, libbpf-dev and clang: scripts/install.sh test)")
+                    "(needs libxdp-dev, libbpf-dev and clang: scripts/install.sh)")
     return _native
 
 
