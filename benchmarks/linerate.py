@@ -153,6 +153,12 @@ def parse_variants(specs: List[str]) -> List[tuple]:
     return out
 
 
+def _gb(v: Optional[float]) -> str:
+    # None: the aggregator used less than one clock tick (/proc counts in 10 ms), as a
+    # tiny --size does; the record keeps None rather than a made-up rate.
+    return "n/a (under a tick)" if v is None else f"{v:.3f}"
+
+
 def cost_point(tb, args, mtu: int, variant: str, env_extra: Dict[str, str]) -> dict:
     # PYTHONSAFEPATH: `python -m netreduce.switch` must not import the checkout it is
     # started from ahead of PYTHONPATH (which may name an older build to compare with).
@@ -209,7 +215,7 @@ def cost_point(tb, args, mtu: int, variant: str, env_extra: Dict[str, str]) -> d
     }
     print(f"  [{variant} MTU {mtu} N={args.np} T={args.threads}] payload {rec['payload_bytes']} B  "
           f"{rec['time_per_allreduce_s'] * 1e3:8.1f} ms/allreduce  aggregator "
-          f"{rec['aggregator_GB_per_cpu_s']:.3f} GB/cpu-s  engine {rec['engine_cpu_s_per_GB']:.3f} "
+          f"{_gb(rec['aggregator_GB_per_cpu_s'])} GB/cpu-s  engine {rec['engine_cpu_s_per_GB']:.3f} "
           f"cpu-s/GB  machine {rec['machine_cpu_s_per_GB']:.3f} cpu-s/GB  resends {rec['retransmits']}  "
           f"load {rec['loadavg'][0]:.2f}{'' if rec['correct'] else '  WRONG RESULT'}\n"
           f"      aggregator threads {rec['switch_threads_cpu_s']}  rank 0 {rec['engine_threads_cpu_s'][0]}",

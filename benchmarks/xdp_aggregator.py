@@ -166,6 +166,11 @@ def one_run(tb, variant: str, mtu: int, n: int, size: int, iters: int, payload: 
             "describe": tr.get("ports"), "daemon_offload": offload}
 
 
+def _rate(v) -> str:
+    # None: less CPU than one clock tick (/proc counts in 10 ms), as a tiny --size gives
+    return "n/a" if v is None else f"{v:.2f}"
+
+
 def summarize(records: List[dict]) -> List[dict]:
     rows = []
     for mtu in sorted({r["mtu"] for r in records}):
@@ -176,12 +181,14 @@ def summarize(records: List[dict]) -> List[dict]:
             row = {"mtu": mtu, "transport": transport, "runs": len(rs)}
             for key in ("aggregator", "total"):
                 vals = [r["gb_per_cpu_s"][key] for r in rs if r["gb_per_cpu_s"][key]]
-                row[key] = {"median": statistics.median(vals), "min": min(vals), "max": max(vals)}
+                row[key] = ({"median": statistics.median(vals), "min": min(vals), "max": max(vals)}
+                            if vals else {"median": None, "min": None, "max": None})
             row["wall_s"] = statistics.median(r["wall_s"] for r in rs)
             rows.append(row)
     for row in rows:  # each against plain sockets, same MTU, same run
         base = next((b for b in rows if b["mtu"] == row["mtu"] and b["transport"] == "udp"), None)
-        if base and row["transport"] != "udp":
+        if base and row["transport"] != "udp" and all(
+                row[k]["median"] and base[k]["median"] for k in ("aggregator", "total")):
             row["vs_udp"] = {k: row[k]["median"] / base[k]["median"] for k in ("aggregator", "total")}
     return rows
 
@@ -220,17 +227,17 @@ def main(argv=None) -> int:
                     rec["round"] = rnd
                     records.append(rec)
                     print(f"# MTU {mtu} {transport:>7} round {rnd}: aggregator "
-                          f"{rec['gb_per_cpu_s']['aggregator']:.2f} GB/CPU-s, total "
-                          f"{rec['gb_per_cpu_s']['total']:.2f} GB/CPU-s, wall {rec['wall_s']:.2f} s, "
+                          f"{_rate(rec['gb_per_cpu_s']['aggregator'])} GB/CPU-s, total "
+                          f"{_rate(rec['gb_per_cpu_s']['total'])} GB/CPU-s, wall {rec['wall_s']:.2f} s, "
                           f"load {rec['loadavg'][1][0]:.1f}, rx_xsk {rec['rx_xsk']} of "
                           f"{rec['packets_in']}", file=sys.stderr, flush=True)
     meta["loadavg_at_end"] = os.getloadavg()
     summary = summarize(records)
     for row in summary:
         print(f"MTU {row['mtu']:>5} {row['transport']:>7}: aggregator "
-              f"{row['aggregator']['median']:.2f} GB/CPU-s ({row['aggregator']['min']:.2f}-"
-              f"{row['aggregator']['max']:.2f}), total {row['total']['median']:.2f} "
-              f"({row['total']['min']:.2f}-{row['total']['max']:.2f}), wall {row['wall_s']:.2f} s"
+              f"{_rate(row['aggregator']['median'])} GB/CPU-s ({_rate(row['aggregator']['min'])}-"
+              f"{_rate(row['aggregator']['max'])}), total {_rate(row['total']['median'])} "
+              f"({_rate(row['total']['min'])}-{_rate(row['total']['max'])}), wall {row['wall_s']:.2f} s"
               + (f"; /udp aggregator {row['vs_udp']['aggregator']:.2f}x, total "
                  f"{row['vs_udp']['total']:.2f}x" if "vs_udp" in row else ""))
     if args.json:
