@@ -44,7 +44,8 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="nr-softroce-bench-"))
     rundir = work / "guest"
     with SoftRoceBed(work) as bed:
-        agg = spawn(host=bed.host_ip, port=4791, threads=1, payload_bytes=992)
+        agg = spawn(host=bed.host_ip, port=4791, threads=1, payload_bytes=992,
+                    extra_args=["--allow-open-jobs"])
         try:
             phases = []
             kinds = {"verbs-rc": {"NETREDUCE_TRANSPORT": "verbs", "NETREDUCE_VERBS_QP": "rc"},

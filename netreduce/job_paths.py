@@ -23,6 +23,7 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from netreduce import config
+from netreduce.protocol import auth
 from netreduce.protocol.address import format_address, parse_address, parse_addresses
 from netreduce.errors import AdmissionError, ControlPlaneError, NetReduceError
 
@@ -230,7 +231,7 @@ def start(topo: Any, knobs: Dict[str, Any], connect: Callable[..., Any],
             "one aggregator")
     rv_address = rendezvous_address(knobs)
     host_mode = knobs.get("NETREDUCE_FALLBACK") == "host"
-    secret = bool(config.get("NETREDUCE_JOB_SECRET"))
+    secret = bool(auth.job_secret())
     loopback = rv_address[0] in ("127.0.0.1", "localhost")
     bind = "127.0.0.1" if loopback else "0.0.0.0"
     local = None
