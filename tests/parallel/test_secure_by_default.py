@@ -313,3 +313,23 @@ def test_control_connections_over_tls(daemon, monkeypatch, tmp_path):
     # and the port still serves TLS ranks
     monkeypatch.setenv("NETREDUCE_TLS_CA", str(ca_path))
     assert run_ranks(_tls_rank, 2, d.address, "tls3-" + uuid.uuid4().hex[:6]) == [True, True]
+
+
+def test_job_key_prints_the_line_an_operator_registers(tmp_path):
+    env = dict(os.environ, NETREDUCE_JOB_SECRET="the-job-secret")
+    env.pop("NETREDUCE_JOB_SECRET_FILE", None)
+    out = subprocess.run([sys.executable, "-m", "netreduce.cli", "job-key", "train-7"],
+                         capture_output=True, text=True, env=env, cwd=ROOT, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == f"train-7 {auth.public_key('the-job-secret', 'train-7')}"
+    path = tmp_path / "keys"
+    path.write_text(out.stdout)
+    assert auth.read_job_keys(str(path)) == {"train-7": auth.public_key("the-job-secret",
+                                                                        "train-7")}
+    env.pop("NETREDUCE_JOB_SECRET")
+    out = subprocess.run([sys.executable, "-m", "netreduce.cli", "job-key", "train-7"],
+                         capture_output=True, text=True, env=env, cwd=ROOT, timeout=60)
+    assert out.returncode == 2 and "no job secret" in out.stderr, out.stderr
+    path.write_text("train-7 not-a-key\n")
+    with pytest.raises(ValueError, match=r"keys:1: expected 'JOB PUBLIC_KEY'"):
+        auth.read_job_keys(str(path))
