@@ -26,6 +26,7 @@ from typing import List, Optional, Sequence
 from netreduce import config
 from netreduce.launcher.ranks import Job, LaunchError
 from netreduce.process import free_tcp_port
+from netreduce.protocol import auth
 from netreduce.protocol.address import format_address, parse_addresses
 from netreduce.switch import spawn
 
@@ -89,7 +90,7 @@ def run(argv: Optional[Sequence[str]] = None) -> int:
     job_name = args.job or config.get("NETREDUCE_JOB") or \
         f"run-{os.getpid()}-{secrets.token_hex(4)}"
     # The job's secret (netreduce/protocol/auth.py): the user's, else a fresh one per run.
-    job_secret = config.get("NETREDUCE_JOB_SECRET") or secrets.token_hex(32)
+    job_secret = auth.job_secret() or secrets.token_hex(32)
     env = config.child_environment(NETREDUCE_SWITCH=address, NETREDUCE_JOB=job_name,
                                    NETREDUCE_SIZE=args.np, NETREDUCE_LOCAL_SIZE=args.np,
                                    NETREDUCE_JOB_SECRET=job_secret)

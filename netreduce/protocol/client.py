@@ -8,6 +8,7 @@ from typing import Any, Dict, Optional
 
 from netreduce.errors import ControlPlaneError
 from netreduce.protocol.address import Address, format_address, parse_address  # noqa: F401
+from netreduce.protocol import tls
 
 
 class ControlClient:
@@ -21,12 +22,8 @@ class ControlClient:
         self.address = (address[0], int(address[1]))
         self.timeout = timeout
         self._lock = threading.Lock()
-        try:
-            self._sock = socket.create_connection(self.address, timeout=timeout)
-        except OSError as exc:
-            raise ControlPlaneError(
-                f"cannot reach aggregator control port {format_address(self.address)}: {exc}; "
-                "is netreduce-switch running there (NETREDUCE_SWITCH)?") from None
+        # TLS to an aggregator when NETREDUCE_TLS_CA is set (protocol/tls.py)
+        self._sock = tls.connect(self.address, timeout)
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._file = self._sock.makefile("rb")
 

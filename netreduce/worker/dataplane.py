@@ -90,7 +90,7 @@ class Connection:
         self._control = ControlClient(self.address, timeout=timeout)
         try:
             # NETREDUCE_JOB_SECRET: proved on a challenge, never sent (protocol/auth.py).
-            proof = auth.prove(self._control.call, config.get("NETREDUCE_JOB_SECRET"), job, rank)
+            proof = auth.prove(self._control.call, auth.job_secret(), job, rank)
             grant = self._control.call("register", job=job, rank=rank, size=size,
                                        mtu=self.path_mtu, ipv6=ipv6, host=socket.gethostname(),
                                        await_payload=True, deterministic=bool(deterministic),
