@@ -177,6 +177,13 @@ declare("NETREDUCE_TLS_CA", str, "",
         "(NETREDUCE_SWITCH, NETREDUCE_STANDBY_SWITCH, NETREDUCE_RACK_SWITCH) use TLS and "
         "trust only a certificate it signed, for the address they were given; empty = "
         "plain TCP")
+declare("NETREDUCE_TLS_CERT", str, "",
+        "certificate (PEM, signed by NETREDUCE_TLS_CA's CA) with which the job's own servers "
+        "serve TLS: rank 0's rendezvous and status, the torch backend's embedded aggregator, "
+        "NETREDUCE_FALLBACK=host's aggregators; set on every rank (then all reach them with "
+        "TLS); empty = those stay plain TCP")
+declare("NETREDUCE_TLS_KEY", str, "",
+        "private key of NETREDUCE_TLS_CERT (PEM); empty = in the NETREDUCE_TLS_CERT file")
 declare("NETREDUCE_TLS_SERVER_NAME", str, "",
         "the name the aggregators' certificates must carry when it is not the address in "
         "NETREDUCE_SWITCH (a shared certificate for several addresses); empty = that address")

@@ -33,7 +33,7 @@ from torch._C._distributed_c10d import _create_work_from_future
 import netreduce as _nr
 from netreduce import config, environment
 from netreduce.worker import process_sets as _ps
-from netreduce.protocol import auth
+from netreduce.protocol import auth, tls
 from netreduce.protocol.address import format_address, parse_address
 from netreduce.errors import InvalidArgumentError
 
@@ -309,7 +309,9 @@ def _ensure_aggregator(store: Any, rank: int, size: int) -> None:
                                                  or socket.getfqdn())
         # An IPv6 MASTER_ADDR: listen on "::" (IPv4 and IPv6 ranks alike), else IPv4's.
         listen = "127.0.0.1" if single_host else ("::" if ":" in host else "0.0.0.0")
-        _embedded_switch = spawn(host=listen, port=0, extra_args=["--require-secret"])
+        # NETREDUCE_TLS_CERT: the job's own servers speak TLS (netreduce/protocol/tls.py).
+        _embedded_switch = spawn(host=listen, port=0,
+                                 extra_args=["--require-secret"] + tls.job_server_args())
         atexit.register(_embedded_switch.stop)
         address = format_address((host, _embedded_switch.address[1]))
         store.set(key + "/secret", secret)

@@ -27,7 +27,7 @@ loopback too.
 
 The verifier of a job name lives as long as some connection bound to that name is
 open; then the name is free again (the next run may bring another secret) — unless
-the operator pre-registered the name's public key (``--job-keys``): then only that
+the operator pre-registered the name's key (``netreduce-switch --job-secrets``): then only that
 key's holders can ever take it, so nobody can squat a name before its ranks come.
 """
 from __future__ import annotations
@@ -78,8 +78,9 @@ def job_secret() -> str:
 
 
 def public_key(secret: str, job: str) -> str:
-    """The job's public key (hex) that ``secret`` gives: what an operator pre-registers
-    for the job's name (netreduce-switch --job-keys; `netreduce job-key`)."""
+    """The job's public key (hex) that ``secret`` gives: what an operator may
+    pre-register for the job's name instead of the secret (netreduce-switch
+    --job-secrets; `netreduce job-key`), so the daemon holds no secret at all."""
     return _public_hex(_signing_key(secret, job))
 
 
@@ -129,30 +130,6 @@ def read_operator_secret(path: str) -> bytes:
     return data
 
 
-def read_job_keys(path: str) -> Dict[str, str]:
-    """Pre-registered jobs (netreduce-switch --job-keys FILE): one ``JOB PUBLIC_KEY``
-    per line (what `netreduce job-key JOB` prints), '#' comments and blank lines
-    ignored. Raises ValueError naming the file and line of a malformed entry."""
-    keys: Dict[str, str] = {}
-    with open(path) as f:
-        for n, line in enumerate(f, 1):
-            words = line.split("#", 1)[0].split()
-            if not words:
-                continue
-            ok = len(words) == 2 and len(words[1]) == 64
-            try:
-                bytes.fromhex(words[1]) if ok else None
-            except ValueError:
-                ok = False
-            if not ok:
-                raise ValueError(f"{path}:{n}: expected 'JOB PUBLIC_KEY' (64 hex digits, as "
-                                 f"`netreduce job-key JOB` prints), got {line.strip()!r}")
-            if words[0] in keys and keys[words[0]] != words[1].lower():
-                raise ValueError(f"{path}:{n}: job '{words[0]}' has two different keys")
-            keys[words[0]] = words[1].lower()
-    return keys
-
-
 class _RefusalLog:
     """Logs refused admissions (job, rank, peer, why) at WARNING, at most ``burst``
     lines per ``period`` s: a stranger retrying in a loop cannot flood the log; what
@@ -191,11 +168,18 @@ class Guard:
         # reach (whose operator may opt out), or --require-secret.
         self.beyond_loopback = beyond_loopback
         self.operator_secret = operator_secret
-        self.job_keys = dict(job_keys or {})             # job -> pre-registered public key
+        # job -> pre-registered public key (netreduce/switch/job_keys.py); replaced
+        # whole on SIGHUP, so a reader sees the old map or the new one, never a mix.
+        self.job_keys: Dict[str, str] = dict(job_keys or {})
         self._lock = threading.Lock()
         self._verifiers: Dict[str, Optional[str]] = {}  # job -> public key hex; None = open
         self._bound: Dict[str, Set[int]] = {}           # job -> ids of bound sessions
         self._log_refusal = _RefusalLog()
+
+    def set_job_keys(self, job_keys: Dict[str, str]) -> None:
+        """The operator's new pre-registrations (SIGHUP): they hold for every later
+        admission; connections already bound keep their job."""
+        self.job_keys = dict(job_keys)
 
     # per connection
     def challenge(self, sess: Any) -> Dict[str, Any]:
@@ -231,7 +215,7 @@ class Guard:
         reserved = self.job_keys.get(job)
         if reserved is not None and pub != reserved:
             raise AuthError(
-                f"{who}: the operator registered this job name's key (--job-keys), and this "
+                f"{who}: the operator pre-registered this job name (--job-secrets), and this "
                 + ("rank sent no job secret; export the job's NETREDUCE_JOB_SECRET (or "
                    "NETREDUCE_JOB_SECRET_FILE) on every rank" if pub is None else
                    "rank's job secret gives another key (a wrong secret, or another job "

@@ -7,8 +7,8 @@ import threading
 from typing import Any, Dict, Optional
 
 from netreduce.errors import ControlPlaneError
-from netreduce.protocol.address import Address, format_address, parse_address  # noqa: F401
 from netreduce.protocol import tls
+from netreduce.protocol.address import Address, format_address, parse_address  # noqa: F401
 
 
 class ControlClient:
@@ -18,12 +18,14 @@ class ControlClient:
     connection stays open for the client's life: the aggregator takes its closing
     as the rank having left the job."""
 
-    def __init__(self, address: Address, timeout: float = 30.0) -> None:
+    def __init__(self, address: Address, timeout: float = 30.0,
+                 aggregator: Optional[bool] = None) -> None:
         self.address = (address[0], int(address[1]))
         self.timeout = timeout
         self._lock = threading.Lock()
-        # TLS to an aggregator when NETREDUCE_TLS_CA is set (protocol/tls.py)
-        self._sock = tls.connect(self.address, timeout)
+        # TLS when NETREDUCE_TLS_CA is set (protocol/tls.py): to an aggregator, and to
+        # the job's own servers when they serve it; ``aggregator`` as in tls.connect.
+        self._sock = tls.connect(self.address, timeout, aggregator=aggregator)
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._file = self._sock.makefile("rb")
 

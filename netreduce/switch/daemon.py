@@ -19,9 +19,9 @@ from netreduce._version import __version__
 from netreduce.errors import NetReduceError
 from netreduce.protocol.address import family_of, format_address
 from netreduce.protocol import tls
-from netreduce.protocol.auth import Guard, read_job_keys, read_operator_secret
+from netreduce.protocol.auth import Guard, read_operator_secret
 from netreduce.switch import coordinator  # noqa: F401  registers the negotiation commands
-from netreduce.switch import service, uplink
+from netreduce.switch import job_keys, service, uplink
 from netreduce.switch.child import DEFAULT_PORT, METRICS_PREFIX, READY_PREFIX
 from netreduce.switch.limits import Limits
 from netreduce.switch.server import ControlServer
@@ -82,10 +82,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="listening beyond loopback, still admit jobs whose ranks bring no job "
                         "secret: anyone who can reach the control port and knows a job's name "
                         "may join or read it. Only on a network whose every host you trust")
-    p.add_argument("--job-keys", default=None, metavar="FILE",
-                   help="pre-registered jobs: lines 'JOB PUBLIC_KEY' (`netreduce job-key JOB` "
-                        "prints one from the job's secret); only ranks proving that key may "
-                        "take those names, so nobody can squat one before its ranks come")
+    p.add_argument("--job-secrets", default=None, metavar="FILE",
+                   help="pre-registered job names: lines 'JOB ed25519:KEY' (`netreduce job-key "
+                        "JOB` prints one), 'JOB @SECRET_FILE' or 'JOB SECRET'; a listed name is "
+                        "admitted only to ranks proving its key, so nobody can take it before "
+                        "its ranks come. Re-read on SIGHUP")
     p.add_argument("--tls-cert", default=None, metavar="PEM",
                    help="serve the control port over TLS with this certificate (chain); ranks "
                         "then need NETREDUCE_TLS_CA, the CA that signed it")
@@ -195,13 +196,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         operator = read_operator_secret(args.operator_secret_file) \
             if args.operator_secret_file else None
-        job_keys = read_job_keys(args.job_keys) if args.job_keys else {}
+        keys = job_keys.read(args.job_secrets) if args.job_secrets else {}
         tls_ctx = tls.server_context(args.tls_cert, args.tls_key or args.tls_cert) \
             if args.tls_cert else None
         agg, port = _start_aggregator(_native, args)
         srv = ControlServer(
             args.host, port, agg, payload_explicit=args.payload_bytes is not None,
-            guard=Guard(require_secret=require, operator_secret=operator, job_keys=job_keys,
+            guard=Guard(require_secret=require, operator_secret=operator, job_keys=keys,
                         beyond_loopback=beyond and not args.require_secret),
             limits=Limits(pending_idle_s=args.handshake_timeout,
                                   max_pending=args.max_pending), tls=tls_ctx)
@@ -234,7 +235,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return 2
         print(f"{METRICS_PREFIX}http://{metrics.host}:{metrics.port}/metrics", flush=True)
 
-    # SIGTERM/SIGINT: graceful stop; SIGHUP: log status (netreduce/switch/service.py).
+    # SIGTERM/SIGINT: graceful stop; SIGHUP: log status (netreduce/switch/service.py)
+    # and re-read --job-secrets.
     life = service.Lifecycle()
     signal.signal(signal.SIGTERM, lambda signum, frame: life.on_stop("SIGTERM"))
     signal.signal(signal.SIGINT, lambda signum, frame: life.on_stop("SIGINT"))
@@ -253,6 +255,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if life.status_requested.is_set():
             life.status_requested.clear()
             service.log_status(srv, address)
+            if args.job_secrets:
+                job_keys.reload(srv.guard, args.job_secrets, logging.getLogger("netreduce.switch"))
     service.drain(srv, life, address, args.stop_timeout)
     if metrics is not None:
         metrics.close()

@@ -6,16 +6,16 @@ netreduce-switch started as an operator starts it:
 - while a real job runs, a stranger with its name (no secret, a wrong one) and a
   second job come and go: the strangers are refused and logged, the real job
   completes exactly;
-- a name the operator pre-registered (--job-keys) cannot be squatted;
+- a name the operator pre-registered (--job-secrets: its public key, its secret or
+  a file holding it; re-read on SIGHUP) cannot be squatted;
 - the secret may come from a file (NETREDUCE_JOB_SECRET_FILE);
 - TLS on the control port (--tls-cert/--tls-key, ranks with NETREDUCE_TLS_CA, a
   throwaway CA made here): a job completes; a rank trusting another CA, and one
   speaking plain TCP, are refused, the latter logged."""
 from __future__ import annotations
 
-import datetime
-import ipaddress
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -33,6 +33,7 @@ from netreduce.protocol import auth
 from netreduce.protocol.address import parse_address
 from netreduce.switch.child import READY_PREFIX
 from tests.parallel.ranks import _CTX, run_ranks
+from tests.parallel.tls_certs import make_ca as _ca, server_cert as _server_cert
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -193,20 +194,57 @@ def test_strangers_and_a_second_job_do_not_disturb_a_running_job(daemon, monkeyp
 
 def test_a_pre_registered_name_cannot_be_squatted(daemon, monkeypatch, tmp_path):
     job, secret = "reserved-" + uuid.uuid4().hex[:6], uuid.uuid4().hex
-    keys = tmp_path / "job-keys"
-    keys.write_text(f"# the operator's list\n{job} {auth.public_key(secret, job)}\n")
-    d = daemon("127.0.0.1", "--job-keys", str(keys))  # loopback: open jobs otherwise allowed
+    keys = tmp_path / "job-secrets"
+    keys.write_text(f"# the operator's list\n{job} ed25519:{auth.public_key(secret, job)}\n")
+    d = daemon("127.0.0.1", "--job-secrets", str(keys))  # loopback: open jobs otherwise allowed
     monkeypatch.delenv("NETREDUCE_JOB_SECRET", raising=False)
     for env in ({}, {"NETREDUCE_JOB_SECRET": "squatter"}):  # first, before the real ranks
-        with pytest.raises(NetReduceError, match="registered this job name's key"):
+        with pytest.raises(NetReduceError, match="pre-registered this job name"):
             _sum_once(d.address, job, rank=0, size=2, **env)
     results = run_ranks(_real_rank, 2, d.address, job, secret, _CTX.Event(), _done(), 2)
     assert all(all(r) for r in results), results
-    with pytest.raises(NetReduceError, match="registered this job name's key"):
+    with pytest.raises(NetReduceError, match="pre-registered this job name"):
         _sum_once(d.address, job, rank=0, size=2)  # and after they left
     assert f"refused job '{job}' (rank 0, from 127.0.0.1:" in d.wait_log("refused"), d.log()
     # an open job of another name is still admitted on loopback
     assert (_sum_once(d.address, "free-" + uuid.uuid4().hex[:6]) == 1).all()
+
+
+def test_job_secrets_take_a_secret_or_a_file_and_are_re_read_on_sighup(daemon, monkeypatch,
+                                                                        tmp_path):
+    inline, from_file, later = ("pre-" + uuid.uuid4().hex[:6] for _ in range(3))
+    (tmp_path / "secret-file").write_text("filed-secret\n")
+    keys = tmp_path / "job-secrets"
+    keys.write_text(f"{inline} inline-secret\n{from_file} @secret-file  # beside this file\n")
+    d = daemon("127.0.0.1", "--job-secrets", str(keys))
+    monkeypatch.delenv("NETREDUCE_JOB_SECRET", raising=False)
+    for job, secret in ((inline, "inline-secret"), (from_file, "filed-secret")):
+        with pytest.raises(NetReduceError, match="pre-registered this job name"):
+            _sum_once(d.address, job, NETREDUCE_JOB_SECRET="squatter")
+        assert (_sum_once(d.address, job, NETREDUCE_JOB_SECRET=secret) == 1).all()
+    assert (_sum_once(d.address, later) == 1).all()  # not listed yet: an open job on loopback
+    keys.write_text(keys.read_text() + f"{later} later-secret\n")
+    d.proc.send_signal(signal.SIGHUP)
+    assert "3 job names pre-registered" in d.wait_log("3 job names pre-registered"), d.log()
+    with pytest.raises(NetReduceError, match="pre-registered this job name"):
+        _sum_once(d.address, later)
+    assert (_sum_once(d.address, later, NETREDUCE_JOB_SECRET="later-secret") == 1).all()
+    # A file broken by a typo keeps the registrations in force (no name becomes open).
+    keys.write_text(f"{later}\n")
+    d.proc.send_signal(signal.SIGHUP)
+    assert "not re-read, the previous 3 registrations stay" in d.wait_log("not re-read"), d.log()
+    with pytest.raises(NetReduceError, match="pre-registered this job name"):
+        _sum_once(d.address, later)
+
+
+def test_a_malformed_job_secrets_file_stops_the_daemon_naming_the_line(tmp_path):
+    keys = tmp_path / "job-secrets"
+    keys.write_text("ok-job s3cret\nbad-job ed25519:1234\n")
+    out = subprocess.run([sys.executable, "-m", "netreduce.switch", "--host", "127.0.0.1",
+                          "--port", "0", "--job-secrets", str(keys)],
+                         capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert out.returncode == 2, out
+    assert f"{keys}:2: job 'bad-job'" in out.stderr and "ed25519" in out.stderr, out.stderr
 
 
 def _done():
@@ -230,51 +268,6 @@ def test_the_secret_may_come_from_a_file(daemon, monkeypatch, tmp_path):
 
 
 # --- TLS ------------------------------------------------------------------------------
-def _ca(tmp: Path, name: str):
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-    key = ec.generate_private_key(ec.SECP256R1())
-    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
-    now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (x509.CertificateBuilder().subject_name(subject).issuer_name(subject)
-            .public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .sign(key, hashes.SHA256()))
-    path = tmp / f"{name}.pem"
-    path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    return key, cert, path
-
-
-def _server_cert(tmp: Path, ca_key, ca_cert):
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-    key = ec.generate_private_key(ec.SECP256R1())
-    now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "aggregator")]))
-            .issuer_name(ca_cert.subject).public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName(
-                [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]),
-                critical=False)
-            .sign(ca_key, hashes.SHA256()))
-    cert_path, key_path = tmp / "server.pem", tmp / "server.key"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM,
-                                           serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
-    os.chmod(key_path, 0o600)
-    return cert_path, key_path
-
-
 def _tls_rank(rank, size, address, job):
     with dataplane.connect(address, job, rank, size, timeout=30.0) as conn:
         neg = NegotiationClient(address, job, rank, size, threshold=1 << 20, capacity=64,
@@ -315,21 +308,21 @@ def test_control_connections_over_tls(daemon, monkeypatch, tmp_path):
     assert run_ranks(_tls_rank, 2, d.address, "tls3-" + uuid.uuid4().hex[:6]) == [True, True]
 
 
-def test_job_key_prints_the_line_an_operator_registers(tmp_path):
+def test_job_key_prints_the_line_an_operator_registers(tmp_path, daemon, monkeypatch):
     env = dict(os.environ, NETREDUCE_JOB_SECRET="the-job-secret")
     env.pop("NETREDUCE_JOB_SECRET_FILE", None)
     out = subprocess.run([sys.executable, "-m", "netreduce.cli", "job-key", "train-7"],
                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=60)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == f"train-7 {auth.public_key('the-job-secret', 'train-7')}"
-    path = tmp_path / "keys"
-    path.write_text(out.stdout)
-    assert auth.read_job_keys(str(path)) == {"train-7": auth.public_key("the-job-secret",
-                                                                        "train-7")}
+    assert out.stdout.strip() == f"train-7 ed25519:{auth.public_key('the-job-secret', 'train-7')}"
+    path = tmp_path / "job-secrets"
+    path.write_text(out.stdout)  # the line as printed is what the daemon reads
+    d = daemon("0.0.0.0", "--job-secrets", str(path))
+    monkeypatch.delenv("NETREDUCE_JOB_SECRET", raising=False)
+    with pytest.raises(NetReduceError, match="pre-registered this job name"):
+        _sum_once(d.address, "train-7", NETREDUCE_JOB_SECRET="squatter")
+    assert (_sum_once(d.address, "train-7", NETREDUCE_JOB_SECRET="the-job-secret") == 1).all()
     env.pop("NETREDUCE_JOB_SECRET")
     out = subprocess.run([sys.executable, "-m", "netreduce.cli", "job-key", "train-7"],
                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=60)
     assert out.returncode == 2 and "no job secret" in out.stderr, out.stderr
-    path.write_text("train-7 not-a-key\n")
-    with pytest.raises(ValueError, match=r"keys:1: expected 'JOB PUBLIC_KEY'"):
-        auth.read_job_keys(str(path))
