@@ -158,7 +158,9 @@ setup(
     install_requires=["numpy>=1.21", "prometheus_client>=0.20", "cryptography>=3.1"],
     extras_require={
         # import-linter: the layer contracts (pyproject.toml, scripts/check_imports.py)
-        "test": ["pytest>=7", "hypothesis>=6", "pytest-timeout", "import-linter>=2.13"],
+        # cryptography (a core dependency too): the TLS tests make a throwaway CA with it.
+        "test": ["pytest>=7", "hypothesis>=6", "pytest-timeout", "import-linter>=2.13",
+                 "cryptography>=3.1"],
         "torch": ["torch"],
         # TensorFlow and MXNet cannot share numpy (>=1.26 vs <1.24): scripts/env_*.sh
         # give each its own environment; these extras are what a user installs.

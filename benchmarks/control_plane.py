@@ -22,7 +22,8 @@ native engine) and then the hello (``NegotiationClient``: returns once every ran
 joined). Then every rank's first all-reduce, 16 int32 (rank r gives r), checked
 exact on every rank. Reports the full join (first connection to the last hello),
 the first all-reduce (last hello to the last result), the engines' resends and
-the CPU used, per run (``--repeat``) and as medians with the spread.
+the CPU used, per run (``--repeat``) and as medians with the spread; ``--before``
+runs an earlier checkout interleaved with this one (the same load for both).
 
 ``step``: N=4 ranks on this host through the public API (nr.allreduce of 4 KiB,
 float32, one name), the median of ``--repeat`` runs of ``--iters`` each, for
@@ -239,7 +240,7 @@ def _spawn_switch(pythonpath: str, *extra: str):
     return proc, addr
 
 
-def drive_scale(args: argparse.Namespace) -> None:
+def drive_scale(args: argparse.Namespace) -> Dict[str, Any]:
     proc, addr = _spawn_switch(REPO)
     job = "scale-" + uuid.uuid4().hex[:6]
     per = [args.ranks // args.procs + (1 if i < args.ranks % args.procs else 0)
@@ -272,12 +273,29 @@ def drive_scale(args: argparse.Namespace) -> None:
     if args.rounds:
         rounds = [max(o["rounds"][i] for o in outs) for i in range(args.steps)]
         rec["agreement_round_ms_median"] = round(statistics.median(rounds[1:]) * 1e3, 2)
+    rec.update(load_end=os.getloadavg()[0], commit=_commit(),
+               utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
     print(json.dumps(rec))
+    return rec
 
 
-def _commit() -> str:
+def drive_scale_runs(args: argparse.Namespace) -> None:
+    """--repeat runs of drive_scale; --json writes every run and the medians."""
+    runs = [drive_scale(args) for _ in range(args.repeat)]
+    keys = [k for k in ("job_start_s", "launch_to_joined_s", "negotiation_ms_per_step_median",
+                        "agreement_round_ms_median") if k in runs[0]]
+    summary = {k: {"median": statistics.median(r[k] for r in runs),
+                   "min": min(r[k] for r in runs), "max": max(r[k] for r in runs)} for k in keys}
+    print(json.dumps({"summary": summary}))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"command": "python3 benchmarks/control_plane.py " + " ".join(sys.argv[1:]),
+                       "summary": summary, "runs": runs}, f, indent=1)
+
+
+def _commit(path: str = REPO) -> str:
     try:
-        return subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"],
+        return subprocess.run(["git", "-C", path, "rev-parse", "--short", "HEAD"],
                               capture_output=True, text=True, timeout=10).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return ""
@@ -290,15 +308,21 @@ def _daemon_cpu_s(pid: int) -> float:
 
 
 def drive_join(args: argparse.Namespace) -> None:
-    runs = []
-    for run in range(args.repeat):
-        runs.append(_join_once(args))
-        print(json.dumps(runs[-1]), flush=True)
-    keys = ("join_s", "admission_s", "hello_after_admission_s", "first_allreduce_s",
-            "resends_per_rank")
-    summary = {k: {"median": round(statistics.median(r[k] for r in runs), 4),
-                   "min": min(r[k] for r in runs), "max": max(r[k] for r in runs)}
-               for k in keys}
+    """--repeat runs of this checkout (``after``) and, with --before, interleaved
+    runs of the earlier checkout too, so that both see the same load."""
+    codes = {"after": args.code or REPO}
+    if args.before:
+        codes = {"before": args.before, **codes}
+    runs: Dict[str, List[Dict[str, Any]]] = {name: [] for name in codes}
+    for _ in range(args.repeat):
+        for name, code in codes.items():
+            runs[name].append(_join_once(args, code))
+            print(json.dumps(dict(runs[name][-1], variant=name)), flush=True)
+    keys = ("join_s", "admission_s", "hello_after_admission_s", "hello_spread_s",
+            "first_allreduce_s", "first_allreduce_slowest_rank_s", "resends_per_rank")
+    summary = {name: {k: {"median": round(statistics.median(r[k] for r in rs), 4),
+                          "min": min(r[k] for r in rs), "max": max(r[k] for r in rs)}
+                      for k in keys} for name, rs in runs.items()}
     print(json.dumps({"summary": summary}))
     if args.json:
         with open(args.json, "w") as f:
@@ -306,9 +330,9 @@ def drive_join(args: argparse.Namespace) -> None:
                        "summary": summary, "runs": runs}, f, indent=1)
 
 
-def _join_once(args: argparse.Namespace) -> Dict[str, Any]:
+def _join_once(args: argparse.Namespace, code: str) -> Dict[str, Any]:
     load0 = os.getloadavg()
-    proc, addr = _spawn_switch(REPO, *args.switch_args.split())
+    proc, addr = _spawn_switch(code, *args.switch_args.split())
     job = "join-" + uuid.uuid4().hex[:6]
     per = [args.ranks // args.procs + (1 if i < args.ranks % args.procs else 0)
            for i in range(args.procs)]
@@ -318,7 +342,7 @@ def _join_once(args: argparse.Namespace) -> Dict[str, Any]:
         [sys.executable, __file__, "worker-join", "--switch", addr, "--job", job,
          "--size", str(args.ranks), "--first", str(f), "--count", str(c)],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-        env=dict(os.environ, PYTHONPATH=REPO, **dict(e.split("=", 1) for e in args.env)))
+        env=dict(os.environ, PYTHONPATH=code, **dict(e.split("=", 1) for e in args.env)))
         for f, c in zip(firsts, per)]
     outs = []
     try:
@@ -373,7 +397,8 @@ def _join_once(args: argparse.Namespace) -> Dict[str, Any]:
         "cpu_s": {"ranks": round(sum(o["cpu_s"] for o in outs), 2),
                   "daemon": round(cpu_daemon, 2)},
         "load": [round(x, 2) for x in load0 + os.getloadavg()],
-        "commit": _commit(), "env": args.env, "switch_args": args.switch_args,
+        "commit": _commit(code), "code": code, "env": args.env,
+        "switch_args": args.switch_args,
         "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 
 
@@ -471,6 +496,8 @@ def main() -> None:
     s.add_argument("--procs", type=int, default=4)
     s.add_argument("--steps", type=int, default=20)
     s.add_argument("--rounds", action="store_true")
+    s.add_argument("--repeat", type=int, default=1)
+    s.add_argument("--json", default="")
     st = sub.add_parser("step")
     st.add_argument("--np", type=int, default=4)
     st.add_argument("--iters", type=int, default=1000)
@@ -488,6 +515,12 @@ def main() -> None:
     j.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
                    help="environment of the rank processes (e.g. NETREDUCE_RETRANSMIT_MS=1)")
     j.add_argument("--switch-args", default="", help="extra netreduce-switch options")
+    j.add_argument("--code", default="",
+                   help="run the daemon and the ranks from this checkout (e.g. a worktree of "
+                        "an earlier commit with the same native module); default: this one")
+    j.add_argument("--before", default="",
+                   help="also run this checkout (an earlier commit, same native module or "
+                        "its own), interleaved with this one in every repeat")
     j.add_argument("--json", default="")
     wj = sub.add_parser("worker-join")
     for a in ("--switch", "--job"):
@@ -505,7 +538,7 @@ def main() -> None:
     ws.add_argument("--warmup", type=int, default=100)
     ws.add_argument("--raw", action="store_true")
     args = p.parse_args()
-    {"scale": drive_scale, "step": drive_step, "join": drive_join, "worker-scale": worker_scale,
+    {"scale": drive_scale_runs, "step": drive_step, "join": drive_join, "worker-scale": worker_scale,
      "worker-step": worker_step, "worker-join": worker_join}[args.mode](args)
 
 

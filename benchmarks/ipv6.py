@@ -15,7 +15,9 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
+import os
 import statistics
+import sys
 import time
 import uuid
 
@@ -64,12 +66,16 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--payload-bytes", type=int, default=None)
+    ap.add_argument("--json", default="", help="also write the record (every round) here")
     args = ap.parse_args()
+    load0, started = list(os.getloadavg()), time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     count = int(args.mib * 2**20) // 4
     opts = {} if args.payload_bytes is None else {"payload_bytes": args.payload_bytes}
     results = {"ipv4_only_daemon": [], "ipv4": [], "ipv6": []}
     payloads = {}
-    with spawn(host="::", port=0, **opts) as sw, spawn(host="127.0.0.1", port=0, **opts) as sw4:
+    # "::" is beyond loopback, and these ranks bring no secret: --allow-open-jobs
+    with spawn(host="::", port=0, extra_args=["--allow-open-jobs"], **opts) as sw, \
+            spawn(host="127.0.0.1", port=0, **opts) as sw4:
         port = sw.address[1]
         for _ in range(args.rounds):
             for family, address in (("ipv4_only_daemon", sw4.address), ("ipv4", ("127.0.0.1", port)),
@@ -78,13 +84,18 @@ def main() -> None:
                 results[family].append(t)
                 payloads[family] = payload
     med = {f: statistics.median(v) for f, v in results.items()}
-    print(json.dumps({"ranks": args.ranks, "mib": args.mib, "reps": args.reps,
-                      "payload_bytes": payloads, "median_s": med,
-                      "gbit_s": {f: args.mib * 8 * 2**20 / 1e9 / t for f, t in med.items()},
-                      "ipv6_over_ipv4_time": med["ipv6"] / med["ipv4"],
-                      "dual_stack_ipv4_over_ipv4_only_time": med["ipv4"] / med["ipv4_only_daemon"],
-                      "rounds": results},
-                     indent=1))
+    record = {"command": "python3 benchmarks/ipv6.py " + " ".join(sys.argv[1:]),
+              "utc_start": started, "load_start": load0, "load_end": list(os.getloadavg()),
+              "ranks": args.ranks, "mib": args.mib, "reps": args.reps,
+              "payload_bytes": payloads, "median_s": med,
+              "gbit_s": {f: args.mib * 8 * 2**20 / 1e9 / t for f, t in med.items()},
+              "ipv6_over_ipv4_time": med["ipv6"] / med["ipv4"],
+              "dual_stack_ipv4_over_ipv4_only_time": med["ipv4"] / med["ipv4_only_daemon"],
+              "rounds": results}
+    print(json.dumps(record, indent=1))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(record, f, indent=1)
 
 
 if __name__ == "__main__":

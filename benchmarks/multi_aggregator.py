@@ -54,7 +54,7 @@ def run_k(tb: Testbed, np_: int, k: int, size: int, iters: int, port: int) -> di
         for i in range(k):
             node = tb.hosts[np_ + i]
             proc = tb.popen(node, [sys.executable, "-m", "netreduce.switch", "--host",
-                                   node.address, "--port", str(port)],
+                                   node.address, "--port", str(port), "--allow-open-jobs"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             deadline = time.monotonic() + 30
             while time.monotonic() < deadline:

@@ -22,6 +22,7 @@ import json
 import os
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -37,6 +38,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=2, help="verbs/udp alternations")
     ap.add_argument("--out", default="", help="write the raw records (JSON) here")
     args = ap.parse_args()
+    started, load0 = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), list(os.getloadavg())
     if os.geteuid() != 0:
         print("softroce_verbs.py: needs root (tap, bridge, qemu)", file=sys.stderr)
         return 2
@@ -44,7 +46,8 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="nr-softroce-bench-"))
     rundir = work / "guest"
     with SoftRoceBed(work) as bed:
-        agg = spawn(host=bed.host_ip, port=4791, threads=1, payload_bytes=992)
+        agg = spawn(host=bed.host_ip, port=4791, threads=1, payload_bytes=992,
+                    extra_args=["--allow-open-jobs"])
         try:
             phases = []
             kinds = {"verbs-rc": {"NETREDUCE_TRANSPORT": "verbs", "NETREDUCE_VERBS_QP": "rc"},
@@ -92,8 +95,13 @@ def main() -> int:
         if kind in med and "udp" in med:
             print(f"{kind}/udp: CPU per GB {med[kind][0] / med['udp'][0]:.2f}x, "
                   f"throughput {med[kind][1] / med['udp'][1]:.2f}x")
-    if args.out:
-        Path(args.out).write_text(json.dumps({"args": vars(args), "rows": rows}, indent=1))
+    if args.out:  # the medians as printed, every round, and when and under what load
+        Path(args.out).write_text(json.dumps({
+            "command": "python3 benchmarks/softroce_verbs.py " + " ".join(sys.argv[1:]),
+            "args": vars(args), "utc_start": started, "load_start": load0,
+            "load_end": list(os.getloadavg()), "medians": {
+                t: {"cpu_s_per_gb": m[0], "gbit_per_s": m[1]} for t, m in med.items()},
+            "rows": rows}, indent=1))
     return 0
 
 

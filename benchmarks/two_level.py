@@ -82,7 +82,7 @@ nr.shutdown()
 def _daemon(tb: Testbed, host: int, args: List[str]) -> subprocess.Popen:
     node = tb.hosts[host]
     proc = tb.popen(node, [sys.executable, "-m", "netreduce.switch", "--host", node.address,
-                           "--port", "4791", *args],
+                           "--port", "4791", "--allow-open-jobs", *args],
                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 30
     line = ""

@@ -22,7 +22,7 @@ from netreduce.api import (allgather_object, allreduce, allreduce_,  # noqa: F40
                            is_initialized, join, local_rank, local_size, poll, rank, shutdown,
                            size, start_timeline, stop_timeline, synchronize)
 from netreduce.alltoall import alltoall, alltoall_async  # noqa: F401
-from netreduce.worker.communicator import Handle  # noqa: F401
+from netreduce.worker.handle import Handle  # noqa: F401
 
 __all__ = [
     "__version__", "NetReduceError", "ReduceOp", "Average", "Sum", "Min", "Max",

@@ -16,7 +16,8 @@ from netreduce.ops import ReduceOp, as_op, check_array, dtype_name
 from netreduce.protocol.address import parse_addresses
 from netreduce.switch import spawn as spawn_switch
 from netreduce.worker import context, job_paths, process_sets, timeline
-from netreduce.worker.communicator import Communicator, Handle, Tensor
+from netreduce.worker.communicator import Communicator
+from netreduce.worker.handle import Handle, Tensor
 from netreduce.worker.context import comm as _comm
 
 _g = context.state  # init() and shutdown() keep the process's communicator here

@@ -16,6 +16,7 @@ import numpy as np
 import netreduce
 from netreduce import config, environment
 from netreduce.errors import ControlPlaneError
+from netreduce.protocol import auth
 from netreduce.protocol.address import format_address, parse_address, resolve
 from netreduce.protocol.client import ControlClient
 from netreduce.worker import job_status
@@ -65,7 +66,9 @@ def probe(text: str, what: str = "NETREDUCE_SWITCH", timeout: float = 2.0) -> Di
                                   f"{address[0]} (unless the aggregator's --payload-bytes or "
                                   "another rank's path is smaller)")
     try:
-        with ControlClient(address, timeout=timeout) as client:
+        # aggregator=True: an address named on the command line is an aggregator's, so
+        # TLS with NETREDUCE_TLS_CA even when it is not among this host's knobs.
+        with ControlClient(address, timeout=timeout, aggregator=True) as client:
             counters = client.call("counters", timeout=timeout)
     except ControlPlaneError as exc:
         out["unreachable"] = str(exc)
@@ -108,7 +111,7 @@ def collect(switch: Optional[str] = None) -> Dict[str, Any]:
     data["failover"] = describe_config()  # docs/failover.md
     if data["failover"].startswith("on") and "job" in rank:  # the running job, from rank 0
         data["job_status"] = job_status.query(config.snapshot(), rank["job"],
-                                              config.get("NETREDUCE_JOB_SECRET"))
+                                              auth.job_secret())
     return data
 
 
@@ -176,7 +179,22 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     info.add_argument("--switch", metavar="HOST[:PORT]",
                       help="aggregator to describe (default: NETREDUCE_SWITCH): the path MTU "
                            "and payload from this host, and each admitted job's payload and why")
+    key = sub.add_parser("job-key", help="the public key a job's secret gives its name: a line "
+                         "for netreduce-switch --job-secrets (pre-registers the name without "
+                         "giving the daemon the secret)")
+    key.add_argument("job", help="the job's name (NETREDUCE_JOB on its ranks)")
     args = parser.parse_args(argv)
+    if args.command == "job-key":
+        from netreduce.errors import NetReduceError
+        try:
+            secret = auth.job_secret()
+        except NetReduceError as exc:
+            parser.error(str(exc))
+        if not secret:
+            parser.error("no job secret: set NETREDUCE_JOB_SECRET or NETREDUCE_JOB_SECRET_FILE "
+                         "to the secret the job's ranks will have")
+        print(f"{args.job} ed25519:{auth.public_key(secret, args.job)}")
+        return 0
     if args.command == "info":
         data = collect(args.switch)
         if args.json:

@@ -173,6 +173,26 @@ declare("NETREDUCE_JOB_SECRET", str, "",
         "(never sends it), so the job's name alone cannot join, abort or read the job; "
         "netreduce-run sets one per run; empty = an open job (refused by an aggregator "
         "started with --require-secret)", secret=True)
+declare("NETREDUCE_JOB_SECRET_FILE", str, "",
+        "file holding the job's secret (surrounding whitespace stripped), read by every rank "
+        "instead of NETREDUCE_JOB_SECRET, so that the secret is in no process's environment "
+        "(a file on a shared filesystem, mode 600); empty = none")
+# --- control connections over TLS (docs/operations.md, Security) -------------------
+declare("NETREDUCE_TLS_CA", str, "",
+        "CA certificate file (PEM): a rank's control connections to its aggregators "
+        "(NETREDUCE_SWITCH, NETREDUCE_STANDBY_SWITCH, NETREDUCE_RACK_SWITCH) use TLS and "
+        "trust only a certificate it signed, for the address they were given; empty = "
+        "plain TCP")
+declare("NETREDUCE_TLS_CERT", str, "",
+        "certificate (PEM, signed by NETREDUCE_TLS_CA's CA) with which the job's own servers "
+        "serve TLS: rank 0's rendezvous and status, the torch backend's embedded aggregator, "
+        "NETREDUCE_FALLBACK=host's aggregators; set on every rank (then all reach them with "
+        "TLS); empty = those stay plain TCP")
+declare("NETREDUCE_TLS_KEY", str, "",
+        "private key of NETREDUCE_TLS_CERT (PEM); empty = in the NETREDUCE_TLS_CERT file")
+declare("NETREDUCE_TLS_SERVER_NAME", str, "",
+        "the name the aggregators' certificates must carry when it is not the address in "
+        "NETREDUCE_SWITCH (a shared certificate for several addresses); empty = that address")
 declare("NETREDUCE_RANK", int, -1, "this process's rank; -1 = discover from the launcher")
 declare("NETREDUCE_SIZE", int, -1, "number of ranks; -1 = discover from the launcher")
 declare("NETREDUCE_LOCAL_RANK", int, -1, "rank among the processes on this host; -1 = discover")

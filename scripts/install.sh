@@ -59,6 +59,9 @@ extras=torch
 $py -m pip install -q --no-build-isolation -e ".[$extras]"
 
 if [ "$what" = test ]; then
+  # Every test is time-bounded (pyproject.toml) and the TLS tests make their own CA:
+  # fail here, not as a hang or a skip, if the test extra did not bring them.
+  $py -c "import pytest_timeout, cryptography.x509"
   # The control-port fuzz harness (fuzz/control_fuzzer.py)
   $py -c "import atheris" 2>/dev/null || $py -m pip install -q atheris
   # Ray Train for tests/parallel/test_ray.py (pinned: 2.60 adds only its own

@@ -44,7 +44,26 @@ def _values(variables) -> List[np.ndarray]:
     return [np.array(v.numpy(), copy=True) for v in variables]
 
 
-class TensorFlowState(ObjectState):
+class _ModelState(ObjectState):
+    """An ObjectState whose commit and rollback also save and load a model's
+    values (``_save_model`` / ``_load_model``, per kind of model)."""
+
+    def _save_model(self) -> None:
+        raise NotImplementedError
+
+    def _load_model(self) -> None:
+        raise NotImplementedError
+
+    def save(self) -> None:
+        self._save_model()
+        super().save()
+
+    def restore(self) -> None:
+        self._load_model()
+        super().restore()
+
+
+class TensorFlowState(_ModelState):
     """A list of tf.Variables (default: the TF1 global variables) plus any Python
     values as keyword arguments. Eagerly, or in a TF1 graph with ``session``."""
 
@@ -57,14 +76,6 @@ class TensorFlowState(ObjectState):
             broadcast_variables(self.variables, root_rank=0)
         self._save_model()
         super().__init__(bcast_object=broadcast_object, get_rank=rank, **kwargs)
-
-    def save(self) -> None:
-        self._save_model()
-        super().save()
-
-    def restore(self) -> None:
-        self._load_model()
-        super().restore()
 
     def sync(self) -> None:
         if self._bcast_op is None:
@@ -88,7 +99,7 @@ class TensorFlowState(ObjectState):
                 var.assign(value)
 
 
-class TensorFlowKerasState(ObjectState):
+class TensorFlowKerasState(_ModelState):
     """A Keras 3 model and its optimizer (the model's own if not given) plus any
     Python values as keyword arguments (``epoch``, ``batch``...)."""
 
@@ -103,14 +114,6 @@ class TensorFlowKerasState(ObjectState):
 
     def _optimizer_variables(self) -> list:
         return list(self.optimizer.variables) if self.optimizer is not None else []
-
-    def save(self) -> None:
-        self._save_model()
-        super().save()
-
-    def restore(self) -> None:
-        self._load_model()
-        super().restore()
 
     def sync(self) -> None:
         broadcast_variables(list(self.model.variables) + self._optimizer_variables(),

@@ -30,12 +30,13 @@ from __future__ import annotations
 import secrets
 import uuid
 from dataclasses import dataclass
-from typing import Optional
+from typing import Dict, Optional
 
 import ray
 from ray.train.torch import TorchConfig
 
 from netreduce import config
+from netreduce.protocol import auth, tls
 from netreduce.protocol.address import parse_addresses
 from netreduce.errors import InvalidArgumentError, NetReduceError
 from netreduce.launcher.ray_executor import local_layout
@@ -48,15 +49,15 @@ def _node_id() -> str:
 
 
 def _join(rank: int, size: int, local_rank: int, local_size: int, job: str, secret: str,
-          switch: Optional[str]) -> None:
+          switch: Optional[str], tls_knobs: Optional[Dict[str, str]] = None) -> None:
     """On a worker, before Ray's init_process_group: netreduce's view of the job."""
     from netreduce.torch import process_group  # registers the "netreduce" backend
     process_group.register()
     for name, value in (("NETREDUCE_RANK", rank), ("NETREDUCE_SIZE", size),
                         ("NETREDUCE_LOCAL_RANK", local_rank),
                         ("NETREDUCE_LOCAL_SIZE", local_size), ("NETREDUCE_JOB", job),
-                        ("NETREDUCE_JOB_SECRET", secret)):
-        config.set_for_process(name, value)
+                        ("NETREDUCE_JOB_SECRET", secret), *(tls_knobs or {}).items()):
+        config.set_for_process(name, value)  # the driver's TLS knobs too (protocol/tls.py)
     if switch:
         config.set_for_process("NETREDUCE_SWITCH", switch)
 
@@ -78,11 +79,11 @@ class _NetReduceBackend(_RayTorchBackend):
     def on_start(self, worker_group, backend_config: "NetReduceConfig") -> None:
         size = len(worker_group)
         layout = local_layout(worker_group.execute(_node_id))
-        job = f"ray-{uuid.uuid4().hex[:12]}"
-        secret = secrets.token_hex(32)
+        job = config.get("NETREDUCE_JOB") or f"ray-{uuid.uuid4().hex[:12]}"
+        secret = auth.job_secret() or secrets.token_hex(32)  # the driver's, else fresh
         ray.get([worker_group.execute_single_async(r, _join, r, size, layout[r][0],
                                                    layout[r][1], job, secret,
-                                                   backend_config.switch)
+                                                   backend_config.switch, tls.knobs())
                  for r in range(size)])
         super().on_start(worker_group, backend_config)
 

@@ -26,6 +26,7 @@ from typing import List, Optional, Sequence
 from netreduce import config
 from netreduce.launcher.ranks import Job, LaunchError
 from netreduce.process import free_tcp_port
+from netreduce.protocol import auth, tls
 from netreduce.protocol.address import format_address, parse_addresses
 from netreduce.switch import spawn
 
@@ -82,17 +83,22 @@ def run(argv: Optional[Sequence[str]] = None) -> int:
             extra += arg.split("=", 1) if arg.startswith("--") and "=" in arg else [arg]
         # All ranks share this host: one multicast result per slot beats N copies.
         # Its only jobs are this run's, which always have a secret.
+        # NETREDUCE_TLS_CA without a certificate: this loopback aggregator stays plain
+        # and the ranks are told so (below); with NETREDUCE_TLS_CERT it serves TLS.
+        tls_args = tls.job_server_args() if tls.job_server_files() else []
         switch_proc = spawn(host="127.0.0.1", port=0, fanout="multicast",
-                            extra_args=["--require-secret"] + extra)
+                            extra_args=["--require-secret"] + tls_args + extra)
         address = f"{switch_proc.address[0]}:{switch_proc.address[1]}"
 
     job_name = args.job or config.get("NETREDUCE_JOB") or \
         f"run-{os.getpid()}-{secrets.token_hex(4)}"
     # The job's secret (netreduce/protocol/auth.py): the user's, else a fresh one per run.
-    job_secret = config.get("NETREDUCE_JOB_SECRET") or secrets.token_hex(32)
+    job_secret = auth.job_secret() or secrets.token_hex(32)
     env = config.child_environment(NETREDUCE_SWITCH=address, NETREDUCE_JOB=job_name,
                                    NETREDUCE_SIZE=args.np, NETREDUCE_LOCAL_SIZE=args.np,
                                    NETREDUCE_JOB_SECRET=job_secret)
+    if switch_proc is not None and not tls.job_server_files():
+        env.pop("NETREDUCE_TLS_CA", None)  # nothing of this job leaves the host
     env["PYTHONUNBUFFERED"] = "1"  # ranks' lines reach the prefixer as they are printed
     env.setdefault("MASTER_ADDR", "127.0.0.1")
     env.setdefault("MASTER_PORT", str(free_tcp_port()))

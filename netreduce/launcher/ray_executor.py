@@ -28,6 +28,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 import ray
 
 from netreduce import config
+from netreduce.protocol import auth, tls
 from netreduce.protocol.address import format_address, parse_addresses
 from netreduce.errors import InvalidArgumentError, NetReduceError
 from netreduce.switch import spawn
@@ -99,8 +100,14 @@ class RayExecutor:
             nodes = ray.get([w.node_id.remote() for w in self.workers])
             layout = local_layout(nodes)
             switch = self.switch or self._start_aggregator(nodes)
-            job, secret = f"ray-{uuid.uuid4().hex[:12]}", secrets.token_hex(32)
-            ray.get([w.join.remote(dict(self.env, NETREDUCE_SWITCH=switch, NETREDUCE_JOB=job,
+            # The driver's secret and name when it has them (a pre-registered job on a
+            # shared aggregator: netreduce-switch --job-secrets), else fresh ones per run.
+            job = self.env.get("NETREDUCE_JOB") or config.get("NETREDUCE_JOB") or \
+                f"ray-{uuid.uuid4().hex[:12]}"
+            secret = self.env.get("NETREDUCE_JOB_SECRET") or auth.job_secret() or \
+                secrets.token_hex(32)
+            ray.get([w.join.remote(dict({**tls.knobs(), **self.env}, NETREDUCE_SWITCH=switch,
+                                        NETREDUCE_JOB=job,
                                         NETREDUCE_JOB_SECRET=secret, NETREDUCE_RANK=r,
                                         NETREDUCE_SIZE=self.num_workers,
                                         NETREDUCE_LOCAL_RANK=layout[r][0],
@@ -115,7 +122,8 @@ class RayExecutor:
         one_node = all(n == here for n in nodes)
         host = "127.0.0.1" if one_node else ray.util.get_node_ip_address()
         listen = "127.0.0.1" if one_node else ("::" if ":" in host else "0.0.0.0")
-        self._aggregator = spawn(host=listen, port=0, extra_args=["--require-secret"],
+        self._aggregator = spawn(host=listen, port=0,
+                                 extra_args=["--require-secret"] + tls.job_server_args(),
                                  **({"fanout": "multicast"} if one_node else {}))
         return format_address((host, self._aggregator.address[1]))
 

@@ -21,24 +21,31 @@ aggregator's own, so it is proved with HMAC-SHA256 over the connection's nonce;
 that connection may read every job's counters. A job without a secret (an old
 client, the single-process embedded aggregator, a user launcher without
 NETREDUCE_JOB_SECRET) is *open*: anyone who knows its name can join it and read it,
-as before. ``--require-secret`` refuses open jobs.
+as before. A daemon listening beyond loopback refuses open jobs unless started with
+``--allow-open-jobs`` (a trusted network); ``--require-secret`` refuses them on
+loopback too.
 
 The verifier of a job name lives as long as some connection bound to that name is
-open; then the name is free again (the next run may bring another secret).
+open; then the name is free again (the next run may bring another secret) — unless
+the operator pre-registered the name's key (``netreduce-switch --job-secrets``): then only that
+key's holders can ever take it, so nobody can squat a name before its ranks come.
 """
 from __future__ import annotations
 
 import functools
 import hashlib
 import hmac
+import logging
 import secrets
 import threading
+import time
 from typing import Any, Callable, Dict, Optional, Set
 
 DOMAIN = b"netreduce-job-proof-v1\0"
 KEY_DOMAIN = b"netreduce-job-key-v1\0"
 OPERATOR_DOMAIN = b"netreduce-operator-proof-v1\0"
 NONCE_BYTES = 32
+log = logging.getLogger("netreduce.switch")
 
 
 class AuthError(Exception):
@@ -46,6 +53,37 @@ class AuthError(Exception):
 
 
 # --- rank side --------------------------------------------------------------------
+def job_secret() -> str:
+    """The job's secret: NETREDUCE_JOB_SECRET, else the contents of
+    NETREDUCE_JOB_SECRET_FILE (surrounding whitespace stripped), else "" (an open
+    job). Both set to different secrets is refused: the ranks could not agree."""
+    from netreduce import config
+    from netreduce.errors import AdmissionError
+    value, path = config.get("NETREDUCE_JOB_SECRET"), config.get("NETREDUCE_JOB_SECRET_FILE")
+    if not path:
+        return value
+    try:
+        with open(path, "rb") as f:
+            from_file = f.read().strip().decode()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise AdmissionError(f"NETREDUCE_JOB_SECRET_FILE={path}: cannot read the job's secret: "
+                             f"{exc}") from None
+    if not from_file:
+        raise AdmissionError(f"NETREDUCE_JOB_SECRET_FILE={path} is empty; write the job's secret "
+                             "into it (e.g. `head -c 32 /dev/urandom | xxd -p -c 64 > FILE`)")
+    if value and value != from_file:
+        raise AdmissionError("NETREDUCE_JOB_SECRET and NETREDUCE_JOB_SECRET_FILE hold different "
+                             "secrets; set one of them")
+    return from_file
+
+
+def public_key(secret: str, job: str) -> str:
+    """The job's public key (hex) that ``secret`` gives: what an operator may
+    pre-register for the job's name instead of the secret (netreduce-switch
+    --job-secrets; `netreduce job-key`), so the daemon holds no secret at all."""
+    return _public_hex(_signing_key(secret, job))
+
+
 @functools.lru_cache(maxsize=64)
 def _signing_key(secret: str, job: str) -> Any:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -92,18 +130,56 @@ def read_operator_secret(path: str) -> bytes:
     return data
 
 
-# --- aggregator side --------------------------------------------------------------
+class _RefusalLog:
+    """Logs refused admissions (job, rank, peer, why) at WARNING, at most ``burst``
+    lines per ``period`` s: a stranger retrying in a loop cannot flood the log; what
+    was left out is counted in the next line."""
+
+    def __init__(self, burst: int = 20, period: float = 10.0) -> None:
+        self.burst, self.period = burst, period
+        self._lock = threading.Lock()
+        self._start, self._count, self._skipped = 0.0, 0, 0
+
+    def __call__(self, message: str) -> None:
+        now = time.monotonic()
+        with self._lock:
+            if now - self._start >= self.period:
+                self._start, self._count = now, 0
+            self._count += 1
+            if self._count > self.burst:
+                self._skipped += 1
+                return
+            skipped, self._skipped = self._skipped, 0
+        more = f" ({skipped} more refusals not logged)" if skipped else ""
+        log.warning("refused %s%s", message, more)
+
+
 class Guard:
     """The control server's admission checks: nonces per connection, one verifier
-    per job name, the operator's connections."""
+    per job name (a pre-registered one for the names in ``job_keys``), the
+    operator's connections. Every refusal is logged with the job, rank and peer."""
 
     def __init__(self, require_secret: bool = False,
-                 operator_secret: Optional[bytes] = None) -> None:
+                 operator_secret: Optional[bytes] = None,
+                 job_keys: Optional[Dict[str, str]] = None,
+                 beyond_loopback: bool = False) -> None:
         self.require_secret = require_secret
+        # Why secrets are required, for the refusal: the default of a daemon others can
+        # reach (whose operator may opt out), or --require-secret.
+        self.beyond_loopback = beyond_loopback
         self.operator_secret = operator_secret
+        # job -> pre-registered public key (netreduce/switch/job_keys.py); replaced
+        # whole on SIGHUP, so a reader sees the old map or the new one, never a mix.
+        self.job_keys: Dict[str, str] = dict(job_keys or {})
         self._lock = threading.Lock()
         self._verifiers: Dict[str, Optional[str]] = {}  # job -> public key hex; None = open
         self._bound: Dict[str, Set[int]] = {}           # job -> ids of bound sessions
+        self._log_refusal = _RefusalLog()
+
+    def set_job_keys(self, job_keys: Dict[str, str]) -> None:
+        """The operator's new pre-registrations (SIGHUP): they hold for every later
+        admission; connections already bound keep their job."""
+        self.job_keys = dict(job_keys)
 
     # per connection
     def challenge(self, sess: Any) -> Dict[str, Any]:
@@ -120,14 +196,30 @@ class Guard:
 
     def admit(self, sess: Any, job: str, rank: int, msg: Dict[str, Any]) -> None:
         """Bind ``sess`` to ``job`` if its request proves the job's secret (or the job
-        is open and secrets are not required); raise AuthError naming the problem."""
+        is open and secrets are not required); raise AuthError naming the problem
+        (and log it, with the peer's address)."""
         who = f"job '{job}' (rank {rank}, from {getattr(sess, 'peer', '?')})"
+        try:
+            self._admit(sess, job, msg, who, rank)
+        except AuthError as exc:
+            self._log_refusal(str(exc))
+            raise
+
+    def _admit(self, sess: Any, job: str, msg: Dict[str, Any], who: str, rank: int) -> None:
         bound = sess.state.get("auth_job")
         if bound is not None:
             if bound != job:
                 raise AuthError(f"{who}: this connection already belongs to job '{bound}'")
             return
         pub = self._verify(sess, job, rank, msg.get("auth"), who)
+        reserved = self.job_keys.get(job)
+        if reserved is not None and pub != reserved:
+            raise AuthError(
+                f"{who}: the operator pre-registered this job name (--job-secrets), and this "
+                + ("rank sent no job secret; export the job's NETREDUCE_JOB_SECRET (or "
+                   "NETREDUCE_JOB_SECRET_FILE) on every rank" if pub is None else
+                   "rank's job secret gives another key (a wrong secret, or another job "
+                   "using this name)"))
         with self._lock:
             if job in self._bound:
                 known = self._verifiers[job]
@@ -142,10 +234,15 @@ class Guard:
     def _verify(self, sess: Any, job: str, rank: int, auth: Any, who: str) -> Optional[str]:
         if auth is None:
             if self.require_secret:
+                why = ("it listens beyond loopback" if self.beyond_loopback
+                       else "--require-secret")
+                opt_out = (", or start netreduce-switch with --allow-open-jobs on a network "
+                           "whose every host you trust" if self.beyond_loopback else "")
                 raise AuthError(
-                    f"{who} refused: this aggregator requires a job secret (--require-secret); "
-                    "launch with netreduce-run, or export the same NETREDUCE_JOB_SECRET on "
-                    "every rank")
+                    f"{who}: this aggregator requires a job secret ({why}) and this rank "
+                    "sent none; export the same NETREDUCE_JOB_SECRET (or "
+                    "NETREDUCE_JOB_SECRET_FILE) on every rank (mpirun -x NETREDUCE_JOB_SECRET, "
+                    "srun --export=ALL,NETREDUCE_JOB_SECRET; netreduce-run sets one)" + opt_out)
             return None
         if not isinstance(auth, dict) or not isinstance(auth.get("pub"), str) or \
                 not isinstance(auth.get("sig"), str):
@@ -199,6 +296,8 @@ class Guard:
         nonce = self._take_nonce(sess, "operator")
         want = operator_proof(self.operator_secret, nonce.hex())
         if not isinstance(proof, str) or not hmac.compare_digest(proof, want):
+            self._log_refusal(f"operator connection from {getattr(sess, 'peer', '?')}: "
+                              "wrong operator secret")
             raise AuthError("wrong operator secret")
         sess.state["operator"] = True
         return True

@@ -7,6 +7,7 @@ import threading
 from typing import Any, Dict, Optional
 
 from netreduce.errors import ControlPlaneError
+from netreduce.protocol import tls
 from netreduce.protocol.address import Address, format_address, parse_address  # noqa: F401
 
 
@@ -17,16 +18,14 @@ class ControlClient:
     connection stays open for the client's life: the aggregator takes its closing
     as the rank having left the job."""
 
-    def __init__(self, address: Address, timeout: float = 30.0) -> None:
+    def __init__(self, address: Address, timeout: float = 30.0,
+                 aggregator: Optional[bool] = None) -> None:
         self.address = (address[0], int(address[1]))
         self.timeout = timeout
         self._lock = threading.Lock()
-        try:
-            self._sock = socket.create_connection(self.address, timeout=timeout)
-        except OSError as exc:
-            raise ControlPlaneError(
-                f"cannot reach aggregator control port {format_address(self.address)}: {exc}; "
-                "is netreduce-switch running there (NETREDUCE_SWITCH)?") from None
+        # TLS when NETREDUCE_TLS_CA is set (protocol/tls.py): to an aggregator, and to
+        # the job's own servers when they serve it; ``aggregator`` as in tls.connect.
+        self._sock = tls.connect(self.address, timeout, aggregator=aggregator)
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._file = self._sock.makefile("rb")
 

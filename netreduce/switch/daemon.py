@@ -10,6 +10,7 @@ import argparse
 import logging
 import signal
 import socket
+import ssl
 import sys
 import threading
 from typing import Optional, Sequence, Tuple
@@ -18,9 +19,10 @@ from netreduce import config
 from netreduce._version import __version__
 from netreduce.errors import NetReduceError
 from netreduce.protocol.address import family_of, format_address
+from netreduce.protocol import tls
 from netreduce.protocol.auth import Guard, read_operator_secret
 from netreduce.switch import coordinator  # noqa: F401  registers the negotiation commands
-from netreduce.switch import service, uplink
+from netreduce.switch import job_keys, service, uplink
 from netreduce.switch.child import DEFAULT_PORT, METRICS_PREFIX, READY_PREFIX
 from netreduce.switch.limits import Limits
 from netreduce.switch.server import ControlServer
@@ -95,8 +97,22 @@ def build_parser() -> argparse.ArgumentParser:
                         "(docs/operations.md, Security)")
     p.add_argument("--require-secret", action="store_true",
                    help="refuse jobs whose ranks bring no job secret (NETREDUCE_JOB_SECRET; "
-                        "netreduce-run always sets one); without it such jobs are open: "
-                        "anyone who knows the name may join or read them")
+                        "netreduce-run always sets one), on loopback too; listening beyond "
+                        "loopback, that is the default")
+    p.add_argument("--allow-open-jobs", action="store_true",
+                   help="listening beyond loopback, still admit jobs whose ranks bring no job "
+                        "secret: anyone who can reach the control port and knows a job's name "
+                        "may join or read it. Only on a network whose every host you trust")
+    p.add_argument("--job-secrets", default=None, metavar="FILE",
+                   help="pre-registered job names: lines 'JOB ed25519:KEY' (`netreduce job-key "
+                        "JOB` prints one), 'JOB @SECRET_FILE' or 'JOB SECRET'; a listed name is "
+                        "admitted only to ranks proving its key, so nobody can take it before "
+                        "its ranks come. Re-read on SIGHUP")
+    p.add_argument("--tls-cert", default=None, metavar="PEM",
+                   help="serve the control port over TLS with this certificate (chain); ranks "
+                        "then need NETREDUCE_TLS_CA, the CA that signed it")
+    p.add_argument("--tls-key", default=None, metavar="PEM",
+                   help="the private key of --tls-cert (default: in the --tls-cert file)")
     p.add_argument("--operator-secret-file", default=None, metavar="FILE",
                    help="the operator's secret (at least 16 bytes): a control connection "
                         "that proves it (HMAC challenge) reads every job's counters; others "
@@ -121,6 +137,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help="testing: share of partial sums sent and spine results received that "
                         "a rack aggregator drops on purpose")
     return p
+
+
+def _loopback(host: str) -> bool:
+    """Whether only this host can reach ``host`` (a loopback address or a name that
+    resolves only to loopback ones): then a job needs no secret by default."""
+    import ipaddress
+    try:
+        infos = socket.getaddrinfo(host, None)
+    except OSError:
+        return False
+    addrs = {ipaddress.ip_address(ai[4][0].split("%")[0]) for ai in infos}
+    return bool(addrs) and all(a.is_loopback or (getattr(a, "ipv4_mapped", None) or a).is_loopback
+                               for a in addrs)
 
 
 def _payload_words(payload_bytes: Optional[int]) -> str:
@@ -195,16 +224,31 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from netreduce import _native  # here, not above: --help works without the native module
 
     _raise_fd_limit()
+    if args.require_secret and args.allow_open_jobs:
+        print("netreduce-switch: --require-secret and --allow-open-jobs contradict each other",
+              file=sys.stderr)
+        return 2
+    if args.tls_key and not args.tls_cert:
+        print("netreduce-switch: --tls-key needs --tls-cert", file=sys.stderr)
+        return 2
+    # Secure by default: a daemon that other hosts can reach admits only jobs whose
+    # ranks prove a secret, unless the operator says the network is trusted.
+    beyond = not _loopback(args.host)
+    require = args.require_secret or (beyond and not args.allow_open_jobs)
     try:
         operator = read_operator_secret(args.operator_secret_file) \
             if args.operator_secret_file else None
+        keys = job_keys.read(args.job_secrets) if args.job_secrets else {}
+        tls_ctx = tls.server_context(args.tls_cert, args.tls_key or args.tls_cert) \
+            if args.tls_cert else None
         agg, port = _start_aggregator(_native, args)
         srv = ControlServer(
             args.host, port, agg, payload_explicit=args.payload_bytes is not None,
-            guard=Guard(require_secret=args.require_secret, operator_secret=operator),
+            guard=Guard(require_secret=require, operator_secret=operator, job_keys=keys,
+                        beyond_loopback=beyond and not args.require_secret),
             limits=Limits(pending_idle_s=args.handshake_timeout,
-                                  max_pending=args.max_pending))
-    except (NetReduceError, OSError, ValueError) as exc:
+                                  max_pending=args.max_pending), tls=tls_ctx)
+    except (NetReduceError, OSError, ValueError, ssl.SSLError) as exc:
         print(f"netreduce-switch: {exc}", file=sys.stderr)
         return 2
     try:  # two levels: rack_grant (spine), rack_job (with --spine)
@@ -233,20 +277,28 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return 2
         print(f"{METRICS_PREFIX}http://{metrics.host}:{metrics.port}/metrics", flush=True)
 
-    # SIGTERM/SIGINT: graceful stop; SIGHUP: log status (netreduce/switch/service.py).
+    # SIGTERM/SIGINT: graceful stop; SIGHUP: log status (netreduce/switch/service.py)
+    # and re-read --job-secrets.
     life = service.Lifecycle()
     signal.signal(signal.SIGTERM, lambda signum, frame: life.on_stop("SIGTERM"))
     signal.signal(signal.SIGINT, lambda signum, frame: life.on_stop("SIGINT"))
     signal.signal(signal.SIGHUP, lambda signum, frame: life.on_status())
     thread = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
     thread.start()
+    if args.allow_open_jobs and not _loopback(args.host):
+        logging.getLogger("netreduce.switch").warning(
+            "admitting jobs without a secret on %s (--allow-open-jobs): whoever reaches this "
+            "port and knows a job's name may join or read it", address)
     print(f"{READY_PREFIX}{address} (udp {port}..{port + args.threads - 1}, "
           f"{args.slots} slots x {_payload_words(args.payload_bytes)}, max {args.max_jobs} jobs, "
-          f"{args.fanout} fan-out, data path {agg.data_path}{_transport_words(agg)})", flush=True)
+          f"{args.fanout} fan-out, data path {agg.data_path}{_transport_words(agg)}; job secrets "
+          f"{'required' if require else 'optional'}{'; TLS' if tls_ctx else ''})", flush=True)
     while not life.stop.wait(0.2):
         if life.status_requested.is_set():
             life.status_requested.clear()
             service.log_status(srv, address)
+            if args.job_secrets:
+                job_keys.reload(srv.guard, args.job_secrets, logging.getLogger("netreduce.switch"))
     service.drain(srv, life, address, args.stop_timeout)
     if metrics is not None:
         metrics.close()

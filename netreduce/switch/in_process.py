@@ -16,6 +16,7 @@ from typing import Any
 from netreduce import _native, config
 from netreduce.errors import NetReduceError
 from netreduce.process import free_tcp_port
+from netreduce.protocol import tls
 from netreduce.protocol.auth import Guard
 from netreduce.switch import coordinator, rendezvous  # noqa: F401  (their commands register)
 from netreduce.switch.job_status import Published
@@ -34,6 +35,7 @@ class LocalAggregator:
                  slots: int = 32) -> None:
         attempts = 20 if port == 0 else 1
         last: Exception = NetReduceError("no attempt")
+        context = tls.job_server_context()  # NETREDUCE_TLS_CERT: serve the job's TLS
         for _ in range(attempts):
             chosen = port or free_tcp_port()
             agg = _native.Aggregator(host, chosen, slots, _native.MAX_PAYLOAD, LOCAL_MAX_JOBS, 1,
@@ -41,7 +43,8 @@ class LocalAggregator:
                                      config.get("NETREDUCE_UDP_OFFLOAD"))
             try:
                 agg.start()
-                srv = ControlServer(host, chosen, agg, guard=Guard(require_secret=secret_required))
+                srv = ControlServer(host, chosen, agg, guard=Guard(require_secret=secret_required),
+                                    tls=context)
                 break
             except Exception as exc:  # the UDP or TCP port is taken: another one
                 last = exc

@@ -29,6 +29,7 @@ import json
 import logging
 import selectors
 import socket
+import ssl
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -55,7 +56,7 @@ def _forget(w: Wait) -> None:
 
 class Conn:
     __slots__ = ("sock", "sess", "rbuf", "wbuf", "busy", "closed", "eof", "last_rx",
-                 "waits", "in_lines", "events", "close_after_write")
+                 "waits", "in_lines", "events", "close_after_write", "handshake")
 
     def __init__(self, sock: socket.socket, sess: Any) -> None:
         self.sock, self.sess = sock, sess
@@ -65,6 +66,8 @@ class Conn:
         self.last_rx = time.monotonic()
         self.waits: Set[Wait] = set()
         self.events = 0
+        # TLS (--tls-cert): the events the handshake waits for; 0 once it is done.
+        self.handshake = 0
 
 
 class EventLoop:
@@ -72,9 +75,11 @@ class EventLoop:
     ``begin(conn, line)`` (parse and dispatch one request line), ``limit_of(sess)``,
     ``bound(sess)``, ``opened(sess, sock)``, ``closed(sess)`` and ``delivered``."""
 
-    def __init__(self, server: Any, listener: socket.socket) -> None:
+    def __init__(self, server: Any, listener: socket.socket,
+                 tls: Optional[ssl.SSLContext] = None) -> None:
         self.server = server
         self.listener = listener
+        self.tls = tls  # every accepted connection speaks TLS (netreduce-switch --tls-cert)
         self.sel = selectors.DefaultSelector()
         self.rwake, self.wwake = socket.socketpair()
         self.rwake.setblocking(False)
@@ -186,7 +191,12 @@ class EventLoop:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             except OSError:
                 pass
+            if self.tls is not None:  # the handshake runs in the loop, like any I/O
+                sock = self.tls.wrap_socket(sock, server_side=True,
+                                            do_handshake_on_connect=False)
             conn = Conn(sock, self.server.new_session(addr))
+            if self.tls is not None:
+                conn.handshake = READ
             self.conns[sock.fileno()] = conn
             self._watch(conn)
             self.server.opened(conn.sess, sock)
@@ -194,7 +204,10 @@ class EventLoop:
     def _watch(self, conn: Conn) -> None:
         if conn.closed:
             return
-        want = (READ if not conn.busy and not conn.eof else 0) | (WRITE if conn.wbuf else 0)
+        if conn.handshake:
+            want = conn.handshake
+        else:
+            want = (READ if not conn.busy and not conn.eof else 0) | (WRITE if conn.wbuf else 0)
         if want == conn.events:
             return
         try:
@@ -210,21 +223,59 @@ class EventLoop:
         conn.events = want
 
     def _io(self, conn: Conn, mask: int) -> None:
+        if conn.handshake:
+            if not self._handshake(conn):
+                return
+            mask = READ  # the first request may have come with the handshake's last bytes
         if mask & WRITE:
             self._flush(conn)
         if mask & READ and not conn.closed:
-            try:
-                data = conn.sock.recv(1 << 16)
-            except (BlockingIOError, InterruptedError):
+            data = self._recv(conn)
+            if data is None:
                 return
-            except OSError:
-                data = b""
             conn.last_rx = time.monotonic()
             if data:
                 conn.rbuf += data
             else:
                 conn.eof = True
             self.lines(conn)
+
+    def _recv(self, conn: Conn) -> Optional[bytes]:
+        """What the connection has to read (b"" at its end), None for nothing yet. A
+        TLS connection's decrypted bytes may wait inside the SSL object, where the
+        selector cannot see them: those are read too."""
+        try:
+            data = conn.sock.recv(1 << 16)
+            while data and isinstance(conn.sock, ssl.SSLSocket) and conn.sock.pending():
+                data += conn.sock.recv(conn.sock.pending())
+            return data
+        except (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
+            return None
+        except OSError:
+            return b""
+
+    def _handshake(self, conn: Conn) -> bool:
+        """Advance a TLS handshake; True once it is done. A peer that fails it (no
+        TLS, a client that rejects the certificate) is logged by address and closed."""
+        conn.last_rx = time.monotonic()
+        try:
+            conn.sock.do_handshake()
+        except ssl.SSLWantReadError:
+            conn.handshake = READ
+        except ssl.SSLWantWriteError:
+            conn.handshake = WRITE
+        except (ssl.SSLError, OSError) as exc:
+            log.warning("refused control connection from %s: TLS handshake failed: %s "
+                        "(this port speaks TLS: give ranks NETREDUCE_TLS_CA)",
+                        conn.sess.peer, getattr(exc, "reason", None) or exc)
+            self.close(conn)
+            return False
+        else:
+            conn.handshake = 0
+            self._watch(conn)
+            return True
+        self._watch(conn)
+        return False
 
     def lines(self, conn: Conn) -> None:
         """Answer the complete lines buffered (one at a time for requests without id)."""
@@ -274,7 +325,8 @@ class EventLoop:
         while conn.wbuf and not conn.closed:
             try:
                 n = conn.sock.send(conn.wbuf)
-            except (BlockingIOError, InterruptedError):
+            except (BlockingIOError, InterruptedError, ssl.SSLWantReadError,
+                    ssl.SSLWantWriteError):
                 break
             except OSError:
                 self.close(conn)

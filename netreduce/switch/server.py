@@ -95,7 +95,7 @@ class ControlServer:
 
     def __init__(self, host: str, port: int, aggregator: Any,
                  payload_explicit: bool = False, guard: Optional[Guard] = None,
-                 limits: Optional[Limits] = None) -> None:
+                 limits: Optional[Limits] = None, tls: Optional[Any] = None) -> None:
         self.aggregator = aggregator
         # Job secrets and the operator's secret (netreduce/protocol/auth.py); the
         # limits that keep hostile connections from growing memory or threads.
@@ -116,7 +116,7 @@ class ControlServer:
                                            and host == "::" and socket.has_dualstack_ipv6())
         self.socket.setblocking(False)
         self.server_address = self.socket.getsockname()[:2]
-        self.loop = EventLoop(self, self.socket)
+        self.loop = EventLoop(self, self.socket, tls)  # tls: an ssl.SSLContext (--tls-cert)
         self._serving = threading.Event()
 
     # -- serving (socketserver's names, which the daemon and tests use) -------------

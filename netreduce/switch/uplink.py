@@ -162,7 +162,8 @@ def _build(srv: Any, job: Any, tree: Tree) -> None:
                  f"ranks {_short(members[address])})")
         try:
             host, port = parse_address(address)
-            client = ControlClient((host, port), timeout=10.0)
+            # a rack aggregator: TLS when this daemon has NETREDUCE_TLS_CA
+            client = ControlClient((host, port), timeout=10.0, aggregator=True)
         except (ValueError, NetReduceError) as exc:
             raise NetReduceError(f"{where}: {exc}") from None
         tree.clients.append(client)

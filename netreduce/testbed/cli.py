@@ -2,7 +2,7 @@
 
     netreduce-testbed up --hosts 4 --rate 1gbit [--loss 0.01]
     netreduce-testbed run --host 0 -- python -c 'print("hello from h0")'
-    netreduce-testbed run --host agg -- netreduce-switch --host 10.77.0.250
+    netreduce-testbed run --host agg -- netreduce-switch --host 10.77.0.250 --allow-open-jobs
     netreduce-testbed status
     netreduce-testbed down
 """

@@ -380,11 +380,16 @@ class Testbed:
                      timeout: float = 30.0) -> SwitchHandle:
         """Start `python -m netreduce.switch` in the aggregator namespace, bound to its
         address, and wait until it says it listens. Unless `args` says otherwise the
-        payload is sized to fit one frame (switch_payload_bytes)."""
+        payload is sized to fit one frame (switch_payload_bytes) and jobs without a
+        secret are admitted (--allow-open-jobs; --require-secret in `args` instead)."""
         agg = self.aggregator
         args = list(args)
         if not any(a.startswith("--payload-bytes") for a in args):
             args += ["--payload-bytes", str(self.switch_payload_bytes())]
+        # The testbed's bridge joins namespaces of this host only: a trusted network,
+        # whose ranks bring no secret unless a test gives them one (and says so here).
+        if "--require-secret" not in args:
+            args.append("--allow-open-jobs")
         argv = [sys.executable, "-m", "netreduce.switch", "--host", agg.address,
                 "--port", str(port), *args]
         proc = self.popen(agg, argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

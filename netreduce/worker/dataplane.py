@@ -88,10 +88,13 @@ class Connection:
         self._verbs = verbs_transport.select(self.address[0], self.path_mtu, self._where)
         if self._verbs is not None:
             self.path_mtu = self._verbs.reported_mtu
-        self._control = ControlClient(self.address, timeout=timeout)
+        try:
+            self._control = ControlClient(self.address, timeout=timeout)
+        except ControlPlaneError as exc:  # unreachable, or TLS refused: say whose connection
+            raise ControlPlaneError(f"{self._where()}: {exc}") from None
         try:
             # NETREDUCE_JOB_SECRET: proved on a challenge, never sent (protocol/auth.py).
-            proof = auth.prove(self._control.call, config.get("NETREDUCE_JOB_SECRET"), job, rank)
+            proof = auth.prove(self._control.call, auth.job_secret(), job, rank)
             grant = self._control.call("register", job=job, rank=rank, size=size,
                                        mtu=self.path_mtu, ipv6=ipv6, host=socket.gethostname(),
                                        await_payload=True, deterministic=bool(deterministic),

@@ -27,6 +27,7 @@ from netreduce.algorithms import host_fallback
 from netreduce.algorithms.flat import Flat
 from netreduce.algorithms.multi_aggregator import MultiAggregator
 from netreduce.errors import AdmissionError, ControlPlaneError, NetReduceError
+from netreduce.protocol import auth
 from netreduce.protocol.address import format_address, parse_addresses
 from netreduce.worker.failover import Failover
 from netreduce.worker.rendezvous import Rendezvous, rendezvous_address
@@ -217,7 +218,7 @@ def start(topo: Any, knobs: Dict[str, Any], connect: Callable[..., Any],
             "one aggregator")
     rv_address = rendezvous_address(knobs)
     host_mode = knobs.get("NETREDUCE_FALLBACK") == "host"
-    secret = bool(config.get("NETREDUCE_JOB_SECRET"))
+    secret = bool(auth.job_secret())
     loopback = rv_address[0] in ("127.0.0.1", "localhost")
     bind = "127.0.0.1" if loopback else "0.0.0.0"
     local = None

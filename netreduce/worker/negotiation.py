@@ -18,9 +18,8 @@ import socket
 import threading
 from typing import Any, Dict, List, Optional, Tuple
 
-from netreduce import config
 from netreduce.errors import ControlPlaneError
-from netreduce.protocol import auth
+from netreduce.protocol import auth, tls
 from netreduce.worker.mux import Mailbox, Multiplexed
 
 Sig = Tuple[str, str, Tuple[int, ...], str, float, float, int]
@@ -33,11 +32,7 @@ class LineConnection:
 
     def __init__(self, address: Tuple[str, int], timeout: float) -> None:
         self.address = address
-        try:
-            self.sock = socket.create_connection(address, timeout=timeout)
-        except OSError as exc:
-            raise ControlPlaneError(f"cannot reach the aggregator's control port at "
-                                    f"{address[0]}:{address[1]}: {exc}") from None
+        self.sock = tls.connect(address, timeout)  # TLS with NETREDUCE_TLS_CA (protocol/tls.py)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.sock.settimeout(None)
         self._buf = b""
@@ -178,7 +173,7 @@ class NegotiationClient:
         hello = dict(job=job, rank=rank, size=size, threshold=threshold, capacity=capacity,
                      timeout=start_timeout, agree=int(agree))
         self.requests = 0  # negotiation requests sent (steady state: one per cycle)
-        secret = config.get("NETREDUCE_JOB_SECRET")  # proved, never sent (protocol/auth.py)
+        secret = auth.job_secret()  # proved, never sent (protocol/auth.py)
         self.conn = LineConnection(address, timeout=start_timeout)
         where = self.conn.where()
         self.poll_conn = Mailbox(where)  # the long-poll's reply, select()-able

@@ -63,7 +63,7 @@ class Rendezvous:
                         f"rendezvous at {format_address(self.address)} (rank 0 serves it; "
                         f"NETREDUCE_RENDEZVOUS): {exc}") from None
                 time.sleep(0.1)
-        self._proof = auth.prove(client.call, config.get("NETREDUCE_JOB_SECRET"), self.job,
+        self._proof = auth.prove(client.call, auth.job_secret(), self.job,
                                  self.rank)
         client.call("rv_request", gen=-1, **self._ident, **self._proof)  # binds; no request
         return client
@@ -90,7 +90,7 @@ class Rendezvous:
         """The failover request for generation >= ``gen``, or {} after a second."""
         if self._watch is None:
             self._watch = ControlClient(self.address, timeout=self.timeout)
-            proof = auth.prove(self._watch.call, config.get("NETREDUCE_JOB_SECRET"),
+            proof = auth.prove(self._watch.call, auth.job_secret(),
                                self.job, self.rank)
             self._watch.call("rv_request", gen=-1, **self._ident, **proof)
         return self._watch.call("rv_watch", gen=gen, wait=WATCH_WAIT_S,

@@ -70,7 +70,7 @@ def test_exact_on_every_offload_path_with_loss(monkeypatch, offload, payload):
     monkeypatch.setenv("NETREDUCE_UDP_OFFLOAD", offload)  # the daemon's and the ranks'
     with spawn(payload_bytes=payload, slots=32) as sw:
         results = run_ranks(_ranks, 3, sw.address, "offload-" + uuid.uuid4().hex[:6], timeout=300)
-        assert f"data path {PATHS[offload]})" in sw.ready, sw.ready
+        assert f"data path {PATHS[offload]};" in sw.ready, sw.ready  # then the job-secrets words
     for r in results:
         assert r["wrong"] == [], r
         assert r["path"] == PATHS[offload], r

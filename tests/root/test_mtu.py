@@ -57,7 +57,7 @@ conn.close()
 def _start_switch(tb: Testbed, host: str) -> subprocess.Popen:
     """netreduce-switch in the aggregator's namespace with no payload flag at all."""
     proc = tb.popen(tb.aggregator, [sys.executable, "-m", "netreduce.switch", "--host", host,
-                                    "--port", "4791"],
+                                    "--port", "4791", "--allow-open-jobs"],
                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV)
     deadline = time.monotonic() + 30
     seen = []

@@ -35,7 +35,7 @@ def test_exact_over_aggregators_in_their_own_hosts(k):
             for i in range(k):
                 node = tb.hosts[RANKS + i]
                 proc = tb.popen(node, [sys.executable, "-m", "netreduce.switch", "--host",
-                                       node.address, "--port", "4791"],
+                                       node.address, "--port", "4791", "--allow-open-jobs"],
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
                 deadline = time.monotonic() + 30
                 line = ""

@@ -67,7 +67,8 @@ def test_exact_results_through_the_xdp_aggregator_with_loss(native, mtu):
                  subnet="10.78.234.0/24" if mtu == 1500 else "10.78.235.0/24", replace=True) as tb:
         switch = tb.spawn_switch(env=env(), args=["--transport", "xdp"])
         try:
-            assert "data path AF_XDP on queue 0 of eth0 (XDP native, copy mode" in switch.log[0], switch.log
+            ready = next(line for line in switch.log if "listening on" in line)
+            assert "data path AF_XDP on queue 0 of eth0 (XDP native, copy mode" in ready, switch.log
             results = run_stream(tb, switch, hosts, n=300, max_elems=20000, seed=mtu)
             transport, totals = transport_of(switch)
             drops = tb.loss_drops()

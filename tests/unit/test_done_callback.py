@@ -6,7 +6,7 @@ import threading
 import numpy as np
 
 import netreduce as nr
-from netreduce.worker.communicator import Handle
+from netreduce.worker.handle import Handle
 from netreduce.errors import NegotiationError
 
 

@@ -11,7 +11,7 @@ import pytest
 import netreduce as nr
 from netreduce import api
 from netreduce.worker import context
-from netreduce.worker.communicator import Handle
+from netreduce.worker.handle import Handle
 from netreduce.worker.done_flag import DoneFlag
 from netreduce.errors import InvalidArgumentError, InvalidTypeError, NegotiationError, \
     OperationTimeoutError
