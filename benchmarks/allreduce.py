@@ -82,6 +82,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--rate", default="1gbit", help="testbed: per-host link rate (default 1gbit)")
     ap.add_argument("--loss", type=float, default=0.0, help="testbed: random loss fraction (default 0)")
     ap.add_argument("--testbed-name", default="nrtbb", help="testbed name prefix (default nrtbb)")
+    ap.add_argument("--mtu", type=int, default=9000, help="testbed: link MTU (default 9000)")
+    ap.add_argument("--subnet", default="10.79.0.0/24", help="testbed: subnet (default 10.79.0.0/24)")
     ap.add_argument("--switch-args", default="",
                     help="extra netreduce-switch options, e.g. '--slots 64 --payload-bytes 61440'")
     ap.add_argument("--mpi-args", default="",
@@ -137,7 +139,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             "netreduce_connect": base_cfg["netreduce_connect"]}
     meta["loadavg_at_start"] = os.getloadavg()
     if args.testbed:
-        meta.update(rate=args.rate, loss=args.loss)
+        meta.update(rate=args.rate, loss=args.loss, mtu=args.mtu)
     print(f"# allreduce benchmark, {meta['mode']}, {meta['date']}", file=sys.stderr)
     print(f"# {meta['machine']['cpu']} x{meta['machine']['cores']}, kernel {meta['machine']['kernel']}, "
           f"torch {meta['machine']['torch']}, horovod {meta['machine']['horovod']}, {meta['machine']['mpi']}",
@@ -165,7 +167,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         from netreduce.testbed import Testbed
         for n in nps:
             with Testbed(hosts=n, rate=args.rate, loss=args.loss, name=args.testbed_name,
-                         subnet="10.79.0.0/24", replace=True) as tb:
+                         subnet=args.subnet, mtu=args.mtu, replace=True) as tb:
                 print("# " + tb.describe().replace("\n", "\n# "), file=sys.stderr)
                 sweep(launch.Runner(tb), n)
     else:

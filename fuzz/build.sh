@@ -14,7 +14,7 @@ SAN="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-fram
 FLAGS="-std=c++17 -g -O1 -Inative -fwrapv $SAN"
 # every aggregator and engine source, so a new file there cannot leave these unlinked
 AGG_SRC="$(ls native/aggregator/*.cc) native/wire/roce.cc $OBJ/kernels.o
-         $(ls native/transport/udp/*.cc)"
+         $(ls native/transport/udp/*.cc) native/transport/make_transport.cc"
 ENGINE_SRC="$(ls native/engine/*.cc)"
 # clang < 15 lacks __builtin_cpu_supports("f16c"): a shim for kernels.cc only.
 SHIM=""

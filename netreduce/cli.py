@@ -32,6 +32,12 @@ def _native_info() -> Dict[str, Any]:
     build_info = getattr(_native, "build_info", None)
     if build_info is not None:
         info.update(dict(build_info()))
+    data_path = getattr(_native, "udp_data_path", None)
+    if data_path is not None:  # what this host's data sockets get (NETREDUCE_UDP_OFFLOAD)
+        try:
+            info["data_path"] = data_path(config.get("NETREDUCE_UDP_OFFLOAD"))
+        except (ValueError, RuntimeError) as exc:
+            info["data_path"] = f"<unavailable: {exc}>"
     return info
 
 

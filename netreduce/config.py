@@ -72,6 +72,12 @@ declare("NETREDUCE_WINDOW", int, 0,
         "slots a worker keeps outstanding; 0 = all the slots the aggregator grants")
 
 
+declare("NETREDUCE_UDP_OFFLOAD", _choice("auto", "off", "gso", "gro"), "auto",
+        "kernel UDP offloads of the data sockets (ranks and netreduce-switch): auto = "
+        "segmented sends (UDP_SEGMENT) and coalesced receives (UDP_GRO) where the kernel "
+        "has them, off = one datagram per send and receive; gso / gro = only that one")
+
+
 _transport = _choice("auto", "verbs", "udp")
 declare("NETREDUCE_TRANSPORT", _transport, "auto",
         "how a worker's packets leave: verbs = an RDMA queue pair (NETREDUCE_VERBS_QP; RoCE NIC or "

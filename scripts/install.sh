@@ -17,12 +17,30 @@ if [ "$what" = test ]; then
   need ip iproute2
   need tc iproute2
   need iperf3 iperf3
+  # tests/root: the sending veth's UDP segmentation offload off (GSO capture test)
+  need ethtool ethtool
   # scripts/sanitizers.sh: ASan/UBSan builds and libFuzzer (compiler-rt)
   need clang++ clang
   ls /usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a >/dev/null 2>&1 || \
     apt_pkgs+=(libclang-rt-dev)
 fi
+# What setup.py compiles in where it finds it (each left out otherwise, and `netreduce
+# info` says so): the build itself needs only a C++17 compiler, Python's headers and zlib.
+need g++ g++
 [ -e /usr/include/zlib.h ] || apt_pkgs+=(zlib1g-dev)
+# the ICRC's CRC-32 with PCLMULQDQ (without it zlib's, slower at MTU 1500)
+[ -e /usr/include/libdeflate.h ] || apt_pkgs+=(libdeflate-dev)
+# The AF_XDP transport (native/transport/xdp, netreduce-switch --transport xdp):
+# libxdp/libbpf headers and libraries, clang for its XDP program (-target bpf; the
+# kernel's UAPI headers come with linux-libc-dev), xdp-tools to inspect what is
+# attached (xdp-loader status).
+[ -e /usr/include/xdp/xsk.h ] || apt_pkgs+=(libxdp-dev)
+[ -e /usr/include/bpf/libbpf.h ] || apt_pkgs+=(libbpf-dev)
+[ -e /usr/include/linux/bpf.h ] || apt_pkgs+=(linux-libc-dev)
+need clang clang
+need xdp-loader xdp-tools
+# The verbs transport (native/transport/verbs, docs/verbs.md): libibverbs' headers.
+[ -e /usr/include/infiniband/verbs.h ] || apt_pkgs+=(libibverbs-dev)
 if [ ${#apt_pkgs[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     echo "install.sh: apt-get install ${apt_pkgs[*]}"

@@ -8,11 +8,23 @@
 // already set is a duplicate and is never added again (a completed slot answers it
 // with its stored result, by unicast); the N-th contribution completes the slot and
 // its result is fanned out to all N ranks. Results of a whole receive batch leave in
-// one sendmmsg. Payloads are summed straight from the receive buffer into the slot
-// accumulator (16-bit floats widened to float32, rounded once on completion).
+// one SendBatch, where consecutive results to one rank leave as one UDP GSO send
+// (transport/udp/gso_runs.h); with UDP GRO one receive holds a run of a rank's
+// datagrams, which the transport splits before they get here, so the per-packet path
+// below is the same either way. Payloads are summed straight from the receive buffer
+// into the slot accumulator (16-bit floats widened to float32, rounded once on
+// completion).
+//
+// Threads: thread t owns data port base + t and the slots s % T == t of every job. It
+// reads the job table from its own snapshot (JobFor, jobs.cc: refreshed only when a job
+// comes, goes or changes) and adds to its own counter shards, so the threads share no
+// lock and no written cache line per packet; what is left shared is read-mostly (the
+// job's configuration, each rank's address, which is stored only when it changes).
+// Job table, admission and counters: jobs.cc.
 #include "aggregator/aggregator.h"
 
 #include <arpa/inet.h>
+#include <pthread.h>
 
 #include <cstring>
 
@@ -28,14 +40,22 @@ namespace {
 constexpr size_t kBatchBytes = 512 * 1024;
 constexpr size_t kMaxRecvBatch = 128;
 constexpr size_t kRecvBufBytes = 65536;
+// Packet descriptors for a transport that receives into its own memory (UDP GRO): a
+// 512 KiB batch of coalesced receives splits into up to ~360 datagrams at MTU 1500.
+constexpr size_t kMaxDescriptors = 512;
 
 inline uint64_t PackPeer(const Endpoint& e) { return (uint64_t(e.ip) << 32) | (uint64_t(e.port) << 16); }
 inline Endpoint UnpackPeer(uint64_t v) { return Endpoint{uint32_t(v >> 32), uint16_t(v >> 16)}; }
 
 }  // namespace
 
-Aggregator::Aggregator(const AggregatorConfig& cfg) : cfg_(cfg) {
+Aggregator::Aggregator(const AggregatorConfig& cfg)
+    : cfg_(cfg), snapshots_(DataThreads(cfg)), global_(DataThreads(cfg)) {
   jobs_.resize(std::min<uint32_t>(cfg_.max_jobs, wire::kMaxJobs - 1) + 1);
+}
+
+std::string Aggregator::DataPath() const {
+  return sockets_.empty() ? "" : sockets_[0]->Describe();
 }
 
 Aggregator::~Aggregator() { Stop(); }
@@ -52,21 +72,25 @@ Status Aggregator::Start() {
                            std::to_string(wire::kMaxPayload) + ", got " +
                            std::to_string(cfg_.payload_bytes));
   }
-  for (uint32_t t = 0; t < cfg_.threads; ++t) {
-    UdpOptions o;
-    o.host = cfg_.host;
-    o.port = uint16_t(cfg_.port + t);
-    o.rcvbuf_bytes = 64 << 20;
-    o.sndbuf_bytes = 16 << 20;
-    std::unique_ptr<UdpTransport> s;
-    Status st = UdpTransport::Open(o, &s);
-    if (!st.ok()) {
-      sockets_.clear();
-      return st;
-    }
-    if (t == 0 && cfg_.port == 0) cfg_.port = ntohs(s->local().port);
-    sockets_.push_back(std::move(s));
+  DataPortsOptions o;
+  o.base.udp.host = cfg_.host;
+  o.base.udp.port = cfg_.port;
+  o.base.udp.rcvbuf_bytes = 64 << 20;
+  o.base.udp.sndbuf_bytes = 16 << 20;
+  o.base.udp.recv_batch_bytes = kBatchBytes;
+  o.base.offload = cfg_.udp_offload;
+  o.count = cfg_.threads;
+  o.transport = cfg_.transport;
+  o.xdp_device = cfg_.xdp_device;
+  o.xdp_mode = cfg_.xdp_mode;
+  o.xdp_fallback = cfg_.xdp_fallback;
+  o.rx_align_offset = wire::kHeaderBytes;  // AF_XDP: RoCE payloads on 64 bytes in its frames
+  Status st = MakeDataPorts(o, &sockets_, &data_ports_);
+  if (!st.ok()) {
+    sockets_.clear();
+    return st;
   }
+  if (cfg_.port == 0) cfg_.port = ntohs(sockets_[0]->local().port);
   running_ = true;
   for (uint32_t t = 0; t < cfg_.threads; ++t) threads_.emplace_back([this, t] { Loop(t); });
   return Status::Ok();
@@ -77,174 +101,14 @@ void Aggregator::Stop() {
   for (auto& t : threads_) t.join();
   threads_.clear();
   sockets_.clear();
-}
-
-static Status CheckPayload(uint32_t payload, uint32_t cap) {
-  if (payload < 8 || payload > cap || payload % 8) {
-    return InvalidArgument("job payload must be a multiple of 8 in 8.." + std::to_string(cap) +
-                           " (--payload-bytes), got " + std::to_string(payload));
-  }
-  return Status::Ok();
-}
-
-Status Aggregator::AddJob(uint32_t size, uint32_t key, uint32_t* index, uint32_t payload_bytes) {
-  const uint32_t payload = payload_bytes ? payload_bytes : cfg_.payload_bytes;
-  if (size == 0 || size >= wire::kMaxRanks) {
-    admission_.Refuse(Refusal::kInvalid);
-    return InvalidArgument("world size " + std::to_string(size) + " out of range 1.." +
-                           std::to_string(wire::kMaxRanks - 1));
-  }
-  Status valid = CheckPayload(payload, cfg_.payload_bytes);
-  if (!valid.ok()) {
-    admission_.Refuse(Refusal::kInvalid);
-    return valid;
-  }
-  const uint64_t need = uint64_t(cfg_.slots) * 2 * payload;
-  // Resolved before a job slot is taken: a failure here must leave nothing admitted
-  // (else each failed attempt would use up one of --max-jobs for good).
-  uint32_t group_base = 0;
-  if (cfg_.multicast) {
-    Status st = ResolveIpv4(cfg_.group_base, &group_base);
-    if (!st.ok()) {
-      admission_.Refuse(Refusal::kInvalid);
-      return st;
-    }
-  }
-  std::lock_guard<std::mutex> lock(mu_);
-  if (memory_used_ + need > cfg_.memory_limit) {
-    admission_.Refuse(Refusal::kMemory);
-    return Status(Code::kRefused,
-                  "aggregator slot memory exhausted: job needs " + std::to_string(need) +
-                      " bytes (slots x payload x 2), " +
-                      std::to_string(cfg_.memory_limit - memory_used_) + " of " +
-                      std::to_string(cfg_.memory_limit) + " left");
-  }
-  for (uint32_t i = 1; i < jobs_.size(); ++i) {
-    if (!jobs_[i]) {
-      jobs_[i] = std::make_shared<Job>(i, size, key, cfg_.slots, payload);
-      if (cfg_.multicast) {
-        jobs_[i]->group = Endpoint{htonl(ntohl(group_base) + i), htons(uint16_t(cfg_.port + cfg_.threads))};
-      }
-      memory_used_ += need;
-      *index = i;
-      admission_.admitted.fetch_add(1, std::memory_order_relaxed);
-      return Status::Ok();
-    }
-  }
-  admission_.Refuse(Refusal::kMaxJobs);
-  return Status(Code::kRefused, "aggregator full: --max-jobs " + std::to_string(cfg_.max_jobs) +
-                                    " jobs already admitted");
-}
-
-Status Aggregator::SetJobPayload(uint32_t index, uint32_t payload_bytes) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (index == 0 || index >= jobs_.size() || !jobs_[index]) {
-    return InvalidArgument("no job with index " + std::to_string(index));
-  }
-  std::shared_ptr<Job> old = jobs_[index];
-  NR_RETURN_IF_ERROR(CheckPayload(payload_bytes, old->pool.payload_bytes()));
-  if (old->counters.packets_in.load(std::memory_order_relaxed) != 0) {
-    return InvalidArgument("job " + std::to_string(index) +
-                           " already carries data: its payload is fixed");
-  }
-  if (payload_bytes == old->pool.payload_bytes()) return Status::Ok();
-  // A fresh Job: data threads only ever see a whole one (they hold it by shared_ptr).
-  auto job = std::make_shared<Job>(index, old->size, old->key, old->pool.slots(), payload_bytes);
-  job->group = old->group;
-  if (old->ordered) {
-    job->ordered = std::make_shared<OrderedSlots>(old->pool.slots(), payload_bytes, old->size);
-  }
-  job->members = old->members;
-  job->member = old->member;
-  job->expected = old->expected;
-  job->uplink = old->uplink;
-  memory_used_ = memory_used_ - old->memory_bytes() + job->memory_bytes();
-  jobs_[index] = job;
-  return Status::Ok();
-}
-
-Status Aggregator::RemoveJob(uint32_t index) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (index == 0 || index >= jobs_.size() || !jobs_[index]) {
-    return InvalidArgument("no job with index " + std::to_string(index));
-  }
-  memory_used_ -= jobs_[index]->memory_bytes();
-  if (jobs_[index]->uplink) routes_.Remove(index);
-  jobs_[index].reset();
-  return Status::Ok();
-}
-
-Status Aggregator::SetJobOrdered(uint32_t index) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (index == 0 || index >= jobs_.size() || !jobs_[index]) {
-    return InvalidArgument("no job with index " + std::to_string(index));
-  }
-  Job& job = *jobs_[index];
-  if (job.ordered) return Status::Ok();
-  if (job.counters.packets_in.load(std::memory_order_relaxed) != 0) {
-    return InvalidArgument("job " + std::to_string(index) +
-                           " already carries data: its reduction order is fixed");
-  }
-  const uint64_t need =
-      OrderedSlots::MemoryBytes(job.pool.slots(), job.pool.payload_bytes(), job.size);
-  if (memory_used_ + need > cfg_.memory_limit) {
-    admission_.Refuse(Refusal::kMemory);
-    return Status(Code::kRefused,
-                  "aggregator slot memory exhausted: deterministic reduction "
-                  "(NETREDUCE_DETERMINISTIC=1) needs " + std::to_string(need) +
-                      " more bytes (slots x 2 x (ranks-1) x payload of staging), " +
-                      std::to_string(cfg_.memory_limit - memory_used_) + " of " +
-                      std::to_string(cfg_.memory_limit) + " left (--memory-mb)");
-  }
-  // In place: the job's key has not been handed out yet (no rank has its answer), so
-  // no data thread can get past the key check to read `ordered` concurrently.
-  job.ordered = std::make_shared<OrderedSlots>(job.pool.slots(), job.pool.payload_bytes(), job.size);
-  memory_used_ += need;
-  return Status::Ok();
-}
-
-std::map<std::string, uint64_t> Aggregator::GlobalCounters() const {
-  std::map<std::string, uint64_t> m = global_.Snapshot();
-  admission_.AddTo(&m);
-  std::lock_guard<std::mutex> lock(mu_);
-  uint64_t active = 0;
-  for (const auto& j : jobs_) active += j ? 1 : 0;
-  m["jobs_active"] = active;
-  m["jobs_max"] = jobs_.size() - 1;
-  m["slot_memory_bytes"] = memory_used_;
-  m["slot_memory_limit_bytes"] = cfg_.memory_limit;
-  return m;
-}
-
-Status Aggregator::JobCounters(uint32_t index, std::map<std::string, uint64_t>* out) const {
-  std::shared_ptr<Job> job = Lookup(index);
-  if (!job) return InvalidArgument("no job with index " + std::to_string(index));
-  *out = job->counters.Snapshot();
-  (*out)["slots"] = job->pool.slots();
-  (*out)["payload_bytes"] = job->pool.payload_bytes();
-  (*out)["slot_memory_bytes"] = job->memory_bytes();
-  (*out)["deterministic"] = job->ordered ? 1 : 0;
-  (*out)["ordered_staged"] = job->ordered ? job->ordered->staged() : 0;
-  (*out)["members"] = job->expected;
-  if (job->uplink) job->uplink->AddTo(out);
-  return Status::Ok();
-}
-
-std::pair<std::string, uint16_t> Aggregator::Group(uint32_t index) const {
-  std::shared_ptr<Job> job = Lookup(index);
-  if (!job || job->group.ip == 0) return {"", 0};
-  std::string s = ToString(job->group);
-  return {s.substr(0, s.rfind(':')), ntohs(job->group.port)};
-}
-
-std::shared_ptr<Job> Aggregator::Lookup(uint32_t index) const {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (index == 0 || index >= jobs_.size()) return nullptr;
-  return jobs_[index];
+  data_ports_ = DataPortsInfo();  // detaches the XDP program, once no socket is in its map
 }
 
 void Aggregator::Loop(uint32_t thread_index) {
-  UdpTransport& sock = *sockets_[thread_index];
+  // Named for top/perf and the benchmarks' per-thread CPU (benchmarks/linerate.py).
+  pthread_setname_np(pthread_self(), ("nr-data-" + std::to_string(thread_index)).c_str());
+  Transport& sock = *sockets_[thread_index];
+  const bool own_buffers = sock.OwnsReceiveBuffers();
   const uint16_t my_port = sock.local().port;
   // Buffers fit the largest payload any job may get; how many datagrams one receive
   // takes follows the size of those that arrive (jobs' payloads follow their paths).
@@ -256,18 +120,21 @@ void Aggregator::Loop(uint32_t thread_index) {
     return std::min(kMaxRecvBatch, std::max<size_t>(1, kBatchBytes / std::max<size_t>(bytes, 1)));
   };
   size_t batch = batch_for(datagram);
-  std::vector<uint8_t> storage(kMaxRecvBatch * buf_bytes);
-  std::vector<InPacket> in(kMaxRecvBatch);
-  for (size_t i = 0; i < kMaxRecvBatch; ++i) in[i].buf = storage.data() + i * buf_bytes;
-  ResultBatch out(&sock);
+  std::vector<uint8_t> storage(own_buffers ? 0 : kMaxRecvBatch * buf_bytes);
+  std::vector<InPacket> in(own_buffers ? kMaxDescriptors : kMaxRecvBatch);
+  ResultBatch out(&sock, thread_index);
 
   while (running_.load(std::memory_order_relaxed)) {
     size_t got = 0;
-    for (size_t i = 0; i < batch; ++i) in[i].cap = buf_bytes;
+    if (!own_buffers) {
+      for (size_t i = 0; i < batch; ++i) in[i].buf = storage.data() + i * buf_bytes, in[i].cap = buf_bytes;
+    }
     // Partials waiting on a spine (uplink.cc) need their timers looked at often.
-    Status st = sock.RecvBatch(in.data(), batch, routes_.any() ? 1000 : 100000, &got);
+    Status st = sock.RecvBatch(in.data(), own_buffers ? in.size() : batch,
+                               routes_.any() ? 1000 : 100000, &got);
+    JobFor(thread_index, 0);  // a removed job's memory goes back even on an idle thread
     if (!st.ok()) continue;
-    if (got > 0) {
+    if (got > 0 && !own_buffers) {
       size_t largest = 0;
       for (size_t i = 0; i < got; ++i) largest = std::max(largest, in[i].len);
       batch = batch_for(largest);
@@ -299,8 +166,8 @@ void Aggregator::QueueHeld(Job& job, const wire::Header& h, uint32_t rank, uint1
   notice.pad = 0;
   notice.ack_req = false;
   notice.held = true;
-  job.counters.Add(job.counters.held_notices);
-  global_.Add(global_.held_notices);
+  job.counters.Add(out.thread, &Counters::held_notices);
+  global_.Add(out.thread, &Counters::held_notices);
   QueueResultPacket(job, notice, rank, nullptr, my_port, out);
 }
 
@@ -331,20 +198,25 @@ void Aggregator::QueueResultPacket(Job& job, const wire::Header& round, uint32_t
   p.iov[1] = {const_cast<uint8_t*>(payload), h.length};
   p.iov[2] = {trailer, size_t(h.pad) + wire::kIcrcBytes};
   p.iovcnt = 3;
+  p.segmentable = true;
+  p.icrc = !h.jumbo;
   out.pkts.push_back(p);
-  job.counters.Add(job.counters.packets_out);
-  job.counters.Add(job.counters.bytes_out, wire::DatagramBytes(h.length));
-  global_.Add(global_.packets_out);
-  global_.Add(global_.bytes_out, wire::DatagramBytes(h.length));
+  const size_t bytes = wire::DatagramBytes(h.length);
+  job.counters.Add(out.thread, &Counters::packets_out);
+  job.counters.Add(out.thread, &Counters::bytes_out, bytes);
+  global_.Add(out.thread, &Counters::packets_out);
+  global_.Add(out.thread, &Counters::bytes_out, bytes);
 }
 
 void Aggregator::HandleDatagram(uint32_t thread_index, uint16_t my_port, const InPacket& pkt,
                                 ResultBatch& out) {
-  global_.Add(global_.packets_in);
-  global_.Add(global_.bytes_in, pkt.len);
+  out.thread = thread_index;
+  Counters& gc = global_.at(thread_index);
+  gc.Add(gc.packets_in);
+  gc.Add(gc.bytes_in, pkt.len);
   wire::Header h;
   if (pkt.len > pkt.cap) {  // the kernel truncated it: larger than any job's payload
-    global_.AddDrop(Drop::kBadLength);
+    gc.AddDrop(Drop::kBadLength);
     return;
   }
   if (pkt.len >= wire::kBthBytes && VerbsRcOpcode(pkt.buf[0]) && HandleVerbsRc(pkt, my_port, out)) {
@@ -352,23 +224,23 @@ void Aggregator::HandleDatagram(uint32_t thread_index, uint16_t my_port, const I
   }
   switch (wire::Decode(pkt.buf, pkt.len, &h)) {
     case wire::DecodeError::kOk: break;
-    case wire::DecodeError::kTruncated: global_.AddDrop(Drop::kTruncated); return;
-    case wire::DecodeError::kBadOpcode: global_.AddDrop(Drop::kBadOpcode); return;
-    case wire::DecodeError::kBadLength: global_.AddDrop(Drop::kBadLength); return;
+    case wire::DecodeError::kTruncated: gc.AddDrop(Drop::kTruncated); return;
+    case wire::DecodeError::kBadOpcode: gc.AddDrop(Drop::kBadOpcode); return;
+    case wire::DecodeError::kBadLength: gc.AddDrop(Drop::kBadLength); return;
   }
   if (h.result && HandleUplinkResult(my_port, pkt, h, out)) return;  // a spine's answer
-  std::shared_ptr<Job> jp = Lookup(wire::QpnJob(h.dest_qp));
-  if (!jp) {
-    global_.AddDrop(Drop::kUnknownJob);
+  Job* jp = JobFor(thread_index, wire::QpnJob(h.dest_qp));
+  if (jp == nullptr) {
+    gc.AddDrop(Drop::kUnknownJob);
     return;
   }
   Job& job = *jp;
-  Counters& jc = job.counters;
+  Counters& jc = job.counters.at(thread_index);
   jc.Add(jc.packets_in);
   jc.Add(jc.bytes_in, pkt.len);
   auto drop = [&](Drop d) {
     jc.AddDrop(d);
-    global_.AddDrop(d);
+    gc.AddDrop(d);
   };
   const uint32_t rank = wire::QpnRank(h.dest_qp);
   if (h.key != job.key) return drop(Drop::kBadKey);
@@ -399,9 +271,15 @@ void Aggregator::HandleDatagram(uint32_t thread_index, uint16_t my_port, const I
   if (!verbs && !wire::IcrcValid(h, pkt.from.address(), pkt.local_address(), pkt.from.port, my_port, pkt.buf)) {
     return drop(Drop::kBadIcrc);
   }
-  job.ranks[rank].peer.store(PackPeer(pkt.from), std::memory_order_relaxed);
-  job.ranks[rank].local_ip.store(pkt.local_ip, std::memory_order_relaxed);
-  job.ranks[rank].full.Store(pkt.from, pkt.local_address());
+  // Stored only when they change: every data thread sees this rank's packets, and an
+  // unconditional store would move the line between their cores on every packet.
+  Job::RankAddr& ra = job.ranks[rank];
+  const uint64_t peer = PackPeer(pkt.from);
+  if (ra.peer.load(std::memory_order_relaxed) != peer) ra.peer.store(peer, std::memory_order_relaxed);
+  if (ra.local_ip.load(std::memory_order_relaxed) != pkt.local_ip) {
+    ra.local_ip.store(pkt.local_ip, std::memory_order_relaxed);
+  }
+  ra.full.Store(pkt.from, pkt.local_address());
 
   std::unique_lock<std::mutex> tree_lock;  // a rack's slots: spine results come on any thread
   if (job.uplink) tree_lock = job.uplink->Lock(h.slot, h.shadow);
@@ -419,7 +297,7 @@ void Aggregator::HandleDatagram(uint32_t thread_index, uint16_t my_port, const I
     job.pool.ResetRound(h.slot, h.shadow);
     if (job.uplink) job.uplink->entry(h.slot, h.shadow).pending = false;
     jc.Add(jc.rounds_started);
-    global_.Add(global_.rounds_started);
+    gc.Add(gc.rounds_started);
   } else if (uint32_t(s.psn) != h.psn) {
     return drop(Drop::kStale);
   } else if (s.dtype != h.dtype || s.op != h.op ||
@@ -432,10 +310,10 @@ void Aggregator::HandleDatagram(uint32_t thread_index, uint16_t my_port, const I
   uint8_t* acc = job.pool.accumulator(h.slot, h.shadow);
   if (!job.pool.TestAndSet(h.slot, h.shadow, rank)) {
     jc.Add(jc.duplicates);
-    global_.Add(global_.duplicates);
+    gc.Add(gc.duplicates);
     if (s.complete) {
       jc.Add(jc.retransmitted_results);
-      global_.Add(global_.retransmitted_results);
+      gc.Add(gc.retransmitted_results);
       h.length = s.length;  // an owner's header-only resend gets the whole result
       h.pad = uint8_t(wire::PaddedLength(h.length) - h.length);
       QueueResult(job, h, rank, acc, my_port, out);
@@ -454,7 +332,7 @@ void Aggregator::HandleDatagram(uint32_t thread_index, uint16_t my_port, const I
   }
   ++s.count;
   jc.Add(jc.bytes_reduced, h.length);
-  global_.Add(global_.bytes_reduced, h.length);
+  gc.Add(gc.bytes_reduced, h.length);
   // The rank asked whether its contribution arrived (it has no round-trip estimate
   // yet): yes, and the round waits for others -- so it waits too, without resending.
   const bool held = h.ack_req && !verbs && (s.count != job.expected || job.uplink);
@@ -468,7 +346,7 @@ void Aggregator::HandleDatagram(uint32_t thread_index, uint16_t my_port, const I
     if (job.uplink) return StartPartial(job, h, acc, my_port, out);  // the spine completes it
     s.complete = true;
     jc.Add(jc.slots_completed);
-    global_.Add(global_.slots_completed);
+    gc.Add(gc.slots_completed);
     if (job.group.ip != 0 && !wire::OwnerDelivery(h.msg_id)) {
       QueueResult(job, h, wire::kGroupRank, acc, my_port, out);
     } else {

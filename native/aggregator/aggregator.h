@@ -1,6 +1,8 @@
-// The software aggregator: what the FPGA / switch does in NetReduce. It owns T UDP
-// sockets (ports base..base+T-1); data thread t serves the slots s with s % T == t,
-// so every (job, slot) has exactly one writer and the hot path takes no lock.
+// The software aggregator: what the FPGA / switch does in NetReduce. It owns T data
+// sockets (ports base..base+T-1, transport/make_transport.h); data thread t serves the
+// slots s with s % T == t, so every (job, slot) has exactly one writer and the hot
+// path takes no lock: each thread reads the job table from its own snapshot and adds
+// to its own counter shards (counters.h), so threads share no written cache line.
 #pragma once
 
 #include <atomic>
@@ -18,7 +20,7 @@
 #include "aggregator/verbs_peer.h"
 #include "aggregator/uplink.h"
 #include "common/status.h"
-#include "transport/udp/udp_transport.h"
+#include "transport/make_transport.h"
 #include "wire/roce.h"
 
 namespace netreduce {
@@ -26,7 +28,10 @@ namespace netreduce {
 struct AggregatorConfig {
   std::string host = "0.0.0.0";
   uint16_t port = 4791;         // first UDP data port
-  uint32_t slots = 32;          // K, per job
+  // K per job at the largest payload (payload_bytes); a job with a smaller payload gets
+  // more, so that every job holds the same bytes in flight: 32 x 64 KiB (2 MiB) by
+  // default, 1464 slots of 1432 B at MTU 1500 (SlotsFor). Slot memory is the same.
+  uint32_t slots = 32;
   // The largest P a job may get (--payload-bytes; the wire's largest by default).
   // Each job's own P is chosen at admission from its ranks' path MTU (AddJob,
   // SetJobPayload; docs/protocol.md): <= 4096 keeps packets RoCE-sized with ICRC.
@@ -40,19 +45,28 @@ struct AggregatorConfig {
   // network, not the aggregator, replicates the packet, as a switch would).
   bool multicast = false;
   std::string group_base = "239.78.0.0";
+  UdpOffload udp_offload = UdpOffload::kAuto;  // NETREDUCE_UDP_OFFLOAD (make_transport.h)
+  // The data ports' packet path (MakeDataPorts, make_transport.h): "udp" (kernel
+  // sockets) or "xdp" (AF_XDP on xdp_device's queues; kernel sockets, with the
+  // reason, when it cannot attach and xdp_fallback holds).
+  std::string transport = "udp";
+  std::string xdp_device;
+  std::string xdp_mode = "auto";
+  bool xdp_fallback = true;
 };
 
 struct Job {
-  Job(uint32_t index, uint32_t size, uint32_t key, uint32_t slots, uint32_t payload)
-      : index(index), size(size), key(key), pool(slots, payload, size), ranks(size),
-        members(size), member(size, 1), expected(size) {
+  Job(uint32_t index, uint32_t size, uint32_t key, uint32_t slots, uint32_t payload,
+      uint32_t threads)
+      : index(index), size(size), key(key), pool(slots, payload, size), counters(threads),
+        ranks(size), members(size), member(size, 1), expected(size) {
     for (uint32_t r = 0; r < size; ++r) members[r] = r;
   }
   uint32_t index;
   uint32_t size;
   uint32_t key;
   SlotPool pool;
-  Counters counters;
+  CounterShards counters;  // shard t: data thread t's
   // Where each rank's packets come from and which local address they target:
   // (ip << 32 | port << 16) packed, written by whichever data thread saw it last.
   // IPv4 only (0 for an IPv6 rank); `full` holds either family (rank_address.h)
@@ -79,17 +93,20 @@ struct Job {
   std::shared_ptr<Uplink> uplink;  // a rack aggregator's job: partials go to the spine
 };
 
-// Results of one receive batch waiting to leave in one sendmmsg, their headers and
-// trailers kept alive until then. `sock` null: results are discarded (fuzz/ drives
-// the per-packet path with no socket).
+// Results of one receive batch waiting to leave in one SendBatch (consecutive results
+// to one rank in one GSO send), their headers and trailers kept alive until then; and
+// the data thread they belong to, whose counter shards they add to. `sock` null:
+// results are discarded (fuzz/ drives the per-packet path with no socket).
 struct ResultBatch {
   static constexpr size_t kArena = 2048;  // packets built before a forced flush
-  UdpTransport* sock = nullptr;
+  Transport* sock = nullptr;
+  uint32_t thread = 0;
   std::vector<OutPacket> pkts;
   std::vector<uint8_t> headers;   // 32 bytes each
   std::vector<uint8_t> trailers;  // 8 each: pad (<= 3) + ICRC (4)
   std::vector<uint8_t> verbs_heads = std::vector<uint8_t>(kArena * kVerbsResultHeadBytes);
-  explicit ResultBatch(UdpTransport* s) : sock(s), headers(kArena * 32), trailers(kArena * 8) {
+  explicit ResultBatch(Transport* s, uint32_t thread = 0)
+      : sock(s), thread(thread), headers(kArena * 32), trailers(kArena * 8) {
     pkts.reserve(kArena);
   }
   bool full() const { return pkts.size() >= kArena; }
@@ -98,6 +115,10 @@ struct ResultBatch {
     pkts.clear();
   }
 };
+
+// The data threads a configuration runs (--threads, clamped to 1..64 before Start()
+// refuses a bad value).
+uint32_t DataThreads(const AggregatorConfig& cfg);
 
 class Aggregator {
  public:
@@ -108,6 +129,12 @@ class Aggregator {
   void Stop();
   const AggregatorConfig& config() const { return cfg_; }
   uint16_t port() const { return cfg_.port; }
+  // The data sockets' packet path (Transport::Describe), e.g. "udp gso+gro"; "" before
+  // Start().
+  std::string DataPath() const;
+  // What carries the data ports (after Start): transport, per-port words, fallback.
+  const DataPortsInfo& data_ports() const { return data_ports_; }
+  const std::vector<std::unique_ptr<Transport>>& data_transports() const { return sockets_; }
 
   // Admission: a pool of `payload_bytes` per slot (0 = config().payload_bytes, at
   // most that) for a job of `size` ranks with `key`; refuses cleanly past max_jobs
@@ -117,6 +144,9 @@ class Aggregator {
   // returns the memory difference; refused once the job has received a packet.
   Status SetJobPayload(uint32_t index, uint32_t payload_bytes);
   Status RemoveJob(uint32_t index);
+  // The slots a job with `payload_bytes` gets: slots x payload_bytes of the config held
+  // in flight (at least `slots`, at most 65536, the wire's slot field).
+  uint32_t SlotsFor(uint32_t payload_bytes) const;
   // A verbs rank's queue pair (verbs_peer.cc): its results become RDMA WRITEs into
   // its ring; *first_psn is the PSN of the first one (the QP's expected PSN).
   Status AttachVerbsPeer(uint32_t index, uint32_t rank, const VerbsPeerInfo& info,
@@ -164,7 +194,12 @@ class Aggregator {
   void VerbsTimers(uint16_t my_port, ResultBatch& out);
   std::mutex verbs_mu_;  // guards rc_peers_
   std::vector<std::pair<std::weak_ptr<Job>, uint32_t>> rc_peers_;
-  std::shared_ptr<Job> Lookup(uint32_t index) const;
+  std::shared_ptr<Job> Lookup(uint32_t index) const;  // control paths: under mu_
+  // The data threads' lookup: job `index` in thread `thread`'s snapshot of jobs_, taken
+  // again (under mu_) only when jobs_version_ says the table changed; no lock and no
+  // shared reference count per packet.
+  Job* JobFor(uint32_t thread, uint32_t index);
+  void JobsChanged() { jobs_version_.fetch_add(1, std::memory_order_release); }  // under mu_
   // Two levels (uplink.cc): the partial sum to the spine, its resends, the spine's
   // result (true when the packet was one), fan-out to the members.
   void StartPartial(Job& job, const wire::Header& round, const uint8_t* acc, uint16_t my_port,
@@ -178,13 +213,20 @@ class Aggregator {
   UplinkRoutes routes_;
 
   AggregatorConfig cfg_;
-  std::vector<std::unique_ptr<UdpTransport>> sockets_;
+  std::vector<std::unique_ptr<Transport>> sockets_;
+  DataPortsInfo data_ports_;  // how sockets_ came to be (an XDP program among them)
   std::vector<std::thread> threads_;
   std::atomic<bool> running_{false};
   mutable std::mutex mu_;  // guards jobs_ and memory_used_
   std::vector<std::shared_ptr<Job>> jobs_;  // by index; [0] unused (QP 0/1 are special in IB)
   uint64_t memory_used_ = 0;
-  Counters global_;
+  std::atomic<uint64_t> jobs_version_{1};
+  struct alignas(64) JobSnapshot {  // one data thread's
+    uint64_t version = 0;
+    std::vector<std::shared_ptr<Job>> jobs;
+  };
+  std::vector<JobSnapshot> snapshots_;  // by data thread
+  CounterShards global_;
   AdmissionCounters admission_;
 };
 

@@ -36,6 +36,14 @@ std::map<std::string, uint64_t> Counters::Snapshot() const {
   return m;
 }
 
+std::map<std::string, uint64_t> CounterShards::Snapshot() const {
+  std::map<std::string, uint64_t> sum;
+  for (const Counters& c : shards_) {
+    for (const auto& kv : c.Snapshot()) sum[kv.first] += kv.second;
+  }
+  return sum;
+}
+
 const char* RefusalName(Refusal r) {
   static const char* kNames[] = {"invalid", "max_jobs", "memory"};
   static_assert(sizeof(kNames) / sizeof(kNames[0]) == int(Refusal::kCount), "refusal names");

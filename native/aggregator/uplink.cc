@@ -113,7 +113,7 @@ Status Aggregator::SetJobTree(uint32_t index, const std::vector<uint32_t>& membe
     return InvalidArgument("no job with index " + std::to_string(index));
   }
   std::shared_ptr<Job> old = jobs_[index];
-  if (old->counters.packets_in.load(std::memory_order_relaxed) != 0) {
+  if (old->counters.Sum(&Counters::packets_in) != 0) {
     return InvalidArgument("job " + std::to_string(index) +
                            " already carries data: its tree is fixed");
   }
@@ -133,7 +133,7 @@ Status Aggregator::SetJobTree(uint32_t index, const std::vector<uint32_t>& membe
   }
   // Changed in place (it also carries the deterministic staging and verbs peers):
   // no data can be under way yet, since no rank holds this level's grant before this
-  // returns, and the data threads take the job under mu_ (Lookup).
+  // returns, and the data threads take the job from their snapshots (JobFor).
   Job& job = *old;
   // A spine answers its racks one by one (they are not on one L2 segment); a rack
   // keeps its job's multicast group for its own members.
@@ -176,11 +176,13 @@ void Aggregator::SendPartial(Job& job, Uplink::Entry& e, const uint8_t* acc, uin
   p.iov[1] = {const_cast<uint8_t*>(acc), h.length};
   p.iov[2] = {trailer, size_t(h.pad) + wire::kIcrcBytes};
   p.iovcnt = 3;
+  p.segmentable = true;  // consecutive partials to one spine port: one GSO send
+  p.icrc = !h.jumbo;
   out.pkts.push_back(p);
-  job.counters.Add(job.counters.packets_out);
-  job.counters.Add(job.counters.bytes_out, wire::DatagramBytes(h.length));
-  global_.Add(global_.packets_out);
-  global_.Add(global_.bytes_out, wire::DatagramBytes(h.length));
+  job.counters.Add(out.thread, &Counters::packets_out);
+  job.counters.Add(out.thread, &Counters::bytes_out, wire::DatagramBytes(h.length));
+  global_.Add(out.thread, &Counters::packets_out);
+  global_.Add(out.thread, &Counters::bytes_out, wire::DatagramBytes(h.length));
 }
 
 void Aggregator::StartPartial(Job& job, const wire::Header& round, const uint8_t* acc,
@@ -201,12 +203,12 @@ bool Aggregator::HandleUplinkResult(uint16_t my_port, const InPacket& pkt, const
   if (!routes_.any()) return false;
   const uint32_t index = routes_.Find(pkt.from.ip, wire::QpnJob(h.dest_qp));
   if (index == 0) return false;
-  std::shared_ptr<Job> jp = Lookup(index);
-  if (!jp || !jp->uplink) return false;
+  Job* jp = JobFor(out.thread, index);
+  if (jp == nullptr || !jp->uplink) return false;
   Job& job = *jp;
   Uplink& up = *job.uplink;
-  job.counters.Add(job.counters.packets_in);
-  job.counters.Add(job.counters.bytes_in, pkt.len);
+  job.counters.Add(out.thread, &Counters::packets_in);
+  job.counters.Add(out.thread, &Counters::bytes_in, pkt.len);
   const uint32_t rank = wire::QpnRank(h.dest_qp);
   auto ignore = [&] { up.results_ignored.fetch_add(1, std::memory_order_relaxed); };
   if (h.key != up.config().key || (rank != up.config().rank && rank != wire::kGroupRank) ||
@@ -243,8 +245,8 @@ bool Aggregator::HandleUplinkResult(uint16_t my_port, const InPacket& pkt, const
   while (prev < sent && !answered.compare_exchange_weak(prev, sent)) {
   }
   up.results_received.fetch_add(1, std::memory_order_relaxed);
-  job.counters.Add(job.counters.slots_completed);
-  global_.Add(global_.slots_completed);
+  job.counters.Add(out.thread, &Counters::slots_completed);
+  global_.Add(out.thread, &Counters::slots_completed);
   FanOut(job, e.round, acc, my_port, out);
   return true;
 }

@@ -161,10 +161,10 @@ void Aggregator::QueueVerbsResult(Job& job, const wire::Header& round, uint32_t 
   out.pkts.push_back(p);
   if (peer.info.rc) RememberUnacked(peer, p);
   const size_t bytes = kVerbsResultHeadBytes + wire::PaddedLength(h.length) + wire::kIcrcBytes;
-  job.counters.Add(job.counters.packets_out);
-  job.counters.Add(job.counters.bytes_out, bytes);
-  global_.Add(global_.packets_out);
-  global_.Add(global_.bytes_out, bytes);
+  job.counters.Add(out.thread, &Counters::packets_out);
+  job.counters.Add(out.thread, &Counters::bytes_out, bytes);
+  global_.Add(out.thread, &Counters::packets_out);
+  global_.Add(out.thread, &Counters::bytes_out, bytes);
 }
 
 }  // namespace netreduce

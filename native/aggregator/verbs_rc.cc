@@ -107,9 +107,9 @@ static void Resend(VerbsPeer& peer, VerbsRcState::Unacked& u, uint32_t local_ip,
 
 bool Aggregator::HandleVerbsRc(const InPacket& pkt, uint16_t my_port, ResultBatch& out) {
   const uint32_t qpn = Get24(pkt.buf + 5);
-  std::shared_ptr<Job> jp = Lookup(wire::QpnJob(qpn));
+  Job* jp = JobFor(out.thread, wire::QpnJob(qpn));
   const uint32_t rank = wire::QpnRank(qpn);
-  if (!jp || !jp->verbs.Active(rank) || !jp->verbs.peer(rank).info.rc) return false;
+  if (jp == nullptr || !jp->verbs.Active(rank) || !jp->verbs.peer(rank).info.rc) return false;
   Job& job = *jp;
   VerbsPeer& peer = job.verbs.peer(rank);
   VerbsRcState& rc = peer.rc;

@@ -42,19 +42,20 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <deque>
 
 #include "engine/repair.h"
+#include "engine/run_state.h"
 #include "engine/rtt.h"
 #include "wire/roce.h"
 
 namespace netreduce {
 using namespace engine_timing;
 using namespace engine_repair;
+using namespace engine_run;
 namespace {
 
 using Clock = std::chrono::steady_clock;
-constexpr size_t kRecvBatch = 64;
-constexpr size_t kRecvBufBytes = 65536;
 // Submit's owner for a reduce-scatter laid out chunk-interleaved: chunk c's owner is
 // rank c mod N, so every window carries every rank's data (docs/protocol.md).
 constexpr int32_t kInterleavedOwners = -2;
@@ -64,94 +65,12 @@ inline int64_t NowUs() {
       .count();
 }
 
-struct SlotTrack {
-  int64_t chunk = -1;  // -1 = idle
-  uint64_t seq = 0;
-  int64_t first_send_us = 0;
-  int64_t last_send_us = 0;
-  int64_t deadline_us = 0;
-  int64_t rto_us = 0;
-  uint32_t retries = 0;
-  bool early = false;  // deadline set by evidence (overtaken, next expected), not a timeout
-  // Sent with no older chunk outstanding in its lane: its round trip is the path's
-  // (and the other ranks' lag), not also the wait behind its predecessors.
-  bool head = false;
-  bool probe = false;  // its early deadline is the tail probe (engine/repair.h)
-  // The aggregator said its round holds this contribution (a held notice): not lost,
-  // waiting for other ranks. Only a lost result is left to repair: one probe per
-  // kHeldProbeUs, no early deadlines, no round-trip sample from its result.
-  bool held = false;
-  uint8_t header[wire::kHeaderBytes];
-  uint8_t trailer[8];
-  OutPacket pkt;
-};
+// The sweep over every outstanding chunk (timeouts, the next wake-up) runs when the
+// earliest deadline may have come, and at least this often: a lower bound of the
+// next due time can move earlier when the RTO estimate falls.
+constexpr int64_t kSweepEveryUs = 2000;
 
 }  // namespace
-
-Engine::Engine(const EngineConfig& cfg) : cfg_(cfg), rng_(cfg.seed ? cfg.seed : std::random_device{}()) {
-  window_ = (cfg_.window == 0 || cfg_.window > cfg_.slots) ? cfg_.slots : cfg_.window;
-  jumbo_ = cfg_.payload_bytes > wire::kRoceMaxPayload;
-  my_qpn_ = wire::MakeQpn(cfg_.job_index, cfg_.rank);
-  group_qpn_ = wire::MakeGroupQpn(cfg_.job_index);
-  retried_.resize(window_);
-}
-
-Status Engine::Create(const EngineConfig& cfg, std::unique_ptr<Engine>* out) {
-  if (cfg.size == 0 || cfg.rank >= cfg.size || cfg.size >= wire::kMaxRanks) {
-    return InvalidArgument("rank " + std::to_string(cfg.rank) + " / world size " +
-                           std::to_string(cfg.size) + " out of range (size 1.." +
-                           std::to_string(wire::kMaxRanks - 1) + ")");
-  }
-  if (cfg.slots == 0 || cfg.slots > 65536 || cfg.payload_bytes < 8 ||
-      cfg.payload_bytes > wire::kMaxPayload || cfg.threads == 0) {
-    return InvalidArgument("aggregator granted an unusable pool (slots " +
-                           std::to_string(cfg.slots) + ", payload " +
-                           std::to_string(cfg.payload_bytes) + ")");
-  }
-  if (!(cfg.drop_rate >= 0.0 && cfg.drop_rate < 1.0)) {
-    return InvalidArgument("drop rate must be in [0, 1), got " + std::to_string(cfg.drop_rate));
-  }
-  std::unique_ptr<Engine> e(new Engine(cfg));
-  IpAddr agg_ip;  // IPv4 or IPv6 (transport/udp/sockaddr.h)
-  NR_RETURN_IF_ERROR(ResolveHost(cfg.host, &agg_ip));
-  e->agg_ = Endpoint::Of(agg_ip, htons(cfg.port));
-  IpAddr local_ip;  // of the aggregator's family: the socket below binds it
-  NR_RETURN_IF_ERROR(LocalAddressFor(e->agg_, &local_ip));
-  if (cfg.transport) {  // a transport the caller opened and connected (verbs)
-    if (!cfg.group.empty()) return InvalidArgument("multicast results need the UDP transport");
-    e->sock_ = cfg.transport;
-    e->thread_ = std::thread([p = e.get()] { p->ThreadMain(); });
-    *out = std::move(e);
-    return Status::Ok();
-  }
-  UdpOptions o;
-  const std::string buf = ToString(local_ip);
-  o.host = buf;
-  o.port = 0;
-  std::unique_ptr<UdpTransport> udp;
-  NR_RETURN_IF_ERROR(UdpTransport::Open(o, &udp));
-  e->sock_ = std::move(udp);
-  if (!cfg.group.empty()) {
-    UdpOptions g;
-    g.join_group = cfg.group;
-    g.group_iface = buf;
-    g.port = cfg.group_port;
-    NR_RETURN_IF_ERROR(UdpTransport::Open(g, &e->group_));
-  }
-  e->thread_ = std::thread([p = e.get()] { p->ThreadMain(); });
-  *out = std::move(e);
-  return Status::Ok();
-}
-
-Engine::~Engine() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    stopping_ = true;
-  }
-  Abort("engine closed");
-  cv_.notify_all();
-  if (thread_.joinable()) thread_.join();
-}
 
 Status Engine::Run(Request& req) {
   if (!ValidDType(uint8_t(req.dtype)) || !ValidOp(uint8_t(req.op))) {
@@ -199,19 +118,16 @@ Status Engine::Run(Request& req) {
   next_seq_ += uint64_t(nchunks);
   messages_++;
 
-  std::vector<SlotTrack> slots(window_);
-  // Packets waiting for the next sendmmsg own copies of their header and trailer: a
-  // slot's buffers are rewritten when its result arrives and the next chunk starts,
-  // possibly before a queued (re)transmission of the old chunk has left.
-  struct Queued {
-    OutPacket pkt;
-    uint8_t header[wire::kHeaderBytes];
-    uint8_t trailer[8];
-  };
-  std::vector<Queued> sendq;
-  std::vector<OutPacket> batch;
-  sendq.reserve(size_t(window_) * 2);
-  batch.reserve(size_t(window_) * 2);
+  RunState& rs = *run_;
+  std::vector<SlotTrack>& slots = rs.slots;
+  if (!rs.clean) {  // a failed message left chunks behind (the engine refuses work after
+    for (SlotTrack& t : slots) t.chunk = -1;  // one, but Run must not trust stale state)
+    for (auto& q : rs.lane_order) q.clear();
+  }
+  rs.clean = false;
+  std::vector<Queued>& sendq = rs.sendq;
+  std::vector<OutPacket>& batch = rs.batch;
+  sendq.clear();
   std::uniform_real_distribution<double> coin(0.0, 1.0);
   // The first timeout of a chunk follows the measured round trip (Rto()). Under CPU
   // contention a round trip on loopback can take tens of ms (queues of N workers'
@@ -223,8 +139,11 @@ Status Engine::Run(Request& req) {
   // Per lane: last completion (progress), its chunk, no timeout probe before next_probe.
   std::vector<int64_t> lane_progress(cfg_.threads, 0), next_probe(cfg_.threads, 0);
   std::vector<int64_t> lane_last_seq(cfg_.threads, -1);
-  auto lane_of = [&](uint64_t seq) { return size_t(seq % window_ % cfg_.threads); };
   int64_t remaining = nchunks;
+  // A lower bound of the earliest deadline of any outstanding chunk (see kSweepEveryUs).
+  int64_t next_due = 0;
+  int64_t last_sweep = 0;
+  auto due_by = [&](int64_t at) { next_due = std::min(next_due, at); };
 
   auto queue_send = [&](SlotTrack& t) {
     if (cfg_.drop_rate > 0.0 && coin(rng_) < cfg_.drop_rate) {
@@ -271,10 +190,13 @@ Status Engine::Run(Request& req) {
     wire::WriteTrailer(h, sock_->local().address(), to.address(), sock_->local().port, to.port,
                        t.header,
                        payload, t.trailer);
-    t.head = true;
-    for (const SlotTrack& o : slots) {
-      if (&o != &t && o.chunk >= 0 && o.seq < seq && lane_of(o.seq) == lane_of(seq)) t.head = false;
-    }
+    // Into its lane's order; a chunk that starts behind no older outstanding chunk of
+    // its lane is at the head. Usually the newest: from the back.
+    std::deque<uint32_t>& order = rs.lane_order[t.lane];
+    auto at = order.end();
+    while (at != order.begin() && slots[*(at - 1)].seq > seq) --at;
+    t.head = at == order.begin();
+    order.insert(at, slot);
     t.chunk = c;
     t.seq = seq;
     t.first_send_us = now;
@@ -289,10 +211,13 @@ Status Engine::Run(Request& req) {
     t.pkt.iov[1] = {const_cast<uint8_t*>(payload), h.length};
     t.pkt.iov[2] = {t.trailer, size_t(h.pad) + wire::kIcrcBytes};
     t.pkt.iovcnt = 3;
+    t.pkt.segmentable = true;  // a lane's chunks of a batch: one GSO send
+    t.pkt.icrc = !h.jumbo;
     // engine/repair.h; UDP only: a verbs transport's NIC (RC) or PSN checks (UC) own it.
     const bool tail = !cfg_.transport && IsLaneTail(c, nchunks, base, window_, cfg_.threads);
     t.probe = tail && t.head;
     if (t.probe) t.early = true, t.deadline_us = now + TailProbeUs(srtt_us_, kReorderFloorUs, t.rto_us);
+    due_by(t.deadline_us);
     queue_send(t);
     if (tail && CopyTail(h.length, packets_sent_, repaired_chunks_, spurious_retransmits_)) {
       tail_copies_++;
@@ -302,19 +227,16 @@ Status Engine::Run(Request& req) {
 
   int64_t now = NowUs();
   for (auto& p : lane_progress) p = now;
+  next_due = now + Rto();
+  last_sweep = now;
   for (int64_t c = 0; c < std::min<int64_t>(window_, nchunks); ++c) {
     start_chunk(slots[(base + uint64_t(c)) % window_], c, now);
   }
 
   std::vector<SlotTrack*> probes(cfg_.threads, nullptr), held_probes(cfg_.threads, nullptr);
   bool first_of_batch = true;
-  // The receive buffers (64 x 64 KiB) are the engine's, made once and never zeroed:
-  // a vector per message memset 4 MiB and page-faulted it in on every all-reduce,
-  // which at 1,000 engines on one host was most of the job's start-up CPU.
-  if (!recv_storage_) recv_storage_.reset(new uint8_t[kRecvBatch * kRecvBufBytes]);
-  uint8_t* const storage = recv_storage_.get();
-  std::vector<InPacket> in(kRecvBatch);
-  for (size_t i = 0; i < kRecvBatch; ++i) in[i].buf = storage + i * kRecvBufBytes;
+  uint8_t* const storage = rs.storage.get();
+  std::vector<InPacket>& in = rs.in;
   uint8_t peek[wire::kHeaderBytes];
   uint8_t trailer[8];
 
@@ -334,18 +256,9 @@ Status Engine::Run(Request& req) {
       return Aborted(abort_reason_);
     }
     now = NowUs();
-    // A chunk without an early deadline is due once its lane has been quiet for a
-    // timeout, and no sooner than the lane's next probe (see the timer sweep below).
     const int64_t rto = Rto();
-    int64_t wait_us = 50000;
-    for (auto& t : slots) {
-      if (t.chunk < 0) continue;
-      const size_t l = lane_of(t.seq);
-      const int64_t due = t.early || t.held
-                              ? t.deadline_us
-                              : std::max({t.deadline_us, lane_progress[l] + rto, next_probe[l]});
-      wait_us = std::min(wait_us, std::max<int64_t>(0, due - now));
-    }
+    const int64_t wait_us =
+        std::min<int64_t>(50000, std::max<int64_t>(0, std::min(next_due, last_sweep + kSweepEveryUs) - now));
     // The chunk outstanding in the result's slot, if the result is for it.
     auto match = [&](const wire::Header& h) -> SlotTrack* {
       if (!h.result || (h.dest_qp != my_qpn_ && h.dest_qp != group_qpn_) || h.key != cfg_.key ||
@@ -383,7 +296,7 @@ Status Engine::Run(Request& req) {
       t.held = true;
       t.early = t.probe = false;
       t.deadline_us = t_now + t.rto_us;
-      lane_progress[lane_of(t.seq)] = t_now;  // the path answers: no timeout probe yet
+      lane_progress[t.lane] = t_now;  // the path answers: no timeout probe yet
     };
     // A result that matches no outstanding chunk. A second result for a chunk that
     // completed after a retransmission means the aggregator answered both sends: the
@@ -412,7 +325,7 @@ Status Engine::Run(Request& req) {
     auto complete = [&](SlotTrack& t, bool repeat_seen) {
       packets_received_++;
       const int64_t t_now = NowUs();
-      const size_t lane = lane_of(t.seq);
+      const size_t lane = t.lane;
       // An inter-result gap: t was already on its way when the lane's previous result
       // came. Only the first result of a receive batch: those behind it in the same
       // batch waited in the socket, their spacing is the engine's, not the path's.
@@ -446,20 +359,21 @@ Status Engine::Run(Request& req) {
       // chunk resent since had its own chance). Next expected: the lane's oldest chunk
       // after t, once it has been out for the least round trip seen.
       const int64_t reorder_us = std::max<int64_t>(kReorderFloorUs, int64_t(srtt_us_ / 4));
-      SlotTrack* expected = nullptr;
-      size_t later = 0;  // outstanding chunks of the lane after t
-      for (auto& o : slots) {
-        if (o.chunk < 0 || lane_of(o.seq) != lane) continue;
-        if (o.seq < t.seq) {
-          if (!o.early && !o.held && o.last_send_us <= t.last_send_us) {
-            o.early = true;
-            o.deadline_us = std::min(o.deadline_us, t_now + reorder_us);
-          }
-        } else if (o.seq > t.seq) {
-          ++later;
-          if (expected == nullptr || o.seq < expected->seq) expected = &o;
+      std::deque<uint32_t>& order = rs.lane_order[lane];
+      const uint32_t mine = uint32_t(&t - slots.data());
+      size_t pos = 0;  // t's place in its lane: usually the front (results in order)
+      while (order[pos] != mine) ++pos;
+      for (size_t k = 0; k < pos; ++k) {  // older chunks of the lane: overtaken
+        SlotTrack& o = slots[order[k]];
+        if (!o.early && !o.held && o.last_send_us <= t.last_send_us) {
+          o.early = true;
+          o.deadline_us = std::min(o.deadline_us, t_now + reorder_us);
+          due_by(o.deadline_us);
         }
       }
+      const size_t later = order.size() - pos - 1;  // outstanding chunks of the lane after t
+      SlotTrack* expected = later > 0 ? &slots[order[pos + 1]] : nullptr;
+      order.erase(order.begin() + long(pos));
       // Only for the lane's last outstanding chunk: any other is covered when a later
       // one is answered, and a gap deadline on every chunk of a long window misfired
       // whenever the loaded host descheduled the aggregator for a few gaps.
@@ -468,6 +382,7 @@ Status Engine::Run(Request& req) {
         expected->deadline_us =
             std::min(expected->deadline_us,
                      std::max(t_now + GapTimeout(), expected->last_send_us + min_rtt_us_));
+        due_by(expected->deadline_us);
       }
       --remaining;
       const int64_t next = t.chunk + int64_t(window_);
@@ -481,7 +396,8 @@ Status Engine::Run(Request& req) {
     // Drain what one socket (unicast, or the job's multicast group) holds.
     auto drain = [&](Transport& sock) -> Status {
       first_of_batch = true;
-      if (jumbo_) {
+      const bool own_buffers = sock.OwnsReceiveBuffers();  // GRO: batches only
+      if (jumbo_ && !own_buffers) {
         // Zero-copy path: peek at the header, then receive the payload straight into
         // its place in the destination buffer.
         for (size_t k = 0; k < kRecvBatch; ++k) {
@@ -528,9 +444,14 @@ Status Engine::Run(Request& req) {
         }
         return Status::Ok();
       }
-      for (size_t i = 0; i < kRecvBatch; ++i) in[i].cap = kRecvBufBytes;
+      if (!own_buffers) {
+        for (size_t i = 0; i < kRecvBatch; ++i) {
+          in[i].buf = storage + i * kRecvBufBytes;
+          in[i].cap = kRecvBufBytes;
+        }
+      }
       size_t got = 0;
-      NR_RETURN_IF_ERROR(sock.RecvBatch(in.data(), kRecvBatch, 0, &got));
+      NR_RETURN_IF_ERROR(sock.RecvBatch(in.data(), own_buffers ? kRecvDescriptors : kRecvBatch, 0, &got));
       for (size_t i = 0; i < got; ++i) {
         InPacket& p = in[i];
         wire::Header h;
@@ -568,6 +489,10 @@ Status Engine::Run(Request& req) {
     // unchanged. In a lane quiet for a whole timeout, the oldest expired chunk is
     // resent with its timeout doubled, once per that backed-off timeout.
     now = NowUs();
+    if (now < next_due && now - last_sweep < kSweepEveryUs) continue;
+    last_sweep = now;
+    next_due = now + 50000;
+    const int64_t sweep_rto = Rto();
     std::vector<SlotTrack*>& probe = probes;
     std::fill(probe.begin(), probe.end(), nullptr);
     std::vector<SlotTrack*>& held_probe = held_probes;
@@ -580,7 +505,15 @@ Status Engine::Run(Request& req) {
     };
     for (uint32_t s = 0; s < window_; ++s) {
       SlotTrack& t = slots[s];
-      if (t.chunk < 0 || t.deadline_us > now) continue;
+      if (t.chunk < 0) continue;
+      // A chunk without an early deadline (or a held one's probe) is due once its lane
+      // has been quiet for a timeout, and no sooner than the lane's next probe.
+      const int64_t due = t.early || t.held
+                              ? t.deadline_us
+                              : std::max({t.deadline_us, lane_progress[t.lane] + sweep_rto,
+                                          next_probe[t.lane]});
+      next_due = std::min(next_due, due);
+      if (t.deadline_us > now) continue;
       if (now - t.first_send_us >= timeout_us) {
         return Timeout("no result from the aggregator within " + std::to_string(cfg_.timeout_s) +
                        " s (" + std::to_string(retransmits_ - retransmits_at_start) +
@@ -588,12 +521,13 @@ Status Engine::Run(Request& req) {
                        ", chunk " + std::to_string(t.chunk) + " of " + std::to_string(nchunks) +
                        "; is netreduce-switch running there and are all ranks alive?");
       }
-      const size_t l = lane_of(t.seq);
+      const size_t l = t.lane;
       if (t.held) {  // only its result can be missing now: the lane's oldest asks again
         if (held_probe[l] == nullptr || t.seq < held_probe[l]->seq) held_probe[l] = &t;
       } else if (t.early) {
         t.early = false;
         t.deadline_us = now + t.rto_us;
+        due_by(t.deadline_us);
         fast_retransmits_++;
         if (t.probe) tail_probes_++, t.probe = false;
         resend(t);
@@ -608,7 +542,7 @@ Status Engine::Run(Request& req) {
       if (p == nullptr) continue;
       p->rto_us = std::min(p->rto_us * 2, kMaxHeldProbeUs);
       for (auto& o : slots) {
-        if (o.chunk >= 0 && o.held && lane_of(o.seq) == l) o.deadline_us = now + p->rto_us;
+        if (o.chunk >= 0 && o.held && o.lane == l) o.deadline_us = now + p->rto_us;
       }
       held_probes_++;
       resend(*p);
@@ -619,10 +553,12 @@ Status Engine::Run(Request& req) {
       p->rto_us = std::min(p->rto_us * 2, kMaxRtoUs);
       p->deadline_us = now + p->rto_us;
       next_probe[l] = p->deadline_us;
+      due_by(p->deadline_us);
       timeout_probes_++;
       resend(*p);
     }
   }
+  rs.clean = true;  // every chunk answered: every slot idle again
   return Status::Ok();
 }
 

@@ -17,7 +17,7 @@
 
 #include "common/status.h"
 #include "reduce/dtype.h"
-#include "transport/udp/udp_transport.h"
+#include "transport/make_transport.h"
 
 namespace netreduce {
 
@@ -39,6 +39,9 @@ struct EngineConfig {
   uint64_t seed = 0;
   std::string group;               // multicast group of results ("" = unicast only)
   uint16_t group_port = 0;
+  // Kernel UDP offloads of the engine's sockets (NETREDUCE_UDP_OFFLOAD,
+  // transport/make_transport.h); GRO only where two datagrams fit one 64 KiB receive.
+  UdpOffload udp_offload = UdpOffload::kAuto;
   // A transport opened and connected by the caller (transport/verbs/); null = the
   // engine opens a UDP socket toward host:port itself.
   std::shared_ptr<Transport> transport;
@@ -74,6 +77,8 @@ class Engine {
   void Abort(const std::string& reason);
   std::map<std::string, uint64_t> Stats() const;
   std::string AggregatorAddress() const;
+  // The packet path of the engine's socket (Transport::Describe), e.g. "udp gso+gro".
+  std::string DataPath() const;
 
  private:
   explicit Engine(const EngineConfig& cfg);
@@ -85,7 +90,7 @@ class Engine {
   uint32_t window_;
   bool jumbo_;
   std::shared_ptr<Transport> sock_;
-  std::unique_ptr<UdpTransport> group_;  // joined multicast group, when the job has one
+  std::unique_ptr<Transport> group_;  // joined multicast group, when the job has one
   Endpoint agg_;
   uint32_t my_qpn_;
   uint32_t group_qpn_;
@@ -107,6 +112,13 @@ class Engine {
     bool head = false;  // its round trip may feed the estimate (see Engine::Run)
   };
   std::vector<Retried> retried_;
+  // What Run() works in, kept from message to message (engine.cc): the window's slot
+  // trackers (every one idle between messages), the send queue and the receive
+  // buffers. A window is thousands of slots at MTU 1500 (the aggregator holds the
+  // same bytes in flight at any payload), and a small all-reduce must not allocate and
+  // clear that, nor 4 MiB of receive buffers, each time.
+  struct RunState;
+  std::unique_ptr<RunState> run_;
   int64_t min_rtt_us_ = 0;  // least round-trip sample (0 = none yet)
   // Interval between consecutive results of a lane while chunks wait in it (EWMA,
   // microseconds): when the next chunk's result is due after one arrives.
@@ -116,7 +128,6 @@ class Engine {
   int64_t GapTimeout() const;
   uint32_t next_msg_ = 0;
   std::mt19937_64 rng_;
-  std::unique_ptr<uint8_t[]> recv_storage_;  // Run()'s receive buffers (engine thread only)
 
   std::mutex mu_;
   std::condition_variable cv_;

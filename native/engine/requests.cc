@@ -1,6 +1,8 @@
 // The engine's request queue and its thread: Submit/Wait/Abort on the caller's side,
 // ThreadMain running one request at a time (Engine::Run in engine.cc); the counters
 // and the words that name this engine in errors.
+#include <pthread.h>
+
 #include <string>
 
 #include "engine/engine.h"
@@ -12,6 +14,8 @@ std::string Engine::AggregatorAddress() const {
   return cfg_.host.find(':') != std::string::npos ? "[" + cfg_.host + "]:" + port
                                                   : cfg_.host + ":" + port;
 }
+
+std::string Engine::DataPath() const { return sock_ ? sock_->Describe() : ""; }
 
 std::string Engine::Where(uint32_t slot) const {
   return "aggregator " + AggregatorAddress() + ", job '" + cfg_.job + "' (index " +
@@ -73,6 +77,7 @@ std::map<std::string, uint64_t> Engine::Stats() const {
 }
 
 void Engine::ThreadMain() {
+  pthread_setname_np(pthread_self(), "nr-engine");  // top/perf, benchmarks/linerate.py
   for (;;) {
     std::shared_ptr<Request> r;
     {

@@ -11,6 +11,9 @@
 #include "engine/engine.h"
 #include "reduce/dtype.h"
 #include "wire/roce.h"
+#ifdef NETREDUCE_HAVE_XDP
+#include "transport/xdp/xdp_transport.h"
+#endif
 
 namespace py = pybind11;
 using namespace netreduce;
@@ -108,6 +111,7 @@ py::dict HeaderToDict(const wire::Header& h) {
 
 void BindHierarchical(py::module_& m);  // hierarchical_bindings.cc
 void BindVerbs(py::module_& m);         // verbs_bindings.cc
+void BindXdp(py::module_& m, PyObject* error, PyObject* refused);  // xdp_bindings.cc
 std::shared_ptr<Transport> TransportFromPy(const py::object& obj);  // verbs_bindings.cc
 
 PYBIND11_MODULE(_native, m) {
@@ -140,12 +144,27 @@ PYBIND11_MODULE(_native, m) {
     for (int i = 0; i < kNumDTypes; ++i) names.append(DTypeName(DType(i)));
     d["dtypes"] = names;
     d["ops"] = py::make_tuple("sum", "min", "max", "product");
+    py::list transports;
+    transports.append("udp");
 #ifdef NETREDUCE_HAVE_VERBS
-    d["transports"] = py::make_tuple("udp", "verbs");
+    transports.append("verbs");
+#endif
+#ifdef NETREDUCE_HAVE_XDP
+    transports.append("xdp");
+#endif
+    d["transports"] = py::tuple(transports);
+#ifdef NETREDUCE_HAVE_XDP
+    d["xdp"] = "built in: netreduce-switch --transport xdp";
 #else
-    d["transports"] = py::make_tuple("udp");
+    d["xdp"] = "not built (the AF_XDP transport needs libxdp-dev, libbpf-dev and clang when the "
+               "module is built: scripts/install.sh)";
 #endif
     d["wire"] = "RoCEv2 (UDP, BTH+RETH+ImmDt, ICRC); jumbo software extension";
+#ifdef NETREDUCE_HAVE_LIBDEFLATE
+    d["crc32"] = "libdeflate";
+#else
+    d["crc32"] = "zlib";
+#endif
     d["max_payload"] = wire::kMaxPayload;
     d["compiler"] = __VERSION__;
     return d;
@@ -154,23 +173,31 @@ PYBIND11_MODULE(_native, m) {
   py::class_<Aggregator>(m, "Aggregator")
       .def(py::init([](const std::string& host, uint16_t port, uint32_t slots, uint32_t payload_bytes,
                        uint32_t max_jobs, uint32_t threads, uint64_t memory_limit, bool multicast,
-                       const std::string& group_base) {
+                       const std::string& group_base, const std::string& udp_offload,
+                       const std::string& transport, const std::string& xdp_device,
+                       const std::string& xdp_mode, bool xdp_fallback) {
              AggregatorConfig c;
              c.host = host; c.port = port; c.slots = slots; c.payload_bytes = payload_bytes;
              c.max_jobs = max_jobs; c.threads = threads; c.memory_limit = memory_limit;
              c.multicast = multicast; c.group_base = group_base;
+             Throw(ParseUdpOffload(udp_offload, &c.udp_offload));
+             c.transport = transport; c.xdp_device = xdp_device; c.xdp_mode = xdp_mode;
+             c.xdp_fallback = xdp_fallback;
              return std::make_unique<Aggregator>(c);
            }),
            py::arg("host") = "0.0.0.0", py::arg("port") = wire::kDefaultPort, py::arg("slots") = 32,
            py::arg("payload_bytes") = 65464, py::arg("max_jobs") = 16, py::arg("threads") = 1,
            py::arg("memory_limit") = uint64_t(1) << 30, py::arg("multicast") = false,
-           py::arg("group_base") = "239.78.0.0")
+           py::arg("group_base") = "239.78.0.0", py::arg("udp_offload") = "auto",
+           py::arg("transport") = "udp", py::arg("xdp_device") = "", py::arg("xdp_mode") = "auto",
+           py::arg("xdp_fallback") = true)
       .def("start", [](Aggregator& a) { Throw(a.Start()); })
       .def("stop", [](Aggregator& a) { py::gil_scoped_release nogil; a.Stop(); })
       .def_property_readonly("port", &Aggregator::port)
       .def_property_readonly("slots", [](Aggregator& a) { return a.config().slots; })
       .def_property_readonly("payload_bytes", [](Aggregator& a) { return a.config().payload_bytes; })
       .def_property_readonly("threads", [](Aggregator& a) { return a.config().threads; })
+      .def_property_readonly("data_path", &Aggregator::DataPath)
       .def("add_job", [](Aggregator& a, uint32_t size, uint32_t key, uint32_t payload_bytes) {
              uint32_t index = 0;
              Throw(a.AddJob(size, key, &index, payload_bytes));
@@ -200,6 +227,46 @@ PYBIND11_MODULE(_native, m) {
       .def("set_job_ordered", [](Aggregator& a, uint32_t index) { Throw(a.SetJobOrdered(index)); },
            py::arg("index"))  // NETREDUCE_DETERMINISTIC (aggregator/ordered_slot.h)
       .def("group", &Aggregator::Group, py::arg("index"))
+      // What carries the data ports: transport ("udp" | "xdp"), ports (per port, in
+      // words), notes (ports of an xdp setup left on sockets), fallback (why xdp was
+      // asked for and not given); with xdp also device, mode and the program's id.
+      .def("transport_info", [](Aggregator& a) {
+             const DataPortsInfo& p = a.data_ports();
+             py::dict d;
+             d["transport"] = p.transport;
+             d["ports"] = p.describe;
+             d["notes"] = p.notes;
+             d["fallback"] = p.fallback;
+#ifdef NETREDUCE_HAVE_XDP
+             if (p.program) {
+               d["device"] = p.program->device().name;
+               d["mode"] = p.program->mode();
+               d["program_id"] = p.program->program_id();
+             }
+#endif
+             return d;
+           })
+      // Per data port, its transport's packet counts by path (AF_XDP ports: rx_xsk,
+      // tx_xsk, tx_kernel_*...; sockets: none), and the XDP program's counters.
+      .def("transport_stats", [](Aggregator& a) {
+             py::dict d;
+             py::list ports;
+             for (const auto& t : a.data_transports()) {
+#ifdef NETREDUCE_HAVE_XDP
+               if (auto* x = dynamic_cast<XdpTransport*>(t.get())) {
+                 ports.append(x->Stats());
+                 continue;
+               }
+#endif
+               (void)t;
+               ports.append(py::dict());
+             }
+             d["ports"] = ports;
+#ifdef NETREDUCE_HAVE_XDP
+             if (a.data_ports().program) d["program"] = a.data_ports().program->Counters();
+#endif
+             return d;
+           })
       .def("counters", &Aggregator::GlobalCounters)
       .def("job_counters", [](Aggregator& a, uint32_t index) {
              std::map<std::string, uint64_t> out;
@@ -225,13 +292,14 @@ PYBIND11_MODULE(_native, m) {
                        uint32_t job_index, uint32_t rank, uint32_t size, uint32_t key, uint32_t slots,
                        uint32_t payload_bytes, uint32_t window, double retransmit_ms, double timeout_s,
                        double drop_rate, uint64_t seed, const std::string& group, uint16_t group_port,
-                       py::object transport) {
+                       py::object transport, const std::string& udp_offload) {
              EngineConfig c;
              c.host = host; c.port = port; c.threads = threads; c.job = job; c.job_index = job_index;
              c.rank = rank; c.size = size; c.key = key; c.slots = slots; c.payload_bytes = payload_bytes;
              c.window = window; c.retransmit_ms = retransmit_ms; c.timeout_s = timeout_s;
              c.drop_rate = drop_rate; c.seed = seed; c.group = group; c.group_port = group_port;
              c.transport = TransportFromPy(transport);
+             Throw(ParseUdpOffload(udp_offload, &c.udp_offload));
              std::unique_ptr<Engine> e;
              Throw(Engine::Create(c, &e));
              return e;
@@ -240,7 +308,8 @@ PYBIND11_MODULE(_native, m) {
            py::arg("rank"), py::arg("size"), py::arg("key"), py::arg("slots"), py::arg("payload_bytes"),
            py::arg("window") = 0, py::arg("retransmit_ms") = 50.0, py::arg("timeout_s") = 30.0,
            py::arg("drop_rate") = 0.0, py::arg("seed") = 0, py::arg("group") = "",
-           py::arg("group_port") = 0, py::arg("transport") = py::none())
+           py::arg("group_port") = 0, py::arg("transport") = py::none(),
+           py::arg("udp_offload") = "auto")
       .def("submit", &SubmitBuffers, py::arg("src"), py::arg("dst"), py::arg("dtype"), py::arg("op"),
            py::arg("owner") = -1)
       .def("allreduce", [](Engine& e, py::buffer src, py::buffer dst, int dtype, int op) {
@@ -248,7 +317,21 @@ PYBIND11_MODULE(_native, m) {
            }, py::arg("src"), py::arg("dst"), py::arg("dtype"), py::arg("op"))
       .def("abort", &Engine::Abort)
       .def("stats", &Engine::Stats)
-      .def_property_readonly("aggregator_address", &Engine::AggregatorAddress);
+      .def_property_readonly("aggregator_address", &Engine::AggregatorAddress)
+      .def_property_readonly("data_path", &Engine::DataPath);
+
+  // The packet path a data socket of this host gets with `udp_offload` (a probe socket
+  // on 127.0.0.1: the kernel's support; a device may still refuse GSO at send time).
+  m.def("udp_data_path", [](const std::string& udp_offload) {
+    DataTransportOptions o;
+    o.udp.host = "127.0.0.1";
+    Throw(ParseUdpOffload(udp_offload, &o.offload));
+    std::unique_ptr<Transport> t;
+    Throw(MakeDataTransport(o, &t));
+    return t->Describe();
+  }, py::arg("udp_offload") = "auto");
+  // UDP GSO (wire/roce.h): XOR into an ICRC computed for IPv4 ID 0 to get ID `id`'s.
+  m.def("icrc_ip_id_delta", &wire::IcrcIpIdDelta, py::arg("datagram_bytes"), py::arg("id"));
 
   // Wire helpers, for tests and tools that craft or inspect packets.
   m.def("encode_header", [](py::dict f) {
@@ -295,4 +378,5 @@ PYBIND11_MODULE(_native, m) {
   }, py::arg("src"), py::arg("dst"), py::arg("src_port"), py::arg("dst_port"), py::arg("header"),
      py::arg("payload"), py::arg("pad"));
   BindVerbs(m);  // after Aggregator: it adds attach_verbs_peer to it
+  BindXdp(m, g_error, g_refused);
 }

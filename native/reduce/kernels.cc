@@ -92,19 +92,25 @@ __attribute__((always_inline)) inline T Multiply(T a, T b) {
   }
 }
 
+// `in` is read with memcpy: a contribution may sit at any 4-byte boundary (the
+// segments of a coalesced UDP GRO receive follow one another at datagram lengths, all
+// multiples of 4 only), so 8-byte elements may be misaligned; the compiler still emits
+// plain (unaligned) vector loads. The accumulators are always aligned.
 template <typename T, Op kOp>
-__attribute__((always_inline)) inline void Combine(T* __restrict acc, const T* __restrict in,
-                                                   size_t n) {
+__attribute__((always_inline)) inline void Combine(T* __restrict acc,
+                                                   const uint8_t* __restrict in, size_t n) {
   for (size_t i = 0; i < n; ++i) {
-    if (kOp == Op::kSum) acc[i] += in[i];
-    else if (kOp == Op::kMin) acc[i] = in[i] < acc[i] ? in[i] : acc[i];
-    else if (kOp == Op::kMax) acc[i] = in[i] > acc[i] ? in[i] : acc[i];
-    else acc[i] = Multiply(acc[i], in[i]);
+    T v;
+    std::memcpy(&v, in + i * sizeof(T), sizeof(T));
+    if (kOp == Op::kSum) acc[i] += v;
+    else if (kOp == Op::kMin) acc[i] = v < acc[i] ? v : acc[i];
+    else if (kOp == Op::kMax) acc[i] = v > acc[i] ? v : acc[i];
+    else acc[i] = Multiply(acc[i], v);
   }
 }
 
 template <typename T>
-__attribute__((always_inline)) inline void CombineOp(Op op, T* acc, const T* in, size_t n) {
+__attribute__((always_inline)) inline void CombineOp(Op op, T* acc, const uint8_t* in, size_t n) {
   switch (op) {
     case Op::kSum: Combine<T, Op::kSum>(acc, in, n); break;
     case Op::kMin: Combine<T, Op::kMin>(acc, in, n); break;
@@ -139,13 +145,13 @@ __attribute__((always_inline)) inline void AccumulateGeneric(DType d, Op op, voi
       if (first) {
         std::memcpy(acc, in, n * ElementSize(d));
       } else if (d == DType::kF32) {
-        CombineOp(op, static_cast<float*>(acc), static_cast<const float*>(in), n);
+        CombineOp(op, static_cast<float*>(acc), static_cast<const uint8_t*>(in), n);
       } else if (d == DType::kI32) {
-        CombineOp(op, static_cast<int32_t*>(acc), static_cast<const int32_t*>(in), n);
+        CombineOp(op, static_cast<int32_t*>(acc), static_cast<const uint8_t*>(in), n);
       } else if (d == DType::kF64) {
-        CombineOp(op, static_cast<double*>(acc), static_cast<const double*>(in), n);
+        CombineOp(op, static_cast<double*>(acc), static_cast<const uint8_t*>(in), n);
       } else {
-        CombineOp(op, static_cast<int64_t*>(acc), static_cast<const int64_t*>(in), n);
+        CombineOp(op, static_cast<int64_t*>(acc), static_cast<const uint8_t*>(in), n);
       }
       return;
     case DType::kBF16: {

@@ -1,8 +1,9 @@
 // The seam between the data plane and the wire. The engine and the aggregator see
 // only this interface; transport/udp/ implements it over kernel UDP sockets with
-// sendmmsg/recvmmsg, and transport/verbs/ implements the same interface over an
-// RDMA UC queue pair (RDMA WRITE with immediate), where the NIC builds the headers
-// that the UDP transport's callers build by hand.
+// sendmmsg/recvmmsg (and UDP GSO/GRO where the kernel has them), and transport/verbs/
+// implements the same interface over an RDMA UC queue pair (RDMA WRITE with
+// immediate), where the NIC builds the headers that the UDP transport's callers build
+// by hand. Which one a data socket is, is chosen in one place: make_transport.h.
 #pragma once
 
 #include <sys/uio.h>
@@ -53,6 +54,16 @@ struct OutPacket {
   IpAddr from_ip6;       // IPv6 source address to use, if set (it wins over from_ip)
   iovec iov[3];
   int iovcnt = 0;
+  // A RoCEv2 datagram that may leave in one segmented send (UDP GSO) with the other
+  // segmentable packets of its batch to the same destination and of the same length
+  // (the last of them may be shorter); the kernel or the NIC cuts them apart again
+  // into ordinary datagrams. Packets to one destination still leave in the order
+  // given. Off by default: verbs packets and acknowledgements go one by one.
+  bool segmentable = false;
+  // The last 4 bytes (of iov[iovcnt - 1]) are the ICRC, computed for IPv4 ID 0. Segment
+  // k of a GSO send carries IPv4 ID k, which the ICRC covers, so a transport that
+  // segments rewrites those bytes in place for ID k (wire::IcrcIpIdDelta).
+  bool icrc = false;
 };
 
 // One received datagram: the caller provides `buf`/`cap`; the transport fills the rest.
@@ -73,10 +84,21 @@ struct InPacket {
 class Transport {
  public:
   virtual ~Transport() = default;
-  // Sends all `n` packets (blocking while the socket buffer is full).
+  // Sends all `n` packets (blocking while the socket buffer is full). Packets to the
+  // same destination leave in the order given; across destinations the order may
+  // change (a GSO send carries one destination's run).
   virtual Status SendBatch(OutPacket* pkts, size_t n) = 0;
-  // Waits up to `timeout_us` for datagrams, then fills up to `max` of them.
+  // Waits up to `timeout_us` for datagrams, then fills up to `max` of them. Into the
+  // callers' buffers (buf, cap), unless OwnsReceiveBuffers(): then `buf` is repointed
+  // at the transport's own memory (the segments of a coalesced UDP GRO receive lie
+  // there one after another), valid until the next receive call. Either way callers
+  // set buf and cap before every call.
   virtual Status RecvBatch(InPacket* pkts, size_t max, int64_t timeout_us, size_t* got) = 0;
+  // RecvBatch fills packets from the transport's own memory: callers offer many
+  // packet descriptors (one coalesced receive may hold 64 datagrams) and need no
+  // buffers of their own. PeekHeader/RecvScatter cannot split a coalesced receive, so
+  // such a transport is read with RecvBatch only.
+  virtual bool OwnsReceiveBuffers() const { return false; }
   // Zero-copy receive in two steps: look at the first `n` bytes of the next datagram
   // (waiting up to `timeout_us`), learning its full length and sender, then receive it
   // scattered straight into the caller's memory (header, destination, trailer).
@@ -98,6 +120,9 @@ class Transport {
   // The most chunks one message may have on this transport (verbs: 2^16, the chunk
   // field of its RETH.VA; docs/protocol.md "Verbs peers").
   virtual uint64_t MaxMessageChunks() const { return ~uint64_t(0); }
+  // Which packet path this transport takes, for logs and `netreduce info`, e.g.
+  // "udp gso+gro" or "udp sendmmsg/recvmmsg (no GSO: ...)".
+  virtual std::string Describe() const { return ""; }
 };
 
 // Waits up to `timeout_us` until any of `n` transports has something to read.

@@ -116,7 +116,7 @@ inline size_t DatagramBytes(size_t payload) {
 // to 0xFF, the rest of the headers, the payload and the pad. Variant fields:
 //  - IPv4 (20 bytes): TOS, TTL and header checksum. IPv4 ID is 0 and DF is set:
 //    netreduce's sockets are unconnected with IP_PMTUDISC_DO, for which Linux sends
-//    ID 0.
+//    ID 0 (segment k of a GSO send: ID k, IcrcIpIdDelta below).
 //  - IPv6 (40 bytes): traffic class, flow label and hop limit, so the first four
 //    bytes are 6F FF FF FF; payload length = UDP length, next header 17.
 // The family is the destination's: an IPv4(-mapped) address means an IPv4 packet.
@@ -131,9 +131,20 @@ void WriteTrailer(const Header& h, const IpAddr& src, const IpAddr& dst, uint16_
                   uint16_t dst_port_be, const uint8_t* header, const uint8_t* payload,
                   uint8_t* trailer);
 // Whether a received datagram `pkt` (already decoded into `h`) carries the ICRC its
-// addresses and ports call for; jumbo packets carry none and always pass.
+// addresses and ports call for; jumbo packets carry none and always pass. A socket
+// does not see the IPv4 ID, so an IPv4 ICRC passes for any ID a GSO send can give
+// (0 .. kMaxGsoSegments - 1, see IcrcIpIdDelta).
 bool IcrcValid(const Header& h, const IpAddr& src, const IpAddr& dst, uint16_t src_port_be,
                uint16_t dst_port_be, const uint8_t* pkt);
+
+// UDP GSO (transport/udp/): one send of up to kMaxGsoSegments datagrams, which the
+// kernel (or the NIC) cuts apart, numbering their IPv4 IDs 0, 1, 2, ... (a DF datagram
+// of an unconnected socket starts at ID 0), and the ICRC covers that ID. CRC-32 is
+// linear, so the ICRC for ID k is the one for ID 0 XOR a value that depends only on
+// k and on how many bytes follow the ID: IcrcIpIdDelta, for a datagram (UDP payload:
+// header, padded payload, ICRC) of `datagram_bytes`. IPv6 has no ID.
+constexpr uint32_t kMaxGsoSegments = 64;
+uint32_t IcrcIpIdDelta(size_t datagram_bytes, uint32_t id);
 
 // The same over IPv4 addresses in network byte order.
 inline uint32_t ComputeIcrc(uint32_t src_ip_be, uint32_t dst_ip_be, uint16_t src_port_be,

@@ -27,9 +27,10 @@ DEFAULT_PORT = 4791
 class SwitchProcess:
     """A netreduce-switch daemon started as a child process (the embedded default)."""
 
-    def __init__(self, proc: subprocess.Popen, address: Tuple[str, int]) -> None:
+    def __init__(self, proc: subprocess.Popen, address: Tuple[str, int], ready: str = "") -> None:
         self.proc = proc
         self.address = address
+        self.ready = ready  # the daemon's "listening on" line (ports, fan-out, data path)
 
     def stop(self, timeout: float = 5.0) -> None:
         terminate(self.proc, timeout)
@@ -68,7 +69,7 @@ def spawn(host: str = "127.0.0.1", port: int = 0, timeout: float = 30.0,
             line = raw.decode(errors="replace")
             if line.startswith(READY_PREFIX):
                 listen = parse_address(line[len(READY_PREFIX):].split()[0], what="ready line")
-                return SwitchProcess(proc, connect_address(listen))
+                return SwitchProcess(proc, connect_address(listen), line.strip())
         if (ready and not chunk) or proc.poll() is not None:
             break  # end of its output: it exited
     proc.kill()

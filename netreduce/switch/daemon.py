@@ -15,6 +15,7 @@ import sys
 import threading
 from typing import Optional, Sequence, Tuple
 
+from netreduce import config
 from netreduce._version import __version__
 from netreduce.errors import NetReduceError
 from netreduce.protocol.address import family_of, format_address
@@ -40,7 +41,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="TCP control port; UDP data ports are PORT..PORT+THREADS-1 "
                         "(4791 is RoCEv2's port); 0 picks a free one and prints it")
     p.add_argument("--slots", type=int, default=32,
-                   help="slots per job (K): how many packets each worker may have in flight")
+                   help="slots per job (K) at the largest payload (--payload-bytes): how many "
+                        "packets each worker may have in flight; a job whose payload is smaller "
+                        "(its path's MTU) gets more, in proportion, so that every job holds the "
+                        "same bytes in flight (1464 slots of 1432 B at MTU 1500 by default)"),
     p.add_argument("--payload-bytes", type=int, default=None,
                    help="the largest payload per slot (P), a multiple of 8. Unset, each job's "
                         "P follows its path: the largest whose RoCEv2 packet fits the "
@@ -57,6 +61,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=1,
                    help="data threads; thread t owns UDP port PORT+t and the slots s with "
                         "s %% THREADS == t")
+    p.add_argument("--transport", choices=("udp", "xdp"), default="udp",
+                   help="what carries the data ports: 'udp', kernel UDP sockets; 'xdp', an "
+                        "AF_XDP socket per data thread on the device's queues (thread t: queue "
+                        "t), fed by an XDP program that steers only the data ports' UDP and "
+                        "passes everything else to the kernel (needs root or CAP_BPF + "
+                        "CAP_NET_ADMIN + CAP_NET_RAW; docs/xdp.md). Where it cannot attach, "
+                        "the daemon logs why and uses kernel sockets (see --no-xdp-fallback)")
+    p.add_argument("--xdp-device", default="",
+                   help="with --transport xdp: the network device to attach to; default: the "
+                        "one holding --host (a wildcard --host needs it named)")
+    p.add_argument("--xdp-mode", choices=("auto", "native", "generic"), default="auto",
+                   help="with --transport xdp: where the XDP program runs: 'native' in the "
+                        "driver, 'generic' after the kernel built its packet buffer (any "
+                        "device, slower); 'auto' tries native first")
+    p.add_argument("--no-xdp-fallback", dest="xdp_fallback", action="store_false",
+                   help="with --transport xdp: exit with the reason (status 2) instead of "
+                        "falling back to kernel sockets when AF_XDP cannot be had")
     p.add_argument("--fanout", choices=("unicast", "multicast"), default="unicast",
                    help="how a finished slot reaches the workers: 'unicast' sends one "
                         "standard RoCE packet per rank; 'multicast' sends one packet to the "
@@ -154,13 +175,34 @@ def _start_aggregator(native, args) -> Tuple[object, int]:
         cap = native.MAX_PAYLOAD if args.payload_bytes is None else args.payload_bytes
         agg = native.Aggregator(args.host, port, args.slots, cap, args.max_jobs,
                                 args.threads, args.memory_mb << 20,
-                                args.fanout == "multicast", args.multicast_base)
+                                args.fanout == "multicast", args.multicast_base,
+                                config.get("NETREDUCE_UDP_OFFLOAD"),
+                                transport=args.transport, xdp_device=args.xdp_device,
+                                xdp_mode=args.xdp_mode, xdp_fallback=args.xdp_fallback)
         try:
             agg.start()
             return agg, port
+        except native.RefusedError as exc:  # AF_XDP refused (--no-xdp-fallback): no retry
+            raise NetReduceError(f"cannot start on {format_address((args.host, port))}: "
+                                 f"--transport xdp: {exc}") from None
         except Exception as exc:  # port taken: try another when picking
             last = exc
     raise NetReduceError(f"cannot start on {format_address((args.host, args.port))}: {last}")
+
+
+def _transport_words(agg) -> str:
+    """What the ready line adds to the data path: a fallback from --transport xdp, and
+    ports an XDP setup left on sockets, are logged as warnings naming the device and
+    why (the daemon runs on: sockets carry everything AF_XDP would)."""
+    info = agg.transport_info()
+    for note in info["notes"]:
+        logging.warning("--transport xdp: %s", note)
+    if info["fallback"]:
+        logging.warning("--transport xdp: using kernel UDP sockets instead: %s", info["fallback"])
+        return "; xdp fell back to kernel sockets"
+    if info["transport"] == "xdp" and len(info["ports"]) > 1:  # data_path names port 0's
+        return "; then " + "; ".join(info["ports"][1:])
+    return ""
 
 
 def _raise_fd_limit() -> None:
@@ -249,8 +291,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             "port and knows a job's name may join or read it", address)
     print(f"{READY_PREFIX}{address} (udp {port}..{port + args.threads - 1}, "
           f"{args.slots} slots x {_payload_words(args.payload_bytes)}, max {args.max_jobs} jobs, "
-          f"{args.fanout} fan-out; job secrets {'required' if require else 'optional'}"
-          f"{'; TLS' if tls_ctx else ''})", flush=True)
+          f"{args.fanout} fan-out, data path {agg.data_path}{_transport_words(agg)}; job secrets "
+          f"{'required' if require else 'optional'}{'; TLS' if tls_ctx else ''})", flush=True)
     while not life.stop.wait(0.2):
         if life.status_requested.is_set():
             life.status_requested.clear()

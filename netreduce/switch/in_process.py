@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from netreduce import _native
+from netreduce import _native, config
 from netreduce.errors import NetReduceError
 from netreduce.process import free_tcp_port
 from netreduce.protocol import tls
@@ -39,7 +39,8 @@ class LocalAggregator:
         for _ in range(attempts):
             chosen = port or free_tcp_port()
             agg = _native.Aggregator(host, chosen, slots, _native.MAX_PAYLOAD, LOCAL_MAX_JOBS, 1,
-                                     LOCAL_MEMORY, False, "239.78.0.0")
+                                     LOCAL_MEMORY, False, "239.78.0.0",
+                                     config.get("NETREDUCE_UDP_OFFLOAD"))
             try:
                 agg.start()
                 srv = ControlServer(host, chosen, agg, guard=Guard(require_secret=secret_required),

@@ -261,7 +261,9 @@ class ControlServer:
                 w.due = informed_by
                 return None
             final = job.payload_final
-            return {"job_index": job.index, "key": job.key, "slots": agg.slots,
+            # The job's slots follow its payload (native SlotsFor): final with it.
+            slots = int(agg.job_counters(job.index)["slots"]) if final else agg.slots
+            return {"job_index": job.index, "key": job.key, "slots": slots,
                     "payload_bytes": job.payload_bytes if final else 0,
                     "payload_reason": job.payload_reason if final else "",
                     **_missing(job),
@@ -333,8 +335,11 @@ class ControlServer:
             if not job.payload_final and job.closing:
                 raise RequestError(f"job '{job.name}': a rank left before every rank had "
                                    "registered; this run of the job is over")
-            return {"payload_bytes": job.payload_bytes if job.payload_final else 0,
-                    "payload_reason": job.payload_reason, **_missing(job)}
+            reply = {"payload_bytes": job.payload_bytes if job.payload_final else 0,
+                     "payload_reason": job.payload_reason, **_missing(job)}
+            if job.payload_final:  # the slots follow the payload (native SlotsFor)
+                reply["slots"] = int(self.aggregator.job_counters(job.index)["slots"])
+            return reply
         return Wait(self.payload_topic, fixed)  # type: ignore[return-value]
 
     def release(self, sess: Session) -> None:
@@ -391,7 +396,12 @@ class ControlServer:
                      payload_reason=job.payload_reason if job.payload_final else
                      f"pending until every rank has registered ({job.payload_reason})")
             jobs[job.name] = c
-        return {"global": dict(self.aggregator.counters()), "jobs": jobs, "hidden_jobs": hidden}
+        out = {"global": dict(self.aggregator.counters()), "jobs": jobs, "hidden_jobs": hidden}
+        if hasattr(self.aggregator, "transport_info"):  # what carries the data ports
+            stats = self.aggregator.transport_stats()
+            out["transport"] = dict(self.aggregator.transport_info(), port_stats=stats["ports"],
+                                    program=stats.get("program", {}))
+        return out
 
 
 def _dispatch(srv: ControlServer, sess: Session, msg: Dict[str, Any]) -> Any:

@@ -78,6 +78,26 @@ def install() -> None:
     commands.register_handler("fell_back", _handle_fell_back, inline=True)
 
 
+def transport_line(t: Dict[str, Any]) -> str:
+    """What carried the data ports' packets: with --transport xdp, how many went
+    through the AF_XDP sockets and how many through the kernel's (and why)."""
+    if t["transport"] != "xdp":
+        why = f" (xdp fell back: {t['fallback']})" if t.get("fallback") else ""
+        return f"data ports: kernel UDP sockets{why}"
+    total: Dict[str, int] = {}
+    for port in t["port_stats"]:
+        for k, v in port.items():
+            total[k] = total.get(k, 0) + v
+    kernel_tx = sum(v for k, v in total.items() if k.startswith("tx_kernel"))
+    return (f"data ports: AF_XDP on {t.get('device')} (XDP {t.get('mode')}): received "
+            f"{total.get('rx_xsk', 0)} by AF_XDP, {total.get('rx_kernel', 0)} by socket; sent "
+            f"{total.get('tx_xsk', 0)} by AF_XDP, {kernel_tx} by socket "
+            f"({total.get('tx_kernel_unresolved', 0)} unresolved neighbour, "
+            f"{total.get('tx_kernel_stale', 0)} stale, {total.get('tx_kernel_elsewhere', 0)} "
+            f"other device, {total.get('tx_kernel_oversize', 0)} oversize); "
+            f"{total.get('xsk_rx_dropped', 0) + total.get('xsk_rx_ring_full', 0)} dropped by AF_XDP")
+
+
 def status_lines(srv: Any, address: str) -> List[str]:
     """One line for the daemon, one per job: what an operator asks with SIGHUP."""
     snap = srv.counters()
@@ -89,6 +109,8 @@ def status_lines(srv: Any, address: str) -> List[str]:
              f"{g['retransmitted_results']} results resent, {g['drops']} dropped; "
              f"slot memory {g['slot_memory_bytes']}/{g['slot_memory_limit_bytes']} B; "
              f"{sum(fell_back_counts(srv).values())} refused jobs went on elsewhere"]
+    if snap.get("transport"):
+        lines.append(transport_line(snap["transport"]))
     for name, c in sorted(snap["jobs"].items()):
         lines.append(f"job '{name}' (index {c['index']}): {len(c['ranks'])}/{c['size']} ranks, "
                      f"{c.get('slots', '?')} slots x {c.get('payload_bytes', '?')} B, "

@@ -179,7 +179,8 @@ def _build(srv: Any, job: Any, tree: Tree) -> None:
             raise NetReduceError(f"{where}: {exc}") from None
         tree.grants[address] = dict(
             data_host=host, job_index=int(reply["job_index"]), key=int(reply["key"]),
-            slots=min(int(reply["slots"]), int(agg.slots)), data_port=int(reply["data_port"]),
+            slots=min(int(reply["slots"]), int(agg.job_counters(job.index)["slots"])),
+            data_port=int(reply["data_port"]),
             threads=int(reply["threads"]), group=str(reply.get("group", "")),
             group_port=int(reply.get("group_port", 0)), rack=i, racks=len(racks))
     log.info("job '%s': tree of %d racks: %s", job.name, len(racks),
@@ -292,7 +293,8 @@ def _rack_job(srv: Any, sess: Any, msg: Dict[str, Any]) -> Dict[str, Any]:
     log.info("job '%s': rack %s of %s, ranks %s, index %d, uplink to %s", name, spine["rank"],
              spine.get("racks", "?"), _short(members), index, spine_where)
     group, group_port = agg.group(index)
-    return {"job_index": index, "key": key, "slots": agg.slots, "data_port": agg.port,
+    return {"job_index": index, "key": key, "slots": int(agg.job_counters(index)["slots"]),
+            "data_port": agg.port,
             "threads": agg.threads, "group": group, "group_port": group_port}
 
 

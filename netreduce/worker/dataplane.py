@@ -71,7 +71,8 @@ class Connection:
         # Two levels: data through this host's rack aggregator (worker/rack.py).
         self.rack = rack.parse(config.get("NETREDUCE_RACK_SWITCH"))
         self._engine_args = dict(window=window, retransmit_ms=retransmit_ms, timeout_s=timeout,
-                                 drop_rate=drop_rate, seed=seed)
+                                 drop_rate=drop_rate, seed=seed,
+                                 udp_offload=config.get("NETREDUCE_UDP_OFFLOAD"))
         self._engine: Any = None
         self._closed = False
         self._aborted: Optional[str] = None
@@ -163,6 +164,8 @@ class Connection:
                 self._missing_count = int(reply.get("missing_count", len(self._missing)))
                 self.payload_reason = str(reply.get("payload_reason", ""))
                 self.payload_bytes = int(reply["payload_bytes"])
+                if self.payload_bytes:  # the job's slots follow its payload
+                    self.slots = int(reply.get("slots", self.slots))
             if not self._closed:
                 self._start_engine()
         except Exception as exc:  # handed to the first operation
@@ -231,6 +234,12 @@ class Connection:
         self._aborted = reason
         if self._engine is not None:
             self._engine.abort(reason)
+
+    @property
+    def data_path(self) -> str:
+        """The engine's packet path, e.g. 'udp gso+gro' (NETREDUCE_UDP_OFFLOAD), or
+        'verbs' for a queue pair."""
+        return self._live().data_path or "verbs"
 
     def stats(self) -> Dict[str, int]:
         """The engine's counters, and the job's payload_bytes (payload_reason says why)."""

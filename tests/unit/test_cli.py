@@ -39,4 +39,4 @@ def test_info_prints_the_native_build(capsys):
     assert "not built" not in out
     simd = re.search(r"^\s+simd\s+(\S+)$", out, re.M)
     assert simd and simd.group(1) in ("avx2+f16c", "generic"), out
-    assert re.search(r"^\s+transports\s+udp(, verbs)?$", out, re.M), out
+    assert re.search(r"^\s+transports\s+udp(, verbs)?(, xdp)?$", out, re.M), out

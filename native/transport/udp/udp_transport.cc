@@ -1,5 +1,8 @@
 #include "transport/udp/udp_transport.h"
 
+#include <netinet/udp.h>
+#include <sys/mman.h>
+
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -15,10 +18,6 @@ namespace netreduce {
 static std::string Errno(const char* what) {
   return std::string(what) + ": " + strerror(errno);
 }
-
-// Room for one IP_PKTINFO and one IPV6_PKTINFO: a dual-stack socket may deliver both
-// for an IPv4 datagram.
-constexpr size_t kCmsgSpace = CMSG_SPACE(sizeof(in_pktinfo)) + CMSG_SPACE(sizeof(in6_pktinfo));
 
 Status ResolveIpv4(const std::string& host, uint32_t* ip) {
   IpAddr a;
@@ -164,8 +163,49 @@ Status UdpTransport::Open(const UdpOptions& opts, std::unique_ptr<UdpTransport>*
   }
   socklen_t len = sizeof(sa);
   getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
-  out->reset(new UdpTransport(fd, family, FromSockaddr(sa)));
+  std::unique_ptr<UdpTransport> t(new UdpTransport(fd, family, FromSockaddr(sa)));
+  t->recv_batch_bytes_ = std::max<size_t>(opts.recv_batch_bytes, 65536);
+  // UDP_SEGMENT (Linux 4.18) takes the segment size per send, as a control message;
+  // the socket option is set to 0 here only to learn whether the kernel knows it. A
+  // device that cannot segment (no checksum offload, an xfrm path) answers a GSO send
+  // with EIO instead: udp_send.cc then falls back for good.
+  if (opts.gso) {
+    int zero_seg = 0;
+    if (setsockopt(fd, SOL_UDP, UDP_SEGMENT, &zero_seg, sizeof(zero_seg)) == 0) {
+      t->gso_ = true;
+    } else {
+      t->gso_note_ = Errno("setsockopt UDP_SEGMENT");
+    }
+  }
+  // UDP_GRO (Linux 5.0): the kernel may hand over runs of datagrams of one flow as one
+  // receive, the segment size in a control message (udp_recv.cc splits them).
+  if (opts.gro) {
+    int on = 1;
+    if (setsockopt(fd, SOL_UDP, UDP_GRO, &on, sizeof(on)) == 0) {
+      t->gro_ = true;
+    } else {
+      t->gro_note_ = Errno("setsockopt UDP_GRO");
+    }
+  }
+  *out = std::move(t);
   return Status::Ok();
+}
+
+std::string UdpTransport::Describe() const {
+  std::lock_guard<std::mutex> lock(note_mu_);
+  std::string d = "udp ";
+  if (gso_ && gro_) {
+    d += "gso+gro";
+  } else if (gso_) {
+    d += "gso, recvmmsg";
+  } else if (gro_) {
+    d += "sendmmsg, gro";
+  } else {
+    d += "sendmmsg/recvmmsg";
+  }
+  if (!gso_note_.empty()) d += " (no GSO: " + gso_note_ + ")";
+  if (!gro_note_.empty()) d += " (no GRO: " + gro_note_ + ")";
+  return d;
 }
 
 void UdpTransport::Reserve(size_t count) {
@@ -178,188 +218,7 @@ void UdpTransport::Reserve(size_t count) {
 
 UdpTransport::~UdpTransport() {
   if (fd_ >= 0) close(fd_);
-}
-
-Status UdpTransport::SendBatch(OutPacket* pkts, size_t n) {
-  const bool choose_source = local_.address().unspecified();
-  size_t done = 0;
-  while (done < n) {
-    const size_t count = std::min<size_t>(n - done, 1024);
-    Reserve(count);
-    for (size_t i = 0; i < count; ++i) {
-      OutPacket& p = pkts[done + i];
-      msghdr& h = msgs_[i].msg_hdr;
-      h = msghdr{};
-      socklen_t salen = 0;
-      if (!ToSockaddr(p.to, family_, &addrs_[i], &salen)) {
-        return IoError("cannot send to IPv6 peer " + ToString(p.to) + " from the IPv4 socket " +
-                       ToString(local_) + " (bind \"::\" to serve both families)");
-      }
-      h.msg_name = &addrs_[i];
-      h.msg_namelen = salen;
-      h.msg_iov = p.iov;
-      h.msg_iovlen = p.iovcnt;
-      const IpAddr source = p.from_ip6.unspecified() ? IpAddr::V4(p.from_ip) : p.from_ip6;
-      if (choose_source && !source.unspecified()) {
-        char* c = &cmsg_[i * kCmsgSpace];
-        memset(c, 0, kCmsgSpace);
-        h.msg_control = c;
-        cmsghdr* cm;
-        if (family_ == AF_INET) {
-          h.msg_controllen = CMSG_SPACE(sizeof(in_pktinfo));
-          cm = CMSG_FIRSTHDR(&h);
-          cm->cmsg_level = IPPROTO_IP;
-          cm->cmsg_type = IP_PKTINFO;
-          cm->cmsg_len = CMSG_LEN(sizeof(in_pktinfo));
-          reinterpret_cast<in_pktinfo*>(CMSG_DATA(cm))->ipi_spec_dst.s_addr = source.v4();
-        } else {  // IPv6, or IPv4 mapped on a dual-stack socket: the kernel takes both
-          h.msg_controllen = CMSG_SPACE(sizeof(in6_pktinfo));
-          cm = CMSG_FIRSTHDR(&h);
-          cm->cmsg_level = IPPROTO_IPV6;
-          cm->cmsg_type = IPV6_PKTINFO;
-          cm->cmsg_len = CMSG_LEN(sizeof(in6_pktinfo));
-          memcpy(&reinterpret_cast<in6_pktinfo*>(CMSG_DATA(cm))->ipi6_addr, source.bytes, 16);
-        }
-      }
-    }
-    int rc = sendmmsg(fd_, msgs_.data(), unsigned(count), 0);
-    if (rc < 0) {
-      if (errno == EAGAIN || errno == EWOULDBLOCK || errno == ENOBUFS) {
-        pollfd pfd{fd_, POLLOUT, 0};
-        poll(&pfd, 1, 10);
-        continue;
-      }
-      if (errno == EINTR) continue;
-      if (errno == ECONNREFUSED || errno == EHOSTUNREACH || errno == ENETUNREACH) {
-        // A stale ICMP error on an unconnected socket: the packet is lost like any
-        // other; retransmission repairs it.
-        done += 1;
-        continue;
-      }
-      if (errno == EMSGSIZE) {
-        size_t bytes = 0;
-        for (int k = 0; k < pkts[done].iovcnt; ++k) bytes += pkts[done].iov[k].iov_len;
-        return IoError("a " + std::to_string(bytes) + "-byte datagram to " + ToString(pkts[done].to) +
-                       " exceeds the path MTU (netreduce sets DF, so the kernel does not fragment): "
-                       "the path's MTU fell after the job was admitted with a payload that fit, "
-                       "or a hop has a smaller MTU than the hosts' interfaces; start "
-                       "netreduce-switch with --payload-bytes at most the smallest MTU - 64 "
-                       "(IPv4; MTU - 84 over IPv6), a multiple of 8 (e.g. 8936 for MTU 9000, "
-                       "1432 for 1500, 1416 for 1500 over IPv6, 4096 for RoCE's 4200)");
-      }
-      return IoError(Errno(("sendmmsg to " + ToString(pkts[done].to)).c_str()));
-    }
-    done += size_t(rc);
-  }
-  return Status::Ok();
-}
-
-Status UdpTransport::RecvBatch(InPacket* pkts, size_t max, int64_t timeout_us, size_t* got) {
-  *got = 0;
-  max = std::min<size_t>(max, 1024);
-  Reserve(max);
-  if (iovs_.size() < max) iovs_.resize(max);
-  iovec* iovs = iovs_.data();
-  for (size_t i = 0; i < max; ++i) {
-    iovs[i].iov_base = pkts[i].buf;
-    iovs[i].iov_len = pkts[i].cap;
-    msghdr& h = msgs_[i].msg_hdr;
-    h = msghdr{};
-    h.msg_name = &addrs_[i];
-    h.msg_namelen = sizeof(sockaddr_storage);
-    h.msg_iov = &iovs[i];
-    h.msg_iovlen = 1;
-    h.msg_control = &cmsg_[i * kCmsgSpace];
-    h.msg_controllen = kCmsgSpace;
-  }
-  int rc = recvmmsg(fd_, msgs_.data(), unsigned(max), MSG_DONTWAIT, nullptr);
-  if (rc < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) && timeout_us > 0) {
-    pollfd pfd{fd_, POLLIN, 0};
-    timespec ts{time_t(timeout_us / 1000000), long((timeout_us % 1000000) * 1000)};
-    int prc = ppoll(&pfd, 1, &ts, nullptr);
-    if (prc <= 0) return Status::Ok();
-    rc = recvmmsg(fd_, msgs_.data(), unsigned(max), MSG_DONTWAIT, nullptr);
-  }
-  if (rc < 0) {
-    if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR || errno == ECONNREFUSED) {
-      return Status::Ok();
-    }
-    return IoError(Errno("recvmmsg"));
-  }
-  for (int i = 0; i < rc; ++i) {
-    InPacket& p = pkts[i];
-    msghdr& h = msgs_[i].msg_hdr;
-    p.len = msgs_[i].msg_len;
-    if (h.msg_flags & MSG_TRUNC) p.len = p.cap + 1;  // oversize: caller drops it
-    p.from = FromSockaddr(addrs_[i]);
-    p.local_ip = local_.ip;
-    p.local_ip6 = local_.ip6;
-    for (cmsghdr* cm = CMSG_FIRSTHDR(&h); cm != nullptr; cm = CMSG_NXTHDR(&h, cm)) {
-      if (cm->cmsg_level == IPPROTO_IP && cm->cmsg_type == IP_PKTINFO) {
-        p.local_ip = reinterpret_cast<in_pktinfo*>(CMSG_DATA(cm))->ipi_addr.s_addr;
-        p.local_ip6 = IpAddr();
-      } else if (cm->cmsg_level == IPPROTO_IPV6 && cm->cmsg_type == IPV6_PKTINFO) {
-        const Endpoint local =
-            Endpoint::Of(IpAddr::V6(reinterpret_cast<in6_pktinfo*>(CMSG_DATA(cm))->ipi6_addr), 0);
-        p.local_ip = local.ip;  // an IPv4 datagram on a dual-stack socket comes mapped
-        p.local_ip6 = local.ip6;
-      }
-    }
-  }
-  *got = size_t(rc);
-  return Status::Ok();
-}
-
-Status WaitReadable(Transport* const* transports, size_t n, int64_t timeout_us) {
-  pollfd pfds[4];
-  n = std::min<size_t>(n, 4);
-  for (size_t i = 0; i < n; ++i) {
-    bool ready = false;
-    NR_RETURN_IF_ERROR(transports[i]->PrepareWait(&ready));
-    if (ready) return Status::Ok();
-    pfds[i] = pollfd{transports[i]->PollFd(), POLLIN, 0};
-  }
-  timespec ts{time_t(timeout_us / 1000000), long((timeout_us % 1000000) * 1000)};
-  if (ppoll(pfds, n, &ts, nullptr) < 0 && errno != EINTR) return IoError(Errno("ppoll"));
-  return Status::Ok();
-}
-
-Status UdpTransport::PeekHeader(uint8_t* buf, size_t n, int64_t timeout_us, size_t* len,
-                                Endpoint* from) {
-  *len = 0;
-  sockaddr_storage sa{};
-  for (int attempt = 0; attempt < 2; ++attempt) {
-    socklen_t salen = sizeof(sa);
-    ssize_t rc = recvfrom(fd_, buf, n, MSG_PEEK | MSG_TRUNC | MSG_DONTWAIT,
-                          reinterpret_cast<sockaddr*>(&sa), &salen);
-    if (rc >= 0) {
-      *len = size_t(rc);  // MSG_TRUNC: the datagram's full length
-      *from = FromSockaddr(sa);
-      return Status::Ok();
-    }
-    if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR && errno != ECONNREFUSED) {
-      return IoError(Errno("recvfrom(MSG_PEEK)"));
-    }
-    if (attempt == 1 || timeout_us <= 0) break;
-    pollfd pfd{fd_, POLLIN, 0};
-    timespec ts{time_t(timeout_us / 1000000), long((timeout_us % 1000000) * 1000)};
-    if (ppoll(&pfd, 1, &ts, nullptr) <= 0) break;
-  }
-  return Status::Ok();
-}
-
-Status UdpTransport::RecvScatter(iovec* iov, int iovcnt, size_t* len) {
-  msghdr h{};
-  h.msg_iov = iov;
-  h.msg_iovlen = iovcnt;
-  ssize_t rc = recvmsg(fd_, &h, MSG_DONTWAIT);
-  if (rc < 0) {
-    *len = 0;
-    if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return Status::Ok();
-    return IoError(Errno("recvmsg"));
-  }
-  *len = size_t(rc);
-  return Status::Ok();
+  if (gro_mem_ != nullptr) munmap(gro_mem_, kGroMemBytes);
 }
 
 }  // namespace netreduce
