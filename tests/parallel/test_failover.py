@@ -197,7 +197,11 @@ def test_sigkill_then_restart_takes_the_same_daemon_back(tmp_path):
         box["sw"] = SwitchProcess(proc, ("127.0.0.1", port))
 
     try:
-        results = launch(tmp_path, 2, {"NETREDUCE_SWITCH": addr, "NETREDUCE_STANDBY_SWITCH": addr},
+        # A window of 2 slots: the 16 MiB all-reduce lasts ~128 round trips, so the kill
+        # (16 slots in) lands inside it even when this thread is descheduled for a few
+        # ms — with the full window and GSO a loaded host could see it end first.
+        results = launch(tmp_path, 2, {"NETREDUCE_SWITCH": addr, "NETREDUCE_STANDBY_SWITCH": addr,
+                                       "NETREDUCE_WINDOW": "2"},
                          steps=12, on_mark=kill_and_restart)
     finally:
         box["sw"].stop()
