@@ -7,8 +7,12 @@ import shutil
 import subprocess
 import sys
 
-from pybind11.setup_helpers import Pybind11Extension, build_ext
+from pybind11.setup_helpers import ParallelCompile, Pybind11Extension, build_ext
 from setuptools import find_packages, setup
+
+# Compile the native sources on every core (35 files; serial, a cold build took
+# 4.6 min of the test command on 2 cores). NPY_NUM_BUILD_JOBS=<n> sets how many.
+ParallelCompile("NPY_NUM_BUILD_JOBS", default=0).install()
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

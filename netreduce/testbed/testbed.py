@@ -368,24 +368,16 @@ class Testbed:
     def run(self, which, argv: Sequence[str], **kw) -> subprocess.CompletedProcess:
         return subprocess.run(self.exec_argv(which, argv), **kw)
 
-    def switch_payload_bytes(self, multiple: int = 1024) -> int:
-        """The largest aggregator payload (a multiple of `multiple`) whose RoCEv2
-        datagram fits one frame at this testbed's MTU. The data plane sets DF on its
-        datagrams, so a larger --payload-bytes fails with EMSGSIZE on these links."""
-        roce = 12 + 16 + 4 + 4  # BTH + RETH + ImmDt + ICRC (docs/protocol.md)
-        room = self.plan.mtu - 20 - 8 - roce  # IPv4 + UDP headers
-        return max(multiple, room // multiple * multiple)
-
     def spawn_switch(self, port: int = 4791, args: Sequence[str] = (), env: Optional[dict] = None,
                      timeout: float = 30.0) -> SwitchHandle:
         """Start `python -m netreduce.switch` in the aggregator namespace, bound to its
-        address, and wait until it says it listens. Unless `args` says otherwise the
-        payload is sized to fit one frame (switch_payload_bytes) and jobs without a
-        secret are admitted (--allow-open-jobs; --require-secret in `args` instead)."""
+        address, and wait until it says it listens. The daemon runs with its own
+        defaults (each job's payload follows its path's MTU, with the slots to keep
+        the same bytes in flight: 1464 x 1432 B at MTU 1500) unless `args` says
+        otherwise, and admits jobs without a secret (--allow-open-jobs;
+        --require-secret in `args` instead)."""
         agg = self.aggregator
         args = list(args)
-        if not any(a.startswith("--payload-bytes") for a in args):
-            args += ["--payload-bytes", str(self.switch_payload_bytes())]
         # The testbed's bridge joins namespaces of this host only: a trusted network,
         # whose ranks bring no secret unless a test gives them one (and says so here).
         if "--require-secret" not in args:
