@@ -71,6 +71,11 @@ class JobRecord:
     # NETREDUCE_DETERMINISTIC as the first rank asked: every rank must agree.
     deterministic: bool = False
     deterministic_by: int = 0
+    # NETREDUCE_WINDOW as the first rank to say it asked (None: none said; 0 = all
+    # slots): a chunk's slot is its sequence number mod the window, so ranks with
+    # different windows would add chunks of different offsets in one slot.
+    window: Optional[int] = None
+    window_by: int = 0
     # Ranks that will ask for the final payload (register said await_payload) and
     # those that have been answered: the last rank's register returns only once the
     # others have their answer, so data never waits on a control round trip.
@@ -236,6 +241,8 @@ class ControlServer:
                     f"job '{name}': rank {rank} has NETREDUCE_DETERMINISTIC={mine}, but rank "
                     f"{job.deterministic_by} admitted the job with NETREDUCE_DETERMINISTIC="
                     f"{theirs}; set it the same on every rank")
+            if job is not None:
+                self._agree_window(job, name, rank, msg)
             if rank in job.ranks:
                 raise RequestError(
                     f"job '{name}': rank {rank} is already registered (from {job.ranks[rank].peer})")
@@ -271,6 +278,28 @@ class ControlServer:
                     "deterministic": job.deterministic,
                     "group": group, "group_port": group_port}
         return Wait(self.payload_topic, grant)  # type: ignore[return-value]
+
+    @staticmethod
+    def _agree_window(job: "JobRecord", name: str, rank: int, msg: Dict[str, Any]) -> None:
+        """Every rank of a job must use the same NETREDUCE_WINDOW (chunk c goes to slot
+        c mod window): refuse the rank whose window differs from the first one's."""
+        if msg.get("window") is None:  # a client that does not say (raw tests, old ranks)
+            return
+        try:
+            window = int(msg["window"])
+        except (TypeError, ValueError):
+            raise RequestError(f"job '{name}': rank {rank}: window must be an integer, "
+                               f"got {msg['window']!r}") from None
+        if window < 0:
+            raise RequestError(f"job '{name}': rank {rank}: NETREDUCE_WINDOW={window} is "
+                               f"negative (0 = all the slots the aggregator grants)")
+        if job.window is None:
+            job.window, job.window_by = window, rank
+        elif window != job.window:
+            raise RequestError(
+                f"job '{name}': rank {rank} has NETREDUCE_WINDOW={window}, but rank "
+                f"{job.window_by} has NETREDUCE_WINDOW={job.window}; a chunk's slot follows "
+                f"the window, so set it the same on every rank (0 = all the slots)")
 
     def _make_ordered(self, index: int, name: str, rank: int) -> None:
         """The new job's slots fold in rank order (NETREDUCE_DETERMINISTIC); refused

@@ -98,7 +98,7 @@ class Connection:
             grant = self._control.call("register", job=job, rank=rank, size=size,
                                        mtu=self.path_mtu, ipv6=ipv6, host=socket.gethostname(),
                                        await_payload=True, deterministic=bool(deterministic),
-                                       **proof)
+                                       window=int(window), **proof)
         except ControlPlaneError as exc:
             self._control.close()
             raise AdmissionError(str(exc)) from None

@@ -156,3 +156,21 @@ def test_ranks_that_disagree_are_refused_naming_both(switch):
                                                  r"rank 0 admitted the job with "
                                                  r"NETREDUCE_DETERMINISTIC=1"):
             dataplane.connect(switch.address, job, 1, 2, timeout=5.0, deterministic=False)
+
+
+def test_ranks_with_different_windows_are_refused_naming_both(switch):
+    """NETREDUCE_WINDOW sets which slot a chunk takes (its sequence mod the window): a
+    rank whose window differs would add chunks of other offsets into the same slots.
+    It is refused at admission, naming both ranks' values; the job stays open for a
+    rank that agrees."""
+    job = "win-" + uuid.uuid4().hex[:8]
+    with ControlClient(switch.address) as first:
+        first.call("register", job=job, rank=0, size=2, window=4)
+        with pytest.raises(AdmissionError, match=r"job '.*': rank 1 has NETREDUCE_WINDOW=8, but "
+                                                 r"rank 0 has NETREDUCE_WINDOW=4"):
+            dataplane.connect(switch.address, job, 1, 2, timeout=5.0, window=8)
+        conn = dataplane.connect(switch.address, job, 1, 2, timeout=5.0, window=4)
+        try:
+            assert conn.payload_bytes > 0
+        finally:
+            conn.close()
