@@ -30,7 +30,7 @@ struct AggregatorConfig {
   uint16_t port = 4791;         // first UDP data port
   // K per job at the largest payload (payload_bytes); a job with a smaller payload gets
   // more, so that every job holds the same bytes in flight: 32 x 64 KiB (2 MiB) by
-  // default, 1464 slots of 1432 B at MTU 1500 (SlotsFor). Slot memory is the same.
+  // default, 1462 slots of 1432 B at MTU 1500 (SlotsFor). Slot memory is the same.
   uint32_t slots = 32;
   // The largest P a job may get (--payload-bytes; the wire's largest by default).
   // Each job's own P is chosen at admission from its ranks' path MTU (AddJob,

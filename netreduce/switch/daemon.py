@@ -40,11 +40,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=DEFAULT_PORT,
                    help="TCP control port; UDP data ports are PORT..PORT+THREADS-1 "
                         "(4791 is RoCEv2's port); 0 picks a free one and prints it")
-    p.add_argument("--slots", type=int, default=32,
+    p.add_argument("--slots", type=int, default=None,
                    help="slots per job (K) at the largest payload (--payload-bytes): how many "
                         "packets each worker may have in flight; a job whose payload is smaller "
                         "(its path's MTU) gets more, in proportion, so that every job holds the "
-                        "same bytes in flight (1464 slots of 1432 B at MTU 1500 by default)"),
+                        "same bytes in flight. Unset, the slots hold 2 MiB at --payload-bytes "
+                        "(32 at the default 65464; 1462 slots of 1432 B at MTU 1500)")
     p.add_argument("--payload-bytes", type=int, default=None,
                    help="the largest payload per slot (P), a multiple of 8. Unset, each job's "
                         "P follows its path: the largest whose RoCEv2 packet fits the "
@@ -158,6 +159,22 @@ def _payload_words(payload_bytes: Optional[int]) -> str:
     return f"payload <= {payload_bytes} B"
 
 
+# Bytes a job keeps in flight per rank by default: 32 slots of the wire's largest
+# payload. A window of 32 slots of 1432 B (45 KiB) leaves the link idle while results
+# come back and gives GSO no runs to coalesce.
+DEFAULT_INFLIGHT_SLOTS = 32
+
+
+def default_slots(payload_bytes: Optional[int], max_payload: int) -> int:
+    """--slots unset: as many as hold 32 of the wire's largest payloads at the
+    --payload-bytes cap, so that lowering the cap (RoCE-sized 4096 B, or 1432 for
+    one frame at MTU 1500) does not also shrink the window to 32 small packets."""
+    if payload_bytes is None or payload_bytes <= 0:
+        return DEFAULT_INFLIGHT_SLOTS
+    return min(65536, max(DEFAULT_INFLIGHT_SLOTS,
+                          DEFAULT_INFLIGHT_SLOTS * max_payload // payload_bytes))
+
+
 def _start_aggregator(native, args) -> Tuple[object, int]:
     """Start the native aggregator; with --port 0 find a port free for TCP and UDP."""
     attempts = 20 if args.port == 0 else 1
@@ -224,6 +241,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from netreduce import _native  # here, not above: --help works without the native module
 
     _raise_fd_limit()
+    args.slots = default_slots(args.payload_bytes, _native.MAX_PAYLOAD) if args.slots is None \
+        else args.slots
     if args.require_secret and args.allow_open_jobs:
         print("netreduce-switch: --require-secret and --allow-open-jobs contradict each other",
               file=sys.stderr)

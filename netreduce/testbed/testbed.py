@@ -373,7 +373,7 @@ class Testbed:
         """Start `python -m netreduce.switch` in the aggregator namespace, bound to its
         address, and wait until it says it listens. The daemon runs with its own
         defaults (each job's payload follows its path's MTU, with the slots to keep
-        the same bytes in flight: 1464 x 1432 B at MTU 1500) unless `args` says
+        the same bytes in flight: 1462 x 1432 B at MTU 1500) unless `args` says
         otherwise, and admits jobs without a secret (--allow-open-jobs;
         --require-secret in `args` instead)."""
         agg = self.aggregator

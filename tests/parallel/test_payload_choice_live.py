@@ -58,6 +58,15 @@ def test_payload_bytes_caps_the_path_and_says_so():
             conn.allreduce(a)
             st = conn.stats()
             assert st["packets_sent"] - st["retransmits"] == -(-20_000 // 4096)
+            # A lower cap does not shrink the window: with --slots unset the job's
+            # slots hold what 32 of the largest payloads do (2 MiB), not 32 x 4 KiB.
+            assert conn.slots == 32 * _native.MAX_PAYLOAD // 4096 == 511
+
+
+def test_slots_given_with_a_payload_cap_are_kept():
+    with spawn(payload_bytes=4096, slots=32) as sw:
+        with dataplane.connect(sw.address, _job(), 0, 1) as conn:
+            assert (conn.payload_bytes, conn.slots) == (4096, 32)
 
 
 def test_a_late_rank_fixes_the_payload_and_the_first_waits_for_it(switch):

@@ -38,7 +38,7 @@ def run(tmp_path_factory):
     with SoftRoceBed(work) as bed:
         # The bridge is this host's alone; the guest's ranks bring no secret.
         # 32 slots of 1432 B per job (P as the bridge's MTU gives it): the default K
-        # follows P (1464 slots, 2 MiB in flight at this MTU), whose bursts of results
+        # follows P (1462 slots, 2 MiB in flight at this MTU), whose bursts of results
         # overflow the TCG guest's emulated NIC queue before its RDMA stack sees them;
         # this test counts what the stack accepts of what reached it.
         small = ["--allow-open-jobs", "--slots", "32", "--payload-bytes", "1432"]

@@ -74,3 +74,12 @@ def test_no_view_and_no_room():
     plan.add(views_of(0, "h0", "10.0.0.1", (68, False), None, formula))
     with pytest.raises(ValueError, match="path MTU 68 reported by rank 0 .* leaves no room"):
         plan.choose()
+
+
+def test_default_slots_hold_two_mib_whatever_the_payload_cap():
+    from netreduce.switch.daemon import default_slots
+    assert default_slots(None, 65464) == 32          # the wire's largest payload
+    assert default_slots(65464, 65464) == 32
+    assert default_slots(4096, 65464) == 511         # RoCE-sized packets: 2 MiB, not 128 KiB
+    assert default_slots(1432, 65464) == 1462        # one frame at MTU 1500
+    assert default_slots(8, 65464) == 65536          # at most 65536 (--slots' range)
