@@ -220,7 +220,9 @@ def test_no_path_left_names_the_aggregator(tmp_path):
     dead = f"127.0.0.1:{closed_port()}"
     with spawn_switch() as primary:
         a = f"{primary.address[0]}:{primary.address[1]}"
-        results = launch(tmp_path, 2, {"NETREDUCE_SWITCH": a, "NETREDUCE_STANDBY_SWITCH": dead},
+        # the ranks give the silent primary NETREDUCE_TIMEOUT: 5 s here, not launch()'s 10
+        results = launch(tmp_path, 2, {"NETREDUCE_SWITCH": a, "NETREDUCE_STANDBY_SWITCH": dead,
+                                       "NETREDUCE_TIMEOUT": "5"},
                          steps=12, on_mark=kill(primary), timeout=120)
     for r in results:
         # Its own data plane's error, or (when the other rank's came first) that rank's

@@ -33,7 +33,7 @@ def test_sanitizer_build_and_fuzz_smoke():
     except ImportError:
         have_atheris = False
     _need(have_atheris, "atheris (pip install atheris)")
-    env = dict(os.environ, FUZZ_SECONDS=os.environ.get("FUZZ_SECONDS", "10"), REQUIRE_ATHERIS="1")
+    env = dict(os.environ, FUZZ_SECONDS=os.environ.get("FUZZ_SECONDS", "5"), REQUIRE_ATHERIS="1")
     proc = subprocess.run(["bash", os.path.join(ROOT, "scripts", "sanitizers.sh")], cwd=ROOT,
                           env=env, capture_output=True, text=True, timeout=900)
     out = proc.stdout + proc.stderr

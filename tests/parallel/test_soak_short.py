@@ -17,7 +17,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def test_soak_short_mode_has_no_wrong_result(tmp_path):
     out = tmp_path / "soak.json"
     proc = subprocess.run([sys.executable, os.path.join(REPO, "benchmarks", "soak.py"),
-                           "--seconds", "30", "--restart-every", "12", "-n", "3",
+                           "--seconds", "20", "--restart-every", "8", "-n", "3",
                            "--max-elems", "200000", "--out", str(out)],
                           capture_output=True, text=True, timeout=180,
                           env=dict(os.environ, PYTHONPATH=REPO))

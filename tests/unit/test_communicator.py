@@ -168,7 +168,8 @@ def test_stall_warning_names_missing_ranks(ranks, caplog):
         import time
         time.sleep(0.8)
         return None
-    R = ranks(3, NETREDUCE_STALL_TIMEOUT=0.2)
+    # shutdown() waits NETREDUCE_TIMEOUT for the op only rank 0 began (30 s by default)
+    R = ranks(3, NETREDUCE_STALL_TIMEOUT=0.2, NETREDUCE_TIMEOUT=3.0)
     with caplog.at_level(logging.WARNING, logger="netreduce"):
         R.run(fn, shutdown=False)
     text = caplog.text
