@@ -40,6 +40,9 @@ HAVE_VERBS = os.path.exists("/usr/include/infiniband/verbs.h")
 # libdeflate (Debian libdeflate-dev) computes the RoCEv2 ICRC with PCLMULQDQ, about 14x
 # zlib 1.2's CRC-32 (native/wire/roce.cc); without it zlib's is used.
 HAVE_LIBDEFLATE = os.path.exists("/usr/include/libdeflate.h")
+# ISA-L (Debian libisal-dev) folds with VPCLMULQDQ on AVX-512: 2.3x libdeflate at
+# 1432 B, 3.7x at 8936 B; preferred over libdeflate where both are found.
+HAVE_ISAL = os.path.exists("/usr/include/isa-l/crc.h")
 
 # The AF_XDP transport (native/transport/xdp) needs libxdp's and libbpf's headers
 # (Debian libxdp-dev, libbpf-dev) and clang for its XDP program (xdp_steer.bpf.c,
@@ -55,7 +58,10 @@ def _say_what_is_left_out():
     """A build without an optional dependency still works; say what it lacks and the
     Debian package that brings it (scripts/install.sh installs them all)."""
     missing = []
-    if not HAVE_LIBDEFLATE:
+    if not HAVE_ISAL:
+        missing.append("ISA-L (ICRC with " + ("libdeflate's" if HAVE_LIBDEFLATE else "zlib's")
+                       + " slower CRC-32): libisal-dev")
+    if not HAVE_LIBDEFLATE and not HAVE_ISAL:
         missing.append("libdeflate (ICRC with zlib's slower CRC-32): libdeflate-dev")
     if not HAVE_XDP:
         lacks = [h for h in XDP_HEADERS if not os.path.exists(h)] + ([] if CLANG else ["clang"])
@@ -139,10 +145,11 @@ ext = Pybind11Extension(
     include_dirs=["native"],
     cxx_std=17,
     extra_compile_args=["-O3", "-fvisibility=hidden", "-Wall", "-Wno-unused-function", "-fwrapv"],
-    libraries=["z"] + (["ibverbs"] if HAVE_VERBS else []) + (["deflate"] if HAVE_LIBDEFLATE else [])
+    libraries=["z"] + (["ibverbs"] if HAVE_VERBS else []) + (["isal"] if HAVE_ISAL else ["deflate"] if HAVE_LIBDEFLATE else [])
     + (["xdp", "bpf"] if HAVE_XDP else []),
     define_macros=([("NETREDUCE_HAVE_VERBS", "1")] if HAVE_VERBS else [])
-    + ([("NETREDUCE_HAVE_LIBDEFLATE", "1")] if HAVE_LIBDEFLATE else [])
+    + ([("NETREDUCE_HAVE_ISAL", "1")] if HAVE_ISAL else
+       [("NETREDUCE_HAVE_LIBDEFLATE", "1")] if HAVE_LIBDEFLATE else [])
     + ([("NETREDUCE_HAVE_XDP", "1")] if HAVE_XDP else []),
     depends=[XDP_SOURCE, os.path.join("native", "transport", "xdp", "xdp_steer_abi.h")],
 )

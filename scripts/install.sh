@@ -30,6 +30,8 @@ need g++ g++
 [ -e /usr/include/zlib.h ] || apt_pkgs+=(zlib1g-dev)
 # the ICRC's CRC-32 with PCLMULQDQ (without it zlib's, slower at MTU 1500)
 [ -e /usr/include/libdeflate.h ] || apt_pkgs+=(libdeflate-dev)
+# ... faster still with ISA-L's (VPCLMULQDQ), preferred where both are there
+[ -e /usr/include/isa-l/crc.h ] || apt_pkgs+=(libisal-dev)
 # The AF_XDP transport (native/transport/xdp, netreduce-switch --transport xdp):
 # libxdp/libbpf headers and libraries, clang for its XDP program (-target bpf; the
 # kernel's UAPI headers come with linux-libc-dev), xdp-tools to inspect what is

@@ -160,7 +160,9 @@ PYBIND11_MODULE(_native, m) {
                "module is built: scripts/install.sh)";
 #endif
     d["wire"] = "RoCEv2 (UDP, BTH+RETH+ImmDt, ICRC); jumbo software extension";
-#ifdef NETREDUCE_HAVE_LIBDEFLATE
+#if defined(NETREDUCE_HAVE_ISAL)
+    d["crc32"] = "isa-l";
+#elif defined(NETREDUCE_HAVE_LIBDEFLATE)
     d["crc32"] = "libdeflate";
 #else
     d["crc32"] = "zlib";
