@@ -11,9 +11,8 @@
 # ~/.cache/netreduce) and its packages are installed once, recorded by a stamp file
 # naming their versions; every run then only re-installs netreduce editable from the
 # current checkout (the in-place netreduce/_native .so, built for the same CPython and
-# using no numpy C API, is shared with the main environment; setuptools rebuilds it,
-# under the project's build lock, only when native/ is newer than it, exactly as the
-# main environment's install would).
+# using no numpy C API, is shared with the main environment: packaged as it is when
+# nothing in native/ or setup.py is newer, else rebuilt under the project's build lock).
 #   PYTHON=python3 bash scripts/env_mxnet.sh
 # Knobs: NETREDUCE_CACHE (~/.cache/netreduce).
 set -euo pipefail
@@ -59,7 +58,16 @@ fi
 # netreduce from this checkout, every run (the checkout moves; the venv stays), with
 # the core's own small dependencies (install_requires) but never a numpy other than
 # the pinned one; --no-build-isolation: build with the venv's setuptools and pybind11.
+# The native module the main environment's install has just built in place is packaged
+# as is (NETREDUCE_PREBUILT_NATIVE, setup.py) when it is there: an editable build
+# compiles in a fresh temporary folder and would otherwise compile every source again
+# (45 s of the test command on 2 cores).
 echo "numpy==1.23.5" >"$venv/constraints.txt"
+suffix=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
+prebuilt="$PWD/netreduce/_native$suffix"
+if [ -e "$prebuilt" ] && [ -z "$(find native setup.py -newer "$prebuilt" -print -quit)" ]; then
+    export NETREDUCE_PREBUILT_NATIVE="$prebuilt"
+fi
 flock /tmp/netreduce-build.lock \
     "$venv/bin/python" -m pip install -q --no-build-isolation -c "$venv/constraints.txt" -e .
 
