@@ -29,9 +29,9 @@ SHIM=""
 if ! echo 'int main(){return __builtin_cpu_supports("f16c");}' | $CXX -x c++ -o /dev/null - 2>/dev/null; then
   SHIM="-include fuzz/clang_cpu_shim.h"
 fi
-export CXX FLAGS SHIM OBJ
-
 obj_of() { echo "$OBJ/$(echo "$1" | tr / _ | sed 's/\.cc$/.o/')"; }
+export CXX FLAGS SHIM OBJ
+export -f obj_of
 stale=()
 for src in $AGG_SRC $ENGINE_SRC $HARNESS_SRC; do
   o=$(obj_of "$src")
@@ -44,7 +44,7 @@ if [ ${#stale[@]} -gt 0 ]; then
   echo "compiling ${#stale[@]} sources with $JOBS jobs" >&2
   # shellcheck disable=SC2016
   printf '%s\n' "${stale[@]}" | xargs -P "$JOBS" -I{} bash -c '
-    src={}; o="$OBJ/$(echo "$src" | tr / _ | sed "s/\.cc$/.o/")"
+    src={}; o=$(obj_of "$src")
     extra=""; [ "$src" = native/reduce/kernels.cc ] && extra="$SHIM"
     # shellcheck disable=SC2086
     $CXX $FLAGS $extra -c "$src" -o "$o.tmp" && mv "$o.tmp" "$o"'

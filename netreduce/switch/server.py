@@ -241,8 +241,7 @@ class ControlServer:
                     f"job '{name}': rank {rank} has NETREDUCE_DETERMINISTIC={mine}, but rank "
                     f"{job.deterministic_by} admitted the job with NETREDUCE_DETERMINISTIC="
                     f"{theirs}; set it the same on every rank")
-            if job is not None:
-                self._agree_window(job, name, rank, msg)
+            self._agree_window(job, name, rank, msg)
             if rank in job.ranks:
                 raise RequestError(
                     f"job '{name}': rank {rank} is already registered (from {job.ranks[rank].peer})")
