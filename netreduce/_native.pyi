@@ -121,7 +121,8 @@ def decode_header(packet: bytes) -> Dict[str, int]: ...
 def compute_icrc(src_ip_be: int, dst_ip_be: int, src_port_be: int, dst_port_be: int,
                  header: bytes, payload: bytes, pad: int) -> int: ...
 def compute_icrc_for(src: str, dst: str, src_port: int, dst_port: int,
-                     header: bytes, payload: bytes, pad: int) -> int: ...  # IPv4 or IPv6 text
+                     header: bytes, payload: bytes, pad: int,
+                     shared_payload_crc: bool = False) -> int: ...  # IPv4 or IPv6 text
 
 
 # The verbs transport (native/transport/verbs): only in builds that found libibverbs'

@@ -147,7 +147,8 @@ void Aggregator::Loop(uint32_t thread_index) {
 }
 
 void Aggregator::QueueResult(Job& job, const wire::Header& round, uint32_t rank,
-                             const uint8_t* payload, uint16_t my_port, ResultBatch& out) {
+                             const uint8_t* payload, uint16_t my_port, ResultBatch& out,
+                             const uint32_t* payload_crc) {
   // Owner delivery: every rank but the owner gets the header alone (DMA length 0),
   // which is all its engine needs to move the slot on.
   if (wire::OwnerDelivery(round.msg_id) && rank != wire::MsgOwner(round.msg_id)) {
@@ -156,7 +157,7 @@ void Aggregator::QueueResult(Job& job, const wire::Header& round, uint32_t rank,
     notice.pad = 0;
     return QueueResultPacket(job, notice, rank, payload, my_port, out);
   }
-  QueueResultPacket(job, round, rank, payload, my_port, out);
+  QueueResultPacket(job, round, rank, payload, my_port, out, payload_crc);
 }
 
 void Aggregator::QueueHeld(Job& job, const wire::Header& h, uint32_t rank, uint16_t my_port,
@@ -171,8 +172,26 @@ void Aggregator::QueueHeld(Job& job, const wire::Header& h, uint32_t rank, uint1
   QueueResultPacket(job, notice, rank, nullptr, my_port, out);
 }
 
+void Aggregator::FanOut(Job& job, const wire::Header& round, const uint8_t* acc, uint16_t my_port,
+                        ResultBatch& out) {
+  if (job.group.ip != 0 && !wire::OwnerDelivery(round.msg_id)) {
+    return QueueResult(job, round, wire::kGroupRank, acc, my_port, out);
+  }
+  // One packet per member, alike but for the headers: the payload's CRC once, each
+  // packet's ICRC from it (owner delivery sends the payload to one rank; a jumbo
+  // packet has no ICRC).
+  const bool shared = job.members.size() > 1 && !round.jumbo && !wire::OwnerDelivery(round.msg_id);
+  const uint32_t crc = shared ? wire::PayloadCrc(acc, round.length, round.pad) : 0;
+  wire::Header h = round;
+  for (uint32_t r : job.members) {
+    h.repeat_seen = !job.verbs.Active(r) && job.pool.Repeated(h.slot, h.shadow, r);
+    QueueResult(job, h, r, acc, my_port, out, shared ? &crc : nullptr);
+  }
+}
+
 void Aggregator::QueueResultPacket(Job& job, const wire::Header& round, uint32_t rank,
-                                   const uint8_t* payload, uint16_t my_port, ResultBatch& out) {
+                                   const uint8_t* payload, uint16_t my_port, ResultBatch& out,
+                                   const uint32_t* payload_crc) {
   if (out.full()) out.Flush();
   if (rank != wire::kGroupRank && job.verbs.Active(rank)) {
     return QueueVerbsResult(job, round, rank, payload, my_port, out);
@@ -189,7 +208,8 @@ void Aggregator::QueueResultPacket(Job& job, const wire::Header& round, uint32_t
   h.dest_qp = wire::MakeQpn(job.index, rank);
   h.result = true;
   wire::Encode(h, hdr);
-  wire::WriteTrailer(h, local_ip, to.address(), my_port, to.port, hdr, payload, trailer);
+  wire::WriteTrailer(h, local_ip, to.address(), my_port, to.port, hdr, payload, trailer,
+                     payload_crc);
   OutPacket p;
   p.to = to;
   p.from_ip = local_ip.is_v4() ? local_ip.v4() : 0;
@@ -347,14 +367,7 @@ void Aggregator::HandleDatagram(uint32_t thread_index, uint16_t my_port, const I
     s.complete = true;
     jc.Add(jc.slots_completed);
     gc.Add(gc.slots_completed);
-    if (job.group.ip != 0 && !wire::OwnerDelivery(h.msg_id)) {
-      QueueResult(job, h, wire::kGroupRank, acc, my_port, out);
-    } else {
-      for (uint32_t r : job.members) {
-        h.repeat_seen = !job.verbs.Active(r) && job.pool.Repeated(h.slot, h.shadow, r);
-        QueueResult(job, h, r, acc, my_port, out);
-      }
-    }
+    FanOut(job, h, acc, my_port, out);
   }
 }
 

@@ -182,10 +182,12 @@ class Aggregator {
   // asked for one (kAckReqBit) and now waits in its round for other ranks.
   void QueueHeld(Job& job, const wire::Header& h, uint32_t rank, uint16_t my_port,
                  ResultBatch& out);
+  // `payload_crc`: wire::PayloadCrc of `payload`, computed once for a fan-out to every
+  // rank (FanOut); null = computed with the packet's ICRC.
   void QueueResult(Job& job, const wire::Header& round, uint32_t rank, const uint8_t* payload,
-                   uint16_t my_port, ResultBatch& out);
+                   uint16_t my_port, ResultBatch& out, const uint32_t* payload_crc = nullptr);
   void QueueResultPacket(Job& job, const wire::Header& round, uint32_t rank, const uint8_t* payload,
-                         uint16_t my_port, ResultBatch& out);
+                         uint16_t my_port, ResultBatch& out, const uint32_t* payload_crc = nullptr);
   void QueueVerbsResult(Job& job, const wire::Header& round, uint32_t rank, const uint8_t* payload,
                         uint16_t my_port, ResultBatch& out);
   // RC verbs peers (verbs_rc.cc): their ACKs and requests before the slot path (true:
@@ -207,6 +209,7 @@ class Aggregator {
   void SendPartial(Job& job, Uplink::Entry& e, const uint8_t* acc, uint16_t my_port, ResultBatch& out);
   bool HandleUplinkResult(uint16_t my_port, const InPacket& pkt, const wire::Header& h,
                           ResultBatch& out);
+  // A finished round's result: to the job's multicast group, or one packet per member.
   void FanOut(Job& job, const wire::Header& round, const uint8_t* acc, uint16_t my_port,
               ResultBatch& out);
   void UplinkTimers(uint32_t thread_index, uint16_t my_port, ResultBatch& out);

@@ -251,15 +251,6 @@ bool Aggregator::HandleUplinkResult(uint16_t my_port, const InPacket& pkt, const
   return true;
 }
 
-void Aggregator::FanOut(Job& job, const wire::Header& round, const uint8_t* acc, uint16_t my_port,
-                        ResultBatch& out) {
-  if (job.group.ip != 0 && !wire::OwnerDelivery(round.msg_id)) {
-    QueueResult(job, round, wire::kGroupRank, acc, my_port, out);
-  } else {
-    for (uint32_t r : job.members) QueueResult(job, round, r, acc, my_port, out);
-  }
-}
-
 void Aggregator::UplinkTimers(uint32_t thread_index, uint16_t my_port, ResultBatch& out) {
   if (!routes_.any()) return;
   thread_local uint64_t last_scan = 0;

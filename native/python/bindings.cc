@@ -369,16 +369,21 @@ PYBIND11_MODULE(_native, m) {
   });
   // The same from address text (IPv4 or IPv6 literals) and host-order ports.
   m.def("compute_icrc_for", [](const std::string& src, const std::string& dst, uint16_t src_port,
-                               uint16_t dst_port, py::bytes header, py::bytes payload, uint32_t pad) {
+                               uint16_t dst_port, py::bytes header, py::bytes payload, uint32_t pad,
+                               bool shared_payload_crc) {
     IpAddr s_ip, d_ip;
     Throw(ResolveHost(src, &s_ip));
     Throw(ResolveHost(dst, &d_ip));
     std::string hd = header, pl = payload;
-    return wire::ComputeIcrc(s_ip, d_ip, htons(src_port), htons(dst_port),
-                             reinterpret_cast<const uint8_t*>(hd.data()),
-                             reinterpret_cast<const uint8_t*>(pl.data()), pl.size(), pad);
+    const auto* h = reinterpret_cast<const uint8_t*>(hd.data());
+    const auto* p = reinterpret_cast<const uint8_t*>(pl.data());
+    if (shared_payload_crc) {  // the aggregator's fan-out: payload CRC first, then combined
+      return wire::ComputeIcrcWith(s_ip, d_ip, htons(src_port), htons(dst_port), h, pl.size(), pad,
+                                   wire::PayloadCrc(p, pl.size(), pad));
+    }
+    return wire::ComputeIcrc(s_ip, d_ip, htons(src_port), htons(dst_port), h, p, pl.size(), pad);
   }, py::arg("src"), py::arg("dst"), py::arg("src_port"), py::arg("dst_port"), py::arg("header"),
-     py::arg("payload"), py::arg("pad"));
+     py::arg("payload"), py::arg("pad"), py::arg("shared_payload_crc") = false);
   BindVerbs(m);  // after Aggregator: it adds attach_verbs_peer to it
   BindXdp(m, g_error, g_refused);
 }

@@ -129,13 +129,16 @@ DecodeError Decode(const uint8_t* pkt, size_t len, Header* h) {
   return DecodeError::kOk;
 }
 
-uint32_t ComputeIcrc(const IpAddr& src, const IpAddr& dst, uint16_t src_port_be,
-                     uint16_t dst_port_be, const uint8_t* header, const uint8_t* payload,
-                     size_t payload_len, size_t pad) {
-  // 8 x 0xFF (masked LRH) + IP header (20 or 40) + UDP header (8) + BTH (12).
-  uint8_t pseudo[8 + 40 + 8 + kBthBytes];
-  std::memset(pseudo, 0xFF, 8);
-  uint8_t* ip = pseudo + 8;
+namespace {
+
+// The ICRC's input ahead of the payload -- 8 x 0xFF (masked LRH), IP header (20 or
+// 40), UDP header (8), the 32-byte header with BTH byte 4 masked -- built in `out`
+// (88 bytes at most) so that one CRC call covers it; returns its length.
+size_t IcrcPrefix(const IpAddr& src, const IpAddr& dst, uint16_t src_port_be,
+                  uint16_t dst_port_be, const uint8_t* header, size_t payload_len, size_t pad,
+                  uint8_t* out) {
+  std::memset(out, 0xFF, 8);
+  uint8_t* ip = out + 8;
   const size_t udp_len = 8 + kHeaderBytes + payload_len + pad + kIcrcBytes;
   size_t ip_len;
   if (dst.is_v4()) {
@@ -166,24 +169,79 @@ uint32_t ComputeIcrc(const IpAddr& src, const IpAddr& dst, uint16_t src_port_be,
   std::memcpy(udp + 2, &dst_port_be, 2);
   Put16(udp + 4, uint16_t(udp_len));
   Put16(udp + 6, 0xFFFF);   // UDP checksum masked
-  uint8_t* bth = udp + 8;
-  std::memcpy(bth, header, kBthBytes);
-  bth[4] = 0xFF;            // FECN, BECN, resv6 masked
-  uint32_t crc = Crc32(0, pseudo, 8 + ip_len + 8 + kBthBytes);
-  crc = Crc32(crc, header + kBthBytes, kHeaderBytes - kBthBytes);
+  uint8_t* hdr = udp + 8;
+  std::memcpy(hdr, header, kHeaderBytes);
+  hdr[4] = 0xFF;            // FECN, BECN, resv6 masked
+  return 8 + ip_len + 8 + kHeaderBytes;
+}
+
+constexpr size_t kMaxPrefix = 8 + 40 + 8 + kHeaderBytes;
+
+// Moving a CRC past n bytes (multiplication by x^(8n) mod P) is linear over GF(2):
+// four tables of 256 values, built once per length with zlib's crc32_combine_op.
+struct Shift {
+  size_t bytes = 0;
+  uint32_t t[4][256];
+  uint32_t operator()(uint32_t c) const {
+    return t[0][c & 0xFF] ^ t[1][(c >> 8) & 0xFF] ^ t[2][(c >> 16) & 0xFF] ^ t[3][c >> 24];
+  }
+};
+
+const Shift& ShiftFor(size_t bytes) {
+  thread_local Shift cache[4];  // a job has one full-chunk length and a tail
+  Shift& e = cache[(bytes >> 3) & 3];
+  if (e.bytes == bytes) return e;
+  const uLong op = crc32_combine_gen64(z_off64_t(bytes));
+  for (int k = 0; k < 4; ++k) {
+    for (uint32_t b = 0; b < 256; ++b) {
+      e.t[k][b] = uint32_t(crc32_combine_op(uLong(b) << (8 * k), 0, op));
+    }
+  }
+  e.bytes = bytes;
+  return e;
+}
+
+}  // namespace
+
+uint32_t ComputeIcrc(const IpAddr& src, const IpAddr& dst, uint16_t src_port_be,
+                     uint16_t dst_port_be, const uint8_t* header, const uint8_t* payload,
+                     size_t payload_len, size_t pad) {
+  uint8_t prefix[kMaxPrefix];
+  const size_t n = IcrcPrefix(src, dst, src_port_be, dst_port_be, header, payload_len, pad, prefix);
+  uint32_t crc = Crc32(0, prefix, n);
   if (payload_len) crc = Crc32(crc, payload, payload_len);
   static const uint8_t kZeros[4] = {0, 0, 0, 0};
   if (pad) crc = Crc32(crc, kZeros, pad);
   return crc;
 }
 
+uint32_t PayloadCrc(const uint8_t* payload, size_t payload_len, size_t pad) {
+  uint32_t crc = payload_len ? Crc32(0, payload, payload_len) : 0;
+  static const uint8_t kZeros[4] = {0, 0, 0, 0};
+  if (pad) crc = Crc32(crc, kZeros, pad);
+  return crc;
+}
+
+uint32_t ComputeIcrcWith(const IpAddr& src, const IpAddr& dst, uint16_t src_port_be,
+                         uint16_t dst_port_be, const uint8_t* header, size_t payload_len,
+                         size_t pad, uint32_t payload_crc) {
+  uint8_t prefix[kMaxPrefix];
+  const size_t n = IcrcPrefix(src, dst, src_port_be, dst_port_be, header, payload_len, pad, prefix);
+  const uint32_t head = Crc32(0, prefix, n);
+  if (payload_len + pad == 0) return head;
+  return ShiftFor(payload_len + pad)(head) ^ payload_crc;
+}
+
 void WriteTrailer(const Header& h, const IpAddr& src, const IpAddr& dst, uint16_t src_port_be,
                   uint16_t dst_port_be, const uint8_t* header, const uint8_t* payload,
-                  uint8_t* trailer) {
+                  uint8_t* trailer, const uint32_t* payload_crc) {
   std::memset(trailer, 0, h.pad);
   uint32_t icrc = 0;
   if (!h.jumbo) {
-    icrc = ComputeIcrc(src, dst, src_port_be, dst_port_be, header, payload, h.length, h.pad);
+    icrc = payload_crc != nullptr
+               ? ComputeIcrcWith(src, dst, src_port_be, dst_port_be, header, h.length, h.pad,
+                                 *payload_crc)
+               : ComputeIcrc(src, dst, src_port_be, dst_port_be, header, payload, h.length, h.pad);
   }
   std::memcpy(trailer + h.pad, &icrc, 4);  // little-endian on the wire, as rxe stores it
 }

@@ -125,11 +125,22 @@ uint32_t ComputeIcrc(const IpAddr& src, const IpAddr& dst, uint16_t src_port_be,
                      uint16_t dst_port_be, const uint8_t* header, const uint8_t* payload,
                      size_t payload_len, size_t pad);
 
+// One result to N ranks: the payload is the same in every packet, only the headers
+// (addresses, ports, QPN) differ. PayloadCrc is the CRC-32 of the payload and its
+// pad, computed once; ComputeIcrcWith then costs one CRC of the ~90-byte prefix and a
+// table lookup per packet (CRC(A || B) = shift(CRC(A), |B|) ^ CRC(B)) instead of a
+// pass over the payload. Same value as ComputeIcrc.
+uint32_t PayloadCrc(const uint8_t* payload, size_t payload_len, size_t pad);
+uint32_t ComputeIcrcWith(const IpAddr& src, const IpAddr& dst, uint16_t src_port_be,
+                         uint16_t dst_port_be, const uint8_t* header, size_t payload_len,
+                         size_t pad, uint32_t payload_crc);
+
 // Writes the trailer of a packet with header `h`: the pad's zero bytes, then the ICRC
 // (0 on jumbo packets); `trailer` holds at least 8 bytes. Ports in network order.
+// `payload_crc`, when given, is PayloadCrc of this payload (a fan-out's shared part).
 void WriteTrailer(const Header& h, const IpAddr& src, const IpAddr& dst, uint16_t src_port_be,
                   uint16_t dst_port_be, const uint8_t* header, const uint8_t* payload,
-                  uint8_t* trailer);
+                  uint8_t* trailer, const uint32_t* payload_crc = nullptr);
 // Whether a received datagram `pkt` (already decoded into `h`) carries the ICRC its
 // addresses and ports call for; jumbo packets carry none and always pass. A socket
 // does not see the IPv4 ID, so an IPv4 ICRC passes for any ID a GSO send can give

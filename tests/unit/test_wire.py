@@ -100,6 +100,20 @@ def test_icrc_matches_independent_reference(payload, sport, dport):
     assert got == reference_icrc("10.0.0.1", "10.0.0.9", sport, dport, header, payload, pad)
 
 
+@given(st.binary(min_size=0, max_size=9000), st.integers(1, 65535), st.booleans())
+def test_fan_out_icrc_from_a_shared_payload_crc_is_the_icrc(payload, sport, v6):
+    # The aggregator's unicast fan-out computes the payload's CRC once per result and
+    # each rank's ICRC from it and that rank's headers (wire::ComputeIcrcWith).
+    header = _native.encode_header({"length": len(payload), "dest_qp": 4099, "key": 3, "psn": 77})
+    pad = (-len(payload)) % 4
+    src, dst = ("fd00:9::1", "fd00:9::2") if v6 else ("10.0.0.1", "10.0.0.9")
+    shared = _native.compute_icrc_for(src, dst, 4791, sport, header, payload, pad,
+                                      shared_payload_crc=True)
+    assert shared == _native.compute_icrc_for(src, dst, 4791, sport, header, payload, pad)
+    if not v6:
+        assert shared == reference_icrc(src, dst, 4791, sport, header, payload, pad)
+
+
 @given(st.binary(min_size=0, max_size=1500), st.integers(0, 63))
 def test_icrc_of_a_gso_segment_follows_its_ip_id(payload, ip_id):
     # Segment k of a UDP GSO send leaves with IPv4 ID k (the kernel numbers a DF
