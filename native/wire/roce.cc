@@ -177,6 +177,14 @@ size_t IcrcPrefix(const IpAddr& src, const IpAddr& dst, uint16_t src_port_be,
 
 constexpr size_t kMaxPrefix = 8 + 40 + 8 + kHeaderBytes;
 
+// `crc` carried on over the payload and its pad's zero bytes.
+uint32_t CrcPayload(uint32_t crc, const uint8_t* payload, size_t payload_len, size_t pad) {
+  if (payload_len) crc = Crc32(crc, payload, payload_len);
+  static const uint8_t kZeros[4] = {0, 0, 0, 0};
+  if (pad) crc = Crc32(crc, kZeros, pad);
+  return crc;
+}
+
 // Moving a CRC past n bytes (multiplication by x^(8n) mod P) is linear over GF(2):
 // four tables of 256 values, built once per length with zlib's crc32_combine_op.
 struct Shift {
@@ -208,18 +216,11 @@ uint32_t ComputeIcrc(const IpAddr& src, const IpAddr& dst, uint16_t src_port_be,
                      size_t payload_len, size_t pad) {
   uint8_t prefix[kMaxPrefix];
   const size_t n = IcrcPrefix(src, dst, src_port_be, dst_port_be, header, payload_len, pad, prefix);
-  uint32_t crc = Crc32(0, prefix, n);
-  if (payload_len) crc = Crc32(crc, payload, payload_len);
-  static const uint8_t kZeros[4] = {0, 0, 0, 0};
-  if (pad) crc = Crc32(crc, kZeros, pad);
-  return crc;
+  return CrcPayload(Crc32(0, prefix, n), payload, payload_len, pad);
 }
 
 uint32_t PayloadCrc(const uint8_t* payload, size_t payload_len, size_t pad) {
-  uint32_t crc = payload_len ? Crc32(0, payload, payload_len) : 0;
-  static const uint8_t kZeros[4] = {0, 0, 0, 0};
-  if (pad) crc = Crc32(crc, kZeros, pad);
-  return crc;
+  return CrcPayload(0, payload, payload_len, pad);
 }
 
 uint32_t ComputeIcrcWith(const IpAddr& src, const IpAddr& dst, uint16_t src_port_be,
