@@ -25,7 +25,7 @@ import pytest
 
 from netreduce.testbed import Testbed, why_unusable
 from tests.procs import collect_ok
-from tests.root import scratch_testbed_name
+from tests.root import scratch_testbed_name, wait_for_capture_file
 from tests.unit.test_wire import reference_icrc
 
 REASON = why_unusable()
@@ -91,10 +91,7 @@ def test_gso_sends_reach_the_wire_as_standard_roce_packets(tmp_path, mtu, payloa
         cap = tb.popen(tb.aggregator, ["dumpcap", "-q", "-i", tb.ifname, "-f", "udp portrange 4791-4792",
                                        "-w", str(pcap)], stderr=subprocess.DEVNULL)
         try:
-            deadline = time.monotonic() + 20
-            while not (pcap.exists() and pcap.stat().st_size > 0) and time.monotonic() < deadline:
-                time.sleep(0.1)
-            time.sleep(1.0)  # dumpcap writes the header a moment before its filter is live
+            wait_for_capture_file(pcap, 20)
             switch = _switch(tb)
             try:
                 job = "gso-" + uuid.uuid4().hex[:6]

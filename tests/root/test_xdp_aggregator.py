@@ -25,6 +25,7 @@ import pytest
 from netreduce.protocol.client import ControlClient
 from netreduce.testbed import Testbed, why_unusable
 from tests.procs import collect_ok
+from tests.root import wait_for_capture_file
 from tests.root.test_xdp_transport import native, xdp_name  # noqa: F401  (fixture)
 
 REASON = why_unusable()
@@ -112,13 +113,7 @@ def test_capture_of_the_xdp_path_decodes_as_rocev2_with_valid_checksums(native, 
         cap = subprocess.Popen(["tshark", "-i", tb.aggregator.peer, "-f", "udp port 4791",
                                 "-w", str(pcap), "-q"], stderr=subprocess.DEVNULL)
         try:
-            # Under load tshark takes seconds to start: wait for its file's header
-            # (written once the interface is open), then a moment for the filter.
-            deadline = time.monotonic() + 30
-            while not (pcap.exists() and pcap.stat().st_size > 0) and time.monotonic() < deadline:
-                time.sleep(0.1)
-            assert pcap.exists(), f"tshark wrote no capture file within 30 s (exit {cap.poll()})"
-            time.sleep(1.0)
+            wait_for_capture_file(pcap, 30)
             results = run_stream(tb, switch, 2, n=20, max_elems=3000, seed=7)
             transport, _ = transport_of(switch)
             time.sleep(0.5)
