@@ -6,6 +6,9 @@
 
 #if defined(NETREDUCE_HAVE_ISAL)
 #include <isa-l/crc.h>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 #elif defined(NETREDUCE_HAVE_LIBDEFLATE)
 #include <libdeflate.h>
 #endif
@@ -34,17 +37,19 @@ inline uint64_t Get64(const uint8_t* p) { return (uint64_t(Get32(p)) << 32) | Ge
 #if defined(NETREDUCE_HAVE_ISAL) && defined(__x86_64__)
 // ISA-L 2.30's AVX-512 CRC (crc32_gzip_refl_by16_10) returns without VZEROUPPER: the
 // upper halves of the vector registers stay dirty, and every legacy-SSE instruction
-// after it (this library is built for SSE2) then stalls on them -- in perf, a tenth of
-// the aggregator's and the engine's samples sat on the first SSE instruction after a
-// CRC. Clearing them is one instruction, where the CPU has AVX at all.
+// after it (this library is built for SSE2) then stalls on them: on an Intel Xeon with
+// AVX-512, a tenth of the aggregator's and the engine's samples sat on the first SSE
+// instruction after a CRC, and clearing them made the aggregator 1.46x faster per byte
+// at MTU 1500 (BENCHMARKS.md). One instruction, where the CPU has AVX at all.
 const bool kCpuHasAvx = __builtin_cpu_supports("avx");
+__attribute__((target("avx"))) void ZeroUpperVectorHalves() { _mm256_zeroupper(); }
 #endif
 
 inline uint32_t Crc32(uint32_t crc, const uint8_t* p, size_t n) {
 #if defined(NETREDUCE_HAVE_ISAL)
   const uint32_t v = crc32_gzip_refl(crc, p, uint64_t(n));
 #if defined(__x86_64__)
-  if (kCpuHasAvx) asm volatile("vzeroupper");
+  if (kCpuHasAvx) ZeroUpperVectorHalves();
 #endif
   return v;
 #elif defined(NETREDUCE_HAVE_LIBDEFLATE)
