@@ -355,6 +355,11 @@ Status Engine::Run(Request& req) {
       }
       first_of_batch = false;
       lane_progress[lane] = t_now;
+      // Progress ends a lane's probe back-off, as an ACK ends TCP's: the doubling is for
+      // a lane that hears nothing. Kept after progress, a needless probe (its round waits
+      // for another rank) held the lane's next probe back up to 1 s, and a tail of many
+      // rounds each missing one rank's contribution was repaired at ~17 rounds a second.
+      next_probe[lane] = 0;
       lane_last_seq[lane] = int64_t(t.seq);
       Retried& r = retried_[t.seq % window_];
       if (t.retries > 0) repaired_chunks_++, repair_wait_us_ += uint64_t(t_now - t.first_send_us);
@@ -385,11 +390,16 @@ Status Engine::Run(Request& req) {
       while (order[pos] != mine) ++pos;
       for (size_t k = 0; k < pos; ++k) {  // older chunks of the lane: overtaken
         SlotTrack& o = slots[order[k]];
-        if (!o.early && !o.held && o.last_send_us <= t.last_send_us) {
-          o.early = true;
-          o.deadline_us = std::min(o.deadline_us, t_now + reorder_us);
-          due_by(o.deadline_us);
-        }
+        if (o.early || o.last_send_us > t.last_send_us) continue;
+        // A held chunk too: its round held this rank's contribution, and a later round
+        // of the lane has completed, so its own result was most likely lost (or another
+        // rank's contribution, which that rank repairs). It leaves the held state and
+        // is repaired like any overtaken chunk -- the held probe asks for one chunk per
+        // lane a second, and a burst of lost held results took minutes.
+        if (o.held) o.held = false, o.rto_us = Rto();
+        o.early = true;
+        o.deadline_us = std::min(o.deadline_us, t_now + reorder_us);
+        due_by(o.deadline_us);
       }
       const size_t later = order.size() - pos - 1;  // outstanding chunks of the lane after t
       SlotTrack* expected = later > 0 ? &slots[order[pos + 1]] : nullptr;
