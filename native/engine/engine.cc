@@ -44,6 +44,7 @@
 #include <cstring>
 #include <deque>
 
+#include "engine/prefetch.h"
 #include "engine/repair.h"
 #include "engine/run_state.h"
 #include "engine/rtt.h"
@@ -51,6 +52,7 @@
 
 namespace netreduce {
 using namespace engine_timing;
+using namespace engine_prefetch;
 using namespace engine_repair;
 using namespace engine_run;
 namespace {
@@ -63,20 +65,6 @@ constexpr int32_t kInterleavedOwners = -2;
 inline int64_t NowUs() {
   return std::chrono::duration_cast<std::chrono::microseconds>(Clock::now().time_since_epoch())
       .count();
-}
-
-// A large message's src and dst are cold (in DRAM): the ICRC over a chunk's src at its
-// send and the copy of its result into dst would wait on memory at every 4 KiB page,
-// where the hardware prefetcher stops. Chunks start and complete in sequence order, so
-// the lines of the chunk kPrefetchAhead further on are asked for now. Only for packets
-// with an ICRC (at most 4096 B): a jumbo chunk's src is read by the kernel's copy alone,
-// and prefetching 64 KiB chunks made loopback slower.
-constexpr int64_t kPrefetchAhead = 2;
-inline void PrefetchForRead(const uint8_t* p, size_t n) {
-  for (size_t off = 0; off < n; off += 64) __builtin_prefetch(p + off, 0, 3);
-}
-inline void PrefetchForWrite(const uint8_t* p, size_t n) {
-  for (size_t off = 0; off < n; off += 64) __builtin_prefetch(p + off, 1, 3);
 }
 
 // The sweep over every outstanding chunk (timeouts, the next wake-up) runs when the
