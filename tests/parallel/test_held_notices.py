@@ -67,41 +67,59 @@ def test_the_aggregator_answers_a_held_contribution_that_asks_and_only_that(swit
                 s.close()
 
 
-class _FakeAggregator:
-    """One UDP socket standing for a job of 2 ranks whose rank 1 never comes: it
-    answers rank 0's asking contribution with a held notice, ignores what follows
-    for ``hold_s`` (the result "lost"), then answers the next probe with the sum."""
+class _Fake:
+    """One UDP socket standing for the aggregator of a job of 2 ranks, answering the
+    engine under test (rank 0) from a thread; rank 1's contribution is all 100s."""
 
-    def __init__(self, hold_s: float) -> None:
+    def __init__(self) -> None:
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.sock.bind(("127.0.0.1", 0))
         self.sock.settimeout(20)
         self.port = self.sock.getsockname()[1]
-        self.hold_s = hold_s
-        self.seen: list = []  # (time, header) of every packet from the engine
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
+    def on_packet(self, h: dict, payload: bytes, peer) -> None:
+        raise NotImplementedError
+
+    def notice(self, h: dict, peer) -> None:
+        self.sock.sendto(_packet(dict(h, length=0, result=1, held=1, ack_req=0), b""), peer)
+
+    def result(self, h: dict, payload: bytes, peer) -> None:
+        total = (np.frombuffer(payload, np.int32) + 100).tobytes()
+        self.sock.sendto(_packet(dict(h, result=1, ack_req=0), total), peer)
+
     def _run(self) -> None:
-        first = None
         while True:
             try:
                 pkt, peer = self.sock.recvfrom(65536)
             except OSError:
                 return
             h = _native.decode_header(pkt)
-            self.seen.append((time.monotonic(), h))
-            payload = pkt[32:32 + h["length"]]
-            if first is None:
-                first = time.monotonic()
-                self.sock.sendto(_packet(dict(h, length=0, result=1, held=1, ack_req=0), b""),
-                                 peer)
-            elif time.monotonic() - first >= self.hold_s:
-                total = (np.frombuffer(payload, np.int32) + 100).tobytes()  # rank 1 gave 100s
-                self.sock.sendto(_packet(dict(h, result=1, ack_req=0), total), peer)
+            self.on_packet(h, pkt[32:32 + h["length"]], peer)
 
     def close(self) -> None:
         self.sock.close()
+
+
+class _FakeAggregator(_Fake):
+    """Rank 1 never comes: rank 0's asking contribution gets a held notice, what
+    follows is ignored for ``hold_s`` (the result "lost"), then the next probe gets
+    the sum."""
+
+    def __init__(self, hold_s: float) -> None:
+        self.hold_s = hold_s
+        self.first = None
+        self.seen: list = []  # (time, header) of every packet from the engine
+        super().__init__()
+
+    def on_packet(self, h: dict, payload: bytes, peer) -> None:
+        self.seen.append((time.monotonic(), h))
+        if self.first is None:
+            self.first = time.monotonic()
+            self.notice(h, peer)
+        elif time.monotonic() - self.first >= self.hold_s:
+            self.result(h, payload, peer)
 
 
 def test_a_held_chunk_waits_without_resending_and_its_lost_result_is_probed_for():
@@ -153,47 +171,26 @@ def test_a_first_all_reduce_that_waits_for_a_late_rank_resends_almost_nothing(sw
         assert second["held_notices"] == first["held_notices"], (first, second)
 
 
-class _LosesOneHeldResult:
-    """A job of 2 ranks whose rank 1 is late, standing for the aggregator: every first
-    contribution of rank 0 gets a held notice; once all ``chunks`` have come, the
-    results go out but the first one's is lost on the way down; a resend of any chunk
-    gets its result."""
+class _LosesOneHeldResult(_Fake):
+    """Rank 1 is late: every first contribution of rank 0 gets a held notice; once all
+    ``chunks`` have come, the results go out but the first one's is lost on the way
+    down; a resend of any chunk gets its result."""
 
     def __init__(self, chunks: int) -> None:
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.settimeout(20)
-        self.port = self.sock.getsockname()[1]
         self.chunks = chunks
+        self.first: dict = {}
         self.resent: list = []  # PSNs of the contributions that came again
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
+        super().__init__()
 
-    def _result(self, h: dict, payload: bytes, peer) -> None:
-        total = (np.frombuffer(payload, np.int32) + 100).tobytes()  # rank 1 gave 100s
-        self.sock.sendto(_packet(dict(h, result=1, ack_req=0), total), peer)
-
-    def _run(self) -> None:
-        first: dict = {}
-        while True:
-            try:
-                pkt, peer = self.sock.recvfrom(65536)
-            except OSError:
-                return
-            h = _native.decode_header(pkt)
-            payload = pkt[32:32 + h["length"]]
-            if h["psn"] in first:
-                self.resent.append(h["psn"])
-                self._result(h, payload, peer)
-                continue
-            first[h["psn"]] = (h, payload)
-            self.sock.sendto(_packet(dict(h, length=0, result=1, held=1, ack_req=0), b""), peer)
-            if len(first) == self.chunks:  # rank 1 came: every round completes
-                for psn in sorted(first)[1:]:
-                    self._result(*first[psn], peer)
-
-    def close(self) -> None:
-        self.sock.close()
+    def on_packet(self, h: dict, payload: bytes, peer) -> None:
+        if h["psn"] in self.first:
+            self.resent.append(h["psn"])
+            return self.result(h, payload, peer)
+        self.first[h["psn"]] = (h, payload)
+        self.notice(h, peer)
+        if len(self.first) == self.chunks:  # rank 1 came: every round completes
+            for psn in sorted(self.first)[1:]:
+                self.result(*self.first[psn], peer)
 
 
 def test_a_held_chunk_whose_result_is_lost_is_repaired_when_a_later_result_overtakes_it():
