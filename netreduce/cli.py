@@ -19,6 +19,7 @@ from netreduce.errors import ControlPlaneError
 from netreduce.protocol import auth
 from netreduce.protocol.address import format_address, parse_address, resolve
 from netreduce.protocol.client import ControlClient
+from netreduce.protocol.socket_buffers import receive_buffer_note, size_words
 from netreduce.worker import job_status
 from netreduce.worker.job_paths import describe_config
 
@@ -38,6 +39,14 @@ def _native_info() -> Dict[str, Any]:
             info["data_path"] = data_path(config.get("NETREDUCE_UDP_OFFLOAD"))
         except (ValueError, RuntimeError) as exc:
             info["data_path"] = f"<unavailable: {exc}>"
+    receive_buffer = getattr(_native, "udp_receive_buffer", None)
+    if receive_buffer is not None:  # what a rank's socket may hold here (SO_RCVBUF)
+        try:
+            got, asked = int(receive_buffer()), int(_native.engine_receive_buffer_asked)
+            note = receive_buffer_note(got, asked, "a rank here")
+            info["receive_buffer"] = note or f"{size_words(got / 2)} (as asked)"
+        except (ValueError, RuntimeError) as exc:
+            info["receive_buffer"] = f"<unavailable: {exc}>"
     return info
 
 

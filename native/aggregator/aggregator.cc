@@ -75,7 +75,7 @@ Status Aggregator::Start() {
   DataPortsOptions o;
   o.base.udp.host = cfg_.host;
   o.base.udp.port = cfg_.port;
-  o.base.udp.rcvbuf_bytes = 64 << 20;
+  o.base.udp.rcvbuf_bytes = kReceiveBufferAsked;
   o.base.udp.sndbuf_bytes = 16 << 20;
   o.base.udp.recv_batch_bytes = kBatchBytes;
   o.base.offload = cfg_.udp_offload;

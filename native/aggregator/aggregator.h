@@ -122,6 +122,11 @@ uint32_t DataThreads(const AggregatorConfig& cfg);
 
 class Aggregator {
  public:
+  // SO_RCVBUF asked for each data socket: a job's whole window may arrive from every
+  // rank at once. Without CAP_NET_ADMIN the kernel caps it at net.core.rmem_max (the
+  // daemon warns; transport_info reports what each socket got).
+  static constexpr int kReceiveBufferAsked = 64 << 20;
+
   explicit Aggregator(const AggregatorConfig& cfg);
   ~Aggregator();
 

@@ -79,6 +79,9 @@ class Engine {
   std::string AggregatorAddress() const;
   // The packet path of the engine's socket (Transport::Describe), e.g. "udp gso+gro".
   std::string DataPath() const;
+  // The engine's socket's SO_RCVBUF as read back (Transport::ReceiveBufferBytes); 0
+  // on verbs.
+  size_t ReceiveBufferBytes() const;
 
  private:
   explicit Engine(const EngineConfig& cfg);

@@ -17,6 +17,8 @@ std::string Engine::AggregatorAddress() const {
 
 std::string Engine::DataPath() const { return sock_ ? sock_->Describe() : ""; }
 
+size_t Engine::ReceiveBufferBytes() const { return sock_ ? sock_->ReceiveBufferBytes() : 0; }
+
 std::string Engine::Where(uint32_t slot) const {
   return "aggregator " + AggregatorAddress() + ", job '" + cfg_.job + "' (index " +
          std::to_string(cfg_.job_index) + "), rank " + std::to_string(cfg_.rank) + "/" +

@@ -239,6 +239,15 @@ PYBIND11_MODULE(_native, m) {
              d["ports"] = p.describe;
              d["notes"] = p.notes;
              d["fallback"] = p.fallback;
+             // The smallest data socket's SO_RCVBUF as read back (the kernel's
+             // accounting: twice the bytes set); 0 when no port queues in a socket.
+             size_t rcvbuf = 0;
+             for (const auto& t : a.data_transports()) {
+               const size_t b = t->ReceiveBufferBytes();
+               if (b != 0 && (rcvbuf == 0 || b < rcvbuf)) rcvbuf = b;
+             }
+             d["receive_buffer_bytes"] = rcvbuf;
+             d["receive_buffer_asked"] = size_t(Aggregator::kReceiveBufferAsked);
 #ifdef NETREDUCE_HAVE_XDP
              if (p.program) {
                d["device"] = p.program->device().name;
@@ -320,7 +329,9 @@ PYBIND11_MODULE(_native, m) {
       .def("abort", &Engine::Abort)
       .def("stats", &Engine::Stats)
       .def_property_readonly("aggregator_address", &Engine::AggregatorAddress)
-      .def_property_readonly("data_path", &Engine::DataPath);
+      .def_property_readonly("data_path", &Engine::DataPath)
+      .def_property_readonly("receive_buffer_bytes", &Engine::ReceiveBufferBytes);
+  m.attr("engine_receive_buffer_asked") = UdpOptions().rcvbuf_bytes;
 
   // The packet path a data socket of this host gets with `udp_offload` (a probe socket
   // on 127.0.0.1: the kernel's support; a device may still refuse GSO at send time).
@@ -332,6 +343,16 @@ PYBIND11_MODULE(_native, m) {
     Throw(MakeDataTransport(o, &t));
     return t->Describe();
   }, py::arg("udp_offload") = "auto");
+  // What a rank's data socket on this host gets for received datagrams: SO_RCVBUF read
+  // back (twice the bytes; the kernel caps the ask at net.core.rmem_max without
+  // CAP_NET_ADMIN).
+  m.def("udp_receive_buffer", []() {
+    DataTransportOptions o;
+    o.udp.host = "127.0.0.1";
+    std::unique_ptr<Transport> t;
+    Throw(MakeDataTransport(o, &t));
+    return t->ReceiveBufferBytes();
+  });
   // UDP GSO (wire/roce.h): XOR into an ICRC computed for IPv4 ID 0 to get ID `id`'s.
   m.def("icrc_ip_id_delta", &wire::IcrcIpIdDelta, py::arg("datagram_bytes"), py::arg("id"));
 

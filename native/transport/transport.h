@@ -99,6 +99,10 @@ class Transport {
   // buffers of their own. PeekHeader/RecvScatter cannot split a coalesced receive, so
   // such a transport is read with RecvBatch only.
   virtual bool OwnsReceiveBuffers() const { return false; }
+  // What the kernel holds for this port's received datagrams before it drops them
+  // (SO_RCVBUF as read back: its accounting, twice what was asked); 0 where packets
+  // do not queue in a socket (AF_XDP rings).
+  virtual size_t ReceiveBufferBytes() const { return 0; }
   // Zero-copy receive in two steps: look at the first `n` bytes of the next datagram
   // (waiting up to `timeout_us`), learning its full length and sender, then receive it
   // scattered straight into the caller's memory (header, destination, trailer).

@@ -21,6 +21,7 @@ from netreduce.errors import NetReduceError
 from netreduce.protocol.address import family_of, format_address
 from netreduce.protocol import tls
 from netreduce.protocol.auth import Guard, read_operator_secret
+from netreduce.protocol.socket_buffers import receive_buffer_note
 from netreduce.switch import coordinator  # noqa: F401  registers the negotiation commands
 from netreduce.switch import job_keys, service, uplink
 from netreduce.switch.child import DEFAULT_PORT, METRICS_PREFIX, READY_PREFIX
@@ -210,8 +211,14 @@ def _start_aggregator(native, args) -> Tuple[object, int]:
 def _transport_words(agg) -> str:
     """What the ready line adds to the data path: a fallback from --transport xdp, and
     ports an XDP setup left on sockets, are logged as warnings naming the device and
-    why (the daemon runs on: sockets carry everything AF_XDP would)."""
+    why (the daemon runs on: sockets carry everything AF_XDP would), as is a receive
+    buffer the kernel capped (protocol/socket_buffers.py)."""
     info = agg.transport_info()
+    buffer_note = receive_buffer_note(int(info.get("receive_buffer_bytes", 0)),
+                                      int(info.get("receive_buffer_asked", 0)),
+                                      "netreduce-switch data ports")
+    if buffer_note:
+        logging.warning("%s", buffer_note)
     for note in info["notes"]:
         logging.warning("--transport xdp: %s", note)
     if info["fallback"]:

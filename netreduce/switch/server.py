@@ -23,6 +23,7 @@ from typing import Any, Dict, List, Optional
 
 from netreduce.protocol.address import family_of, format_address, parse_address, unmap
 from netreduce.protocol.auth import AuthError, Guard
+from netreduce.protocol.socket_buffers import size_words, slots_that_fit
 from netreduce.switch import verbs  # noqa: F401  registers verbs_connect, a built-in to every server
 from netreduce.switch.commands import DISCONNECT_HOOKS, HANDLERS, INLINE, RequestError
 from netreduce.switch.limits import Limits, PendingConnections
@@ -76,6 +77,11 @@ class JobRecord:
     # different windows would add chunks of different offsets in one slot.
     window: Optional[int] = None
     window_by: int = 0
+    # The smallest receive buffer a rank reported (SO_RCVBUF read back; 0: none did),
+    # and the window the job then runs with, fixed with the payload (0: all slots).
+    receive_buffer: int = 0
+    receive_buffer_by: int = -1
+    window_fit: int = 0
     # Ranks that will ask for the final payload (register said await_payload) and
     # those that have been answered: the last rank's register returns only once the
     # others have their answer, so data never waits on a control round trip.
@@ -246,11 +252,15 @@ class ControlServer:
                 raise RequestError(
                     f"job '{name}': rank {rank} is already registered (from {job.ranks[rank].peer})")
             self._settle_payload(job, views, name, rank)
+            buffer = int(msg.get("receive_buffer", 0) or 0)
+            if buffer > 0 and (job.receive_buffer == 0 or buffer < job.receive_buffer):
+                job.receive_buffer, job.receive_buffer_by = buffer, rank
             job.ranks[rank] = sess
             sess.job, sess.rank, sess.record = name, rank, job
             last = len(job.ranks) == job.size
             if last:
                 job.payload_final = True
+                self._fit_window(job)
                 self.payload_topic.notify()
                 log.info("job '%s': %s", name, job.payload_reason)
             elif msg.get("await_payload"):
@@ -271,6 +281,7 @@ class ControlServer:
             slots = int(agg.job_counters(job.index)["slots"]) if final else agg.slots
             return {"job_index": job.index, "key": job.key, "slots": slots,
                     "payload_bytes": job.payload_bytes if final else 0,
+                    "window_fit": job.window_fit if final else 0,
                     "payload_reason": job.payload_reason if final else "",
                     **_missing(job),
                     "data_port": agg.port, "threads": agg.threads,
@@ -299,6 +310,38 @@ class ControlServer:
                 f"job '{name}': rank {rank} has NETREDUCE_WINDOW={window}, but rank "
                 f"{job.window_by} has NETREDUCE_WINDOW={job.window}; a chunk's slot follows "
                 f"the window, so set it the same on every rank (0 = all the slots)")
+
+    def _fit_window(self, job: "JobRecord") -> None:
+        """With the payload final: the window every rank of the job runs with when
+        none set NETREDUCE_WINDOW, so that a burst of results fits the smallest
+        receive buffer a rank reported, and every rank's window at once this daemon's
+        data ports (protocol/socket_buffers.py). Lock held."""
+        if job.window:
+            return
+        slots = int(self.aggregator.job_counters(job.index)["slots"])
+        bounds = []
+        if job.receive_buffer:
+            bounds.append((slots_that_fit(job.receive_buffer, job.payload_bytes),
+                           f"rank {job.receive_buffer_by}'s UDP receive buffer holds "
+                           f"{size_words(job.receive_buffer / 2)} (net.core.rmem_max caps it "
+                           f"without CAP_NET_ADMIN; raise it on that host for the full window)"))
+        own = self._receive_buffer()
+        if own:  # slots are spread over the data threads, one socket each
+            share = own * int(self.aggregator.threads) // job.size
+            bounds.append((slots_that_fit(share, job.payload_bytes),
+                           f"this daemon's data ports hold {size_words(own / 2)} each, "
+                           f"shared by {job.size} ranks' windows"))
+        fits = [b for b in bounds if 0 < b[0] < slots]
+        if fits:
+            fit, why = min(fits)
+            job.window_fit = fit
+            log.warning("job '%s': window %d of %d slots: %s", job.name, fit, slots, why)
+
+    def _receive_buffer(self) -> int:
+        """The smallest data socket's SO_RCVBUF (read back); 0 when unknown."""
+        if not hasattr(self.aggregator, "transport_info"):
+            return 0
+        return int(self.aggregator.transport_info().get("receive_buffer_bytes", 0))
 
     def _make_ordered(self, index: int, name: str, rank: int) -> None:
         """The new job's slots fold in rank order (NETREDUCE_DETERMINISTIC); refused
@@ -367,6 +410,7 @@ class ControlServer:
                      "payload_reason": job.payload_reason, **_missing(job)}
             if job.payload_final:  # the slots follow the payload (native SlotsFor)
                 reply["slots"] = int(self.aggregator.job_counters(job.index)["slots"])
+                reply["window_fit"] = job.window_fit
             return reply
         return Wait(self.payload_topic, fixed)  # type: ignore[return-value]
 
@@ -420,7 +464,7 @@ class ControlServer:
             except ValueError:
                 continue  # removed meanwhile
             c.update(index=job.index, size=job.size, ranks=sorted(job.ranks),
-                     payload_bytes=job.payload_bytes,
+                     payload_bytes=job.payload_bytes, window_fit=job.window_fit,
                      payload_reason=job.payload_reason if job.payload_final else
                      f"pending until every rank has registered ({job.payload_reason})")
             jobs[job.name] = c

@@ -5,6 +5,7 @@ This is the small, typed surface that the communicator, tests and benchmarks use
 the user-facing API lives in netreduce/__init__.py."""
 from __future__ import annotations
 
+import logging
 import socket
 import threading
 from typing import Any, Dict, Optional, Tuple
@@ -17,7 +18,30 @@ from netreduce.errors import AdmissionError, ControlPlaneError, DataPlaneError
 from netreduce.protocol import auth
 from netreduce.protocol.address import format_address, resolve
 from netreduce.protocol.client import ControlClient
+from netreduce.protocol.socket_buffers import receive_buffer_note
 from netreduce.worker import rack, verbs_transport
+
+log = logging.getLogger("netreduce")
+_buffer_warned = False  # once per process: every connection of a host gets the same cap
+
+
+def _probe_receive_buffer() -> int:
+    """SO_RCVBUF a data socket gets on this host (read back); 0 when unknown."""
+    try:
+        return int(_native.udp_receive_buffer())
+    except (AttributeError, ValueError, RuntimeError, _native.EngineError):
+        return 0
+
+
+def _warn_receive_buffer(engine: Any, where: str) -> None:
+    global _buffer_warned
+    if _buffer_warned or engine is None:
+        return
+    note = receive_buffer_note(int(engine.receive_buffer_bytes),
+                               int(_native.engine_receive_buffer_asked), where)
+    if note:
+        _buffer_warned = True
+        log.warning("%s", note)
 
 
 def _translate(exc: Exception, where: str) -> Exception:
@@ -95,10 +119,13 @@ class Connection:
         try:
             # NETREDUCE_JOB_SECRET: proved on a challenge, never sent (protocol/auth.py).
             proof = auth.prove(self._control.call, auth.job_secret(), job, rank)
+            # What this host's UDP socket holds of a burst of results: the job's window
+            # is held to the smallest rank's (protocol/socket_buffers.py).
+            buffer = 0 if self._verbs is not None else _probe_receive_buffer()
             grant = self._control.call("register", job=job, rank=rank, size=size,
                                        mtu=self.path_mtu, ipv6=ipv6, host=socket.gethostname(),
                                        await_payload=True, deterministic=bool(deterministic),
-                                       window=int(window), **proof)
+                                       window=int(window), receive_buffer=buffer, **proof)
         except ControlPlaneError as exc:
             self._control.close()
             raise AdmissionError(str(exc)) from None
@@ -106,6 +133,8 @@ class Connection:
         self.job_index = int(grant["job_index"])
         self.key = int(grant["key"])
         self.slots = int(grant["slots"])
+        self.window_fit = int(grant.get("window_fit", 0))  # 0: all slots, or NETREDUCE_WINDOW
+        self.window = 0  # the engine's, once it starts
         self.data_port = int(grant["data_port"])
         self.threads = int(grant["threads"])
         self.payload_bytes = int(grant.get("payload_bytes", 0))  # 0: not fixed yet
@@ -138,17 +167,22 @@ class Connection:
             self._started.set()
             raise
         grant = self._grant
+        args = dict(self._engine_args)
+        if not args.get("window") and self.window_fit:  # the job's, for the smallest buffer
+            args["window"] = self.window_fit
+        self.window = min(int(args.get("window") or 0) or self.slots, self.slots)  # in use
         try:
             transport = self._verbs.connect(self) if self._verbs is not None else None
             self._engine = _native.Engine(
                 host, self.data_port, self.threads, self.job, self.job_index,
                 self.rank, self.size, self.key, self.slots, self.payload_bytes,
                 group=str(grant.get("group", "")), group_port=int(grant.get("group_port", 0)),
-                transport=transport, **self._engine_args)
+                transport=transport, **args)
         except Exception as exc:
             raise _translate(exc, self._where()) from None
         finally:
             self._started.set()
+        _warn_receive_buffer(self._engine, self._where())
         if self._closed:  # close() came while it started: release it too
             self._engine = None
         elif self._aborted is not None:
@@ -166,6 +200,7 @@ class Connection:
                 self.payload_bytes = int(reply["payload_bytes"])
                 if self.payload_bytes:  # the job's slots follow its payload
                     self.slots = int(reply.get("slots", self.slots))
+                    self.window_fit = int(reply.get("window_fit", 0))
             if not self._closed:
                 self._start_engine()
         except Exception as exc:  # handed to the first operation

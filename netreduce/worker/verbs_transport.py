@@ -40,7 +40,7 @@ class VerbsChoice:
     def connect(self, conn: Any) -> Optional[Any]:
         """Open and connect the queue pair for ``conn`` (a dataplane.Connection whose
         payload is fixed); None when auto mode falls back to UDP."""
-        window = int(conn._engine_args.get("window") or 0) or conn.slots
+        window = int(conn.window)  # the engine's: NETREDUCE_WINDOW, the job's fit, or all slots
         device = config.get("NETREDUCE_VERBS_DEVICE")
         try:
             t = _native.VerbsTransport(self.aggregator_ip, conn.payload_bytes, window, device,

@@ -12,7 +12,7 @@ import sys
 import threading
 import time
 import uuid
-from typing import List, Tuple
+from typing import List, Sequence, Tuple
 
 import numpy as np
 import pytest
@@ -25,9 +25,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 class Daemon:
-    def __init__(self, *flags: str) -> None:
-        cmd = [sys.executable, "-m", "netreduce.switch", "--host", "127.0.0.1", "--port", "0",
-               *flags]
+    def __init__(self, *flags: str, prefix: Sequence[str] = ()) -> None:
+        # prefix: a command the daemon runs under (setpriv, to drop a capability)
+        cmd = [*prefix, sys.executable, "-m", "netreduce.switch", "--host", "127.0.0.1",
+               "--port", "0", *flags]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      text=True)
         self.log: List[str] = []

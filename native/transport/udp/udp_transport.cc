@@ -165,6 +165,11 @@ Status UdpTransport::Open(const UdpOptions& opts, std::unique_ptr<UdpTransport>*
   getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
   std::unique_ptr<UdpTransport> t(new UdpTransport(fd, family, FromSockaddr(sa)));
   t->recv_batch_bytes_ = std::max<size_t>(opts.recv_batch_bytes, 65536);
+  int rcvbuf = 0;
+  socklen_t rcvbuf_len = sizeof(rcvbuf);
+  if (getsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, &rcvbuf_len) == 0 && rcvbuf > 0) {
+    t->rcvbuf_ = size_t(rcvbuf);
+  }
   // UDP_SEGMENT (Linux 4.18) takes the segment size per send, as a control message;
   // the socket option is set to 0 here only to learn whether the kernel knows it. A
   // device that cannot segment (no checksum offload, an xfrm path) answers a GSO send

@@ -76,6 +76,7 @@ class UdpTransport : public Transport {
     return Status::Ok();
   }
   bool OwnsReceiveBuffers() const override { return gro_; }
+  size_t ReceiveBufferBytes() const override { return rcvbuf_; }
   std::string Describe() const override;
   bool gso() const { return gso_; }
   bool gro() const { return gro_; }
@@ -93,6 +94,7 @@ class UdpTransport : public Transport {
   Status SendError(int err, const OutPacket& p, size_t bytes) const;
   int fd_;
   int family_;  // AF_INET or AF_INET6
+  size_t rcvbuf_ = 0;  // SO_RCVBUF read back after Open set it
   Endpoint local_;
   // Only the thread that sends turns gso_ off (a device that cannot segment); notes
   // are read by Describe() from any thread.

@@ -1,0 +1,63 @@
+"""What the kernel lets a data socket hold of received datagrams before it drops them.
+
+A rank receives its whole window of results, and the aggregator every rank's window,
+in bursts. Both ask for large SO_RCVBUF sizes (SO_RCVBUFFORCE); without CAP_NET_ADMIN
+the kernel caps the ask at net.core.rmem_max (212,992 bytes by default), the excess of
+every burst is dropped and resent, and nothing else fails: a 64 MiB all-reduce of 4
+ranks on loopback took 2x as long (BENCHMARKS.md, line rate). The ranks and
+netreduce-switch log `receive_buffer_note` once when it applies, and each rank reports
+its buffer at admission so that the job's window fits the smallest (`slots_that_fit`)."""
+from __future__ import annotations
+
+from typing import Optional
+
+RMEM_MAX = "/proc/sys/net/core/rmem_max"
+
+
+def size_words(n: float) -> str:
+    """Bytes as KiB or MiB, for the warnings."""
+    return f"{n / (1 << 20):.0f} MiB" if n >= 1 << 20 else f"{n / 1024:.0f} KiB"
+
+
+def rmem_max() -> Optional[int]:
+    try:
+        with open(RMEM_MAX) as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+# Of SO_RCVBUF as read back, what a window of results may fill: the kernel counts each
+# datagram's whole buffers (a coalesced run of 64 KiB, a loopback jumbo datagram: a few
+# percent over its bytes), and the rest is headroom for a burst that lands mid-drain.
+WINDOW_SHARE = 0.85
+
+
+def datagram_bytes(payload_bytes: int) -> int:
+    """A RoCEv2 datagram's UDP payload: 32-byte header, padded payload, ICRC (native
+    wire::DatagramBytes)."""
+    return 32 + ((payload_bytes + 3) & ~3) + 4
+
+
+def slots_that_fit(receive_buffer: int, payload_bytes: int) -> int:
+    """How many results of `payload_bytes` a rank's socket holds at once (0: no limit
+    known). A job whose ranks report their buffers runs with a window no larger than
+    its smallest one holds, so a capped rank loses no burst (ranks with
+    CAP_NET_ADMIN or a raised rmem_max hold thousands, more than any job's slots)."""
+    if receive_buffer <= 0 or payload_bytes <= 0:
+        return 0
+    return max(1, int(receive_buffer * WINDOW_SHARE) // datagram_bytes(payload_bytes))
+
+
+def receive_buffer_note(got: int, asked: int, who: str) -> str:
+    """'' when the socket got what it asked (the kernel reports twice the bytes set)
+    or is no socket (got 0); else a warning naming `who`, both sizes and the fix."""
+    if got <= 0 or got >= 2 * asked:
+        return ""
+    cap = rmem_max()
+    capped = f"net.core.rmem_max ({cap:,} bytes)" if cap is not None else "net.core.rmem_max"
+    return (f"{who}: UDP receive buffer {size_words(got / 2)}, not the {size_words(asked)} asked: without "
+            f"CAP_NET_ADMIN the kernel caps it at {capped}, and bursts of packets past it are "
+            f"dropped and resent (slower, still exact; a rank's job holds its window to what "
+            f"the smallest rank buffer takes). Raise it on this host: "
+            f"sysctl -w net.core.rmem_max={asked}")
