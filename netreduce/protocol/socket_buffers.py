@@ -4,7 +4,7 @@ A rank receives its whole window of results, and the aggregator every rank's win
 in bursts. Both ask for large SO_RCVBUF sizes (SO_RCVBUFFORCE); without CAP_NET_ADMIN
 the kernel caps the ask at net.core.rmem_max (212,992 bytes by default), the excess of
 every burst is dropped and resent, and nothing else fails: a 64 MiB all-reduce of 4
-ranks on loopback took 2x as long (BENCHMARKS.md, line rate). The ranks and
+ranks on loopback took 1.48x as long, with the daemon capped too 2x (BENCHMARKS.md). The ranks and
 netreduce-switch log `receive_buffer_note` once when it applies, and each rank reports
 its buffer at admission so that the job's window fits the smallest (`slots_that_fit`)."""
 from __future__ import annotations
@@ -27,10 +27,13 @@ def rmem_max() -> Optional[int]:
         return None
 
 
-# Of SO_RCVBUF as read back, what a window of results may fill: the kernel counts each
-# datagram's whole buffers (a coalesced run of 64 KiB, a loopback jumbo datagram: a few
-# percent over its bytes), and the rest is headroom for a burst that lands mid-drain.
-WINDOW_SHARE = 0.85
+# Of SO_RCVBUF as read back, what a burst may fill: the kernel counts each datagram's
+# whole buffers, not its bytes, and the rest is headroom for what lands mid-drain.
+# Measured (BENCHMARKS.md, 12-03): a capped rank's 416 KiB took 5 loopback jumbo
+# results (85 %) with no loss; the daemon's 128 MiB, filled by 4 ranks' GSO sends at
+# MTU 9000 at once, lost 14,000-22,000 packets per 4 all-reduces at 85 % and 8 at 50 %.
+RANK_SHARE = 0.85
+DAEMON_SHARE = 0.5
 
 
 def datagram_bytes(payload_bytes: int) -> int:
@@ -39,14 +42,15 @@ def datagram_bytes(payload_bytes: int) -> int:
     return 32 + ((payload_bytes + 3) & ~3) + 4
 
 
-def slots_that_fit(receive_buffer: int, payload_bytes: int) -> int:
-    """How many results of `payload_bytes` a rank's socket holds at once (0: no limit
-    known). A job whose ranks report their buffers runs with a window no larger than
-    its smallest one holds, so a capped rank loses no burst (ranks with
-    CAP_NET_ADMIN or a raised rmem_max hold thousands, more than any job's slots)."""
+def slots_that_fit(receive_buffer: int, payload_bytes: int, share: float = RANK_SHARE) -> int:
+    """How many datagrams of `payload_bytes` fit in `share` of a socket's buffer at
+    once (0: no limit known). A job runs with a window no larger than its smallest
+    rank's buffer holds (ranks with CAP_NET_ADMIN or a raised rmem_max hold thousands,
+    more than any job's slots), and than its ranks' windows together fit in the
+    daemon's (DAEMON_SHARE of its ports, shared by the job's ranks)."""
     if receive_buffer <= 0 or payload_bytes <= 0:
         return 0
-    return max(1, int(receive_buffer * WINDOW_SHARE) // datagram_bytes(payload_bytes))
+    return max(1, int(receive_buffer * share) // datagram_bytes(payload_bytes))
 
 
 def receive_buffer_note(got: int, asked: int, who: str) -> str:

@@ -23,7 +23,7 @@ from typing import Any, Dict, List, Optional
 
 from netreduce.protocol.address import family_of, format_address, parse_address, unmap
 from netreduce.protocol.auth import AuthError, Guard
-from netreduce.protocol.socket_buffers import size_words, slots_that_fit
+from netreduce.protocol.socket_buffers import DAEMON_SHARE, size_words, slots_that_fit
 from netreduce.switch import verbs  # noqa: F401  registers verbs_connect, a built-in to every server
 from netreduce.switch.commands import DISCONNECT_HOOKS, HANDLERS, INLINE, RequestError
 from netreduce.switch.limits import Limits, PendingConnections
@@ -328,7 +328,7 @@ class ControlServer:
         own = self._receive_buffer()
         if own:  # slots are spread over the data threads, one socket each
             share = own * int(self.aggregator.threads) // job.size
-            bounds.append((slots_that_fit(share, job.payload_bytes),
+            bounds.append((slots_that_fit(share, job.payload_bytes, DAEMON_SHARE),
                            f"this daemon's data ports hold {size_words(own / 2)} each, "
                            f"shared by {job.size} ranks' windows"))
         fits = [b for b in bounds if 0 < b[0] < slots]
