@@ -48,6 +48,8 @@ from typing import Dict, List, Optional
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
+RMEM_MAX = "/proc/sys/net/core/rmem_max"
+NO_NET_ADMIN = ["setpriv", "--bounding-set=-net_admin", "--inh-caps=-net_admin"]
 sys.path.insert(0, HERE)
 if REPO not in sys.path:  # last: a PYTHONPATH naming another tree (an old build) wins
     sys.path.append(REPO)
@@ -177,8 +179,9 @@ def cost_point(tb, args, mtu: int, variant: str, env_extra: Dict[str, str]) -> d
             path = os.path.join(tmp, f"cfg{r}.json")
             with open(path, "w") as f:
                 json.dump(dict(cfg, rank=r), f)
-            procs.append(tb.popen(r, [sys.executable, os.path.abspath(__file__), "--rank", path],
-                                  env=env, stdout=subprocess.PIPE, text=True))
+            drop = NO_NET_ADMIN if args.ranks_without_net_admin else []
+            procs.append(tb.popen(r, drop + [sys.executable, os.path.abspath(__file__), "--rank",
+                                             path], env=env, stdout=subprocess.PIPE, text=True))
         recs = []
         for r, p in enumerate(procs):
             out, _ = p.communicate(timeout=args.timeout)
@@ -423,6 +426,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--seconds", type=float, default=4.0, help="floor: seconds per tool")
     ap.add_argument("--testbed-name", default="lrc", help="testbed name (namespaces NAME-h0, ...)")
     ap.add_argument("--subnet", default="10.81.0.0/24", help="testbed subnet")
+    ap.add_argument("--ranks-without-net-admin", action="store_true",
+                    help="cost: run the ranks without CAP_NET_ADMIN (util-linux setpriv), so "
+                         "that net.core.rmem_max caps their receive buffers, as for a "
+                         "training job of an ordinary user (see --rmem-max)")
+    ap.add_argument("--rmem-max", type=int, default=0,
+                    help="cost: net.core.rmem_max for the run (put back after); 0 = as is")
     ap.add_argument("--timeout", type=float, default=600)
     ap.add_argument("--json", default=None, help="write the records (and run metadata) here")
     args = ap.parse_args(argv)
@@ -430,7 +439,18 @@ def main(argv: Optional[List[str]] = None) -> int:
             "machine": common.machine_description(), "mode": args.mode,
             "loadavg_at_start": os.getloadavg()}
     print(f"# linerate {args.mode}, {meta['date']}, load {meta['loadavg_at_start']}", file=sys.stderr)
-    records = cost_main(args) if args.mode == "cost" else floor_main(args)
+    rmem_before = None
+    if args.rmem_max:
+        with open(RMEM_MAX) as f:
+            rmem_before = f.read().strip()
+        with open(RMEM_MAX, "w") as f:
+            f.write(str(args.rmem_max))
+    try:
+        records = cost_main(args) if args.mode == "cost" else floor_main(args)
+    finally:
+        if rmem_before is not None:
+            with open(RMEM_MAX, "w") as f:
+                f.write(rmem_before)
     meta["loadavg_at_end"] = os.getloadavg()
     if args.json:
         common.write_json(args.json, meta, records)

@@ -32,8 +32,19 @@ def rmem_max() -> Optional[int]:
 # Measured (BENCHMARKS.md, 12-03): a capped rank's 416 KiB took 5 loopback jumbo
 # results (85 %) with no loss; the daemon's 128 MiB, filled by 4 ranks' GSO sends at
 # MTU 9000 at once, lost 14,000-22,000 packets per 4 all-reduces at 85 % and 8 at 50 %.
+# A rank whose socket does not coalesce (NETREDUCE_UDP_OFFLOAD without gro) holds each
+# MTU-sized datagram in a buffer of its own, about 1.6x its bytes: testbed, MTU 1500,
+# 4 capped ranks, 85 % still lost 1.3-1.6 million packets per 7 all-reduces.
 RANK_SHARE = 0.85
+PLAIN_RANK_SHARE = 0.4
 DAEMON_SHARE = 0.5
+
+
+def rank_share(coalesced: bool, payload_bytes: int) -> float:
+    """RANK_SHARE, or PLAIN_RANK_SHARE for a rank that receives small datagrams one by
+    one (jumbo ones, which never coalesce, cost about their bytes)."""
+    return RANK_SHARE if coalesced or datagram_bytes(payload_bytes) * 2 > 65536 \
+        else PLAIN_RANK_SHARE
 
 
 def datagram_bytes(payload_bytes: int) -> int:

@@ -23,7 +23,7 @@ from typing import Any, Dict, List, Optional
 
 from netreduce.protocol.address import family_of, format_address, parse_address, unmap
 from netreduce.protocol.auth import AuthError, Guard
-from netreduce.protocol.socket_buffers import DAEMON_SHARE, size_words, slots_that_fit
+from netreduce.protocol.socket_buffers import DAEMON_SHARE, rank_share, size_words, slots_that_fit
 from netreduce.switch import verbs  # noqa: F401  registers verbs_connect, a built-in to every server
 from netreduce.switch.commands import DISCONNECT_HOOKS, HANDLERS, INLINE, RequestError
 from netreduce.switch.limits import Limits, PendingConnections
@@ -77,10 +77,10 @@ class JobRecord:
     # different windows would add chunks of different offsets in one slot.
     window: Optional[int] = None
     window_by: int = 0
-    # The smallest receive buffer a rank reported (SO_RCVBUF read back; 0: none did),
-    # and the window the job then runs with, fixed with the payload (0: all slots).
-    receive_buffer: int = 0
-    receive_buffer_by: int = -1
+    # The smallest receive buffer ranks reported (SO_RCVBUF read back), by whether
+    # their sockets coalesce: {coalesced: (bytes, rank)}; and the window the job then
+    # runs with, fixed with the payload (0: all slots).
+    receive_buffers: Dict[bool, Any] = dataclasses.field(default_factory=dict)
     window_fit: int = 0
     # Ranks that will ask for the final payload (register said await_payload) and
     # those that have been answered: the last rank's register returns only once the
@@ -253,8 +253,10 @@ class ControlServer:
                     f"job '{name}': rank {rank} is already registered (from {job.ranks[rank].peer})")
             self._settle_payload(job, views, name, rank)
             buffer = int(msg.get("receive_buffer", 0) or 0)
-            if buffer > 0 and (job.receive_buffer == 0 or buffer < job.receive_buffer):
-                job.receive_buffer, job.receive_buffer_by = buffer, rank
+            coalesced = bool(msg.get("receive_coalesced", True))
+            seen = job.receive_buffers.get(coalesced)
+            if buffer > 0 and (seen is None or buffer < seen[0]):
+                job.receive_buffers[coalesced] = (buffer, rank)
             job.ranks[rank] = sess
             sess.job, sess.rank, sess.record = name, rank, job
             last = len(job.ranks) == job.size
@@ -320,11 +322,12 @@ class ControlServer:
             return
         slots = int(self.aggregator.job_counters(job.index)["slots"])
         bounds = []  # (slots, why, log level): a capped rank is the operator's to fix
-        if job.receive_buffer:
-            bounds.append((slots_that_fit(job.receive_buffer, job.payload_bytes), logging.WARNING,
-                           f"rank {job.receive_buffer_by}'s UDP receive buffer holds "
-                           f"{size_words(job.receive_buffer / 2)} (net.core.rmem_max caps it "
-                           f"without CAP_NET_ADMIN; raise it on that host for the full window)"))
+        for coalesced, (buffer, rank) in job.receive_buffers.items():
+            share = rank_share(coalesced, job.payload_bytes)
+            bounds.append((slots_that_fit(buffer, job.payload_bytes, share), logging.WARNING,
+                           f"rank {rank}'s UDP receive buffer holds {size_words(buffer / 2)} "
+                           f"(net.core.rmem_max caps it without CAP_NET_ADMIN; raise it on "
+                           f"that host for the full window)"))
         own = self._receive_buffer()
         if own:  # slots are spread over the data threads, one socket each
             share = own * int(self.aggregator.threads) // job.size

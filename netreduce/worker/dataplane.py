@@ -26,15 +26,16 @@ log = logging.getLogger("netreduce")
 _buffer_warned = False  # once per process: every connection of a host gets the same cap
 
 
-@functools.lru_cache(maxsize=1)
-def _probe_receive_buffer() -> int:
-    """SO_RCVBUF a data socket gets on this host (read back); 0 when unknown. Once
-    per process: the cap is the host's and the user's (1,000 ranks joined 7 % slower
+@functools.lru_cache(maxsize=4)
+def _probe_receive_buffer(udp_offload: str) -> Tuple[int, bool]:
+    """SO_RCVBUF a data socket gets on this host (read back; 0 when unknown), and
+    whether it coalesces received datagrams (UDP_GRO under `udp_offload`). Once per
+    process: the cap is the host's and the user's (1,000 ranks joined 7 % slower
     with a probe socket each)."""
     try:
-        return int(_native.udp_receive_buffer())
+        return int(_native.udp_receive_buffer()), "gro" in _native.udp_data_path(udp_offload)
     except (AttributeError, ValueError, RuntimeError, _native.EngineError):
-        return 0
+        return 0, True
 
 
 def _warn_receive_buffer(engine: Any, where: str) -> None:
@@ -125,11 +126,13 @@ class Connection:
             proof = auth.prove(self._control.call, auth.job_secret(), job, rank)
             # What this host's UDP socket holds of a burst of results: the job's window
             # is held to the smallest rank's (protocol/socket_buffers.py).
-            buffer = 0 if self._verbs is not None else _probe_receive_buffer()
+            buffer, coalesced = (0, True) if self._verbs is not None else _probe_receive_buffer(
+                str(config.get("NETREDUCE_UDP_OFFLOAD")))
             grant = self._control.call("register", job=job, rank=rank, size=size,
                                        mtu=self.path_mtu, ipv6=ipv6, host=socket.gethostname(),
                                        await_payload=True, deterministic=bool(deterministic),
-                                       window=int(window), receive_buffer=buffer, **proof)
+                                       window=int(window), receive_buffer=buffer,
+                                       receive_coalesced=coalesced, **proof)
         except ControlPlaneError as exc:
             self._control.close()
             raise AdmissionError(str(exc)) from None

@@ -169,3 +169,28 @@ def test_the_job_window_fits_the_daemons_ports_shared_by_all_its_ranks():
         for c in clients:
             c.close()
         d.close()
+
+
+def test_a_rank_that_does_not_coalesce_gets_the_smaller_share_of_its_buffer():
+    # Reported, not dropped: rank 0 coalesces (UDP_GRO) and holds 416 KiB, rank 1 holds
+    # as much but takes 1 KiB datagrams one by one, each in a buffer of its own, so its
+    # share is smaller, and the job's window is that (control connections only).
+    from netreduce.protocol.client import ControlClient
+    from netreduce.protocol.socket_buffers import (PLAIN_RANK_SHARE, RANK_SHARE,
+                                                   slots_that_fit)
+
+    d = Daemon("--payload-bytes", "1024", "--log-level", "info")
+    a, b = ControlClient(d.address), ControlClient(d.address)
+    try:
+        a.call("register", job="plain", rank=0, size=2, window=0, receive_buffer=425984,
+               receive_coalesced=True)
+        last = b.call("register", job="plain", rank=1, size=2, window=0, receive_buffer=425984,
+                      receive_coalesced=False)
+        plain = slots_that_fit(425984, 1024, PLAIN_RANK_SHARE)
+        assert plain < slots_that_fit(425984, 1024, RANK_SHARE) < last["slots"], last
+        assert last["window_fit"] == plain, last
+        assert "rank 1's UDP receive buffer" in d.wait_log("job 'plain': window")
+    finally:
+        a.close()
+        b.close()
+        d.close()
