@@ -149,8 +149,12 @@ def test_speculative_steps_survive_a_sigkill_of_the_aggregator(tmp_path, to, alg
         assert r["end"]["agreed"] > r["at_kill"]["agreed"], r
     # Every data-plane call of the steady loop is an agreement message (a speculative
     # one, or after a miss a round and the group it agreed, 4 KiB): the kill cut one.
+    # Hierarchical (auto): only the leader calls the aggregator, between its waits on
+    # the others in shared memory, so the kill may find no call under way (seen in one
+    # CI rehearsal under load; the death then shows on the control connection).
     cut = {r["history"][0]["interrupted_bytes"] for r in results} - {0}
-    assert cut and cut <= {results[0]["spec_bytes"], results[0]["round_bytes"], 4096}, \
+    assert cut or algorithm == "auto", [r["history"] for r in results]
+    assert cut <= {results[0]["spec_bytes"], results[0]["round_bytes"], 4096}, \
         ([r["history"] for r in results], results[0]["spec_bytes"], results[0]["round_bytes"])
 
 
