@@ -355,6 +355,9 @@ PYBIND11_MODULE(_native, m) {
   });
   // UDP GSO (wire/roce.h): XOR into an ICRC computed for IPv4 ID 0 to get ID `id`'s.
   m.def("icrc_ip_id_delta", &wire::IcrcIpIdDelta, py::arg("datagram_bytes"), py::arg("id"));
+  // A RoCEv2 datagram's UDP payload for `payload_bytes`: header, padded payload, ICRC.
+  m.def("datagram_bytes", [](size_t payload_bytes) { return wire::DatagramBytes(payload_bytes); },
+        py::arg("payload_bytes"));
 
   // Wire helpers, for tests and tools that craft or inspect packets.
   m.def("encode_header", [](py::dict f) {

@@ -4,12 +4,14 @@ A rank receives its whole window of results, and the aggregator every rank's win
 in bursts. Both ask for large SO_RCVBUF sizes (SO_RCVBUFFORCE); without CAP_NET_ADMIN
 the kernel caps the ask at net.core.rmem_max (212,992 bytes by default), the excess of
 every burst is dropped and resent, and nothing else fails: a 64 MiB all-reduce of 4
-ranks on loopback took 1.48x as long, with the daemon capped too 2x (BENCHMARKS.md). The ranks and
-netreduce-switch log `receive_buffer_note` once when it applies, and each rank reports
+ranks on loopback took 1.48x as long, with the daemon capped too 2x (BENCHMARKS.md).
+The ranks and netreduce-switch log `receive_buffer_note` once when it applies, and each rank reports
 its buffer at admission so that the job's window fits the smallest (`slots_that_fit`)."""
 from __future__ import annotations
 
 from typing import Optional
+
+from netreduce import _native
 
 RMEM_MAX = "/proc/sys/net/core/rmem_max"
 
@@ -48,9 +50,8 @@ def rank_share(coalesced: bool, payload_bytes: int) -> float:
 
 
 def datagram_bytes(payload_bytes: int) -> int:
-    """A RoCEv2 datagram's UDP payload: 32-byte header, padded payload, ICRC (native
-    wire::DatagramBytes)."""
-    return 32 + ((payload_bytes + 3) & ~3) + 4
+    """A RoCEv2 datagram's UDP payload: 32-byte header, padded payload, ICRC."""
+    return int(_native.datagram_bytes(payload_bytes))
 
 
 def slots_that_fit(receive_buffer: int, payload_bytes: int, share: float = RANK_SHARE) -> int:
@@ -71,8 +72,8 @@ def receive_buffer_note(got: int, asked: int, who: str) -> str:
         return ""
     cap = rmem_max()
     capped = f"net.core.rmem_max ({cap:,} bytes)" if cap is not None else "net.core.rmem_max"
-    return (f"{who}: UDP receive buffer {size_words(got / 2)}, not the {size_words(asked)} asked: without "
-            f"CAP_NET_ADMIN the kernel caps it at {capped}, and bursts of packets past it are "
-            f"dropped and resent (slower, still exact; a rank's job holds its window to what "
-            f"the smallest rank buffer takes). Raise it on this host: "
+    return (f"{who}: UDP receive buffer {size_words(got / 2)}, not the {size_words(asked)} "
+            f"asked: without CAP_NET_ADMIN the kernel caps it at {capped}, and bursts of "
+            f"packets past it are dropped and resent (slower, still exact; a rank's job holds "
+            f"its window to what the smallest rank buffer takes). Raise it on this host: "
             f"sysctl -w net.core.rmem_max={asked}")

@@ -23,7 +23,8 @@ from typing import Any, Dict, List, Optional
 
 from netreduce.protocol.address import family_of, format_address, parse_address, unmap
 from netreduce.protocol.auth import AuthError, Guard
-from netreduce.protocol.socket_buffers import DAEMON_SHARE, rank_share, size_words, slots_that_fit
+from netreduce.protocol.socket_buffers import (DAEMON_SHARE, rank_share, size_words,
+                                             slots_that_fit)
 from netreduce.switch import verbs  # noqa: F401  registers verbs_connect, a built-in to every server
 from netreduce.switch.commands import DISCONNECT_HOOKS, HANDLERS, INLINE, RequestError
 from netreduce.switch.limits import Limits, PendingConnections
