@@ -2,6 +2,7 @@
 counters, machine description, JSON records."""
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
@@ -12,7 +13,7 @@ import shlex
 import shutil
 import subprocess
 import sys
-from typing import Callable, Dict, Iterable, List, Optional
+from typing import Callable, Dict, Iterable, Iterator, List, Optional
 
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "kb": 1 << 10, "m": 1 << 20, "mib": 1 << 20,
           "mb": 1 << 20, "g": 1 << 30, "gib": 1 << 30, "gb": 1 << 30}
@@ -297,3 +298,27 @@ def markdown(meta: dict, records: List[dict], impls: List[str]) -> str:
                         + f" | {r.get('machine_busy', 0):.0%} | "
                         + (f"{r['retransmits_per_rank'] / pk:.1%}" if pk else "-") + " |")
     return "\n".join(out) + "\n"
+
+
+# A command prefix that runs a process without CAP_NET_ADMIN (util-linux setpriv), as a
+# training job of an ordinary user runs: its SO_RCVBUFFORCE is refused and SO_RCVBUF
+# stops at net.core.rmem_max.
+NO_NET_ADMIN = ["setpriv", "--bounding-set=-net_admin", "--inh-caps=-net_admin"]
+RMEM_MAX = "/proc/sys/net/core/rmem_max"
+
+
+@contextlib.contextmanager
+def rmem_max_set(value: int) -> Iterator[None]:
+    """net.core.rmem_max = `value` (0: as it is) for the block, put back after (root)."""
+    if not value:
+        yield
+        return
+    with open(RMEM_MAX) as f:
+        before = f.read().strip()
+    with open(RMEM_MAX, "w") as f:
+        f.write(str(value))
+    try:
+        yield
+    finally:
+        with open(RMEM_MAX, "w") as f:
+            f.write(before)

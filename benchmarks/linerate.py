@@ -48,8 +48,6 @@ from typing import Dict, List, Optional
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
-RMEM_MAX = "/proc/sys/net/core/rmem_max"
-NO_NET_ADMIN = ["setpriv", "--bounding-set=-net_admin", "--inh-caps=-net_admin"]
 sys.path.insert(0, HERE)
 if REPO not in sys.path:  # last: a PYTHONPATH naming another tree (an old build) wins
     sys.path.append(REPO)
@@ -179,7 +177,7 @@ def cost_point(tb, args, mtu: int, variant: str, env_extra: Dict[str, str]) -> d
             path = os.path.join(tmp, f"cfg{r}.json")
             with open(path, "w") as f:
                 json.dump(dict(cfg, rank=r), f)
-            drop = NO_NET_ADMIN if args.ranks_without_net_admin else []
+            drop = common.NO_NET_ADMIN if args.ranks_without_net_admin else []
             procs.append(tb.popen(r, drop + [sys.executable, os.path.abspath(__file__), "--rank",
                                              path], env=env, stdout=subprocess.PIPE, text=True))
         recs = []
@@ -439,18 +437,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             "machine": common.machine_description(), "mode": args.mode,
             "loadavg_at_start": os.getloadavg()}
     print(f"# linerate {args.mode}, {meta['date']}, load {meta['loadavg_at_start']}", file=sys.stderr)
-    rmem_before = None
-    if args.rmem_max:
-        with open(RMEM_MAX) as f:
-            rmem_before = f.read().strip()
-        with open(RMEM_MAX, "w") as f:
-            f.write(str(args.rmem_max))
-    try:
+    with common.rmem_max_set(args.rmem_max):
         records = cost_main(args) if args.mode == "cost" else floor_main(args)
-    finally:
-        if rmem_before is not None:
-            with open(RMEM_MAX, "w") as f:
-                f.write(rmem_before)
     meta["loadavg_at_end"] = os.getloadavg()
     if args.json:
         common.write_json(args.json, meta, records)

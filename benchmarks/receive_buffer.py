@@ -25,9 +25,11 @@ import sys
 import time
 import uuid
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RMEM = "/proc/sys/net/core/rmem_max"
-NO_NET_ADMIN = ["setpriv", "--bounding-set=-net_admin", "--inh-caps=-net_admin"]
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+
+import common  # noqa: E402
 
 RANK = """
 import json, sys, time
@@ -67,7 +69,7 @@ def _job(address, mode: str, args) -> dict:
     if capped and args.window:
         env["NETREDUCE_WINDOW"] = str(args.window)
     count = _size(args.size) // 4
-    procs = [subprocess.Popen((NO_NET_ADMIN if capped else []) +
+    procs = [subprocess.Popen((common.NO_NET_ADMIN if capped else []) +
                               [sys.executable, "-c", RANK, address[0], str(address[1]), job,
                                str(r), str(args.np), str(count), str(args.iters)],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
@@ -99,12 +101,8 @@ def main() -> int:
     sys.path.insert(0, REPO)
     from netreduce.switch import spawn
 
-    with open(RMEM) as f:
-        before = f.read().strip()
-    with open(RMEM, "w") as f:
-        f.write(str(args.rmem_max))
     runs = []
-    try:
+    with common.rmem_max_set(args.rmem_max):
         switch = spawn(host="127.0.0.1", port=0)
         try:
             for r in range(args.rounds):
@@ -118,9 +116,6 @@ def main() -> int:
                           f"{row['warned_ranks']}/{args.np}  load {row['load']:.2f}", flush=True)
         finally:
             switch.stop()
-    finally:
-        with open(RMEM, "w") as f:
-            f.write(before)
     summary = {m: statistics.median(x["median_ms"] for x in runs if x["mode"] == m)
                for m in ("cap", "nocap")}
     print(f"# medians: with CAP_NET_ADMIN {summary['cap']:.1f} ms, without "

@@ -343,16 +343,19 @@ PYBIND11_MODULE(_native, m) {
     Throw(MakeDataTransport(o, &t));
     return t->Describe();
   }, py::arg("udp_offload") = "auto");
-  // What a rank's data socket on this host gets for received datagrams: SO_RCVBUF read
-  // back (twice the bytes; the kernel caps the ask at net.core.rmem_max without
-  // CAP_NET_ADMIN).
-  m.def("udp_receive_buffer", []() {
+  // What a rank's data socket on this host gets for received datagrams, from one probe
+  // socket: SO_RCVBUF read back (twice the bytes; the kernel caps the ask at
+  // net.core.rmem_max without CAP_NET_ADMIN) and whether it coalesces them (UDP_GRO
+  // under `udp_offload`).
+  m.def("udp_receive_buffer", [](const std::string& udp_offload) {
     DataTransportOptions o;
     o.udp.host = "127.0.0.1";
+    Throw(ParseUdpOffload(udp_offload, &o.offload));
     std::unique_ptr<Transport> t;
     Throw(MakeDataTransport(o, &t));
-    return t->ReceiveBufferBytes();
-  });
+    const auto* udp = dynamic_cast<const UdpTransport*>(t.get());
+    return py::make_tuple(t->ReceiveBufferBytes(), udp != nullptr && udp->gro());
+  }, py::arg("udp_offload") = "auto");
   // UDP GSO (wire/roce.h): XOR into an ICRC computed for IPv4 ID 0 to get ID `id`'s.
   m.def("icrc_ip_id_delta", &wire::IcrcIpIdDelta, py::arg("datagram_bytes"), py::arg("id"));
   // A RoCEv2 datagram's UDP payload for `payload_bytes`: header, padded payload, ICRC.

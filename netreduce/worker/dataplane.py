@@ -33,7 +33,8 @@ def _probe_receive_buffer(udp_offload: str) -> Tuple[int, bool]:
     process: the cap is the host's and the user's (1,000 ranks joined 7 % slower
     with a probe socket each)."""
     try:
-        return int(_native.udp_receive_buffer()), "gro" in _native.udp_data_path(udp_offload)
+        got, coalesced = _native.udp_receive_buffer(udp_offload)
+        return int(got), bool(coalesced)
     except (AttributeError, ValueError, RuntimeError, _native.EngineError):
         return 0, True
 
