@@ -333,26 +333,25 @@ PYBIND11_MODULE(_native, m) {
       .def_property_readonly("receive_buffer_bytes", &Engine::ReceiveBufferBytes);
   m.attr("engine_receive_buffer_asked") = UdpOptions().rcvbuf_bytes;
 
-  // The packet path a data socket of this host gets with `udp_offload` (a probe socket
+  // A data socket of this host with `udp_offload`, as a rank opens one (a probe socket
   // on 127.0.0.1: the kernel's support; a device may still refuse GSO at send time).
-  m.def("udp_data_path", [](const std::string& udp_offload) {
+  auto probe_socket = [](const std::string& udp_offload) {
     DataTransportOptions o;
     o.udp.host = "127.0.0.1";
     Throw(ParseUdpOffload(udp_offload, &o.offload));
     std::unique_ptr<Transport> t;
     Throw(MakeDataTransport(o, &t));
-    return t->Describe();
+    return t;
+  };
+  // Its packet path.
+  m.def("udp_data_path", [probe_socket](const std::string& udp_offload) {
+    return probe_socket(udp_offload)->Describe();
   }, py::arg("udp_offload") = "auto");
-  // What a rank's data socket on this host gets for received datagrams, from one probe
-  // socket: SO_RCVBUF read back (twice the bytes; the kernel caps the ask at
-  // net.core.rmem_max without CAP_NET_ADMIN) and whether it coalesces them (UDP_GRO
-  // under `udp_offload`).
-  m.def("udp_receive_buffer", [](const std::string& udp_offload) {
-    DataTransportOptions o;
-    o.udp.host = "127.0.0.1";
-    Throw(ParseUdpOffload(udp_offload, &o.offload));
-    std::unique_ptr<Transport> t;
-    Throw(MakeDataTransport(o, &t));
+  // What it gets for received datagrams: SO_RCVBUF read back (twice the bytes; the
+  // kernel caps the ask at net.core.rmem_max without CAP_NET_ADMIN) and whether it
+  // coalesces them (UDP_GRO under `udp_offload`).
+  m.def("udp_receive_buffer", [probe_socket](const std::string& udp_offload) {
+    const std::unique_ptr<Transport> t = probe_socket(udp_offload);
     const auto* udp = dynamic_cast<const UdpTransport*>(t.get());
     return py::make_tuple(t->ReceiveBufferBytes(), udp != nullptr && udp->gro());
   }, py::arg("udp_offload") = "auto");
