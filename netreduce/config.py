@@ -78,6 +78,12 @@ declare("NETREDUCE_UDP_OFFLOAD", _choice("auto", "off", "gso", "gro"), "auto",
         "kernel UDP offloads of the data sockets (ranks and netreduce-switch): auto = "
         "segmented sends (UDP_SEGMENT) and coalesced receives (UDP_GRO) where the kernel "
         "has them, off = one datagram per send and receive; gso / gro = only that one")
+declare("NETREDUCE_ICRC_CHECK", _choice("auto", "always"), "auto",
+        "which received packets' RoCEv2 ICRC is computed (ranks and netreduce-switch): "
+        "auto = not those a kernel UDP socket delivered from a netreduce sender, whose UDP "
+        "checksum the kernel verified (as TCP's); always = every one. Packets from RoCE "
+        "NICs (UDP checksum 0) and from AF_XDP are checked either way; every sent packet "
+        "carries its ICRC")
 
 
 _transport = _choice("auto", "verbs", "udp")

@@ -207,6 +207,7 @@ void Aggregator::QueueResultPacket(Job& job, const wire::Header& round, uint32_t
   wire::Header h = round;
   h.dest_qp = wire::MakeQpn(job.index, rank);
   h.result = true;
+  h.udp_checksum = out.sock != nullptr && out.sock->SendsUdpChecksum();
   wire::Encode(h, hdr);
   wire::WriteTrailer(h, local_ip, to.address(), my_port, to.port, hdr, payload, trailer,
                      payload_crc);
@@ -288,7 +289,8 @@ void Aggregator::HandleDatagram(uint32_t thread_index, uint16_t my_port, const I
   }
   const uint8_t* payload = pkt.buf + wire::kHeaderBytes;
   // A NIC's ICRC covers its IPv4 ID, which a UDP socket does not see: not checkable here.
-  if (!verbs && !wire::IcrcValid(h, pkt.from.address(), pkt.local_address(), pkt.from.port, my_port, pkt.buf)) {
+  if (!verbs && wire::IcrcCheckNeeded(h, pkt.kernel_checked, cfg_.trust_udp_checksum) &&
+      !wire::IcrcValid(h, pkt.from.address(), pkt.local_address(), pkt.from.port, my_port, pkt.buf)) {
     return drop(Drop::kBadIcrc);
   }
   // Stored only when they change: every data thread sees this rank's packets, and an

@@ -46,6 +46,9 @@ struct AggregatorConfig {
   bool multicast = false;
   std::string group_base = "239.78.0.0";
   UdpOffload udp_offload = UdpOffload::kAuto;  // NETREDUCE_UDP_OFFLOAD (make_transport.h)
+  // NETREDUCE_ICRC_CHECK=auto (true): contributions a kernel socket delivered from
+  // senders that set the UDP checksum are not checked again (wire::IcrcCheckNeeded).
+  bool trust_udp_checksum = true;
   // The data ports' packet path (MakeDataPorts, make_transport.h): "udp" (kernel
   // sockets) or "xdp" (AF_XDP on xdp_device's queues; kernel sockets, with the
   // reason, when it cannot attach and xdp_fallback holds).

@@ -161,6 +161,7 @@ void Aggregator::SendPartial(Job& job, Uplink::Entry& e, const uint8_t* acc, uin
   h.key = c.key;
   h.result = false;
   h.ack_req = false;  // a member's question is answered here (held notice), not by the spine
+  h.udp_checksum = out.sock != nullptr && out.sock->SendsUdpChecksum();
   // Owner delivery is the rack's business (its members); the spine sums all of it.
   if (wire::OwnerDelivery(h.msg_id)) h.msg_id &= wire::kMsgCounterMask;
   const Endpoint to{c.spine_ip, htons(uint16_t(c.spine_port + h.slot % c.spine_threads))};
@@ -217,7 +218,8 @@ bool Aggregator::HandleUplinkResult(uint16_t my_port, const InPacket& pkt, const
     return true;
   }
   if (up.Drop()) return true;
-  if (!wire::IcrcValid(h, pkt.from.ip, pkt.local_ip, pkt.from.port, my_port, pkt.buf)) {
+  if (wire::IcrcCheckNeeded(h, pkt.kernel_checked, cfg_.trust_udp_checksum) &&
+      !wire::IcrcValid(h, pkt.from.ip, pkt.local_ip, pkt.from.port, my_port, pkt.buf)) {
     ignore();
     return true;
   }

@@ -186,6 +186,7 @@ Status Engine::Run(Request& req) {
     // "Held notices"), so that waiting for a rank still starting up is not taken for
     // loss. UDP only: a verbs NIC acknowledges on its own.
     h.ack_req = !cfg_.transport && srtt_us_ == 0.0;
+    h.udp_checksum = sock_->SendsUdpChecksum();
     wire::Encode(h, t.header);
     const uint8_t* payload = req.src + first * esize;
     if (!jumbo_ && c + kPrefetchAhead < nchunks) {
@@ -478,7 +479,7 @@ Status Engine::Run(Request& req) {
         InPacket& p = in[i];
         wire::Header h;
         if (p.len > kRecvBufBytes || wire::Decode(p.buf, p.len, &h) != wire::DecodeError::kOk ||
-            (!p.verified &&
+            (!p.verified && wire::IcrcCheckNeeded(h, p.kernel_checked, cfg_.trust_udp_checksum) &&
              !wire::IcrcValid(h, p.from.address(), p.local_address(), p.from.port, sock.local().port, p.buf))) {
           ignored_results_++;
           continue;

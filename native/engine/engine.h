@@ -42,6 +42,10 @@ struct EngineConfig {
   // Kernel UDP offloads of the engine's sockets (NETREDUCE_UDP_OFFLOAD,
   // transport/make_transport.h); GRO only where two datagrams fit one 64 KiB receive.
   UdpOffload udp_offload = UdpOffload::kAuto;
+  // NETREDUCE_ICRC_CHECK=auto: a result its kernel socket delivered, from a sender
+  // that set the UDP checksum, is not checked a second time (wire::IcrcCheckNeeded);
+  // false ("always"): every result's ICRC is computed.
+  bool trust_udp_checksum = true;
   // A transport opened and connected by the caller (transport/verbs/); null = the
   // engine opens a UDP socket toward host:port itself.
   std::shared_ptr<Transport> transport;

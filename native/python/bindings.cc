@@ -37,6 +37,14 @@ void Throw(const Status& st) {
   throw py::error_already_set();
 }
 
+// NETREDUCE_ICRC_CHECK: "auto" trusts a kernel-verified UDP checksum (wire::IcrcCheckNeeded),
+// "always" computes every received ICRC.
+bool TrustUdpChecksum(const std::string& icrc_check) {
+  if (icrc_check == "auto") return true;
+  if (icrc_check == "always") return false;
+  throw py::value_error("NETREDUCE_ICRC_CHECK must be 'auto' or 'always', not '" + icrc_check + "'");
+}
+
 DType CheckDType(int code) {
   if (!ValidDType(uint8_t(code))) throw py::value_error("unknown dtype code " + std::to_string(code));
   return DType(code);
@@ -103,7 +111,7 @@ py::dict HeaderToDict(const wire::Header& h) {
   d["psn"] = h.psn; d["dtype"] = h.dtype; d["op"] = h.op; d["shadow"] = h.shadow;
   d["result"] = h.result; d["slot"] = h.slot; d["offset"] = h.offset; d["key"] = h.key;
   d["length"] = h.length; d["msg_id"] = h.msg_id; d["repeat_seen"] = h.repeat_seen;
-  d["ack_req"] = h.ack_req; d["held"] = h.held;
+  d["ack_req"] = h.ack_req; d["held"] = h.held; d["udp_checksum"] = h.udp_checksum;
   return d;
 }
 
@@ -177,7 +185,7 @@ PYBIND11_MODULE(_native, m) {
                        uint32_t max_jobs, uint32_t threads, uint64_t memory_limit, bool multicast,
                        const std::string& group_base, const std::string& udp_offload,
                        const std::string& transport, const std::string& xdp_device,
-                       const std::string& xdp_mode, bool xdp_fallback) {
+                       const std::string& xdp_mode, bool xdp_fallback, const std::string& icrc_check) {
              AggregatorConfig c;
              c.host = host; c.port = port; c.slots = slots; c.payload_bytes = payload_bytes;
              c.max_jobs = max_jobs; c.threads = threads; c.memory_limit = memory_limit;
@@ -185,6 +193,7 @@ PYBIND11_MODULE(_native, m) {
              Throw(ParseUdpOffload(udp_offload, &c.udp_offload));
              c.transport = transport; c.xdp_device = xdp_device; c.xdp_mode = xdp_mode;
              c.xdp_fallback = xdp_fallback;
+             c.trust_udp_checksum = TrustUdpChecksum(icrc_check);
              return std::make_unique<Aggregator>(c);
            }),
            py::arg("host") = "0.0.0.0", py::arg("port") = wire::kDefaultPort, py::arg("slots") = 32,
@@ -192,7 +201,7 @@ PYBIND11_MODULE(_native, m) {
            py::arg("memory_limit") = uint64_t(1) << 30, py::arg("multicast") = false,
            py::arg("group_base") = "239.78.0.0", py::arg("udp_offload") = "auto",
            py::arg("transport") = "udp", py::arg("xdp_device") = "", py::arg("xdp_mode") = "auto",
-           py::arg("xdp_fallback") = true)
+           py::arg("xdp_fallback") = true, py::arg("icrc_check") = "auto")
       .def("start", [](Aggregator& a) { Throw(a.Start()); })
       .def("stop", [](Aggregator& a) { py::gil_scoped_release nogil; a.Stop(); })
       .def_property_readonly("port", &Aggregator::port)
@@ -303,7 +312,8 @@ PYBIND11_MODULE(_native, m) {
                        uint32_t job_index, uint32_t rank, uint32_t size, uint32_t key, uint32_t slots,
                        uint32_t payload_bytes, uint32_t window, double retransmit_ms, double timeout_s,
                        double drop_rate, uint64_t seed, const std::string& group, uint16_t group_port,
-                       py::object transport, const std::string& udp_offload) {
+                       py::object transport, const std::string& udp_offload,
+                       const std::string& icrc_check) {
              EngineConfig c;
              c.host = host; c.port = port; c.threads = threads; c.job = job; c.job_index = job_index;
              c.rank = rank; c.size = size; c.key = key; c.slots = slots; c.payload_bytes = payload_bytes;
@@ -311,6 +321,7 @@ PYBIND11_MODULE(_native, m) {
              c.drop_rate = drop_rate; c.seed = seed; c.group = group; c.group_port = group_port;
              c.transport = TransportFromPy(transport);
              Throw(ParseUdpOffload(udp_offload, &c.udp_offload));
+             c.trust_udp_checksum = TrustUdpChecksum(icrc_check);
              std::unique_ptr<Engine> e;
              Throw(Engine::Create(c, &e));
              return e;
@@ -320,7 +331,7 @@ PYBIND11_MODULE(_native, m) {
            py::arg("window") = 0, py::arg("retransmit_ms") = 50.0, py::arg("timeout_s") = 30.0,
            py::arg("drop_rate") = 0.0, py::arg("seed") = 0, py::arg("group") = "",
            py::arg("group_port") = 0, py::arg("transport") = py::none(),
-           py::arg("udp_offload") = "auto")
+           py::arg("udp_offload") = "auto", py::arg("icrc_check") = "auto")
       .def("submit", &SubmitBuffers, py::arg("src"), py::arg("dst"), py::arg("dtype"), py::arg("op"),
            py::arg("owner") = -1)
       .def("allreduce", [](Engine& e, py::buffer src, py::buffer dst, int dtype, int op) {
@@ -374,6 +385,7 @@ PYBIND11_MODULE(_native, m) {
     h.length = uint32_t(get("length", 0)); h.msg_id = uint32_t(get("msg_id", 0));
     h.repeat_seen = get("repeat_seen", 0) != 0;
     h.ack_req = get("ack_req", 0) != 0; h.held = get("held", 0) != 0;
+    h.udp_checksum = get("udp_checksum", 0) != 0;
     h.pad = uint8_t(get("pad", wire::PaddedLength(h.length) - h.length));
     uint8_t out[wire::kHeaderBytes];
     wire::Encode(h, out);

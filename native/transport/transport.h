@@ -79,6 +79,10 @@ struct InPacket {
   // The transport has already checked the packet's integrity (a verbs NIC checks the
   // ICRC before it completes a receive): the caller need not recompute it.
   bool verified = false;
+  // A kernel UDP socket delivered it: had the sender set a UDP checksum (and said so,
+  // wire::kExtUdpChecksum) that did not match, the kernel would have dropped it.
+  // False where packets bypass the kernel's checks (AF_XDP).
+  bool kernel_checked = false;
 };
 
 class Transport {
@@ -124,6 +128,10 @@ class Transport {
   // The most chunks one message may have on this transport (verbs: 2^16, the chunk
   // field of its RETH.VA; docs/protocol.md "Verbs peers").
   virtual uint64_t MaxMessageChunks() const { return ~uint64_t(0); }
+  // Whether every datagram this transport sends carries a UDP checksum (its kernel's,
+  // its NIC's or its own): its senders then set wire::kExtUdpChecksum. Not a verbs
+  // queue pair (a RoCE NIC sends UDP checksum 0).
+  virtual bool SendsUdpChecksum() const { return false; }
   // Which packet path this transport takes, for logs and `netreduce info`, e.g.
   // "udp gso+gro" or "udp sendmmsg/recvmmsg (no GSO: ...)".
   virtual std::string Describe() const { return ""; }

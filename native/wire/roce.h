@@ -42,6 +42,12 @@ constexpr uint8_t kExtRepeatSeen = 0x20;
 // one (kAckReqBit, BTH's AckReq): the round holds this rank's contribution and waits
 // for other ranks' (docs/protocol.md, "Held notices"). Software extension, UDP ranks.
 constexpr uint8_t kExtHeld = 0x10;
+// BTH byte 8, reserved bit (software extension, any packet): the sender's UDP checksum
+// covers this datagram (netreduce never sends UDP checksum 0; a RoCE NIC does, and
+// leaves the bit clear). A receiver whose kernel socket delivered it knows that checksum
+// was verified, and under NETREDUCE_ICRC_CHECK=auto need not recompute the ICRC
+// (IcrcCheckNeeded; docs/protocol.md, "ICRC and the UDP checksum").
+constexpr uint8_t kExtUdpChecksum = 0x08;
 
 constexpr uint32_t kRankBits = 12;
 constexpr uint32_t kMaxRanks = 1u << kRankBits;  // per job
@@ -86,6 +92,7 @@ struct Header {
   bool repeat_seen = false;  // kExtRepeatSeen, results only
   bool ack_req = false;   // kAckReqBit, contributions only: answer with a held notice
   bool held = false;      // kExtHeld, results only: a held notice, not a result
+  bool udp_checksum = false;  // kExtUdpChecksum: the sender set the UDP checksum
   uint16_t slot = 0;
   uint64_t offset = 0;    // element offset of this payload inside the message, 40 bits
   uint32_t key = 0;       // job key (R_Key)
@@ -147,6 +154,16 @@ void WriteTrailer(const Header& h, const IpAddr& src, const IpAddr& dst, uint16_
 // (0 .. kMaxGsoSegments - 1, see IcrcIpIdDelta).
 bool IcrcValid(const Header& h, const IpAddr& src, const IpAddr& dst, uint16_t src_port_be,
                uint16_t dst_port_be, const uint8_t* pkt);
+
+// Whether a received packet's ICRC must be computed. Not for a jumbo packet (it has
+// none), nor, when `trust_udp_checksum` (NETREDUCE_ICRC_CHECK=auto), for one that a
+// kernel UDP socket delivered (`kernel_checked`: its kernel dropped it had its UDP
+// checksum been wrong) whose sender set that checksum (kExtUdpChecksum): the same
+// end-to-end check TCP relies on, with Ethernet's CRC on every link. A standard RoCE
+// sender (checksum 0, bit clear) and every packet AF_XDP delivers are still checked.
+inline bool IcrcCheckNeeded(const Header& h, bool kernel_checked, bool trust_udp_checksum) {
+  return !h.jumbo && !(trust_udp_checksum && kernel_checked && h.udp_checksum);
+}
 
 // UDP GSO (transport/udp/): one send of up to kMaxGsoSegments datagrams, which the
 // kernel (or the NIC) cuts apart, numbering their IPv4 IDs 0, 1, 2, ... (a DF datagram

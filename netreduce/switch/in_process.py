@@ -40,7 +40,8 @@ class LocalAggregator:
             chosen = port or free_tcp_port()
             agg = _native.Aggregator(host, chosen, slots, _native.MAX_PAYLOAD, LOCAL_MAX_JOBS, 1,
                                      LOCAL_MEMORY, False, "239.78.0.0",
-                                     config.get("NETREDUCE_UDP_OFFLOAD"))
+                                     config.get("NETREDUCE_UDP_OFFLOAD"),
+                                     icrc_check=config.get("NETREDUCE_ICRC_CHECK"))
             try:
                 agg.start()
                 srv = ControlServer(host, chosen, agg, guard=Guard(require_secret=secret_required),

@@ -102,7 +102,8 @@ class Connection:
         self.rack = rack.parse(config.get("NETREDUCE_RACK_SWITCH"))
         self._engine_args = dict(window=window, retransmit_ms=retransmit_ms, timeout_s=timeout,
                                  drop_rate=drop_rate, seed=seed,
-                                 udp_offload=config.get("NETREDUCE_UDP_OFFLOAD"))
+                                 udp_offload=config.get("NETREDUCE_UDP_OFFLOAD"),
+                                 icrc_check=config.get("NETREDUCE_ICRC_CHECK"))
         self._engine: Any = None
         self._closed = False
         self._aborted: Optional[str] = None

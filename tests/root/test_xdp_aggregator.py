@@ -206,3 +206,40 @@ def test_fallback_and_refusal_are_named_in_the_log(native):
         pytest.skip(f"setpriv cannot drop capabilities here: {bare_text}")
     assert "using kernel UDP sockets instead" in bare_text and "CAP_BPF" in bare_text, bare_text
     assert "device eth0" in bare_text, bare_text
+
+
+FORGE = r"""
+import socket, sys
+from netreduce import _native
+host, port, key, index = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+payload = bytes(64)
+fields = {"length": 64, "key": key, "dest_qp": index << 12, "psn": 3, "udp_checksum": 1}
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.sendto(_native.encode_header(fields) + payload + b"\xde\xad\xbe\xef", (host, port))
+"""
+
+
+def test_xdp_path_checks_every_icrc_whatever_the_sender_says(native):
+    """NETREDUCE_ICRC_CHECK=auto trusts only what a kernel socket verified: AF_XDP
+    hands over frames no kernel checked, so a packet claiming a UDP checksum (BTH
+    byte 8, 0x08) with a wrong ICRC is still dropped as bad_icrc there."""
+    with Testbed(hosts=1, rate="10gbit", mtu=1500, name=xdp_name("f"),
+                 subnet="10.78.238.0/24", replace=True) as tb:
+        switch = tb.spawn_switch(env=env(), args=["--transport", "xdp", "--payload-bytes", "1432"])
+        try:
+            with ControlClient(switch.address) as c:
+                job = "xdp-forge-" + uuid.uuid4().hex[:6]
+                grant = c.call("register", job=job, rank=0, size=1)
+                tb.run(0, [sys.executable, "-c", FORGE, switch.address[0], str(grant["data_port"]),
+                           str(grant["key"]), str(grant["job_index"])], env=env(), check=True)
+                deadline = time.monotonic() + 10
+                while time.monotonic() < deadline:
+                    counters = c.call("counters")["jobs"][job]
+                    if counters["drop_bad_icrc"]:
+                        break
+                    time.sleep(0.05)
+                transport = c.call("counters")["transport"]
+        finally:
+            switch.stop()
+    assert transport["port_stats"][0]["rx_xsk"] > 0, transport  # it came through AF_XDP
+    assert counters["drop_bad_icrc"] == 1 and counters["slots_completed"] == 0, counters

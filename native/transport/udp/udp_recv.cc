@@ -46,6 +46,7 @@ Status Receive(int fd, mmsghdr* msgs, size_t n, int64_t timeout_us, int* rc) {
 static void ReadMeta(const Endpoint& local, const sockaddr_storage& from, msghdr& h, InPacket* p,
                      size_t* segment) {
   p->from = FromSockaddr(from);
+  p->kernel_checked = true;  // udp_rcv drops a datagram whose set checksum is wrong
   p->local_ip = local.ip;
   p->local_ip6 = local.ip6;
   *segment = 0;
@@ -64,6 +65,14 @@ static void ReadMeta(const Endpoint& local, const sockaddr_storage& from, msghdr
       *segment = seg > 0 ? size_t(seg) : 0;
     }
   }
+}
+
+// A segment of a coalesced receive takes its receive's sender and addresses.
+static void TakeMeta(const InPacket& meta, InPacket* p) {
+  p->from = meta.from;
+  p->local_ip = meta.local_ip;
+  p->local_ip6 = meta.local_ip6;
+  p->kernel_checked = meta.kernel_checked;
 }
 
 Status UdpTransport::RecvBatch(InPacket* pkts, size_t max, int64_t timeout_us, size_t* got) {
@@ -108,9 +117,7 @@ size_t UdpTransport::TakePending(InPacket* pkts, size_t max) {
     p.buf = s.buf;
     p.cap = kGroBufBytes;
     p.len = s.len;
-    p.from = m.from;
-    p.local_ip = m.local_ip;
-    p.local_ip6 = m.local_ip6;
+    TakeMeta(m, &p);
   }
   if (pending_next_ == pending_.size()) {
     pending_.clear();
@@ -178,9 +185,7 @@ Status UdpTransport::RecvCoalesced(InPacket* pkts, size_t max, int64_t timeout_u
         p.buf = buf + off;
         p.cap = kGroBufBytes;
         p.len = seg_len;
-        p.from = meta.from;
-        p.local_ip = meta.local_ip;
-        p.local_ip6 = meta.local_ip6;
+        TakeMeta(meta, &p);
       } else {
         pending_.push_back(Segment{buf + off, seg_len, size_t(i)});
       }

@@ -77,6 +77,7 @@ class UdpTransport : public Transport {
   }
   bool OwnsReceiveBuffers() const override { return gro_; }
   size_t ReceiveBufferBytes() const override { return rcvbuf_; }
+  bool SendsUdpChecksum() const override { return true; }  // the kernel's (no SO_NO_CHECK)
   std::string Describe() const override;
   bool gso() const { return gso_; }
   bool gro() const { return gro_; }

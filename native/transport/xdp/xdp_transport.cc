@@ -180,6 +180,7 @@ bool XdpTransport::Deliver(const RxPacket& p, InPacket* pkt, bool* full) {
   pkt->local_ip = f.dst.is_v4() ? f.dst.v4() : 0;
   pkt->local_ip6 = f.dst.is_v4() ? IpAddr() : f.dst;
   pkt->verified = false;
+  pkt->kernel_checked = false;  // straight from the driver: no kernel checked its UDP checksum
   ++n_.rx_xsk;
   return true;
 }

@@ -59,6 +59,7 @@ class XdpTransport : public Transport {
 
   // "AF_XDP native copy mode on queue 0 of eth0" (what carries this port's traffic).
   std::string Describe() const override;
+  bool SendsUdpChecksum() const override { return true; }  // xdp::StoreUdpChecksum
   // Packets by path: rx_xsk (rx_lent of them read in place), rx_kernel,
   // tx_xsk, tx_kernel_* by reason, and the
   // kernel's AF_XDP drop counters for this socket.
