@@ -318,8 +318,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             "port and knows a job's name may join or read it", address)
     print(f"{READY_PREFIX}{address} (udp {port}..{port + args.threads - 1}, "
           f"{args.slots} slots x {_payload_words(args.payload_bytes)}, max {args.max_jobs} jobs, "
-          f"{args.fanout} fan-out, data path {agg.data_path}{_transport_words(agg)}, ICRC check "
-          f"{config.get('NETREDUCE_ICRC_CHECK')}; job secrets "
+          f"{args.fanout} fan-out, ICRC check {config.get('NETREDUCE_ICRC_CHECK')}, data path "
+          f"{agg.data_path}{_transport_words(agg)}; job secrets "
           f"{'required' if require else 'optional'}{'; TLS' if tls_ctx else ''})", flush=True)
     while not life.stop.wait(0.2):
         if life.status_requested.is_set():
