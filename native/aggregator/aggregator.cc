@@ -207,7 +207,7 @@ void Aggregator::QueueResultPacket(Job& job, const wire::Header& round, uint32_t
   wire::Header h = round;
   h.dest_qp = wire::MakeQpn(job.index, rank);
   h.result = true;
-  h.udp_checksum = out.sock != nullptr && out.sock->SendsUdpChecksum();
+  h.udp_checksum = out.udp_checksum;
   wire::Encode(h, hdr);
   wire::WriteTrailer(h, local_ip, to.address(), my_port, to.port, hdr, payload, trailer,
                      payload_crc);

@@ -108,8 +108,11 @@ struct ResultBatch {
   std::vector<uint8_t> headers;   // 32 bytes each
   std::vector<uint8_t> trailers;  // 8 each: pad (<= 3) + ICRC (4)
   std::vector<uint8_t> verbs_heads = std::vector<uint8_t>(kArena * kVerbsResultHeadBytes);
+  // What packets built for `sock` say of their UDP checksum (wire::kExtUdpChecksum).
+  bool udp_checksum = false;
   explicit ResultBatch(Transport* s, uint32_t thread = 0)
-      : sock(s), thread(thread), headers(kArena * 32), trailers(kArena * 8) {
+      : sock(s), thread(thread), headers(kArena * 32), trailers(kArena * 8),
+        udp_checksum(s != nullptr && s->SendsUdpChecksum()) {
     pkts.reserve(kArena);
   }
   bool full() const { return pkts.size() >= kArena; }

@@ -161,7 +161,7 @@ void Aggregator::SendPartial(Job& job, Uplink::Entry& e, const uint8_t* acc, uin
   h.key = c.key;
   h.result = false;
   h.ack_req = false;  // a member's question is answered here (held notice), not by the spine
-  h.udp_checksum = out.sock != nullptr && out.sock->SendsUdpChecksum();
+  h.udp_checksum = out.udp_checksum;
   // Owner delivery is the rack's business (its members); the spine sums all of it.
   if (wire::OwnerDelivery(h.msg_id)) h.msg_id &= wire::kMsgCounterMask;
   const Endpoint to{c.spine_ip, htons(uint16_t(c.spine_port + h.slot % c.spine_threads))};

@@ -105,6 +105,6 @@ def test_allreduce_exact_with_either_mode_on_either_side(checked_switch, rank_mo
     assert counters["drop_bad_icrc"] == 0 and counters["slots_completed"] > 0
 
 
-def test_bad_value_is_refused_with_the_knob_named(monkeypatch):
+def test_bad_value_is_refused_with_the_knob_named():
     with pytest.raises(ValueError, match="NETREDUCE_ICRC_CHECK"):
         _native.Aggregator("127.0.0.1", 0, icrc_check="sometimes")
