@@ -35,7 +35,7 @@ def checked_switch(request, monkeypatch):
     proc.stop()
 
 
-def _forge(probe: ControlClient, address, *, udp_checksum: int, slot: int):
+def _forge(probe: ControlClient, address, *, udp_checksum: int):
     """One contribution of a world-size-1 job with a wrong ICRC, from a kernel UDP
     socket (which sets the UDP checksum, as netreduce's senders do). Waits (up to 20 s,
     for a loaded machine) until the daemon has either completed the round or dropped
@@ -44,7 +44,7 @@ def _forge(probe: ControlClient, address, *, udp_checksum: int, slot: int):
     grant = probe.call("register", job=job, rank=0, size=1)
     payload = np.arange(16, dtype=np.float32).tobytes()
     fields = {"length": len(payload), "dtype": 0, "op": 0, "key": grant["key"],
-              "dest_qp": grant["job_index"] << 12, "slot": slot, "psn": 7,
+              "dest_qp": grant["job_index"] << 12, "slot": 0, "psn": 7,
               "udp_checksum": udp_checksum}
     packet = _native.encode_header(fields) + payload + BAD_ICRC
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
@@ -68,7 +68,7 @@ def _forge(probe: ControlClient, address, *, udp_checksum: int, slot: int):
 def test_kernel_checked_packet_skips_the_icrc_only_under_auto(checked_switch):
     mode, proc = checked_switch
     with ControlClient(proc.address) as probe:
-        counters, reply, payload, dport, sport = _forge(probe, proc.address, udp_checksum=1, slot=0)
+        counters, reply, payload, dport, sport = _forge(probe, proc.address, udp_checksum=1)
     if mode == "auto":
         # accepted on the kernel's UDP checksum: the round completed and its result came back
         assert counters["drop_bad_icrc"] == 0 and counters["slots_completed"] == 1, counters
@@ -88,7 +88,7 @@ def test_standard_roce_sender_is_always_checked(checked_switch):
     """Bit clear (a RoCE NIC's packet): the ICRC is computed in either mode."""
     _, proc = checked_switch
     with ControlClient(proc.address) as probe:
-        counters, reply, *_ = _forge(probe, proc.address, udp_checksum=0, slot=0)
+        counters, reply, *_ = _forge(probe, proc.address, udp_checksum=0)
     assert counters["drop_bad_icrc"] == 1 and counters["slots_completed"] == 0, counters
     assert reply == b""
 
