@@ -197,11 +197,14 @@ void Aggregator::QueueResultPacket(Job& job, const wire::Header& round, uint32_t
     return QueueVerbsResult(job, round, rank, payload, my_port, out);
   }
   const bool group = rank == wire::kGroupRank;
-  Endpoint to;
+  const size_t k = out.pkts.size();
+  // Built in place: a packet assembled on the stack and copied into the batch cost a
+  // store-forwarding stall per result.
+  OutPacket& p = out.pkts.emplace_back();
+  Endpoint& to = p.to;
   IpAddr local_ip;  // IPv4 or IPv6, as the rank's packets came
   job.ranks[group ? 0 : rank].full.Load(&to, &local_ip);
   if (group) to = job.group;
-  const size_t k = out.pkts.size();
   uint8_t* hdr = &out.headers[k * wire::kHeaderBytes];
   uint8_t* trailer = &out.trailers[k * 8];
   wire::Header h = round;
@@ -211,8 +214,6 @@ void Aggregator::QueueResultPacket(Job& job, const wire::Header& round, uint32_t
   wire::Encode(h, hdr);
   wire::WriteTrailer(h, local_ip, to.address(), my_port, to.port, hdr, payload, trailer,
                      payload_crc);
-  OutPacket p;
-  p.to = to;
   p.from_ip = local_ip.is_v4() ? local_ip.v4() : 0;
   if (!local_ip.is_v4()) p.from_ip6 = local_ip;
   p.iov[0] = {hdr, wire::kHeaderBytes};
@@ -221,7 +222,6 @@ void Aggregator::QueueResultPacket(Job& job, const wire::Header& round, uint32_t
   p.iovcnt = 3;
   p.segmentable = true;
   p.icrc = !h.jumbo;
-  out.pkts.push_back(p);
   const size_t bytes = wire::DatagramBytes(h.length);
   job.counters.Add(out.thread, &Counters::packets_out);
   job.counters.Add(out.thread, &Counters::bytes_out, bytes);
@@ -301,7 +301,7 @@ void Aggregator::HandleDatagram(uint32_t thread_index, uint16_t my_port, const I
   if (ra.local_ip.load(std::memory_order_relaxed) != pkt.local_ip) {
     ra.local_ip.store(pkt.local_ip, std::memory_order_relaxed);
   }
-  ra.full.Store(pkt.from, pkt.local_address());
+  ra.full.Store(pkt.from, pkt.local_ip, pkt.local_ip6);
 
   std::unique_lock<std::mutex> tree_lock;  // a rack's slots: spine results come on any thread
   if (job.uplink) tree_lock = job.uplink->Lock(h.slot, h.shadow);

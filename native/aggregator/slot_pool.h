@@ -24,10 +24,12 @@ struct SlotState {
   uint32_t count = 0;      // contributions added
   bool complete = false;
   uint8_t dtype = 0;
-  uint8_t op = 0;
   uint32_t length = 0;     // payload bytes (wire type)
   uint64_t offset = 0;     // element offset in the message
   uint32_t msg_id = 0;
+  // Not beside dtype: the compiler would copy and compare the two as one 16-bit word,
+  // a load that spans wire::Decode's two byte stores and stalls on store forwarding.
+  uint8_t op = 0;
 };
 
 class SlotPool {
