@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import socket
 import struct
 import subprocess
@@ -284,25 +285,39 @@ def probe_main(argv: List[str]) -> int:
               flush=True)
         return 0
     host, port, dgram, seconds, gso = argv[1], int(argv[2]), int(argv[3]), float(argv[4]), argv[5] == "1"
+    # pieces 3: each datagram handed over as header, payload and trailer (32, dgram - 36
+    # and 4 bytes), the iovec the data plane gives sendmmsg; 1: one buffer per send
+    pieces = int(argv[6]) if len(argv) > 6 else 1
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8 << 20)
     s.setsockopt(socket.IPPROTO_IP, 10, 2)  # IP_MTU_DISCOVER = IP_PMTUDISC_DO: DF, as netreduce
     per = max(1, 65000 // dgram) if gso else 1
     data = bytes(dgram * per)
+    if pieces == 3:
+        view = memoryview(data)
+        bufs = []
+        for k in range(per):
+            d = view[k * dgram:(k + 1) * dgram]
+            bufs += [d[:32], d[32:dgram - 4], d[dgram - 4:]]
+    else:
+        bufs = [data]
     cmsg = [(socket.SOL_UDP, UDP_SEGMENT, struct.pack("H", dgram))] if gso else []
     total = 0
     c0 = common.self_cpu_seconds()
+    k0 = resource.getrusage(resource.RUSAGE_SELF).ru_stime
     t0 = time.perf_counter()
     end = t0 + seconds
     while time.perf_counter() < end:
         for _ in range(64):
             try:
-                total += s.sendmsg([data], cmsg, 0, (host, port))
+                total += s.sendmsg(bufs, cmsg, 0, (host, port))
             except (BlockingIOError, ConnectionRefusedError):
                 pass
     wall = time.perf_counter() - t0
     print("RESULT " + json.dumps({"bytes": total, "wall_s": wall,
-                                  "cpu_s": common.self_cpu_seconds() - c0}), flush=True)
+                                  "cpu_s": common.self_cpu_seconds() - c0,
+                                  "sys_s": resource.getrusage(resource.RUSAGE_SELF).ru_stime - k0}),
+          flush=True)
     return 0
 
 
@@ -316,20 +331,23 @@ def floor_point(tb, args, mtu: int, kind: str) -> dict:
     dgram = datagram_bytes(mtu)
     seconds = args.seconds
     if kind.startswith("probe"):
-        gso = kind == "probe-gso"
+        gso = kind.startswith("probe-gso")
+        pieces = 3 if kind == "probe-gso-iov" else 1
         port = 5301
         recv = tb.popen(agg, [sys.executable, os.path.abspath(__file__), "--probe", "recv",
                               str(port), str(dgram), "1" if gso else "0"],
                         stdout=subprocess.PIPE, text=True)
         recv.stdout.readline()  # READY
         send = tb.run(h0, [sys.executable, os.path.abspath(__file__), "--probe", "send",
-                           agg.address, str(port), str(dgram), str(seconds), "1" if gso else "0"],
+                           agg.address, str(port), str(dgram), str(seconds), "1" if gso else "0",
+                           str(pieces)],
                       capture_output=True, text=True, timeout=seconds + 30)
         out, _ = recv.communicate(timeout=30)
         s, r = _result(send.stdout), _result(out)
-        rec = {"tool": "python udp" + (" gso/gro" if gso else ""), "dgram": dgram,
-               "sent_bytes": s["bytes"], "received_bytes": r["bytes"],
-               "client_cpu_s": s["cpu_s"], "server_cpu_s": r["cpu_s"], "wall_s": s["wall_s"]}
+        rec = {"tool": "python udp" + (" gso/gro" if gso else "") + (" 3-piece iovec" if pieces == 3 else ""),
+               "dgram": dgram, "sent_bytes": s["bytes"], "received_bytes": r["bytes"],
+               "client_cpu_s": s["cpu_s"], "client_sys_s": s["sys_s"], "server_cpu_s": r["cpu_s"],
+               "wall_s": s["wall_s"]}
     else:
         port = 5201
         srv = tb.popen(agg, ["iperf3", "-s", "-1", "-p", str(port), "-B", agg.address],
@@ -371,9 +389,12 @@ def floor_point(tb, args, mtu: int, kind: str) -> dict:
     rec["server_GB_per_cpu_s"] = gb / rec["server_cpu_s"] if rec["server_cpu_s"] else None
     rec["client_GB_per_cpu_s"] = (rec["sent_bytes"] / 1e9 / rec["client_cpu_s"]
                                   if rec["client_cpu_s"] else None)
+    if rec.get("client_sys_s"):
+        rec["client_GB_per_sys_s"] = rec["sent_bytes"] / 1e9 / rec["client_sys_s"]
     print(f"  [{rec['tool']} MTU {mtu}] {rec['GB_per_s'] or 0:.3f} GB/s received, server "
           f"{rec['server_GB_per_cpu_s'] or 0:.3f} GB/cpu-s, client {rec['client_GB_per_cpu_s'] or 0:.3f} "
-          f"GB/cpu-s, load {rec['loadavg'][0]:.2f}", file=sys.stderr, flush=True)
+          f"GB/cpu-s ({rec.get('client_GB_per_sys_s') or 0:.3f} per system CPU-s), "
+          f"load {rec['loadavg'][0]:.2f}", file=sys.stderr, flush=True)
     return rec
 
 
@@ -420,7 +441,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                          "(e.g. gso:NETREDUCE_UDP_OFFLOAD=auto plain:NETREDUCE_UDP_OFFLOAD=off)")
     ap.add_argument("--repeats", type=int, default=1, help="rounds over the variants / tools")
     ap.add_argument("--tools", default="udp,tcp,probe,probe-gso",
-                    help="floor: udp (iperf3), tcp (iperf3), probe, probe-gso (Python UDP)")
+                    help="floor: udp (iperf3), tcp (iperf3), probe, probe-gso, probe-gso-iov "
+                         "(Python UDP; -iov: each datagram as the data plane's 3-piece iovec)")
     ap.add_argument("--seconds", type=float, default=4.0, help="floor: seconds per tool")
     ap.add_argument("--testbed-name", default="lrc", help="testbed name (namespaces NAME-h0, ...)")
     ap.add_argument("--subnet", default="10.81.0.0/24", help="testbed subnet")
