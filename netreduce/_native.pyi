@@ -28,7 +28,8 @@ class Aggregator:
                  memory_limit: int = 1 << 30, multicast: bool = False,
                  group_base: str = "239.78.0.0", udp_offload: str = "auto",
                  transport: str = "udp", xdp_device: str = "", xdp_mode: str = "auto",
-                 xdp_fallback: bool = True, icrc_check: str = "auto") -> None: ...
+                 xdp_fallback: bool = True, icrc_check: str = "auto",
+                 multicast_auto: bool = False) -> None: ...  # multicast_auto: --fanout auto
     def start(self) -> None: ...
     def stop(self) -> None: ...
     @property
@@ -39,6 +40,8 @@ class Aggregator:
     def payload_bytes(self) -> int: ...
     @property
     def threads(self) -> int: ...
+    @property
+    def multicast_auto(self) -> bool: ...
     @property
     def data_path(self) -> str: ...  # e.g. "udp gso+gro" (NETREDUCE_UDP_OFFLOAD)
     def add_job(self, size: int, key: int, payload_bytes: int = 0) -> int: ...
@@ -86,7 +89,8 @@ class Engine:
                  window: int = 0, retransmit_ms: float = 50.0, timeout_s: float = 30.0,
                  drop_rate: float = 0.0, seed: int = 0, group: str = "",
                  group_port: int = 0, transport: Optional["VerbsTransport"] = None,
-                 udp_offload: str = "auto", icrc_check: str = "auto") -> None: ...
+                 udp_offload: str = "auto", icrc_check: str = "auto",
+                 group_optional: bool = False) -> None: ...
     def submit(self, src: Any, dst: Any, dtype: int, op: int,
                owner: int = -1) -> Request: ...  # owner >= 0: reduce-scatter shard
     def allreduce(self, src: Any, dst: Any, dtype: int, op: int) -> None: ...
@@ -98,6 +102,8 @@ class Engine:
     def data_path(self) -> str: ...
     @property
     def receive_buffer_bytes(self) -> int: ...  # SO_RCVBUF read back; 0 on verbs
+    @property
+    def group_note(self) -> str: ...  # why a group_optional group was left out ("" = none)
 
 
 class ShmSegment:  # native/shm/segment.h: one memfd per host job

@@ -175,7 +175,15 @@ void Aggregator::QueueHeld(Job& job, const wire::Header& h, uint32_t rank, uint1
 void Aggregator::FanOut(Job& job, const wire::Header& round, const uint8_t* acc, uint16_t my_port,
                         ResultBatch& out) {
   if (job.group.ip != 0 && !wire::OwnerDelivery(round.msg_id)) {
-    return QueueResult(job, round, wire::kGroupRank, acc, my_port, out);
+    if (!cfg_.multicast_auto) return QueueResult(job, round, wire::kGroupRank, acc, my_port, out);
+    // auto: while no member says the group reaches it (a routed network, IPv6 or
+    // verbs ranks), one result in kGroupProbeEvery still goes to the group, so that a
+    // member it does reach can say so; the rest go by unicast alone.
+    const size_t copies = GroupUnicastCopies(job, round, acc, my_port, out);
+    if (copies < job.members.size() || round.slot % kGroupProbeEvery == 0) {
+      QueueResult(job, round, wire::kGroupRank, acc, my_port, out);
+    }
+    return;
   }
   // One packet per member, alike but for the headers: the payload's CRC once, each
   // packet's ICRC from it (owner delivery sends the payload to one rank; a jumbo
@@ -187,6 +195,27 @@ void Aggregator::FanOut(Job& job, const wire::Header& round, const uint8_t* acc,
     h.repeat_seen = !job.verbs.Active(r) && job.pool.Repeated(h.slot, h.shadow, r);
     QueueResult(job, h, r, acc, my_port, out, shared ? &crc : nullptr);
   }
+}
+
+size_t Aggregator::GroupUnicastCopies(Job& job, const wire::Header& round, const uint8_t* acc,
+                                      uint16_t my_port, ResultBatch& out) {
+  size_t copies = 0;
+  wire::Header h = round;
+  uint32_t crc = 0;
+  bool have_crc = false;
+  for (uint32_t r : job.members) {
+    if (job.ranks[r].group_seen.load(std::memory_order_relaxed)) continue;
+    if (!have_crc && !round.jumbo) {
+      crc = wire::PayloadCrc(acc, round.length, round.pad);
+      have_crc = true;
+    }
+    h.repeat_seen = !job.verbs.Active(r) && job.pool.Repeated(h.slot, h.shadow, r);
+    QueueResult(job, h, r, acc, my_port, out, have_crc ? &crc : nullptr);
+    job.counters.Add(out.thread, &Counters::group_unicast_copies);
+    global_.Add(out.thread, &Counters::group_unicast_copies);
+    ++copies;
+  }
+  return copies;
 }
 
 void Aggregator::QueueResultPacket(Job& job, const wire::Header& round, uint32_t rank,
@@ -302,6 +331,9 @@ void Aggregator::HandleDatagram(uint32_t thread_index, uint16_t my_port, const I
     ra.local_ip.store(pkt.local_ip, std::memory_order_relaxed);
   }
   ra.full.Store(pkt.from, pkt.local_ip, pkt.local_ip6);
+  if (cfg_.multicast_auto && ra.group_seen.load(std::memory_order_relaxed) != h.group_seen) {
+    ra.group_seen.store(h.group_seen, std::memory_order_relaxed);
+  }
 
   std::unique_lock<std::mutex> tree_lock;  // a rack's slots: spine results come on any thread
   if (job.uplink) tree_lock = job.uplink->Lock(h.slot, h.shadow);

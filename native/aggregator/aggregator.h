@@ -44,6 +44,11 @@ struct AggregatorConfig {
   // group_base + job_index, UDP port `port + threads` (software extension: the
   // network, not the aggregator, replicates the packet, as a switch would).
   bool multicast = false;
+  // --fanout auto (with multicast): the group's packet, and a unicast copy for every
+  // member whose latest contribution does not say the group reaches it
+  // (wire::kExtGroupSeen): a rank that cannot receive the group still gets each result
+  // at once, and one that can costs nothing extra.
+  bool multicast_auto = false;
   std::string group_base = "239.78.0.0";
   UdpOffload udp_offload = UdpOffload::kAuto;  // NETREDUCE_UDP_OFFLOAD (make_transport.h)
   // NETREDUCE_ICRC_CHECK=auto (true): contributions a kernel socket delivered from
@@ -78,6 +83,7 @@ struct Job {
     std::atomic<uint64_t> peer{0};
     std::atomic<uint32_t> local_ip{0};
     RankAddress full;
+    std::atomic<uint8_t> group_seen{0};  // its latest contribution's kExtGroupSeen
   };
   std::vector<RankAddr> ranks;
   Endpoint group;  // multicast destination of results; ip 0 = unicast fan-out
@@ -197,6 +203,11 @@ class Aggregator {
   // rank (FanOut); null = computed with the packet's ICRC.
   void QueueResult(Job& job, const wire::Header& round, uint32_t rank, const uint8_t* payload,
                    uint16_t my_port, ResultBatch& out, const uint32_t* payload_crc = nullptr);
+  // --fanout auto: a copy of the group's result for each member not seeing the group;
+  // returns how many.
+  size_t GroupUnicastCopies(Job& job, const wire::Header& round, const uint8_t* acc,
+                            uint16_t my_port, ResultBatch& out);
+  static constexpr uint32_t kGroupProbeEvery = 64;
   void QueueResultPacket(Job& job, const wire::Header& round, uint32_t rank, const uint8_t* payload,
                          uint16_t my_port, ResultBatch& out, const uint32_t* payload_crc = nullptr);
   void QueueVerbsResult(Job& job, const wire::Header& round, uint32_t rank, const uint8_t* payload,

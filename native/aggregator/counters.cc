@@ -24,6 +24,7 @@ std::map<std::string, uint64_t> Counters::Snapshot() const {
       {"rounds_started", get(rounds_started)},
       {"duplicates", get(duplicates)},
       {"retransmitted_results", get(retransmitted_results)},
+      {"group_unicast_copies", get(group_unicast_copies)},
       {"held_notices", get(held_notices)},
   };
   uint64_t total = 0;

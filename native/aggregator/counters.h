@@ -42,6 +42,7 @@ struct alignas(64) Counters {
   std::atomic<uint64_t> duplicates{0};        // contributions seen before (not added again)
   std::atomic<uint64_t> retransmitted_results{0};
   std::atomic<uint64_t> held_notices{0};      // header-only "held" answers (kExtHeld)
+  std::atomic<uint64_t> group_unicast_copies{0};  // --fanout auto: results also sent unicast
   std::atomic<uint64_t> drops[int(Drop::kCount)] = {};
 
   // One writer per shard (its data thread): a load and a store, no locked add.

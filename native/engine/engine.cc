@@ -162,8 +162,9 @@ Status Engine::Run(Request& req) {
     bytes_sent_ += t.pkt.iov[1].iov_len;
   };
 
-  // Build chunk c's packet into slot tracker `t` and queue it.
-  auto start_chunk = [&](SlotTrack& t, int64_t c, int64_t now) {
+  // Chunk c's header and trailer (ICRC) into slot tracker `t`: when it starts, and
+  // again for a resend whose group bit no longer holds (--fanout auto).
+  auto stamp = [&](SlotTrack& t, int64_t c, int64_t now, bool ack_req) {
     const uint64_t seq = base + uint64_t(c);
     const uint32_t slot = uint32_t(seq % window_);
     const size_t first = size_t(c) * chunk_elems;
@@ -181,23 +182,34 @@ Status Engine::Run(Request& req) {
     h.length = own_of(c) ? 0 : uint32_t(n * esize);
     h.pad = uint8_t(wire::PaddedLength(h.length) - h.length);
     h.msg_id = id_of(c);
-    // No round-trip estimate yet (a job's first message): ask the aggregator to say
-    // when the round holds this contribution but waits for others (docs/protocol.md,
-    // "Held notices"), so that waiting for a rank still starting up is not taken for
-    // loss. UDP only: a verbs NIC acknowledges on its own.
-    h.ack_req = !cfg_.transport && srtt_us_ == 0.0;
+    h.ack_req = ack_req;
     h.udp_checksum = sock_->SendsUdpChecksum();
+    h.group_seen = group_rx_us_ >= 0 && now - group_rx_us_ < kGroupFreshUs;
     wire::Encode(h, t.header);
-    const uint8_t* payload = req.src + first * esize;
+    Endpoint to = agg_;
+    to.port = htons(uint16_t(cfg_.port + slot % cfg_.threads));
+    wire::WriteTrailer(h, sock_->local().address(), to.address(), sock_->local().port, to.port,
+                       t.header, req.src + first * esize, t.trailer);
+    return h;
+  };
+
+  // Build chunk c's packet into slot tracker `t` and queue it.
+  auto start_chunk = [&](SlotTrack& t, int64_t c, int64_t now) {
+    const uint64_t seq = base + uint64_t(c);
+    const uint32_t slot = uint32_t(seq % window_);
+    const size_t first = size_t(c) * chunk_elems;
     if (!jumbo_ && c + kPrefetchAhead < nchunks) {
       const size_t ahead = first + kPrefetchAhead * chunk_elems;
       PrefetchForRead(req.src + ahead * esize, std::min(chunk_elems, req.count - ahead) * esize);
     }
+    // No round-trip estimate yet (a job's first message): ask the aggregator to say
+    // when the round holds this contribution but waits for others (docs/protocol.md,
+    // "Held notices"), so that waiting for a rank still starting up is not taken for
+    // loss. UDP only: a verbs NIC acknowledges on its own.
+    const wire::Header h = stamp(t, c, now, !cfg_.transport && srtt_us_ == 0.0);
+    const uint8_t* payload = req.src + first * esize;
     Endpoint to = agg_;
     to.port = htons(uint16_t(cfg_.port + slot % cfg_.threads));
-    wire::WriteTrailer(h, sock_->local().address(), to.address(), sock_->local().port, to.port,
-                       t.header,
-                       payload, t.trailer);
     // Into its lane's order; a chunk that starts behind no older outstanding chunk of
     // its lane is at the head. Usually the newest: from the back.
     std::deque<uint32_t>& order = rs.lane_order[t.lane];
@@ -413,6 +425,15 @@ Status Engine::Run(Request& req) {
     };
 
     // Drain what one socket (unicast, or the job's multicast group) holds.
+    // --fanout auto: a result that a chunk was waiting for came by unicast while the
+    // group has been silent for a whole timeout -- the answer to a resend, since the
+    // aggregator sends no copies to a rank that says the group reaches it: the group
+    // does not (any more). Contributions from now on say so, and copies resume.
+    auto group_gone_if_quiet = [&](const Transport& sock, int64_t at) {
+      if (&sock != group_.get() && group_rx_us_ >= 0 && at - group_rx_us_ > Rto()) {
+        group_rx_us_ = -1;
+      }
+    };
     auto drain = [&](Transport& sock) -> Status {
       first_of_batch = true;
       const bool own_buffers = sock.OwnsReceiveBuffers();  // GRO: batches only
@@ -425,6 +446,10 @@ Status Engine::Run(Request& req) {
           NR_RETURN_IF_ERROR(sock.PeekHeader(peek, wire::kHeaderBytes, 0, &len, &from));
           if (len == 0) break;
           rx_now = NowUs();
+          if (&sock == group_.get()) {
+            group_rx_us_ = rx_now;
+            group_datagrams_++;
+          }
           wire::Header h;
           SlotTrack* t = nullptr;
           const bool ours = len <= kRecvBufBytes &&
@@ -451,6 +476,7 @@ Status Engine::Run(Request& req) {
             if (own) {
               CombineInto(req.dtype, req.op, req.dst + at, req.src + at, into, h.length / esize);
             }
+            if (group_) group_gone_if_quiet(sock, rx_now);
             complete(*t, h.repeat_seen);
           } else {
             iovec iov = {storage, kRecvBufBytes};
@@ -475,6 +501,10 @@ Status Engine::Run(Request& req) {
       // One clock read for the batch: its results were all in by now (a vDSO call per
       // result was about a tenth of the engine's CPU at MTU 1500).
       if (got > 0) rx_now = NowUs();
+      if (got > 0 && &sock == group_.get()) {
+        group_rx_us_ = rx_now;
+        group_datagrams_ += got;
+      }
       for (size_t i = 0; i < got; ++i) {
         InPacket& p = in[i];
         wire::Header h;
@@ -493,6 +523,7 @@ Status Engine::Run(Request& req) {
           late_result(h);
           continue;
         }
+        if (group_) group_gone_if_quiet(sock, rx_now);
         const size_t at = size_t(t->chunk) * chunk_elems * esize;
         if (own_of(t->chunk)) {  // the others' sum, combined with this rank's own contribution
           CombineInto(req.dtype, req.op, req.dst + at, req.src + at, p.buf + wire::kHeaderBytes,
@@ -525,6 +556,12 @@ Status Engine::Run(Request& req) {
     std::vector<SlotTrack*>& held_probe = held_probes;
     std::fill(held_probe.begin(), held_probe.end(), nullptr);
     auto resend = [&](SlotTrack& t) {
+      if (group_) {  // the group bit as it stands now, not as when the chunk started
+        const bool seen = group_rx_us_ >= 0 && now - group_rx_us_ < kGroupFreshUs;
+        if (((t.header[8] & wire::kExtGroupSeen) != 0) != seen) {
+          stamp(t, t.chunk, now, (t.header[8] & wire::kAckReqBit) != 0);
+        }
+      }
       t.retries++;
       t.last_send_us = now;
       retransmits_++;

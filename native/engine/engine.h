@@ -39,6 +39,10 @@ struct EngineConfig {
   uint64_t seed = 0;
   std::string group;               // multicast group of results ("" = unicast only)
   uint16_t group_port = 0;
+  // --fanout auto: a group this rank cannot join (an IPv6 rank, a verbs transport, a
+  // host without a multicast route) is left out, the reason in GroupNote(); the
+  // aggregator sends such a rank unicast copies (wire::kExtGroupSeen). false: fail.
+  bool group_optional = false;
   // Kernel UDP offloads of the engine's sockets (NETREDUCE_UDP_OFFLOAD,
   // transport/make_transport.h); GRO only where two datagrams fit one 64 KiB receive.
   UdpOffload udp_offload = UdpOffload::kAuto;
@@ -86,6 +90,9 @@ class Engine {
   // The engine's socket's SO_RCVBUF as read back (Transport::ReceiveBufferBytes); 0
   // on verbs.
   size_t ReceiveBufferBytes() const;
+  // Why the job's multicast group was left out (EngineConfig::group_optional); "" when
+  // joined or when there is none.
+  const std::string& GroupNote() const { return group_note_; }
 
  private:
   explicit Engine(const EngineConfig& cfg);
@@ -98,6 +105,11 @@ class Engine {
   bool jumbo_;
   std::shared_ptr<Transport> sock_;
   std::unique_ptr<Transport> group_;  // joined multicast group, when the job has one
+  std::string group_note_;
+  // When a datagram last came through group_ (-1 = never): contributions started
+  // within kGroupFreshUs of it say so (wire::kExtGroupSeen).
+  int64_t group_rx_us_ = -1;
+  static constexpr int64_t kGroupFreshUs = 1000000;
   Endpoint agg_;
   uint32_t my_qpn_;
   uint32_t group_qpn_;
@@ -149,7 +161,7 @@ class Engine {
       dropped_by_knob_{0}, ignored_results_{0}, bytes_sent_{0}, messages_{0}, fast_retransmits_{0},
       spurious_retransmits_{0}, timeout_probes_{0}, srtt_stat_us_{0}, rto_stat_us_{0},
       tail_probes_{0}, tail_copies_{0}, repaired_chunks_{0}, repair_wait_us_{0},
-      needless_by_repeat_{0}, held_notices_{0}, held_probes_{0};
+      needless_by_repeat_{0}, held_notices_{0}, held_probes_{0}, group_datagrams_{0};
 };
 
 }  // namespace netreduce

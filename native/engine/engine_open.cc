@@ -49,7 +49,10 @@ Status Engine::Create(const EngineConfig& cfg, std::unique_ptr<Engine>* out) {
   IpAddr local_ip;  // of the aggregator's family: the socket below binds it
   NR_RETURN_IF_ERROR(LocalAddressFor(e->agg_, &local_ip));
   if (cfg.transport) {  // a transport the caller opened and connected (verbs)
-    if (!cfg.group.empty()) return InvalidArgument("multicast results need the UDP transport");
+    if (!cfg.group.empty() && !cfg.group_optional) {
+      return InvalidArgument("multicast results need the UDP transport");
+    }
+    if (!cfg.group.empty()) e->group_note_ = "multicast results need the UDP transport";
     e->sock_ = cfg.transport;
     e->thread_ = std::thread([p = e.get()] { p->ThreadMain(); });
     *out = std::move(e);
@@ -75,7 +78,12 @@ Status Engine::Create(const EngineConfig& cfg, std::unique_ptr<Engine>* out) {
     g.udp.group_iface = buf;
     g.udp.port = cfg.group_port;
     g.offload = offload;
-    NR_RETURN_IF_ERROR(MakeDataTransport(g, &e->group_));
+    Status st = MakeDataTransport(g, &e->group_);
+    if (!st.ok() && !cfg.group_optional) return st;
+    if (!st.ok()) {
+      e->group_.reset();
+      e->group_note_ = st.message();
+    }
   }
   e->thread_ = std::thread([p = e.get()] { p->ThreadMain(); });
   *out = std::move(e);

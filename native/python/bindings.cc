@@ -112,6 +112,7 @@ py::dict HeaderToDict(const wire::Header& h) {
   d["result"] = h.result; d["slot"] = h.slot; d["offset"] = h.offset; d["key"] = h.key;
   d["length"] = h.length; d["msg_id"] = h.msg_id; d["repeat_seen"] = h.repeat_seen;
   d["ack_req"] = h.ack_req; d["held"] = h.held; d["udp_checksum"] = h.udp_checksum;
+  d["group_seen"] = h.group_seen;
   return d;
 }
 
@@ -185,11 +186,13 @@ PYBIND11_MODULE(_native, m) {
                        uint32_t max_jobs, uint32_t threads, uint64_t memory_limit, bool multicast,
                        const std::string& group_base, const std::string& udp_offload,
                        const std::string& transport, const std::string& xdp_device,
-                       const std::string& xdp_mode, bool xdp_fallback, const std::string& icrc_check) {
+                       const std::string& xdp_mode, bool xdp_fallback, const std::string& icrc_check,
+                       bool multicast_auto) {
              AggregatorConfig c;
              c.host = host; c.port = port; c.slots = slots; c.payload_bytes = payload_bytes;
              c.max_jobs = max_jobs; c.threads = threads; c.memory_limit = memory_limit;
-             c.multicast = multicast; c.group_base = group_base;
+             c.multicast = multicast || multicast_auto; c.multicast_auto = multicast_auto;
+             c.group_base = group_base;
              Throw(ParseUdpOffload(udp_offload, &c.udp_offload));
              c.transport = transport; c.xdp_device = xdp_device; c.xdp_mode = xdp_mode;
              c.xdp_fallback = xdp_fallback;
@@ -201,13 +204,15 @@ PYBIND11_MODULE(_native, m) {
            py::arg("memory_limit") = uint64_t(1) << 30, py::arg("multicast") = false,
            py::arg("group_base") = "239.78.0.0", py::arg("udp_offload") = "auto",
            py::arg("transport") = "udp", py::arg("xdp_device") = "", py::arg("xdp_mode") = "auto",
-           py::arg("xdp_fallback") = true, py::arg("icrc_check") = "auto")
+           py::arg("xdp_fallback") = true, py::arg("icrc_check") = "auto",
+           py::arg("multicast_auto") = false)
       .def("start", [](Aggregator& a) { Throw(a.Start()); })
       .def("stop", [](Aggregator& a) { py::gil_scoped_release nogil; a.Stop(); })
       .def_property_readonly("port", &Aggregator::port)
       .def_property_readonly("slots", [](Aggregator& a) { return a.config().slots; })
       .def_property_readonly("payload_bytes", [](Aggregator& a) { return a.config().payload_bytes; })
       .def_property_readonly("threads", [](Aggregator& a) { return a.config().threads; })
+      .def_property_readonly("multicast_auto", [](Aggregator& a) { return a.config().multicast_auto; })
       .def_property_readonly("data_path", &Aggregator::DataPath)
       .def("add_job", [](Aggregator& a, uint32_t size, uint32_t key, uint32_t payload_bytes) {
              uint32_t index = 0;
@@ -313,12 +318,13 @@ PYBIND11_MODULE(_native, m) {
                        uint32_t payload_bytes, uint32_t window, double retransmit_ms, double timeout_s,
                        double drop_rate, uint64_t seed, const std::string& group, uint16_t group_port,
                        py::object transport, const std::string& udp_offload,
-                       const std::string& icrc_check) {
+                       const std::string& icrc_check, bool group_optional) {
              EngineConfig c;
              c.host = host; c.port = port; c.threads = threads; c.job = job; c.job_index = job_index;
              c.rank = rank; c.size = size; c.key = key; c.slots = slots; c.payload_bytes = payload_bytes;
              c.window = window; c.retransmit_ms = retransmit_ms; c.timeout_s = timeout_s;
              c.drop_rate = drop_rate; c.seed = seed; c.group = group; c.group_port = group_port;
+             c.group_optional = group_optional;
              c.transport = TransportFromPy(transport);
              Throw(ParseUdpOffload(udp_offload, &c.udp_offload));
              c.trust_udp_checksum = TrustUdpChecksum(icrc_check);
@@ -331,7 +337,8 @@ PYBIND11_MODULE(_native, m) {
            py::arg("window") = 0, py::arg("retransmit_ms") = 50.0, py::arg("timeout_s") = 30.0,
            py::arg("drop_rate") = 0.0, py::arg("seed") = 0, py::arg("group") = "",
            py::arg("group_port") = 0, py::arg("transport") = py::none(),
-           py::arg("udp_offload") = "auto", py::arg("icrc_check") = "auto")
+           py::arg("udp_offload") = "auto", py::arg("icrc_check") = "auto",
+           py::arg("group_optional") = false)
       .def("submit", &SubmitBuffers, py::arg("src"), py::arg("dst"), py::arg("dtype"), py::arg("op"),
            py::arg("owner") = -1)
       .def("allreduce", [](Engine& e, py::buffer src, py::buffer dst, int dtype, int op) {
@@ -341,7 +348,8 @@ PYBIND11_MODULE(_native, m) {
       .def("stats", &Engine::Stats)
       .def_property_readonly("aggregator_address", &Engine::AggregatorAddress)
       .def_property_readonly("data_path", &Engine::DataPath)
-      .def_property_readonly("receive_buffer_bytes", &Engine::ReceiveBufferBytes);
+      .def_property_readonly("receive_buffer_bytes", &Engine::ReceiveBufferBytes)
+      .def_property_readonly("group_note", &Engine::GroupNote);
   m.attr("engine_receive_buffer_asked") = UdpOptions().rcvbuf_bytes;
 
   // A data socket of this host with `udp_offload`, as a rank opens one (a probe socket
@@ -386,6 +394,7 @@ PYBIND11_MODULE(_native, m) {
     h.repeat_seen = get("repeat_seen", 0) != 0;
     h.ack_req = get("ack_req", 0) != 0; h.held = get("held", 0) != 0;
     h.udp_checksum = get("udp_checksum", 0) != 0;
+    h.group_seen = get("group_seen", 0) != 0;
     h.pad = uint8_t(get("pad", wire::PaddedLength(h.length) - h.length));
     uint8_t out[wire::kHeaderBytes];
     wire::Encode(h, out);

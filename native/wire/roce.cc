@@ -109,7 +109,8 @@ void Encode(const Header& h, uint8_t* out) {
   Put24(out + 5, h.dest_qp & 0xFFFFFF);
   out[8] = uint8_t((h.jumbo ? kExtJumbo : 0) | (h.result && h.repeat_seen ? kExtRepeatSeen : 0) |
                    (!h.result && h.ack_req ? kAckReqBit : 0) | (h.result && h.held ? kExtHeld : 0) |
-                   (h.udp_checksum ? kExtUdpChecksum : 0));
+                   (h.udp_checksum ? kExtUdpChecksum : 0) |
+                   (!h.result && h.group_seen ? kExtGroupSeen : 0));
   Put24(out + 9, h.psn & kPsnMask);
   const uint64_t va = (uint64_t(h.dtype & 0xF) << 60) | (uint64_t(h.op & 0x3) << 58) |
                       (uint64_t(h.shadow & 1) << 57) | (uint64_t(h.result ? 1 : 0) << 56) |
@@ -137,6 +138,7 @@ DecodeError Decode(const uint8_t* pkt, size_t len, Header* h) {
   h->ack_req = !h->result && (pkt[8] & kAckReqBit) != 0;
   h->held = h->result && (pkt[8] & kExtHeld) != 0;
   h->udp_checksum = (pkt[8] & kExtUdpChecksum) != 0;
+  h->group_seen = !h->result && (pkt[8] & kExtGroupSeen) != 0;
   h->slot = uint16_t(va >> 40);
   h->offset = va & kMaxOffset;
   h->key = Get32(pkt + 20);

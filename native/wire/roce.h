@@ -48,6 +48,12 @@ constexpr uint8_t kExtHeld = 0x10;
 // was verified, and under NETREDUCE_ICRC_CHECK=auto need not recompute the ICRC
 // (IcrcCheckNeeded; docs/protocol.md, "ICRC and the UDP checksum").
 constexpr uint8_t kExtUdpChecksum = 0x08;
+// BTH byte 8, reserved bit, on a contribution only (software extension): this rank
+// received one of its job's multicast results within the last second (engine.h,
+// kGroupFreshUs). Under --fanout auto the aggregator sends a rank whose latest
+// contribution lacks it a unicast copy of each result beside the group's
+// (docs/protocol.md, "Multicast fan-out, auto").
+constexpr uint8_t kExtGroupSeen = 0x04;
 
 constexpr uint32_t kRankBits = 12;
 constexpr uint32_t kMaxRanks = 1u << kRankBits;  // per job
@@ -93,6 +99,7 @@ struct Header {
   bool ack_req = false;   // kAckReqBit, contributions only: answer with a held notice
   bool held = false;      // kExtHeld, results only: a held notice, not a result
   bool udp_checksum = false;  // kExtUdpChecksum: the sender set the UDP checksum
+  bool group_seen = false;    // kExtGroupSeen, contributions only
   uint16_t slot = 0;
   uint64_t offset = 0;    // element offset of this payload inside the message, 40 bits
   uint32_t key = 0;       // job key (R_Key)

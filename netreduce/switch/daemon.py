@@ -80,12 +80,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-xdp-fallback", dest="xdp_fallback", action="store_false",
                    help="with --transport xdp: exit with the reason (status 2) instead of "
                         "falling back to kernel sockets when AF_XDP cannot be had")
-    p.add_argument("--fanout", choices=("unicast", "multicast"), default="unicast",
+    p.add_argument("--fanout", choices=("unicast", "multicast", "auto"), default="unicast",
                    help="how a finished slot reaches the workers: 'unicast' sends one "
                         "standard RoCE packet per rank; 'multicast' sends one packet to the "
                         "job's IPv4 multicast group and lets the network replicate it, as a "
                         "switch would (software extension; workers must share an L2 "
-                        "segment or the same host)")
+                        "segment or the same host); 'auto' sends the group's packet and a "
+                        "unicast copy to each rank that has not said, in its last "
+                        "contribution, that the group reached it within a second (ranks that "
+                        "cannot join the group, or stop receiving it, lose no time)")
     p.add_argument("--multicast-base", default="239.78.0.0",
                    help="job J's results go to group BASE+J, UDP port PORT+THREADS")
     p.add_argument("--log-level", default="WARNING", help="Python logging level (stderr)")
@@ -193,11 +196,12 @@ def _start_aggregator(native, args) -> Tuple[object, int]:
         cap = native.MAX_PAYLOAD if args.payload_bytes is None else args.payload_bytes
         agg = native.Aggregator(args.host, port, args.slots, cap, args.max_jobs,
                                 args.threads, args.memory_mb << 20,
-                                args.fanout == "multicast", args.multicast_base,
+                                args.fanout != "unicast", args.multicast_base,
                                 config.get("NETREDUCE_UDP_OFFLOAD"),
                                 transport=args.transport, xdp_device=args.xdp_device,
                                 xdp_mode=args.xdp_mode, xdp_fallback=args.xdp_fallback,
-                                icrc_check=config.get("NETREDUCE_ICRC_CHECK"))
+                                icrc_check=config.get("NETREDUCE_ICRC_CHECK"),
+                                multicast_auto=args.fanout == "auto")
         try:
             agg.start()
             return agg, port

@@ -34,6 +34,9 @@ _COUNTERS: List[Tuple[str, str, str]] = [
      "Results re-sent to a rank that retransmitted into a completed slot"),
     ("held_notices", "held_notices",
      "Held notices: a rank without a round-trip estimate asked, and its round waits for others"),
+    ("group_unicast_copies", "group_unicast_copies",
+     "--fanout auto: results also sent by unicast to a rank the multicast group had not "
+     "reached within a second"),
 ]
 _DIRECTIONAL = [("packets", "packets", "RoCEv2 datagrams, in = from workers, out = results"),
                 ("bytes", "bytes", "UDP payload bytes of those datagrams (headers included)")]

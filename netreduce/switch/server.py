@@ -289,7 +289,8 @@ class ControlServer:
                     **_missing(job),
                     "data_port": agg.port, "threads": agg.threads,
                     "deterministic": job.deterministic,
-                    "group": group, "group_port": group_port}
+                    "group": group, "group_port": group_port,
+                    "group_optional": bool(getattr(agg, "multicast_auto", False))}
         return Wait(self.payload_topic, grant)  # type: ignore[return-value]
 
     @staticmethod

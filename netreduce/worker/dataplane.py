@@ -186,12 +186,17 @@ class Connection:
                 host, self.data_port, self.threads, self.job, self.job_index,
                 self.rank, self.size, self.key, self.slots, self.payload_bytes,
                 group=str(grant.get("group", "")), group_port=int(grant.get("group_port", 0)),
+                group_optional=bool(grant.get("group_optional", False)),
                 transport=transport, **args)
         except Exception as exc:
             raise _translate(exc, self._where()) from None
         finally:
             self._started.set()
         _warn_receive_buffer(self._engine, self._where())
+        note = getattr(self._engine, "group_note", "")
+        if note:  # --fanout auto: results come by unicast instead, at no loss of time
+            log.info("%s: not joining the job's multicast group %s (%s); its results come "
+                     "by unicast", self._where(), grant.get("group"), note)
         if self._closed:  # close() came while it started: release it too
             self._engine = None
         elif self._aborted is not None:

@@ -129,6 +129,59 @@ def test_dual_stack_daemon_serves_ipv4_and_ipv6_ranks_in_one_job():
         assert counters["drop_bad_icrc"] == 0 and counters["slots_completed"] > 0, counters
 
 
+def _several(rank, size, address, job, count, rounds):
+    with dataplane.connect(address, job, rank, size, timeout=30.0) as conn:
+        for i in range(rounds):
+            a = np.full(count, rank + 1 + i, np.float32)
+            conn.allreduce(a)
+            want = size * (size + 1) // 2 + size * i
+            assert (a == want).all(), (rank, i, np.unique(a)[:5])
+        return conn.stats(), conn._engine.group_note
+
+
+def test_auto_fan_out_gives_a_rank_outside_the_group_unicast_copies():
+    # --fanout auto on a dual-stack daemon: the IPv4 rank joins the job's (IPv4) group,
+    # the IPv6 rank cannot and says why instead of failing; the aggregator sends that
+    # rank its own copy of every result, so it waits for none: a handful of
+    # retransmissions where timing out on each of its ~3,000 chunks would mean
+    # thousands.
+    count, rounds = 1_000_003, 3
+    with spawn(host="::", port=0, payload_bytes=4096, fanout="auto",
+               extra_args=["--allow-open-jobs"]) as sw:
+        port = sw.address[1]
+        job = _job()
+
+        def rank(r, size):
+            return _several(r, size, ("127.0.0.1", port) if r == 0 else ("::1", port), job,
+                            count, rounds)
+
+        (s4, note4), (s6, note6) = run_ranks(rank, 2)
+        counters = _counters(("::1", port))
+    assert note4 == "" and "IPv4" in note6, (note4, note6)
+    assert s4["group_datagrams"] > 0 and s6["group_datagrams"] == 0, (s4, s6)
+    completed = counters["slots_completed"]
+    # rank 1 a copy of every result; rank 0 only until its contributions said the group
+    # reached it (its first window at most)
+    assert completed <= counters["group_unicast_copies"] < 2 * completed, counters
+    chunks = rounds * -(-count * 4 // 4096)
+    assert s6["retransmits"] < chunks // 10, (s6, chunks)
+
+
+def test_auto_fan_out_with_no_rank_in_the_group_sends_it_one_result_in_64():
+    # Every rank over IPv6: none can join the (IPv4) group, so each gets its own copy
+    # of every result and the group only the occasional probe, not a packet per result.
+    count, rounds = 1_000_003, 2
+    with spawn(host="::1", port=0, payload_bytes=4096, fanout="auto") as sw:
+        stats = run_ranks(_several, 2, sw.address, _job(), count, rounds)
+        g = _counters(sw.address)
+    assert all(s["group_datagrams"] == 0 and note for s, note in stats), stats
+    completed = g["slots_completed"]
+    assert g["group_unicast_copies"] == 2 * completed, g
+    group_sends = (g["packets_out"] - g["group_unicast_copies"] - g["held_notices"] -
+                   g["retransmitted_results"])
+    assert 0 < group_sends <= completed // 32, (group_sends, g)
+
+
 def test_netreduce_info_over_ipv6(switch6):
     where = f"[::1]:{switch6.address[1]}"
     out = subprocess.run([sys.executable, "-m", "netreduce.cli", "info", "--json", "--switch",
