@@ -82,8 +82,10 @@ def probe(text: str, what: str = "NETREDUCE_SWITCH", timeout: float = 2.0) -> Di
     except ControlPlaneError as exc:
         out["unreachable"] = str(exc)
         return out
+    out["fanout"] = counters.get("fanout", "unicast")
     out["jobs"] = {name: {k: job.get(k) for k in ("size", "ranks", "payload_bytes",
-                                                   "payload_reason")}
+                                                   "payload_reason", "slots_completed",
+                                                   "group_unicast_copies")}
                    for name, job in counters.get("jobs", {}).items()}
     if counters.get("hidden_jobs"):  # jobs with a secret: the operator's to read
         out["hidden_jobs"] = counters["hidden_jobs"]
@@ -138,11 +140,16 @@ def _print_aggregator(agg: Dict[str, Any], w: Any) -> None:
     if "unreachable" in agg:
         w(f"  not reachable: {agg['unreachable']}\n")
         return
+    fanout = agg.get("fanout", "unicast")
+    w(f"  fan-out: {fanout}\n")
     if not agg["jobs"]:
         w("  no jobs admitted\n")
     for name, job in agg["jobs"].items():
         w(f"  job '{name}' ({len(job['ranks'] or [])} of {job['size']} ranks): "
           f"{job['payload_reason']}\n")
+        if fanout == "auto":  # ranks outside the group: about one copy per result each
+            w(f"    {job.get('group_unicast_copies') or 0} unicast copies for ranks the group "
+              f"did not reach, of {job.get('slots_completed') or 0} results\n")
 
 
 def print_info(info: Dict[str, Any], out: Optional[Any] = None) -> None:

@@ -213,6 +213,10 @@ PYBIND11_MODULE(_native, m) {
       .def_property_readonly("payload_bytes", [](Aggregator& a) { return a.config().payload_bytes; })
       .def_property_readonly("threads", [](Aggregator& a) { return a.config().threads; })
       .def_property_readonly("multicast_auto", [](Aggregator& a) { return a.config().multicast_auto; })
+      .def_property_readonly("fanout", [](Aggregator& a) {
+        return std::string(a.config().multicast_auto ? "auto" : a.config().multicast ? "multicast"
+                                                                                    : "unicast");
+      })
       .def_property_readonly("data_path", &Aggregator::DataPath)
       .def("add_job", [](Aggregator& a, uint32_t size, uint32_t key, uint32_t payload_bytes) {
              uint32_t index = 0;

@@ -473,7 +473,8 @@ class ControlServer:
                      payload_reason=job.payload_reason if job.payload_final else
                      f"pending until every rank has registered ({job.payload_reason})")
             jobs[job.name] = c
-        out = {"global": dict(self.aggregator.counters()), "jobs": jobs, "hidden_jobs": hidden}
+        out = {"global": dict(self.aggregator.counters()), "jobs": jobs, "hidden_jobs": hidden,
+               "fanout": getattr(self.aggregator, "fanout", "unicast")}
         if hasattr(self.aggregator, "transport_info"):  # what carries the data ports
             stats = self.aggregator.transport_stats()
             out["transport"] = dict(self.aggregator.transport_info(), port_stats=stats["ports"],

@@ -223,6 +223,28 @@ def test_auto_fanout_sends_the_group_alone_once_ranks_say_it_reaches_them():
     assert g["drop_bad_icrc"] == 0
 
 
+def test_netreduce_info_names_the_fan_out_and_a_jobs_unicast_copies():
+    import json
+    import subprocess
+    import sys
+    from netreduce.switch import spawn
+
+    with spawn(fanout="auto", payload_bytes=4096) as sw:
+        job = _job()
+        with dataplane.connect(sw.address, job, 0, 1) as conn:
+            conn.allreduce(np.ones(10_000, np.float32))  # its first window: copies
+            where = f"{sw.address[0]}:{sw.address[1]}"
+            run = [sys.executable, "-m", "netreduce.cli", "info", "--switch", where]
+            text = subprocess.run(run, capture_output=True, text=True, timeout=60)
+            data = json.loads(subprocess.run(run + ["--json"], capture_output=True, text=True,
+                                             timeout=60).stdout)
+    assert text.returncode == 0 and "fan-out: auto" in text.stdout, text
+    agg = data["aggregator"]
+    assert agg["fanout"] == "auto", agg
+    assert 0 < agg["jobs"][job]["group_unicast_copies"] <= agg["jobs"][job]["slots_completed"], agg
+    assert "unicast copies for ranks the group did not reach" in text.stdout, text.stdout
+
+
 def _widening(rank, size, address, job, count):
     """Element i: rank i % 3 sends B, the other two send 1. B + 1 is a tie that rounds
     back to B (to even) in the 16-bit type, so a 16-bit accumulator ends at B whenever
