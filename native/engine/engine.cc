@@ -404,7 +404,11 @@ Status Engine::Run(Request& req) {
       }
       const size_t later = order.size() - pos - 1;  // outstanding chunks of the lane after t
       SlotTrack* expected = later > 0 ? &slots[order[pos + 1]] : nullptr;
-      order.erase(order.begin() + long(pos));
+      if (pos == 0) {
+        order.pop_front();  // the usual case, without deque's general erase
+      } else {
+        order.erase(order.begin() + long(pos));
+      }
       // Only for the lane's last outstanding chunk: any other is covered when a later
       // one is answered, and a gap deadline on every chunk of a long window misfired
       // whenever the loaded host descheduled the aggregator for a few gaps.
