@@ -45,3 +45,20 @@ def run_ranks(fn: Callable[..., Any], size: int, *args: Any, timeout: float = 12
     if errors:
         raise AssertionError("\n".join(errors))
     return [results[r] for r in range(size)]
+
+
+def rounds_of_sums(rank: int, size: int, address: Any, job: str, count: int, rounds: int) -> Any:
+    """A rank that all-reduces `rounds` float32 arrays of `count`, rank r giving r + 1 + i
+    in round i, each checked in full; returns its engine's stats and group note (why it
+    left the job's multicast group out, "" if it did not)."""
+    import numpy as np
+    from netreduce.worker import dataplane
+
+    with dataplane.connect(address, job, rank, size, timeout=30.0) as conn:
+        for i in range(rounds):
+            a = np.full(count, rank + 1 + i, np.float32)
+            conn.allreduce(a)
+            want = size * (size + 1) // 2 + size * i
+            assert (a == want).all(), (rank, i, np.unique(a)[:5])
+        return conn.stats(), conn._engine.group_note
+

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from netreduce.worker import dataplane
-from tests.parallel.ranks import rank_barrier, run_ranks
+from tests.parallel.ranks import rank_barrier, rounds_of_sums, run_ranks
 
 PAYLOAD = 65464  # the daemon's default payload bytes
 F32_PER_PACKET = PAYLOAD // 4
@@ -196,16 +196,6 @@ def test_multicast_fanout(payload):
     assert g["drop_bad_icrc"] == 0
 
 
-def _rounds(rank, size, address, job, count, rounds):
-    with dataplane.connect(address, job, rank, size, timeout=20.0) as conn:
-        for i in range(rounds):
-            a = np.full(count, rank + 1 + i, np.float32)
-            conn.allreduce(a)
-            want = size * (size + 1) // 2 + size * i
-            assert (a == want).all(), (rank, i, np.unique(a)[:5])
-        return conn.stats()
-
-
 def test_auto_fanout_sends_the_group_alone_once_ranks_say_it_reaches_them():
     """--fanout auto where every rank receives the group (one host): results go to
     the group, and a unicast copy only to a rank whose contributions do not yet say
@@ -214,7 +204,7 @@ def test_auto_fanout_sends_the_group_alone_once_ranks_say_it_reaches_them():
     from netreduce.switch import spawn
 
     with spawn(fanout="auto", payload_bytes=4096) as sw:
-        stats = run_ranks(_rounds, 3, sw.address, _job(), 10**6 + 3, 3)
+        stats = [s for s, _ in run_ranks(rounds_of_sums, 3, sw.address, _job(), 10**6 + 3, 3)]
         with ControlClient(sw.address) as c:
             g = c.call("counters")["global"]
     assert all(s["group_datagrams"] > 0 for s in stats), stats

@@ -19,7 +19,7 @@ from netreduce.worker import dataplane
 from netreduce.protocol.client import ControlClient
 from netreduce.errors import NetReduceError
 from netreduce.switch import spawn
-from tests.parallel.ranks import run_ranks
+from tests.parallel.ranks import rounds_of_sums, run_ranks
 
 DTYPES = [np.float32, np.float64, np.int32, np.int64, np.float16]
 
@@ -129,16 +129,6 @@ def test_dual_stack_daemon_serves_ipv4_and_ipv6_ranks_in_one_job():
         assert counters["drop_bad_icrc"] == 0 and counters["slots_completed"] > 0, counters
 
 
-def _several(rank, size, address, job, count, rounds):
-    with dataplane.connect(address, job, rank, size, timeout=30.0) as conn:
-        for i in range(rounds):
-            a = np.full(count, rank + 1 + i, np.float32)
-            conn.allreduce(a)
-            want = size * (size + 1) // 2 + size * i
-            assert (a == want).all(), (rank, i, np.unique(a)[:5])
-        return conn.stats(), conn._engine.group_note
-
-
 def test_auto_fan_out_gives_a_rank_outside_the_group_unicast_copies():
     # --fanout auto on a dual-stack daemon: the IPv4 rank joins the job's (IPv4) group,
     # the IPv6 rank cannot and says why instead of failing; the aggregator sends that
@@ -152,7 +142,7 @@ def test_auto_fan_out_gives_a_rank_outside_the_group_unicast_copies():
         job = _job()
 
         def rank(r, size):
-            return _several(r, size, ("127.0.0.1", port) if r == 0 else ("::1", port), job,
+            return rounds_of_sums(r, size, ("127.0.0.1", port) if r == 0 else ("::1", port), job,
                             count, rounds)
 
         (s4, note4), (s6, note6) = run_ranks(rank, 2)
@@ -172,7 +162,7 @@ def test_auto_fan_out_with_no_rank_in_the_group_sends_it_one_result_in_64():
     # of every result and the group only the occasional probe, not a packet per result.
     count, rounds = 1_000_003, 2
     with spawn(host="::1", port=0, payload_bytes=4096, fanout="auto") as sw:
-        stats = run_ranks(_several, 2, sw.address, _job(), count, rounds)
+        stats = run_ranks(rounds_of_sums, 2, sw.address, _job(), count, rounds)
         g = _counters(sw.address)
     assert all(s["group_datagrams"] == 0 and note for s, note in stats), stats
     completed = g["slots_completed"]
