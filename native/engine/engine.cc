@@ -9,28 +9,7 @@
 // the same slot. A resend is always the very same packet, and always safe: the
 // aggregator adds a contribution once.
 //
-// Loss recovery (docs/protocol.md, "Loss, reordering, duplication"). Every rank sends
-// in sequence order and an aggregator thread answers in arrival order, so within a
-// lane (the slots one data port serves) results come in sequence order:
-//  - Overtaken: a result for a later chunk of the lane means an earlier chunk, sent no
-//    later than it, is probably lost. It gets a short reorder deadline (srtt/4,
-//    RACK-style) and is resent then if still unanswered.
-//  - Next expected: when only one chunk of the lane is left outstanding after a
-//    result, it gets a deadline of one inter-result gap (its own estimate, gap + 4
-//    gapvar, like RFC 6298's): the last chunk of a message, which nothing overtakes,
-//    is resent a gap after the previous result instead of a full timeout.
-//    Both early resends count as fast_retransmits and leave the timeout as it was.
-//  - Timeout: once nothing has completed in a lane for srtt + 4 rttvar of the
-//    measured round trip (floor retransmit_ms), the lane's oldest chunk is resent,
-//    one per backed-off timeout (doubling up to 1 s; timeout_probes). A timeout is
-//    relative to the lane's last progress, as TCP restarts its timer on each ACK:
-//    chunks deep in a window wait behind their own predecessors, which a timeout from
-//    each chunk's send would take for loss; and a stalled rank costs one packet per
-//    doubling rather than a window's worth.
-//  - Tail (engine/repair.h): a lane's last chunk of the message, which nothing
-//    overtakes (most small all-reduces are one), sent at the head of its lane gets a
-//    tail probe of about 2 srtt instead of the timeout; once real loss has been seen,
-//    a small one goes out twice, back to back (a copy is a duplicate, never added).
+// Loss recovery: engine/repair.h (the rules, and where each hooks into Run).
 // A chunk without a result for timeout_s fails the operation, naming the aggregator,
 // job, rank and slot. After a failure the engine's sequence is out of step with the
 // job, so it refuses further work.
@@ -184,7 +163,7 @@ Status Engine::Run(Request& req) {
     h.msg_id = id_of(c);
     h.ack_req = ack_req;
     h.udp_checksum = sock_->SendsUdpChecksum();
-    h.group_seen = group_rx_us_ >= 0 && now - group_rx_us_ < kGroupFreshUs;
+    h.group_seen = group_watch_.Fresh(now);
     wire::Encode(h, t.header);
     Endpoint to = agg_;
     to.port = htons(uint16_t(cfg_.port + slot % cfg_.threads));
@@ -404,11 +383,8 @@ Status Engine::Run(Request& req) {
       }
       const size_t later = order.size() - pos - 1;  // outstanding chunks of the lane after t
       SlotTrack* expected = later > 0 ? &slots[order[pos + 1]] : nullptr;
-      if (pos == 0) {
-        order.pop_front();  // the usual case, without deque's general erase
-      } else {
-        order.erase(order.begin() + long(pos));
-      }
+      if (pos == 0) order.pop_front();  // the usual case, without deque's general erase
+      else order.erase(order.begin() + long(pos));
       // Only for the lane's last outstanding chunk: any other is covered when a later
       // one is answered, and a gap deadline on every chunk of a long window misfired
       // whenever the loaded host descheduled the aggregator for a few gaps.
@@ -429,14 +405,10 @@ Status Engine::Run(Request& req) {
     };
 
     // Drain what one socket (unicast, or the job's multicast group) holds.
-    // --fanout auto: a result that a chunk was waiting for came by unicast while the
-    // group has been silent for a whole timeout -- the answer to a resend, since the
-    // aggregator sends no copies to a rank that says the group reaches it: the group
-    // does not (any more). Contributions from now on say so, and copies resume.
-    auto group_gone_if_quiet = [&](const Transport& sock, int64_t at) {
-      if (&sock != group_.get() && group_rx_us_ >= 0 && at - group_rx_us_ > Rto()) {
-        group_rx_us_ = -1;
-      }
+    // The multicast group's bookkeeping (--fanout auto; group_watch.h).
+    auto group_heard = [&](int64_t at, uint64_t n) { group_watch_.Heard(at), group_datagrams_ += n; };
+    auto unicast_result = [&](const Transport& sock, int64_t at) {
+      if (group_ && &sock != group_.get()) group_watch_.UnicastResult(at, Rto());
     };
     auto drain = [&](Transport& sock) -> Status {
       first_of_batch = true;
@@ -450,10 +422,7 @@ Status Engine::Run(Request& req) {
           NR_RETURN_IF_ERROR(sock.PeekHeader(peek, wire::kHeaderBytes, 0, &len, &from));
           if (len == 0) break;
           rx_now = NowUs();
-          if (&sock == group_.get()) {
-            group_rx_us_ = rx_now;
-            group_datagrams_++;
-          }
+          if (&sock == group_.get()) group_heard(rx_now, 1);
           wire::Header h;
           SlotTrack* t = nullptr;
           const bool ours = len <= kRecvBufBytes &&
@@ -480,7 +449,7 @@ Status Engine::Run(Request& req) {
             if (own) {
               CombineInto(req.dtype, req.op, req.dst + at, req.src + at, into, h.length / esize);
             }
-            if (group_) group_gone_if_quiet(sock, rx_now);
+            unicast_result(sock, rx_now);
             complete(*t, h.repeat_seen);
           } else {
             iovec iov = {storage, kRecvBufBytes};
@@ -505,10 +474,7 @@ Status Engine::Run(Request& req) {
       // One clock read for the batch: its results were all in by now (a vDSO call per
       // result was about a tenth of the engine's CPU at MTU 1500).
       if (got > 0) rx_now = NowUs();
-      if (got > 0 && &sock == group_.get()) {
-        group_rx_us_ = rx_now;
-        group_datagrams_ += got;
-      }
+      if (got > 0 && &sock == group_.get()) group_heard(rx_now, got);
       for (size_t i = 0; i < got; ++i) {
         InPacket& p = in[i];
         wire::Header h;
@@ -527,7 +493,7 @@ Status Engine::Run(Request& req) {
           late_result(h);
           continue;
         }
-        if (group_) group_gone_if_quiet(sock, rx_now);
+        unicast_result(sock, rx_now);
         const size_t at = size_t(t->chunk) * chunk_elems * esize;
         if (own_of(t->chunk)) {  // the others' sum, combined with this rank's own contribution
           CombineInto(req.dtype, req.op, req.dst + at, req.src + at, p.buf + wire::kHeaderBytes,
@@ -560,11 +526,10 @@ Status Engine::Run(Request& req) {
     std::vector<SlotTrack*>& held_probe = held_probes;
     std::fill(held_probe.begin(), held_probe.end(), nullptr);
     auto resend = [&](SlotTrack& t) {
-      if (group_) {  // the group bit as it stands now, not as when the chunk started
-        const bool seen = group_rx_us_ >= 0 && now - group_rx_us_ < kGroupFreshUs;
-        if (((t.header[8] & wire::kExtGroupSeen) != 0) != seen) {
-          stamp(t, t.chunk, now, (t.header[8] & wire::kAckReqBit) != 0);
-        }
+      // --fanout auto: the group bit as it stands now, not as when the chunk started
+      const uint8_t bits = t.header[8];
+      if (group_ && ((bits & wire::kExtGroupSeen) != 0) != group_watch_.Fresh(now)) {
+        stamp(t, t.chunk, now, (bits & wire::kAckReqBit) != 0);
       }
       t.retries++;
       t.last_send_us = now;

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "engine/group_watch.h"
 #include "reduce/dtype.h"
 #include "transport/make_transport.h"
 
@@ -106,10 +107,7 @@ class Engine {
   std::shared_ptr<Transport> sock_;
   std::unique_ptr<Transport> group_;  // joined multicast group, when the job has one
   std::string group_note_;
-  // When a datagram last came through group_ (-1 = never): contributions started
-  // within kGroupFreshUs of it say so (wire::kExtGroupSeen).
-  int64_t group_rx_us_ = -1;
-  static constexpr int64_t kGroupFreshUs = 1000000;
+  GroupWatch group_watch_;  // engine thread only
   Endpoint agg_;
   uint32_t my_qpn_;
   uint32_t group_qpn_;

@@ -1,8 +1,31 @@
+// Loss recovery (docs/protocol.md, "Loss, reordering, duplication"). Every rank sends
+// in sequence order and an aggregator thread answers in arrival order, so within a
+// lane (the slots one data port serves) results come in sequence order:
+//  - Overtaken: a result for a later chunk of the lane means an earlier chunk, sent no
+//    later than it, is probably lost. It gets a short reorder deadline (srtt/4,
+//    RACK-style) and is resent then if still unanswered.
+//  - Next expected: when only one chunk of the lane is left outstanding after a
+//    result, it gets a deadline of one inter-result gap (its own estimate, gap + 4
+//    gapvar, like RFC 6298's): the last chunk of a message, which nothing overtakes,
+//    is resent a gap after the previous result instead of a full timeout.
+//    Both early resends count as fast_retransmits and leave the timeout as it was.
+//  - Timeout: once nothing has completed in a lane for srtt + 4 rttvar of the
+//    measured round trip (floor retransmit_ms), the lane's oldest chunk is resent,
+//    one per backed-off timeout (doubling up to 1 s; timeout_probes). A timeout is
+//    relative to the lane's last progress, as TCP restarts its timer on each ACK:
+//    chunks deep in a window wait behind their own predecessors, which a timeout from
+//    each chunk's send would take for loss; and a stalled rank costs one packet per
+//    doubling rather than a window's worth.
+//  - Tail (engine/repair.h): a lane's last chunk of the message, which nothing
+//    overtakes (most small all-reduces are one), sent at the head of its lane gets a
+//    tail probe of about 2 srtt instead of the timeout; once real loss has been seen,
+//    a small one goes out twice, back to back (a copy is a duplicate, never added).
+//
 // The engine's tail repair (issue 14): what recovers the chunks that no later result
 // can overtake -- a message's last chunk in each lane, which is the whole message for
 // most small all-reduces. Without it such a loss waits for the full timeout
-// (srtt + 4 rttvar, floor retransmit_ms); engine.cc's loop essay says where the rules
-// below hook in. Both apply to the engine's own UDP socket only (not to a verbs
+// (srtt + 4 rttvar, floor retransmit_ms); the rules above say where the two below
+// hook in. Both apply to the engine's own UDP socket only (not to a verbs
 // transport, whose NIC or PSN checks own repeats).
 //  - Tail probe (RFC 8985's TLP, in spirit): a lane's tail chunk sent at the head of
 //    its lane gets an early deadline of about two smoothed round trips instead of the
