@@ -179,43 +179,40 @@ void Aggregator::FanOut(Job& job, const wire::Header& round, const uint8_t* acc,
     // auto: while no member says the group reaches it (a routed network, IPv6 or
     // verbs ranks), one result in kGroupProbeEvery still goes to the group, so that a
     // member it does reach can say so; the rest go by unicast alone.
-    const size_t copies = GroupUnicastCopies(job, round, acc, my_port, out);
+    const size_t copies = UnicastResults(job, round, acc, my_port, out, true);
     if (copies < job.members.size() || round.slot % kGroupProbeEvery == 0) {
       QueueResult(job, round, wire::kGroupRank, acc, my_port, out);
     }
     return;
   }
+  UnicastResults(job, round, acc, my_port, out, false);
+}
+
+size_t Aggregator::UnicastResults(Job& job, const wire::Header& round, const uint8_t* acc,
+                                  uint16_t my_port, ResultBatch& out, bool outside_group) {
   // One packet per member, alike but for the headers: the payload's CRC once, each
   // packet's ICRC from it (owner delivery sends the payload to one rank; a jumbo
   // packet has no ICRC).
-  const bool shared = job.members.size() > 1 && !round.jumbo && !wire::OwnerDelivery(round.msg_id);
-  const uint32_t crc = shared ? wire::PayloadCrc(acc, round.length, round.pad) : 0;
-  wire::Header h = round;
-  for (uint32_t r : job.members) {
-    h.repeat_seen = !job.verbs.Active(r) && job.pool.Repeated(h.slot, h.shadow, r);
-    QueueResult(job, h, r, acc, my_port, out, shared ? &crc : nullptr);
-  }
-}
-
-size_t Aggregator::GroupUnicastCopies(Job& job, const wire::Header& round, const uint8_t* acc,
-                                      uint16_t my_port, ResultBatch& out) {
-  size_t copies = 0;
-  wire::Header h = round;
+  const bool shareable = !round.jumbo && !wire::OwnerDelivery(round.msg_id);
   uint32_t crc = 0;
   bool have_crc = false;
+  wire::Header h = round;
+  size_t sent = 0;
   for (uint32_t r : job.members) {
-    if (job.ranks[r].group_seen.load(std::memory_order_relaxed)) continue;
-    if (!have_crc && !round.jumbo) {
+    if (outside_group && job.ranks[r].group_seen.load(std::memory_order_relaxed)) continue;
+    if (shareable && !have_crc) {
       crc = wire::PayloadCrc(acc, round.length, round.pad);
       have_crc = true;
     }
     h.repeat_seen = !job.verbs.Active(r) && job.pool.Repeated(h.slot, h.shadow, r);
     QueueResult(job, h, r, acc, my_port, out, have_crc ? &crc : nullptr);
-    job.counters.Add(out.thread, &Counters::group_unicast_copies);
-    global_.Add(out.thread, &Counters::group_unicast_copies);
-    ++copies;
+    ++sent;
   }
-  return copies;
+  if (outside_group && sent > 0) {
+    job.counters.Add(out.thread, &Counters::group_unicast_copies, sent);
+    global_.Add(out.thread, &Counters::group_unicast_copies, sent);
+  }
+  return sent;
 }
 
 void Aggregator::QueueResultPacket(Job& job, const wire::Header& round, uint32_t rank,

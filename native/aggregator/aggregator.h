@@ -203,10 +203,10 @@ class Aggregator {
   // rank (FanOut); null = computed with the packet's ICRC.
   void QueueResult(Job& job, const wire::Header& round, uint32_t rank, const uint8_t* payload,
                    uint16_t my_port, ResultBatch& out, const uint32_t* payload_crc = nullptr);
-  // --fanout auto: a copy of the group's result for each member not seeing the group;
-  // returns how many.
-  size_t GroupUnicastCopies(Job& job, const wire::Header& round, const uint8_t* acc,
-                            uint16_t my_port, ResultBatch& out);
+  // A unicast result to each member, or (outside_group, --fanout auto) to each member
+  // whose latest contribution did not say the group reaches it; returns how many.
+  size_t UnicastResults(Job& job, const wire::Header& round, const uint8_t* acc,
+                        uint16_t my_port, ResultBatch& out, bool outside_group);
   static constexpr uint32_t kGroupProbeEvery = 64;
   void QueueResultPacket(Job& job, const wire::Header& round, uint32_t rank, const uint8_t* payload,
                          uint16_t my_port, ResultBatch& out, const uint32_t* payload_crc = nullptr);
