@@ -24,5 +24,19 @@ inline void PrefetchForWrite(const uint8_t* p, size_t n) {
   for (size_t off = 0; off < n; off += 64) __builtin_prefetch(p + off, 1, 3);
 }
 
+// A message this large has a dst that no cache holds (and will not hold after it):
+// results of chunks of at least kStreamMinChunk are copied in with non-temporal
+// stores, which write whole lines without reading them first, and dst is not
+// prefetched. MTU 9000 (8936-byte chunks), N=4, 64 MiB: engine 0.466 -> 0.424 CPU-s
+// per GB; at MTU 1500 (1432-byte chunks, two partial lines each) it was 0.58 -> 0.66,
+// so those keep plain stores and the prefetch (BENCHMARKS.md, 12-04).
+constexpr size_t kStreamMinBytes = size_t(16) << 20;
+constexpr size_t kStreamMinChunk = 8192;
+
+// memcpy with non-temporal stores where the CPU has AVX2 (plain memcpy otherwise);
+// StreamFence() after a batch of them, before anyone else reads the bytes.
+void StreamCopy(uint8_t* dst, const uint8_t* src, size_t n);
+void StreamFence();
+
 }  // namespace engine_prefetch
 }  // namespace netreduce
