@@ -407,12 +407,12 @@ Status Engine::Run(Request& req) {
       }
     };
 
-    // Drain what one socket (unicast, or the job's multicast group) holds.
     // The multicast group's bookkeeping (--fanout auto; group_watch.h).
     auto group_heard = [&](int64_t at, uint64_t n) { group_watch_.Heard(at), group_datagrams_ += n; };
     auto unicast_result = [&](const Transport& sock, int64_t at) {
       if (group_ && &sock != group_.get()) group_watch_.UnicastResult(at, Rto());
     };
+    // Drain what one socket (unicast, or the job's multicast group) holds.
     auto drain = [&](Transport& sock) -> Status {
       first_of_batch = true;
       const bool own_buffers = sock.OwnsReceiveBuffers();  // GRO: batches only
