@@ -206,14 +206,16 @@ def test_multicast_fanout(payload):
     assert g["drop_bad_icrc"] == 0
 
 
-def test_auto_fanout_sends_the_group_alone_once_ranks_say_it_reaches_them():
+@pytest.mark.parametrize("threads", [1, 2])
+def test_auto_fanout_sends_the_group_alone_once_ranks_say_it_reaches_them(threads):
     """--fanout auto where every rank receives the group (one host): results go to
     the group, and a unicast copy only to a rank whose contributions do not yet say
-    the group reached it -- its first window's worth, not one per result."""
+    the group reached it -- its first window's worth, not one per result. With two
+    data threads, both send to the group and either may see a rank's bit."""
     from netreduce.protocol.client import ControlClient
     from netreduce.switch import spawn
 
-    with spawn(fanout="auto", payload_bytes=4096) as sw:
+    with spawn(fanout="auto", payload_bytes=4096, threads=threads) as sw:
         stats = [s for s, _ in run_ranks(rounds_of_sums, 3, sw.address, _job(), 10**6 + 3, 3)]
         with ControlClient(sw.address) as c:
             g = c.call("counters")["global"]
