@@ -18,7 +18,6 @@
 #include <arpa/inet.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <deque>
@@ -36,15 +35,9 @@ using namespace engine_repair;
 using namespace engine_run;
 namespace {
 
-using Clock = std::chrono::steady_clock;
 // Submit's owner for a reduce-scatter laid out chunk-interleaved: chunk c's owner is
 // rank c mod N, so every window carries every rank's data (docs/protocol.md).
 constexpr int32_t kInterleavedOwners = -2;
-
-inline int64_t NowUs() {
-  return std::chrono::duration_cast<std::chrono::microseconds>(Clock::now().time_since_epoch())
-      .count();
-}
 
 // The sweep over every outstanding chunk (timeouts, the next wake-up) runs when the
 // earliest deadline may have come (next_due, a lower bound kept as deadlines are set),
@@ -502,11 +495,7 @@ Status Engine::Run(Request& req) {
           CombineInto(req.dtype, req.op, req.dst + at, req.src + at, p.buf + wire::kHeaderBytes,
                       h.length / esize);
         } else {
-          if (stream) {
-            StreamCopy(req.dst + at, p.buf + wire::kHeaderBytes, h.length);
-          } else {
-            std::memcpy(req.dst + at, p.buf + wire::kHeaderBytes, h.length);
-          }
+          (stream ? StreamCopy : PlainCopy)(req.dst + at, p.buf + wire::kHeaderBytes, h.length);
           if (!jumbo_ && !stream && t->chunk + kPrefetchAhead < nchunks) {
             const size_t ahead = size_t(t->chunk + kPrefetchAhead) * chunk_elems;
             PrefetchForWrite(req.dst + ahead * esize, std::min(chunk_elems, req.count - ahead) * esize);

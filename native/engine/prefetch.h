@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 namespace netreduce {
 namespace engine_prefetch {
@@ -37,6 +38,7 @@ constexpr size_t kStreamMinChunk = 8192;
 // StreamFence() after a batch of them, before anyone else reads the bytes.
 void StreamCopy(uint8_t* dst, const uint8_t* src, size_t n);
 void StreamFence();
+inline void PlainCopy(uint8_t* dst, const uint8_t* src, size_t n) { std::memcpy(dst, src, n); }
 
 }  // namespace engine_prefetch
 }  // namespace netreduce

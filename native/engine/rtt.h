@@ -1,12 +1,19 @@
 // The worker's loss-recovery clock: the round-trip estimate (RFC 6298 style) that
 // sets a chunk's timeout, and the inter-result gap that dates the next expected
-// result (engine.cc's loop essay says how both are used).
+// result (engine/repair.h says how both are used).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 
 namespace netreduce {
 namespace engine_timing {
+
+inline int64_t NowUs() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
 
 constexpr int64_t kMaxRtoUs = 1000000;
 constexpr int64_t kInitialRtoUs = 5000;  // before the first round-trip sample
