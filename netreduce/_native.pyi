@@ -41,8 +41,6 @@ class Aggregator:
     @property
     def threads(self) -> int: ...
     @property
-    def multicast_auto(self) -> bool: ...
-    @property
     def fanout(self) -> str: ...  # "unicast", "multicast" or "auto" (--fanout)
     @property
     def data_path(self) -> str: ...  # e.g. "udp gso+gro" (NETREDUCE_UDP_OFFLOAD)

@@ -161,7 +161,8 @@ Status Engine::Run(Request& req) {
     h.udp_checksum = sock_->SendsUdpChecksum();
     h.group_seen = group_watch_.Fresh(now);
     wire::Encode(h, t.header);
-    Endpoint to = agg_;
+    Endpoint& to = t.pkt.to;  // the data port that serves this slot
+    to = agg_;
     to.port = htons(uint16_t(cfg_.port + slot % cfg_.threads));
     wire::WriteTrailer(h, sock_->local().address(), to.address(), sock_->local().port, to.port,
                        t.header, req.src + first * esize, t.trailer);
@@ -183,8 +184,6 @@ Status Engine::Run(Request& req) {
     // loss. UDP only: a verbs NIC acknowledges on its own.
     const wire::Header h = stamp(t, c, now, !cfg_.transport && srtt_us_ == 0.0);
     const uint8_t* payload = req.src + first * esize;
-    Endpoint to = agg_;
-    to.port = htons(uint16_t(cfg_.port + slot % cfg_.threads));
     // Into its lane's order; a chunk that starts behind no older outstanding chunk of
     // its lane is at the head. Usually the newest: from the back.
     std::deque<uint32_t>& order = rs.lane_order[t.lane];
@@ -201,7 +200,6 @@ Status Engine::Run(Request& req) {
     t.retries = 0;
     t.early = false;
     t.held = false;
-    t.pkt.to = to;
     t.pkt.iov[0] = {t.header, wire::kHeaderBytes};
     t.pkt.iov[1] = {const_cast<uint8_t*>(payload), h.length};
     t.pkt.iov[2] = {t.trailer, size_t(h.pad) + wire::kIcrcBytes};

@@ -49,10 +49,11 @@ Status Engine::Create(const EngineConfig& cfg, std::unique_ptr<Engine>* out) {
   IpAddr local_ip;  // of the aggregator's family: the socket below binds it
   NR_RETURN_IF_ERROR(LocalAddressFor(e->agg_, &local_ip));
   if (cfg.transport) {  // a transport the caller opened and connected (verbs)
-    if (!cfg.group.empty() && !cfg.group_optional) {
-      return InvalidArgument("multicast results need the UDP transport");
+    if (!cfg.group.empty()) {
+      const char* why = "multicast results need the UDP transport";
+      if (!cfg.group_optional) return InvalidArgument(why);
+      e->group_note_ = why;
     }
-    if (!cfg.group.empty()) e->group_note_ = "multicast results need the UDP transport";
     e->sock_ = cfg.transport;
     e->thread_ = std::thread([p = e.get()] { p->ThreadMain(); });
     *out = std::move(e);

@@ -28,7 +28,7 @@ inline void PrefetchForWrite(const uint8_t* p, size_t n) {
 // A message this large has a dst that no cache holds (and will not hold after it):
 // results of chunks of at least kStreamMinChunk are copied in with non-temporal
 // stores, which write whole lines without reading them first, and dst is not
-// prefetched. MTU 9000 (8936-byte chunks), N=4, 64 MiB: engine 0.466 -> 0.424 CPU-s
+// prefetched. MTU 9000 (8936-byte chunks), N=4, 64 MiB: engine 0.441 -> 0.412 CPU-s
 // per GB; at MTU 1500 (1432-byte chunks, two partial lines each) it was 0.58 -> 0.66,
 // so those keep plain stores and the prefetch (BENCHMARKS.md, 12-04).
 constexpr size_t kStreamMinBytes = size_t(16) << 20;

@@ -212,7 +212,6 @@ PYBIND11_MODULE(_native, m) {
       .def_property_readonly("slots", [](Aggregator& a) { return a.config().slots; })
       .def_property_readonly("payload_bytes", [](Aggregator& a) { return a.config().payload_bytes; })
       .def_property_readonly("threads", [](Aggregator& a) { return a.config().threads; })
-      .def_property_readonly("multicast_auto", [](Aggregator& a) { return a.config().multicast_auto; })
       .def_property_readonly("fanout", [](Aggregator& a) {
         return std::string(a.config().multicast_auto ? "auto" : a.config().multicast ? "multicast"
                                                                                     : "unicast");

@@ -49,8 +49,8 @@ constexpr uint8_t kExtHeld = 0x10;
 // (IcrcCheckNeeded; docs/protocol.md, "ICRC and the UDP checksum").
 constexpr uint8_t kExtUdpChecksum = 0x08;
 // BTH byte 8, reserved bit, on a contribution only (software extension): this rank
-// received one of its job's multicast results within the last second (engine.h,
-// kGroupFreshUs). Under --fanout auto the aggregator sends a rank whose latest
+// received one of its job's multicast results within the last second
+// (engine/group_watch.h). Under --fanout auto the aggregator sends a rank whose latest
 // contribution lacks it a unicast copy of each result beside the group's
 // (docs/protocol.md, "Multicast fan-out, auto").
 constexpr uint8_t kExtGroupSeen = 0x04;

@@ -290,7 +290,7 @@ class ControlServer:
                     "data_port": agg.port, "threads": agg.threads,
                     "deterministic": job.deterministic,
                     "group": group, "group_port": group_port,
-                    "group_optional": bool(getattr(agg, "multicast_auto", False))}
+                    "group_optional": getattr(agg, "fanout", "unicast") == "auto"}
         return Wait(self.payload_topic, grant)  # type: ignore[return-value]
 
     @staticmethod
