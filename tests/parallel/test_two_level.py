@@ -22,7 +22,7 @@ import pytest
 from netreduce.worker import dataplane
 from netreduce.protocol.client import ControlClient
 from netreduce.errors import NetReduceError
-from tests.parallel.ranks import run_ranks
+from tests.parallel.ranks import rank_barrier, run_ranks
 
 PAYLOAD = 65464
 F32_PER_PACKET = PAYLOAD // 4
@@ -170,13 +170,15 @@ def test_loss_on_either_hop_is_repaired_once(tree, hop):
         assert sum(rc["duplicates"] for rc in rack_c) > 0
 
 
-def _until_spine_dies(rank, size, spine, racks, job, spine_pid):
+def _until_spine_dies(rank, size, spine, racks, job, spine_pid, all_done):
     os.environ["NETREDUCE_RACK_SWITCH"] = "%s:%d" % racks[rank * len(racks) // size]
     with dataplane.connect(spine, job, rank, size, timeout=3.0) as conn:
         a = np.ones(1000, dtype=np.float32)
         conn.allreduce(a)
         assert (a == size).all()
-        conn.allreduce(np.ones(1, dtype=np.float32))  # everyone is past the first
+        # The spine sends a result to one rack, then the other: rank 0 holding it does
+        # not mean rack 1 has it yet, so the kill waits for every rank.
+        all_done.wait(timeout=30)
         if rank == 0:
             os.kill(spine_pid, signal.SIGKILL)
         try:
@@ -189,7 +191,7 @@ def _until_spine_dies(rank, size, spine, racks, job, spine_pid):
 def test_spine_killed_names_the_spine(tree):
     spine, racks = tree()
     errors = run_ranks(_until_spine_dies, 4, spine.address, [r.address for r in racks], _job(),
-                       spine.proc.pid, timeout=60)
+                       spine.proc.pid, rank_barrier(4), timeout=60)
     spine_at = "%s:%d" % spine.address
     for rank, message in enumerate(errors):
         rack_at = "%s:%d" % racks[rank // 2].address
