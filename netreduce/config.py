@@ -11,6 +11,8 @@ import dataclasses
 import os
 from typing import Any, Callable, Dict, Mapping, Optional
 
+from netreduce.errors import ConfigError, NetReduceError, UnknownKnobError
+
 
 @dataclasses.dataclass(frozen=True)
 class Knob:
@@ -27,7 +29,7 @@ def _bool(text: str) -> bool:
         return True
     if low in ("0", "false", "no", "off", ""):
         return False
-    raise ValueError(f"expected a boolean (1/0, true/false), got {text!r}")
+    raise ConfigError(f"expected a boolean (1/0, true/false), got {text!r}")
 
 
 def _choice(*values: str):
@@ -37,7 +39,7 @@ def _choice(*values: str):
     def parse(text: str) -> str:
         low = text.strip().lower()
         if low not in values:
-            raise ValueError(f"expected {wanted}, got {text!r}")
+            raise ConfigError(f"expected {wanted}, got {text!r}")
         return low
 
     parse.__name__ = "|".join(values)
@@ -51,7 +53,7 @@ def declare(name: str, type: Callable[[str], Any], default: Any, help: str,
             secret: bool = False) -> Knob:
     knob = Knob(name, type, default, help, secret)
     if name in KNOBS:
-        raise RuntimeError(f"knob {name} declared twice")
+        raise NetReduceError(f"knob {name} declared twice")
     KNOBS[name] = knob
     return knob
 
@@ -222,7 +224,7 @@ def get(name: str) -> Any:
     try:
         return knob.type(raw)
     except (TypeError, ValueError) as exc:
-        raise ValueError(f"{name}={raw!r} is not a valid {knob.type.__name__}: {exc}") from None
+        raise ConfigError(f"{name}={raw!r} is not a valid {knob.type.__name__}: {exc}") from None
 
 
 def source(name: str) -> str:
@@ -237,7 +239,7 @@ def snapshot(overrides: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
 
 def _declared(name: str) -> Knob:
     if name not in KNOBS:
-        raise KeyError(f"{name} is not a netreduce knob (`netreduce info` lists them)")
+        raise UnknownKnobError(f"{name} is not a netreduce knob (`netreduce info` lists them)")
     return KNOBS[name]
 
 

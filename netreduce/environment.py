@@ -26,7 +26,7 @@ import re
 from typing import List, Mapping, Optional
 
 from netreduce import config
-from netreduce.errors import NetReduceError
+from netreduce.errors import ConfigError, NetReduceError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,7 +49,7 @@ def _int(env: Mapping[str, str], name: str) -> Optional[int]:
     try:
         return int(raw)
     except ValueError:
-        raise ValueError(f"environment variable {name}={raw!r} is not an integer") from None
+        raise ConfigError(f"environment variable {name}={raw!r} is not an integer") from None
 
 
 def _slurm_tasks_on_node(spec: str, node_id: int) -> Optional[int]:
@@ -158,9 +158,9 @@ def discover(env: Optional[Mapping[str, str]] = None) -> Topology:
         found = (0, 1, 0, 1, "single", True)
     rank, size, local_rank, local_size, launcher, local_known = found
     if not (0 <= rank < size):
-        raise ValueError(f"{launcher} environment gives rank {rank} outside [0, {size})")
+        raise ConfigError(f"{launcher} environment gives rank {rank} outside [0, {size})")
     if not (0 <= local_rank < max(local_size, 1)):
-        raise ValueError(f"{launcher} environment gives local rank {local_rank} "
+        raise ConfigError(f"{launcher} environment gives local rank {local_rank} "
                          f"outside [0, {local_size})")
     return Topology(rank, size, local_rank, local_size, _job_name(env, launcher, size), launcher,
                     local_known)

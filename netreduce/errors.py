@@ -6,7 +6,14 @@ from typing import Sequence
 
 
 class NetReduceError(RuntimeError):
-    """Base of every error netreduce raises."""
+    """Base of every error netreduce raises. The error types of the rooms that have
+    their own stay there (``TopologyError`` in algorithms/hosts.py, ``AuthError`` in
+    protocol/auth.py, ``RequestError`` in switch/commands.py, ``LaunchError`` in
+    launcher/ranks.py, ...), all derived from this; tests/unit/test_errors.py checks
+    that every exception class of the package does, and that no builtin is raised
+    bare. The native module's ``EngineError`` is the exception: the binding's own,
+    turned into ``DataPlaneError`` where it crosses into Python
+    (netreduce/worker/dataplane.py)."""
 
 
 class DataPlaneError(NetReduceError):
@@ -54,6 +61,22 @@ class InvalidTypeError(NetReduceError, TypeError):
     """A call's argument has a type netreduce cannot take (an unsupported dtype, a
     tensor of another framework): nothing was submitted. Also a TypeError, as in
     Horovod."""
+
+
+class ConfigError(NetReduceError, ValueError):
+    """A knob (NETREDUCE_*), a launcher's variable, a daemon's flag or a file one of
+    them names holds a value netreduce cannot use; the message names which. Also a
+    ValueError, which these were before."""
+
+
+class UnknownKnobError(NetReduceError, KeyError):
+    """A name given as a knob is not one (``netreduce info`` lists them). Also a
+    KeyError: a lookup that missed."""
+
+
+class UnsupportedError(NetReduceError, NotImplementedError):
+    """netreduce does not do this (Adasum, say); the message says what to use
+    instead. Also a NotImplementedError, which these were before."""
 
 
 def tensor_names(names: Sequence[str], limit: int = 5) -> str:

@@ -12,7 +12,7 @@ import numbers
 from typing import Optional
 
 import numpy as np
-from netreduce.errors import InvalidArgumentError, InvalidTypeError
+from netreduce.errors import InvalidArgumentError, InvalidTypeError, UnsupportedError
 
 
 class ReduceOp(enum.Enum):
@@ -31,7 +31,7 @@ class ReduceOp(enum.Enum):
         Adasum (a pairwise, norm-dependent combination, not an element-wise slot op)
         is refused."""
         if self is ReduceOp.Adasum:
-            raise NotImplementedError(
+            raise UnsupportedError(
                 f"ReduceOp.{self.name} is not supported by netreduce: the aggregator "
                 "implements sum, min, max and product (Average = sum / size)")
         return "sum" if self is ReduceOp.Average else self.value
@@ -71,7 +71,7 @@ def as_op(op) -> ReduceOp:
     else:
         raise InvalidTypeError(f"op must be a netreduce.ReduceOp, its name or Horovod's integer "
                         f"value, got {type(op).__name__}")
-    result.wire  # raises NotImplementedError for Adasum
+    result.wire  # raises UnsupportedError (a NotImplementedError) for Adasum
     return result
 
 

@@ -24,7 +24,7 @@ from mxnet import optimizer as mx_optimizer
 from mxnet.kvstore import KVStoreBase
 
 import netreduce as _nr
-from netreduce.errors import InvalidArgumentError, InvalidTypeError
+from netreduce.errors import InvalidArgumentError, InvalidTypeError, UnsupportedError
 
 from . import engine
 from .buffers import HostBuffer
@@ -232,18 +232,18 @@ class NetReduce(KVStoreBase):
             self._updater.set_states(f.read())
 
     def set_gradient_compression(self, compression_params) -> None:
-        raise NotImplementedError(
+        raise UnsupportedError(
             "kvstore='netreduce' does not compress gradients (its aggregator sums "
             "full-precision values); leave compression_params unset, or use "
             "netreduce.mxnet.DistributedTrainer(compression=Compression.fp16)")
 
     # --- MXNet's push/pull split is a server's API -------------------------------------
     def push(self, key, value, priority=0) -> None:
-        raise NotImplementedError("kvstore='netreduce' has no server to push to: use "
+        raise UnsupportedError("kvstore='netreduce' has no server to push to: use "
                                   "pushpull (what gluon.Trainer calls for dense gradients)")
 
     def pull(self, key, out=None, priority=0, ignore_sparse=True) -> None:
-        raise NotImplementedError("kvstore='netreduce' has no server to pull from: use "
+        raise UnsupportedError("kvstore='netreduce' has no server to pull from: use "
                                   "pushpull or broadcast")
 
 

@@ -12,6 +12,7 @@ from netreduce import elastic as _elastic
 from netreduce.elastic import HostsUpdatedInterrupt, ObjectState, State  # noqa: F401
 from netreduce.errors import DataPlaneError
 
+from . import errors
 from .functions import broadcast_object, broadcast_variables
 from .mpi_ops import rank
 
@@ -105,7 +106,7 @@ class TensorFlowKerasState(_ModelState):
 
     def __init__(self, model, optimizer=None, backend=None, **kwargs: Any) -> None:
         if not getattr(model, "built", True):
-            raise ValueError("Model must be built first. Run `model.build(input_shape)`.")
+            raise errors.InvalidArgumentError("Model must be built first. Run `model.build(input_shape)`.")
         self.model = model
         self.optimizer = optimizer if optimizer is not None else getattr(model, "optimizer", None)
         self.backend = backend

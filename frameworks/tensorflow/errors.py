@@ -27,7 +27,8 @@ _CODES = {tf.errors.UnknownError: tf.errors.UNKNOWN,
           tf.errors.InvalidArgumentError: tf.errors.INVALID_ARGUMENT,
           tf.errors.DeadlineExceededError: tf.errors.DEADLINE_EXCEEDED,
           tf.errors.AbortedError: tf.errors.ABORTED,
-          tf.errors.UnavailableError: tf.errors.UNAVAILABLE}
+          tf.errors.UnavailableError: tf.errors.UNAVAILABLE,
+          tf.errors.UnimplementedError: tf.errors.UNIMPLEMENTED}
 
 
 def _twin(tf_type: Type[tf.errors.OpError], core_type: Type[BaseException]) -> type:
@@ -71,10 +72,13 @@ RankFailedError = _twin(tf.errors.UnknownError, _core.RankFailedError)
 DataPlaneError = _twin(tf.errors.UnknownError, _core.DataPlaneError)
 ControlPlaneError = _twin(tf.errors.UnknownError, _core.ControlPlaneError)
 AdmissionError = _twin(tf.errors.UnavailableError, _core.AdmissionError)
+UnsupportedError = _twin(tf.errors.UnimplementedError, _core.UnsupportedError)
+ConfigError = _twin(tf.errors.InvalidArgumentError, _core.ConfigError)
 
 _TWINS: Tuple[type, ...] = (FailedPreconditionError, InvalidArgumentError, InvalidTypeError,
                             OperationTimeoutError, ShutdownError, RankFailedError,
-                            DataPlaneError, ControlPlaneError, AdmissionError, NetReduceError)
+                            DataPlaneError, ControlPlaneError, AdmissionError, UnsupportedError,
+                            ConfigError, NetReduceError)
 _BY_CORE: Dict[type, type] = {cls._nr_core: cls for cls in _TWINS}
 
 
@@ -87,12 +91,13 @@ def _twin_for(exc: BaseException):
 
 def as_tf_error(exc: BaseException) -> BaseException:
     """``exc`` as the type TensorFlow users catch (itself if it already is one, or
-    if it is not netreduce's: a NotImplementedError for Adasum stays one)."""
+    if it is not netreduce's). Adasum's UnsupportedError becomes its twin, still a
+    NotImplementedError."""
     if isinstance(exc, tf.errors.OpError):
         return exc
     twin = _twin_for(exc)
     if twin is None:
-        if isinstance(exc, ValueError):  # the core's duplicate-name refusal, say
+        if isinstance(exc, ValueError):  # numpy's, say, about a tensor's value
             twin = InvalidArgumentError
         else:
             return exc

@@ -58,7 +58,7 @@ def broadcast_global_variables(root_rank: int):
     """Horovod's TF1 helper: the op that assigns root_rank's value to every global
     variable (``tf.compat.v1.global_variables()``); graph mode only, as in Horovod."""
     if tf.executing_eagerly():
-        raise RuntimeError(
+        raise errors.UnsupportedError(  # a RuntimeError, as Horovod's
             "hvd.broadcast_global_variables() does not support eager execution. Please use "
             "`hvd.broadcast_variables(<model/optimizer variables>)` instead.")
     return broadcast_variables(tf.compat.v1.global_variables(), root_rank)

@@ -98,9 +98,9 @@ def allreduce(tensor, average=None, device_dense='', device_sparse='',
 
 def _allreduce_indexed_slices(slices, op, prescale_factor, postscale_factor, name, process_set):
     if op not in (Sum, Average):
-        raise NotImplementedError("Only Sum and Average ops are supported with tf.IndexedSlices")
+        raise errors.UnsupportedError("Only Sum and Average ops are supported with tf.IndexedSlices")
     if prescale_factor != 1.0 or postscale_factor != 1.0:
-        raise NotImplementedError("Pre/postscale_factor are not supported with tf.IndexedSlices")
+        raise errors.UnsupportedError("Pre/postscale_factor are not supported with tf.IndexedSlices")
     base = None if name is None else f"{name}.sparse"
     values = grouped_allgather([s.values for s in slices], process_set=process_set,
                                name=None if base is None else f"{base}.values")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from . import errors
 from .compression import Compression
 from .gradient_tape import allreduce_gradients, check_predivide
 from .mpi_ops import Average, _check_process_set, global_process_set
@@ -56,7 +57,7 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense='
     _check_process_set(process_set)
     check_predivide(op, gradient_predivide_factor)
     if backward_passes_per_step != 1:
-        raise NotImplementedError(
+        raise errors.UnsupportedError(
             "netreduce.tensorflow.DistributedOptimizer: backward_passes_per_step > 1 is not "
             "supported; accumulate the gradients of k passes yourself, then minimize once")
     return _DistributedOptimizerV1(optimizer, name, use_locking, dict(

@@ -27,7 +27,7 @@ remove_process_set = _ps.remove_process_set
 
 def _check_process_set(process_set: Any) -> None:
     if not isinstance(process_set, ProcessSet):
-        raise NotImplementedError(
+        raise errors.UnsupportedError(
             f"process_set must be a ProcessSet (global_process_set or one from "
             f"add_process_set()), got {type(process_set).__name__}: netreduce supports no "
             "other kind of process set")

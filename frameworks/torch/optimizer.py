@@ -22,7 +22,7 @@ from typing import Any, Dict, Optional, Tuple
 import torch
 
 from netreduce.ops import as_op
-from netreduce.errors import InvalidArgumentError
+from netreduce.errors import InvalidArgumentError, UnsupportedError
 
 from .compression import Compression
 from .mpi_ops import (Average, allreduce_async_, global_process_set, size, synchronize,
@@ -208,8 +208,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
         # refused here, not by the first gradient hook in the middle of backward.
         op = as_op(op)
     except NotImplementedError as exc:
-        raise NotImplementedError(f"DistributedOptimizer(op={op!r}): {exc}; use op=Average "
-                                  "(the default) or Sum") from None
+        raise UnsupportedError(f"DistributedOptimizer(op={op!r}): {exc}; use op=Average "
+                               "(the default) or Sum") from None
     if gradient_predivide_factor != 1.0 and op != Average:
         raise InvalidArgumentError("gradient_predivide_factor not supported with op != Average")
     if num_groups or groups is not None:

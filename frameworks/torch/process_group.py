@@ -35,7 +35,7 @@ from netreduce import config, environment
 from netreduce.worker import process_sets as _ps
 from netreduce.protocol import auth, tls
 from netreduce.protocol.address import format_address, parse_address
-from netreduce.errors import InvalidArgumentError
+from netreduce.errors import InvalidArgumentError, UnsupportedError
 
 from . import mpi_ops, scatter_gather
 from .futures import completer, cuda_devices
@@ -54,7 +54,7 @@ def _core_op(op: Any, collective: str):
         if op == torch_op:
             return core_op
     name = str(getattr(op, "op", op)).rpartition(".")[2]  # ReduceOp.op is a RedOpType
-    raise NotImplementedError(f"netreduce process group: {collective} with reduce op {name} is "
+    raise UnsupportedError(f"netreduce process group: {collective} with reduce op {name} is "
                               "not supported (SUM, AVG, MIN, MAX and PRODUCT are)")
 
 
@@ -273,7 +273,7 @@ class ProcessGroupNetReduce(dist.ProcessGroup):
 
 def _unsupported(collective: str):
     def method(self, *args, **kwargs):
-        raise NotImplementedError(
+        raise UnsupportedError(
             f"the netreduce process group does not implement {collective}; it supports "
             "allreduce, allreduce_coalesced, broadcast, allgather, all_gather_into_tensor, "
             "reduce_scatter, reduce_scatter_tensor, all_to_all(_single), reduce and barrier. Use a gloo group for the rest: "
@@ -394,7 +394,7 @@ def _rendezvous(url: str, timeout: datetime.timedelta = datetime.timedelta(minut
         host, port = _nr.broadcast_object(None, 0)
         store = dist.TCPStore(host, port, size, False, timeout)
     yield store, rank, size
-    raise RuntimeError("netreduce:// rendezvous does not support re-rendezvous")
+    raise UnsupportedError("netreduce:// rendezvous does not support re-rendezvous")
 
 
 def register() -> None:

@@ -1,12 +1,15 @@
 """The interface every algorithm implements — what netreduce.worker.communicator
 calls, and what a rank's data-plane connection (netreduce/worker/dataplane.py)
 offers too — and the checks of one reduction's arguments that every implementation
-makes before anything is sent (ValueError: the data plane's contract)."""
+makes before anything is sent (InvalidArgumentError, a ValueError: the data plane's
+contract)."""
 from __future__ import annotations
 
 from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
+
+from netreduce.errors import InvalidArgumentError
 
 try:  # typing.Protocol is 3.8+; kept structural so that Connection itself fits
     from typing import Protocol
@@ -47,23 +50,23 @@ def dtype_name(array: np.ndarray, dtype: Optional[str] = None) -> str:
     16-bit integer buffer holding bfloat16 bits)."""
     if dtype == "bfloat16":
         if array.dtype.itemsize != 2 or array.dtype.kind not in "iu":
-            raise ValueError(f"bfloat16 data must be passed as a 16-bit integer buffer, got {array.dtype}")
+            raise InvalidArgumentError(f"bfloat16 data must be passed as a 16-bit integer buffer, got {array.dtype}")
         return "bfloat16"
     if dtype is not None and dtype != _NUMPY_DTYPES.get(array.dtype):
-        raise ValueError(f"dtype {dtype!r} does not match the array's {array.dtype}")
+        raise InvalidArgumentError(f"dtype {dtype!r} does not match the array's {array.dtype}")
     try:
         return _NUMPY_DTYPES[array.dtype]
     except KeyError:
-        raise ValueError(
+        raise InvalidArgumentError(
             f"unsupported dtype {array.dtype}; netreduce reduces float32, float64, float16, "
             "bfloat16, int32 and int64") from None
 
 
 def check_array(array: Any, what: str) -> np.ndarray:
     if not isinstance(array, np.ndarray):
-        raise ValueError(f"{what} must be a numpy array, got {type(array).__name__}")
+        raise InvalidArgumentError(f"{what} must be a numpy array, got {type(array).__name__}")
     if not array.flags.c_contiguous:
-        raise ValueError(f"{what} must be C-contiguous (use np.ascontiguousarray)")
+        raise InvalidArgumentError(f"{what} must be C-contiguous (use np.ascontiguousarray)")
     return array
 
 
@@ -79,10 +82,10 @@ def check_reduction(src: Any, dst: Any, op: str, dtype: Optional[str],
     else:
         dst = check_array(dst, "destination array")
         if dst.dtype != src.dtype or dst.nbytes != src.nbytes:
-            raise ValueError(f"destination ({dst.dtype}, {dst.nbytes} B) does not match "
+            raise InvalidArgumentError(f"destination ({dst.dtype}, {dst.nbytes} B) does not match "
                              f"source ({src.dtype}, {src.nbytes} B)")
     if op not in OPS:
-        raise ValueError(f"unsupported op {op!r}; {reducer} does {', '.join(OPS)}")
+        raise InvalidArgumentError(f"unsupported op {op!r}; {reducer} does {', '.join(OPS)}")
     if not dst.flags.writeable:
-        raise ValueError("destination array is read-only")
+        raise InvalidArgumentError("destination array is read-only")
     return src, dst, name

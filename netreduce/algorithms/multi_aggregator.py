@@ -36,8 +36,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from netreduce import config
-from netreduce.algorithms.base import check_array
-from netreduce.errors import DataPlaneError, NetReduceError
+from netreduce.algorithms.base import check_array, check_reduction
+from netreduce.errors import DataPlaneError, InvalidArgumentError, NetReduceError
 from netreduce.protocol.address import format_address, parse_address, resolve
 
 log = logging.getLogger("netreduce")
@@ -92,7 +92,7 @@ class MultiAggregator:
         self.addresses = [format_address(c.address) for c in connections]
         self.weights = list(weights) if weights else [1.0] * len(connections)
         if len(self.weights) != len(connections) or min(self.weights) <= 0:
-            raise ValueError(f"need one positive weight per aggregator "
+            raise InvalidArgumentError(f"need one positive weight per aggregator "
                              f"({len(connections)}), got {self.weights}")
         self.min_split = min_split
         self._calls = 0
@@ -128,14 +128,9 @@ class MultiAggregator:
     # -- the Algorithm interface ---------------------------------------------------
     def allreduce(self, src: np.ndarray, dst: Optional[np.ndarray] = None, op: str = "sum",
                   dtype: Optional[str] = None) -> np.ndarray:
-        src = check_array(src, "source array")
-        if dst is None:
-            dst = src
-        else:
-            dst = check_array(dst, "destination array")
-            if dst.dtype != src.dtype or dst.nbytes != src.nbytes:
-                raise ValueError(f"destination ({dst.dtype}, {dst.nbytes} B) does not match "
-                                 f"source ({src.dtype}, {src.nbytes} B)")
+        # Checked whole before any range is submitted: a bad argument is the caller's
+        # InvalidArgumentError, not a range's failure folded into DataPlaneError below.
+        src, dst, _ = check_reduction(src, dst, op, dtype, "the aggregator")
         flat_src, flat_dst = src.reshape(-1), dst.reshape(-1)
         parts = spread(flat_src.size, src.dtype.itemsize, self.weights, self._calls,
                        self.min_split)

@@ -13,6 +13,7 @@ import threading
 import time
 from typing import IO, List, Sequence
 
+from netreduce.errors import NetReduceError
 from netreduce.process import detach_and_die_with_parent
 
 GRACE_S = 3.0  # SIGTERM -> SIGKILL; keeps "a failing rank stops the job" under 10 s
@@ -28,7 +29,9 @@ def _pump(stream: IO[bytes], out: IO[bytes], prefix: bytes, lock: threading.Lock
     stream.close()
 
 
-class LaunchError(Exception):
+class LaunchError(NetReduceError):
+    """A rank could not be started; ``code`` is the exit status netreduce-run returns."""
+
     def __init__(self, message: str, code: int) -> None:
         super().__init__(message)
         self.code = code

@@ -8,13 +8,15 @@ Accepted forms (the port defaults to 4791, RoCEv2's and netreduce-switch's):
     agg-0:4791      agg-0.lan      host name, resolved when connecting
 
 Several aggregators are a comma-separated list of these (``parse_addresses``).
-Anything else is a ValueError that names the variable and the bad value."""
+Anything else is a ConfigError (a ValueError) that names the variable and the bad value."""
 from __future__ import annotations
 
 import ipaddress
 import re
 import socket
 from typing import List, Tuple
+
+from netreduce.errors import ConfigError
 
 DEFAULT_PORT = 4791
 Address = Tuple[str, int]
@@ -25,8 +27,8 @@ _LABEL = r"[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?"
 _HOSTNAME = re.compile(rf"(?=.{{1,253}}$){_LABEL}(\.{_LABEL})*\.?")
 
 
-def _bad(what: str, text: str, why: str) -> ValueError:
-    return ValueError(f"{what}={text!r} is not an aggregator address: {why} "
+def _bad(what: str, text: str, why: str) -> ConfigError:
+    return ConfigError(f"{what}={text!r} is not an aggregator address: {why} "
                       "(expected HOST, HOST:PORT, [IPv6] or [IPv6]:PORT; the port defaults to "
                       f"{DEFAULT_PORT})")
 
@@ -116,12 +118,12 @@ def unmap(host: str) -> str:
 def resolve(address: Address) -> Address:
     """(host, port) with a host name replaced by its address (an IPv4 or IPv6
     literal; a name with both kinds of address takes its IPv4 one, as the native
-    ResolveHost does); ValueError naming the host otherwise."""
+    ResolveHost does); ConfigError (a ValueError) naming the host otherwise."""
     host, port = address
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)
     except socket.gaierror as exc:
-        raise ValueError(f"aggregator host {host!r} does not resolve: {exc.strerror}") from None
+        raise ConfigError(f"aggregator host {host!r} does not resolve: {exc.strerror}") from None
     v4 = [i for i in infos if i[0] == socket.AF_INET]
     return unmap(str((v4 or infos)[0][4][0]).split("%", 1)[0]), int(port)
 

@@ -41,6 +41,8 @@ import threading
 import time
 from typing import Any, Callable, Dict, Optional, Set
 
+from netreduce.errors import ConfigError, NetReduceError
+
 DOMAIN = b"netreduce-job-proof-v1\0"
 KEY_DOMAIN = b"netreduce-job-key-v1\0"
 OPERATOR_DOMAIN = b"netreduce-operator-proof-v1\0"
@@ -48,7 +50,7 @@ NONCE_BYTES = 32
 log = logging.getLogger("netreduce.switch")
 
 
-class AuthError(Exception):
+class AuthError(NetReduceError):
     """A refused proof; the control server answers ok=false with this message."""
 
 
@@ -125,7 +127,7 @@ def read_operator_secret(path: str) -> bytes:
     with open(path, "rb") as f:
         data = f.read().strip()
     if len(data) < 16:
-        raise ValueError(f"operator secret file {path} holds {len(data)} bytes; use at least 16 "
+        raise ConfigError(f"operator secret file {path} holds {len(data)} bytes; use at least 16 "
                          "(e.g. `head -c 32 /dev/urandom | xxd -p > FILE`)")
     return data
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict, List
 
+from netreduce.errors import NetReduceError
+
 # handler(server, session, request) -> reply dict, or a Wait (netreduce/switch/waits.py)
 Handler = Callable[[Any, Any, Dict[str, Any]], Any]
 DisconnectHook = Callable[[Any, Any], None]  # hook(server, session) when a connection closes
@@ -18,7 +20,7 @@ INLINE: set = set()  # commands whose handlers never block (they may return a Wa
 DISCONNECT_HOOKS: List[DisconnectHook] = []
 
 
-class RequestError(Exception):
+class RequestError(NetReduceError):
     """Raised by a handler: answered as ok=false with this message."""
 
 

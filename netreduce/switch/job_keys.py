@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 from typing import Dict
 
+from netreduce.errors import ConfigError
 from netreduce.protocol import auth
 
 KEY_PREFIX = "ed25519:"
@@ -35,7 +36,7 @@ def _key_of(job: str, value: str, where: str, folder: str) -> str:
         except ValueError:
             ok = False
         if not ok:
-            raise ValueError(f"{where}: job '{job}': '{value}' is not an ed25519 public key "
+            raise ConfigError(f"{where}: job '{job}': '{value}' is not an ed25519 public key "
                              "(64 hex digits after 'ed25519:', as `netreduce job-key` prints)")
         return key
     if value.startswith("@"):
@@ -44,16 +45,17 @@ def _key_of(job: str, value: str, where: str, folder: str) -> str:
             with open(path, "rb") as f:
                 value = f.read().strip().decode()
         except (OSError, UnicodeDecodeError) as exc:
-            raise ValueError(f"{where}: job '{job}': cannot read its secret from {path}: "
+            raise ConfigError(f"{where}: job '{job}': cannot read its secret from {path}: "
                              f"{exc}") from None
         if not value:
-            raise ValueError(f"{where}: job '{job}': its secret file {path} is empty")
+            raise ConfigError(f"{where}: job '{job}': its secret file {path} is empty")
     return auth.public_key(value, job)
 
 
 def read(path: str) -> Dict[str, str]:
-    """``{job: public key hex}`` from a --job-secrets file. Raises ValueError naming
-    the file and line of a malformed entry, or OSError for the file itself."""
+    """``{job: public key hex}`` from a --job-secrets file. Raises ConfigError (a
+    ValueError) naming the file and line of a malformed entry, or OSError for the
+    file itself."""
     keys: Dict[str, str] = {}
     folder = os.path.dirname(os.path.abspath(path))
     with open(path, encoding="utf-8") as f:
@@ -63,11 +65,11 @@ def read(path: str) -> Dict[str, str]:
                 continue
             where = f"{path}:{n}"
             if len(words) != 2:
-                raise ValueError(f"{where}: expected 'JOB ed25519:KEY', 'JOB @SECRET_FILE' or "
+                raise ConfigError(f"{where}: expected 'JOB ed25519:KEY', 'JOB @SECRET_FILE' or "
                                  f"'JOB SECRET', got {len(words)} words")
             job, key = words[0], _key_of(words[0], words[1], where, folder)
             if keys.get(job, key) != key:
-                raise ValueError(f"{where}: job '{job}' is listed twice with different keys")
+                raise ConfigError(f"{where}: job '{job}' is listed twice with different keys")
             keys[job] = key
     return keys
 

@@ -18,6 +18,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable, List, Optional, Tuple
 
+from netreduce.errors import InvalidArgumentError
+
 PayloadForMtu = Callable[[int, bool], int]
 
 
@@ -66,7 +68,7 @@ class JobPayload:
             return self.cap, f"payload {self.cap} B: no path MTU known, the aggregator's largest"
         path = f"{describe(narrowest.mtu)} {narrowest.source}"
         if narrowest.payload < 8:
-            raise ValueError(f"{path} leaves no room for a payload")
+            raise InvalidArgumentError(f"{path} leaves no room for a payload")
         if narrowest.payload < self.cap:
             return narrowest.payload, f"payload {narrowest.payload} B: {path}"
         if self.explicit:

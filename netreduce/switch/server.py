@@ -21,6 +21,7 @@ import threading
 import time
 from typing import Any, Dict, List, Optional
 
+from netreduce.errors import InvalidTypeError
 from netreduce.protocol.address import family_of, format_address, parse_address, unmap
 from netreduce.protocol.auth import AuthError, Guard
 from netreduce.protocol.socket_buffers import (DAEMON_SHARE, rank_share, size_words,
@@ -509,7 +510,7 @@ def _parse(line: bytes) -> "tuple[Dict[str, Any], Optional[Dict[str, Any]]]":
     try:
         msg = json.loads(line)
         if not isinstance(msg, dict):
-            raise TypeError(f"a request is a JSON object, not {type(msg).__name__}")
+            raise InvalidTypeError(f"a request is a JSON object, not {type(msg).__name__}")
         return msg, None
     except (TypeError, ValueError, RecursionError) as exc:
         return {}, {"ok": False, "error": f"malformed request {line[:200]!r}: {exc!r}"}

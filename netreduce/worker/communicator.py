@@ -31,8 +31,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 import numpy as np
 
 from netreduce.algorithms.scatter_gather import run as run_scatter_gather
-from netreduce.errors import (ControlPlaneError, NegotiationError, NetReduceError,
-                              RankFailedError, ShutdownError, tensor_names)
+from netreduce.errors import (ControlPlaneError, InvalidArgumentError, NegotiationError,
+                              NetReduceError, RankFailedError, ShutdownError, tensor_names)
 from netreduce.ops import STORAGE, WIRE_DTYPE, ReduceOp, scale_into
 from netreduce.worker import timeline as tl
 from netreduce.worker import unmatched
@@ -136,7 +136,7 @@ class Communicator:
             names = [t.name for t in tensors]
             for name in names:
                 if name in self._inflight or names.count(name) > 1:
-                    raise ValueError(f"a tensor named '{name}' is already being reduced: "
+                    raise InvalidArgumentError(f"a tensor named '{name}' is already being reduced: "
                                      "names must be unique among in-flight operations "
                                      "(wait for the first with synchronize())")
             for t in tensors:

@@ -10,6 +10,8 @@ from typing import List, Sequence, Tuple
 
 import numpy as np
 
+from netreduce.errors import InvalidArgumentError
+
 
 class FusionBuffer:
     """One contiguous byte buffer of ``capacity`` bytes, allocated on first use and
@@ -27,7 +29,7 @@ class FusionBuffer:
         """A flat ``dtype`` view of the first ``count`` elements."""
         nbytes = count * np.dtype(dtype).itemsize
         if nbytes > self.capacity:
-            raise ValueError(f"fusion group of {nbytes} bytes exceeds the fusion buffer "
+            raise InvalidArgumentError(f"fusion group of {nbytes} bytes exceeds the fusion buffer "
                              f"({self.capacity} bytes)")
         if self._raw.size == 0 and self.capacity > 0:
             self._raw = np.empty(self.capacity, dtype=np.uint8)

@@ -99,7 +99,7 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
                  momentum_correction=True, steps_per_epoch=None):
         super().__init__()
         if initial_lr is None:
-            raise ValueError("Parameter `initial_lr` is required")
+            raise errors.InvalidArgumentError("Parameter `initial_lr` is required")
         self.initial_lr = initial_lr
         self.start_epoch, self.end_epoch = start_epoch, end_epoch
         self.staircase = staircase
@@ -116,7 +116,7 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
         steps = (self.params or {}).get("steps")
         if steps:
             return int(steps)
-        raise ValueError(f"Could not autodetect the number of steps per epoch; pass "
+        raise errors.InvalidArgumentError(f"Could not autodetect the number of steps per epoch; pass "
                          f"steps_per_epoch to {type(self).__name__}()")
 
     def _adjust(self, epoch: float) -> None:

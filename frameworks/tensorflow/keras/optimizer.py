@@ -14,6 +14,7 @@ from typing import Any, Dict, Optional
 
 import tensorflow as tf
 
+from netreduce.tensorflow import errors
 from netreduce.tensorflow.compression import Compression
 from netreduce.tensorflow.gradient_tape import allreduce_gradients, check_predivide
 from netreduce.tensorflow.mpi_ops import Average, _check_process_set, global_process_set, size
@@ -76,7 +77,7 @@ def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse=''
     _check_process_set(process_set)
     check_predivide(op, gradient_predivide_factor)
     if backward_passes_per_step != 1:
-        raise NotImplementedError(
+        raise errors.UnsupportedError(
             "netreduce.tensorflow.keras.DistributedOptimizer: backward_passes_per_step > 1 "
             "is not supported; Keras 3 accumulates locally with the optimizer's own "
             "gradient_accumulation_steps=k (the all-reduce then runs every pass)")
