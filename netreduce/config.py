@@ -207,6 +207,10 @@ declare("NETREDUCE_RANK", int, -1, "this process's rank; -1 = discover from the 
 declare("NETREDUCE_SIZE", int, -1, "number of ranks; -1 = discover from the launcher")
 declare("NETREDUCE_LOCAL_RANK", int, -1, "rank among the processes on this host; -1 = discover")
 declare("NETREDUCE_LOCAL_SIZE", int, -1, "processes of the job on this host; -1 = discover")
+declare("NETREDUCE_HOST_LABEL", str, "",
+        "added to this rank's host identity (hostname and namespaces): ranks with different "
+        "labels are different hosts even on one machine; netreduce-run -H sets it to the "
+        "host name a rank was placed on (-H localhost:2,127.0.0.1:2 is two hosts)")
 
 # --- framework adapters ----------------------------------------------------------------
 declare("NETREDUCE_TF_OP_CACHE", str, "",

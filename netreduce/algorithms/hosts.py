@@ -30,6 +30,7 @@ from typing import Callable, Dict, List, Sequence, Tuple
 
 import numpy as np
 
+from netreduce import config
 from netreduce.errors import NetReduceError
 
 LABEL_WORDS = 12  # int64 words of the host label in a record (96 bytes of UTF-8)
@@ -93,10 +94,15 @@ def host_identity() -> Tuple[int, str]:
     """(a 63-bit id, a readable label) of the host this process runs on: hostname,
     network namespace and pid namespace (local ranks open each other's segment
     through /proc/<pid>/fd, so processes that cannot see each other's pids are not
-    on one host for this purpose)."""
+    on one host for this purpose), and NETREDUCE_HOST_LABEL, the host the launcher
+    placed the rank on (netreduce-run -H localhost:2,127.0.0.1:2 runs two hosts on
+    one machine: a label can split a machine, never join two)."""
     name = socket.gethostname()
     netns, pidns = _ns_inode("net"), _ns_inode("pid")
     label = name + (f"/netns:{netns}" if netns else "") + (f"/pidns:{pidns}" if pidns else "")
+    placed = config.get("NETREDUCE_HOST_LABEL")
+    if placed:
+        label = f"{placed}@{label}"
     digest = hashlib.blake2b(label.encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") & 0x7FFF_FFFF_FFFF_FFFF, label
 
