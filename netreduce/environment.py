@@ -1,10 +1,13 @@
 """Rank, size, local rank/size and job name, from the launcher already in use.
 
-netreduce does not ship a remote process launcher (docs/design.md, launcher and rank discovery): across
-hosts the ranks come from whatever started the processes. Each launcher leaves its
-own variables; the first family that is present wins, in this order:
+The ranks come from whatever started the processes (docs/design.md, launcher and
+rank discovery): netreduce-run (on this host, or across hosts over ssh) or a launcher
+the user already has. Each leaves its own variables; the first family that is
+present wins, in this order:
 
-    netreduce-run   NETREDUCE_RANK / _SIZE / _LOCAL_RANK / _LOCAL_SIZE (via config)
+    netreduce-run   NETREDUCE_RANK / _SIZE / _LOCAL_RANK / _LOCAL_SIZE (via config);
+                    it sets horovodrun's HOROVOD_* and torchrun's variables to the
+                    same values, so code that reads those agrees
     Open MPI        OMPI_COMM_WORLD_RANK / _SIZE / _LOCAL_RANK / _LOCAL_SIZE
     horovodrun      HOROVOD_RANK / _SIZE / _LOCAL_RANK / _LOCAL_SIZE
     torchrun        RANK / WORLD_SIZE / LOCAL_RANK / LOCAL_WORLD_SIZE

@@ -9,7 +9,7 @@ class NetReduceError(RuntimeError):
     """Base of every error netreduce raises. The error types of the rooms that have
     their own stay there (``TopologyError`` in algorithms/hosts.py, ``AuthError`` in
     protocol/auth.py, ``RequestError`` in switch/commands.py, ``LaunchError`` in
-    launcher/ranks.py, ...), all derived from this; tests/unit/test_errors.py checks
+    launcher/spawn.py, ...), all derived from this; tests/unit/test_errors.py checks
     that every exception class of the package does, and that no builtin is raised
     bare. The native module's ``EngineError`` is the exception: the binding's own,
     turned into ``DataPlaneError`` where it crosses into Python

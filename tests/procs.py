@@ -3,9 +3,18 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from typing import List
+
+# netreduce-run prefixes each rank's lines as horovodrun does: "[2]<stdout>:..."
+_RANK_PREFIX = re.compile(r"^\[\d+\]<std(?:out|err)>:")
+
+
+def unprefixed(line: str) -> str:
+    """A line netreduce-run printed, without its rank prefix."""
+    return _RANK_PREFIX.sub("", line)
 
 
 def collect(procs: List[subprocess.Popen], timeout: float) -> List[dict]:

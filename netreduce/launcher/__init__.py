@@ -1,5 +1,6 @@
-"""netreduce-run, the launcher: N ranks of one command on this host, with an
-aggregator unless one is given (command.py: the command line, the aggregator, the
-ranks' environment and the supervision loop; ranks.py: starting, prefixing and
-stopping the rank processes)."""
+"""netreduce-run, the launcher: a job's ranks on this host or across hosts, with
+horovodrun's flags, and an aggregator unless one is given (command.py: the command
+line, the aggregator, the ranks' environment; hosts.py: host lists and placement;
+spawn.py: one rank started locally or over ssh, remote.py its keeper on the remote
+host; job.py: supervising and stopping them; elastic/: elastic jobs)."""
 from netreduce.launcher.command import main  # noqa: F401  (netreduce-run's console script)

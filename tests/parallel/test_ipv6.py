@@ -233,5 +233,7 @@ def test_launcher_runs_a_job_on_an_ipv6_aggregator(switch6):
                            where, sys.executable, "-c", LAUNCHED], env=env,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    lines = sorted(ln.split()[-3:] for ln in proc.stdout.splitlines() if " OK " in f" {ln}")
+    from tests.procs import unprefixed
+    lines = sorted(unprefixed(ln).split()[-3:] for ln in proc.stdout.splitlines()
+                   if " OK " in f" {unprefixed(ln)}")
     assert lines == [["OK", "0", where], ["OK", "1", where]], proc.stdout

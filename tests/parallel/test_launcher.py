@@ -2,6 +2,7 @@
 forwarding, no orphans. The toy commands are plain Python one-liners."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -79,10 +80,10 @@ def test_rank_environment_and_prefixed_output():
     proc = run_launcher(["-np", "3", "--switch", "127.0.0.1:9", sys.executable, "-c", code])
     assert proc.returncode == 0, proc.stderr
     lines = sorted(proc.stdout.splitlines())
-    assert [ln.split()[:4] for ln in lines] == [[f"[{r}]", str(r), "3", str(r)] for r in range(3)]
-    assert len({ln.split()[4] for ln in lines}) == 1            # one job name for all ranks
-    assert all(ln.split()[5] == "127.0.0.1:9" for ln in lines)  # --switch: nothing spawned
-    assert sorted(proc.stderr.splitlines()) == [f"[{r}] to stderr" for r in range(3)]
+    assert [ln.split()[:3] for ln in lines] == [[f"[{r}]<stdout>:{r}", "3", str(r)] for r in range(3)]
+    assert len({ln.split()[3] for ln in lines}) == 1            # one job name for all ranks
+    assert all(ln.split()[4] == "127.0.0.1:9" for ln in lines)  # --switch: nothing spawned
+    assert sorted(proc.stderr.splitlines()) == [f"[{r}]<stderr>:to stderr" for r in range(3)]
 
 
 def test_exit_codes_and_usage():
@@ -91,7 +92,7 @@ def test_exit_codes_and_usage():
     proc = run_launcher(["-np", "2", "--switch", "h:1"])
     assert proc.returncode == 2 and "no command given" in proc.stderr
     proc = run_launcher(["-np", "2", "--switch", "h:1", "/nonexistent/program"])
-    assert proc.returncode == 127 and "cannot start rank 0: /nonexistent/program" in proc.stderr
+    assert proc.returncode == 127 and "cannot start rank 0 on localhost: /nonexistent/program" in proc.stderr
 
 
 def test_embedded_aggregator_serves_the_ranks():
@@ -100,7 +101,33 @@ def test_embedded_aggregator_serves_the_ranks():
             "print('sum', x[0]); nr.shutdown()")
     proc = run_launcher(["-np", "2", sys.executable, "-c", code])
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert sorted(proc.stdout.splitlines()) == ["[0] sum 1.0", "[1] sum 1.0"]
+    assert sorted(proc.stdout.splitlines()) == ["[0]<stdout>:sum 1.0", "[1]<stdout>:sum 1.0"]
+
+
+def test_names_of_this_machine_are_distinct_hosts(tmp_path):
+    """-H localhost:2,127.0.0.1:2 (as Horovod's own elastic tests use it): four local
+    processes, two hosts to netreduce's layout check and to the ranks' variables."""
+    code = ("import json, os, numpy as np, netreduce as nr; nr.init(); "
+            "x = nr.allreduce(np.arange(5000, dtype=np.int32) * (nr.rank() + 1), op=nr.Sum); "
+            "e = os.environ; print(json.dumps([nr.rank(), nr.local_rank(), nr.local_size(), "
+            "e['HOROVOD_HOSTNAME'], e['HOROVOD_CROSS_RANK'], e['HOROVOD_CROSS_SIZE'], "
+            "bool((x == np.arange(5000) * 10).all())])); nr.shutdown()")
+    proc = run_launcher(["-np", "4", "-H", "localhost:2,127.0.0.1:2", "--output-filename",
+                         str(tmp_path), sys.executable, "-c", code])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    got = sorted(json.loads(ln.split(":", 1)[1]) for ln in proc.stdout.splitlines())
+    assert got == [[0, 0, 2, "localhost", "0", "2", True], [1, 1, 2, "localhost", "0", "2", True],
+                   [2, 0, 2, "127.0.0.1", "1", "2", True], [3, 1, 2, "127.0.0.1", "1", "2", True]]
+    assert json.loads((tmp_path / "rank.3" / "stdout").read_text())[0] == 3
+
+
+def test_host_list_errors_are_usage_errors():
+    for args, said in ((["-np", "5", "-H", "localhost:2,127.0.0.1:2"], "more ranks than the 4 slots"),
+                       (["-np", "2", "-H", "localhost"], "is not host:slots"),
+                       (["-np", "2", "-H", "a:1", "--hostfile", "f"], "not allowed with"),
+                       (["-H", "localhost:2"], "-np/--num-proc is required")):
+        proc = run_launcher([*args, "true"])
+        assert proc.returncode == 2 and said in proc.stderr, (args, proc.stderr)
 
 
 @pytest.mark.slow
@@ -113,7 +140,7 @@ def test_failing_rank_stops_the_job_fast_with_no_orphans(tmp_path):
     elapsed = time.monotonic() - t0
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert elapsed < 10, elapsed
-    assert "rank 1 exited with code 1" in proc.stderr
+    assert "rank 1 on localhost exited with code 1" in proc.stderr
     # the ranks and the `sleep` each of them started are all gone
     assert wait_gone(read_pids(tmp_path, 3), 2.0) == []
 

@@ -134,7 +134,7 @@ def test_the_scans_find_what_they_look_for():
 
 
 def test_the_room_errors_keep_their_builtin():
-    from netreduce.launcher.ranks import LaunchError
+    from netreduce.launcher.spawn import LaunchError
     from netreduce.protocol.auth import AuthError
     from netreduce.switch.commands import RequestError
     for kind in (AuthError, RequestError, LaunchError, errors.ConfigError,
