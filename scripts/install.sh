@@ -19,6 +19,12 @@ if [ "$what" = test ]; then
   need iperf3 iperf3
   # tests/root: the sending veth's UDP segmentation offload off (GSO capture test)
   need ethtool ethtool
+  # tests/root/test_launch_ssh.py: sshd in the testbed's host namespaces (netreduce-run -H)
+  [ -x /usr/sbin/sshd ] || apt_pkgs+=(openssh-server)
+  # tests/root/test_slurm.py: a real Slurm (slurmctld, a slurmd per host namespace) and munge
+  { [ -x /usr/sbin/slurmctld ] && [ -x /usr/sbin/slurmd ] && command -v srun >/dev/null; } || \
+    apt_pkgs+=(slurm-wlm)
+  [ -x /usr/sbin/munged ] || apt_pkgs+=(munge)
   # scripts/sanitizers.sh: ASan/UBSan builds and libFuzzer (compiler-rt)
   need clang++ clang
   ls /usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a >/dev/null 2>&1 || \
