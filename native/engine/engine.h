@@ -98,7 +98,11 @@ class Engine {
  private:
   explicit Engine(const EngineConfig& cfg);
   void ThreadMain();
+  // One request through the window (engine.cc), as the steps of Engine::Message
+  // (engine/message.h).
   Status Run(Request& req);
+  Status CheckRequest(const Request& req) const;
+  class Message;
   std::string Where(uint32_t slot) const;
 
   EngineConfig cfg_;

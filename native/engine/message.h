@@ -1,0 +1,120 @@
+// One message through the window: Engine::Run (engine.cc) as named steps over the
+// state a message needs beyond what the engine keeps between messages (run_state.h).
+//
+//   StartWindow    the first W chunks, one per slot
+//   Flush          the queued packets, one SendBatch
+//   AwaitResults   sleep until a socket is readable or the earliest deadline
+//   Drain          what each socket holds: Match, then Complete, which starts the
+//                  chunk W further on in the same slot (HeldNotice, LateResult for
+//                  the others)
+//   SweepTimers    resend what is due (engine/repair.h has the rules)
+//
+// The per-chunk path (chunks and results) is message_chunks.cc and
+// message_results.cc, the timers message_timers.cc. Everything here runs on the
+// engine's thread.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <random>
+#include <vector>
+
+#include "engine/engine.h"
+#include "engine/run_state.h"
+#include "wire/roce.h"
+
+namespace netreduce {
+
+// Submit's owner for a reduce-scatter laid out chunk-interleaved: chunk c's owner is
+// rank c mod N, so every window carries every rank's data (docs/protocol.md).
+constexpr int32_t kInterleavedOwners = -2;
+
+class Engine::Message {
+ public:
+  // `req` has passed Engine::CheckRequest and has at least one element.
+  Message(Engine& e, Request& req);
+
+  bool Done() const { return remaining_ == 0; }
+  void StartWindow();
+  Status Flush();
+  Status AwaitResults();
+  Status Drain(Transport& sock);
+  Status SweepTimers();
+  // Every chunk answered: every slot idle again (RunState::clean).
+  void Finish() { rs_.clean = true; }
+
+ private:
+  // Who a chunk's result goes to (owner delivery, reduce-scatter): the message's
+  // owner, or rank c mod N when interleaved; -1 = everyone.
+  int32_t OwnerOf(int64_t c) const {
+    return interleaved_ ? (e_.cfg_.size > 1 ? int32_t(uint64_t(c) % e_.cfg_.size) : -1) : req_.owner;
+  }
+  uint32_t IdOf(int64_t c) const {
+    const int32_t o = OwnerOf(c);
+    return o >= 0 ? wire::MakeOwnerMsgId(counter_, uint32_t(o)) : (counter_ & ~wire::kOwnerFlag);
+  }
+  // Owner delivery: non-owners expect header-only notices (DMA length 0) ...
+  bool NoticeOf(int64_t c) const {
+    const int32_t o = OwnerOf(c);
+    return o >= 0 && uint32_t(o) != e_.cfg_.rank;
+  }
+  // ... and the owner sends headers only for its own chunks (the slot counts them) and
+  // combines its own data with the others' sum on arrival: (N-1)/N of the buffer out.
+  bool OwnOf(int64_t c) const {
+    const int32_t o = OwnerOf(c);
+    return o >= 0 && uint32_t(o) == e_.cfg_.rank && e_.cfg_.size > 1;
+  }
+  size_t FirstOf(int64_t c) const { return size_t(c) * chunk_elems_; }
+  size_t ElemsOf(int64_t c) const { return std::min(chunk_elems_, req_.count - FirstOf(c)); }
+  void DueBy(int64_t at) { next_due_ = std::min(next_due_, at); }
+
+  // message_chunks.cc: the send side.
+  void QueueSend(engine_run::SlotTrack& t);
+  wire::Header Stamp(engine_run::SlotTrack& t, int64_t c, int64_t now, bool ack_req);
+  void StartChunk(engine_run::SlotTrack& t, int64_t c, int64_t now);
+
+  // message_results.cc: the receive side.
+  Status DrainZeroCopy(Transport& sock);
+  Status DrainBatch(Transport& sock);
+  engine_run::SlotTrack* Match(const wire::Header& h);
+  void HeldNotice(const wire::Header& h);
+  void LateResult(const wire::Header& h);
+  void Complete(engine_run::SlotTrack& t, bool repeat_seen);
+  void GroupHeard(int64_t at, uint64_t n);
+  void UnicastResult(const Transport& sock, int64_t at);
+
+  // message_timers.cc
+  void Resend(engine_run::SlotTrack& t, int64_t now);
+
+  Engine& e_;
+  Request& req_;
+  RunState& rs_;
+  std::vector<engine_run::SlotTrack>& slots_;
+  const size_t esize_;
+  const size_t chunk_elems_;
+  const int64_t nchunks_;
+  const uint32_t counter_;    // the message id's counter
+  const bool interleaved_;    // owner = kInterleavedOwners
+  const bool stream_;         // results into dst by streaming stores (prefetch.h)
+  const uint64_t base_;       // sequence number of chunk 0
+  const int64_t timeout_us_;  // a chunk with no result this long fails the message
+  const uint64_t retransmits_at_start_;  // the timeout error counts this message's
+  int64_t remaining_;
+  // Per lane: last completion (progress), its chunk, no timeout probe before next_probe.
+  std::vector<int64_t> lane_progress_, next_probe_, lane_last_seq_;
+  // A lower bound of the earliest deadline of any outstanding chunk (the sweep runs
+  // when it may have come), and the RTO the last sweep used (a falling RTO moves lane
+  // timeouts earlier than next_due_).
+  int64_t next_due_ = 0;
+  int64_t last_sweep_rto_ = 0;
+  std::vector<engine_run::SlotTrack*> probes_, held_probes_;  // the sweep's, per lane
+  bool first_of_batch_ = true;  // the next result is the first of its receive batch
+  int64_t rx_now_ = 0;          // when the results being handled were received
+  uint8_t peek_[wire::kHeaderBytes];
+  uint8_t trailer_[8];
+  std::uniform_real_distribution<double> coin_{0.0, 1.0};
+};
+
+}  // namespace netreduce

@@ -1,0 +1,290 @@
+// A message's receive side (engine/message.h): waiting for results, draining a
+// socket, matching each result to the chunk outstanding in its slot, and completing
+// it (which starts the slot's next chunk); held notices and late results.
+#include <algorithm>
+#include <cstring>
+
+#include "engine/message.h"
+#include "engine/prefetch.h"
+#include "engine/rtt.h"
+
+namespace netreduce {
+using namespace engine_timing;
+using namespace engine_prefetch;
+using namespace engine_run;
+
+Status Engine::Message::AwaitResults() {
+  const int64_t now = NowUs();
+  const int64_t due = e_.Rto() < last_sweep_rto_ ? now : next_due_;
+  const int64_t wait_us = std::min<int64_t>(50000, std::max<int64_t>(0, due - now));
+  Transport* socks[2] = {e_.sock_.get(), e_.group_.get()};
+  return WaitReadable(socks, e_.group_ ? 2 : 1, wait_us);
+}
+
+// The chunk outstanding in the result's slot, if the result is for it.
+SlotTrack* Engine::Message::Match(const wire::Header& h) {
+  if (!h.result || (h.dest_qp != e_.my_qpn_ && h.dest_qp != e_.group_qpn_) || h.key != e_.cfg_.key ||
+      h.slot >= e_.window_) {
+    return nullptr;
+  }
+  SlotTrack& t = slots_[h.slot];
+  if (t.chunk < 0 || h.msg_id != IdOf(t.chunk)) return nullptr;
+  const size_t expect = NoticeOf(t.chunk) ? 0 : ElemsOf(t.chunk) * esize_;
+  if (h.psn != (t.seq & wire::kPsnMask) || h.offset != FirstOf(t.chunk) || h.length != expect) {
+    return nullptr;  // a duplicate or late result for a chunk already done
+  }
+  return &t;
+}
+
+// A held notice (wire::kExtHeld) for the chunk outstanding in its slot: the round has
+// this rank's contribution and waits for others. Its round trip is the path's alone,
+// the one sample a first message can give without the others' lag.
+void Engine::Message::HeldNotice(const wire::Header& h) {
+  if (h.dest_qp != e_.my_qpn_ || h.key != e_.cfg_.key || h.slot >= e_.window_ || h.length != 0) {
+    e_.ignored_results_++;
+    return;
+  }
+  SlotTrack& t = slots_[h.slot];
+  if (t.chunk < 0 || h.msg_id != IdOf(t.chunk) || h.psn != (t.seq & wire::kPsnMask) ||
+      h.offset != FirstOf(t.chunk)) {
+    return;  // for a chunk already done (its result came first)
+  }
+  e_.held_notices_++;
+  if (!t.held) {
+    if (t.retries == 0 && t.head) e_.SampleRtt(double(rx_now_ - t.first_send_us));
+    t.rto_us = kHeldProbeUs;  // from now on the held probe's interval
+  }
+  t.held = true;
+  t.early = t.probe = false;
+  t.deadline_us = rx_now_ + t.rto_us;
+  lane_progress_[t.lane] = rx_now_;  // the path answers: no timeout probe yet
+}
+
+// A result that matches no outstanding chunk. A second result for a chunk that
+// completed after a retransmission means the aggregator answered both sends: the first
+// result answered the original, which was only slow (a rank stalled, a queue), not
+// lost. Karn's rule hides exactly those long round trips from the estimator, so
+// without this the timeout never learns them and keeps firing; feed the round trip of
+// the original in (TCP's Eifel detection, in spirit). The record survives the
+// message: the second result of a message's last chunks arrives while the next
+// message runs.
+void Engine::Message::LateResult(const wire::Header& h) {
+  e_.ignored_results_++;
+  if (!h.result || (h.dest_qp != e_.my_qpn_ && h.dest_qp != e_.group_qpn_) || h.key != e_.cfg_.key ||
+      h.slot >= e_.window_) {
+    return;
+  }
+  Retried& r = e_.retried_[h.slot];
+  if (r.sample_us >= 0 && h.msg_id == r.msg_id && h.psn == r.psn) {
+    if (r.head) e_.SampleRtt(double(r.sample_us));
+    r.sample_us = -1;
+    e_.spurious_retransmits_++;
+  }
+}
+
+// The result of `t` is in place: sample the round trip, give chunks it overtook their
+// reorder deadline, move the slot on. `repeat_seen`: the aggregator had this rank's
+// contribution before a repeat of it arrived (kExtRepeatSeen).
+void Engine::Message::Complete(SlotTrack& t, bool repeat_seen) {
+  e_.packets_received_++;
+  const int64_t t_now = rx_now_;
+  const size_t lane = t.lane;
+  // An inter-result gap: t was already on its way when the lane's previous result
+  // came. Only the first result of a receive batch: those behind it in the same batch
+  // waited in the socket, their spacing is the engine's, not the path's.
+  if (first_of_batch_ && !t.held && lane_last_seq_[lane] >= 0 &&
+      t.seq > uint64_t(lane_last_seq_[lane]) && t.last_send_us <= lane_progress_[lane]) {
+    e_.SampleGap(double(t_now - lane_progress_[lane]));
+  }
+  first_of_batch_ = false;
+  lane_progress_[lane] = t_now;
+  // Progress ends a lane's probe back-off, as an ACK ends TCP's: the doubling is for a
+  // lane that hears nothing. Kept after progress, a needless probe (its round waits for
+  // another rank) held the lane's next probe back up to 1 s, and a tail of many rounds
+  // each missing one rank's contribution was repaired at ~17 rounds a second.
+  next_probe_[lane] = 0;
+  lane_last_seq_[lane] = int64_t(t.seq);
+  Retried& r = e_.retried_[t.seq % e_.window_];
+  if (t.retries > 0) e_.repaired_chunks_++, e_.repair_wait_us_ += uint64_t(t_now - t.first_send_us);
+  // A chunk whose resend the aggregator saw as a repeat was not lost: the slot was
+  // waiting for another rank (its loss, or a descheduled process). Proven needless once
+  // per chunk, like a second result above (so the record is not kept), so that only
+  // this rank's own losses switch tail copies on. No round-trip sample: the wait was
+  // the slot's, not the path's.
+  const bool proven = t.retries > 0 && repeat_seen;
+  if (proven) e_.spurious_retransmits_++, e_.needless_by_repeat_++;
+  if (t.retries == 0 || proven) {  // Karn: only unambiguous samples
+    // (a held chunk's round trip is the wait for the others; its notice sampled)
+    if (!proven && t.head && !t.held) e_.SampleRtt(double(t_now - t.first_send_us));
+    r.sample_us = -1;
+  } else {
+    r.head = t.head && !t.held;  // a held chunk's first send waited for the others
+    r.msg_id = IdOf(t.chunk);
+    r.psn = uint32_t(t.seq & wire::kPsnMask);
+    r.sample_us = t_now - t.first_send_us;
+  }
+  // Overtaken: only chunks of t's lane, sent no later than t was last sent (a chunk
+  // resent since had its own chance). Next expected: the lane's oldest chunk after t,
+  // once it has been out for the least round trip seen.
+  const int64_t reorder_us = std::max<int64_t>(kReorderFloorUs, int64_t(e_.srtt_us_ / 4));
+  std::deque<uint32_t>& order = rs_.lane_order[lane];
+  const uint32_t mine = uint32_t(&t - slots_.data());
+  size_t pos = 0;  // t's place in its lane: usually the front (results in order)
+  while (order[pos] != mine) ++pos;
+  for (size_t k = 0; k < pos; ++k) {  // older chunks of the lane: overtaken
+    SlotTrack& o = slots_[order[k]];
+    if (o.early || o.last_send_us > t.last_send_us) continue;
+    // A held chunk too: its round held this rank's contribution, and a later round of
+    // the lane has completed, so its own result was most likely lost (or another
+    // rank's contribution, which that rank repairs). It leaves the held state and is
+    // repaired like any overtaken chunk -- the held probe asks for one chunk per lane a
+    // second, and a burst of lost held results took minutes.
+    if (o.held) o.held = false, o.rto_us = e_.Rto();
+    o.early = true;
+    o.deadline_us = std::min(o.deadline_us, t_now + reorder_us);
+    DueBy(o.deadline_us);
+  }
+  const size_t later = order.size() - pos - 1;  // outstanding chunks of the lane after t
+  SlotTrack* expected = later > 0 ? &slots_[order[pos + 1]] : nullptr;
+  if (pos == 0) order.pop_front();  // the usual case, without deque's general erase
+  else order.erase(order.begin() + long(pos));
+  // Only for the lane's last outstanding chunk: any other is covered when a later one
+  // is answered, and a gap deadline on every chunk of a long window misfired whenever
+  // the loaded host descheduled the aggregator for a few gaps.
+  if (expected != nullptr && later == 1 && !expected->early && !expected->held) {
+    expected->early = true;
+    expected->deadline_us = std::min(expected->deadline_us,
+                                     std::max(t_now + e_.GapTimeout(), expected->last_send_us + e_.min_rtt_us_));
+    DueBy(expected->deadline_us);
+  }
+  --remaining_;
+  const int64_t next = t.chunk + int64_t(e_.window_);
+  if (next < nchunks_) {
+    StartChunk(t, next, t_now);
+  } else {
+    t.chunk = -1;
+  }
+}
+
+// The multicast group's bookkeeping (--fanout auto; group_watch.h).
+void Engine::Message::GroupHeard(int64_t at, uint64_t n) {
+  e_.group_watch_.Heard(at);
+  e_.group_datagrams_ += n;
+}
+
+void Engine::Message::UnicastResult(const Transport& sock, int64_t at) {
+  if (e_.group_ && &sock != e_.group_.get()) e_.group_watch_.UnicastResult(at, e_.Rto());
+}
+
+// Drain what one socket (unicast, or the job's multicast group) holds.
+Status Engine::Message::Drain(Transport& sock) {
+  first_of_batch_ = true;
+  // GRO: batches only. Otherwise jumbo datagrams are received in place (zero copy).
+  if (e_.jumbo_ && !sock.OwnsReceiveBuffers()) return DrainZeroCopy(sock);
+  return DrainBatch(sock);
+}
+
+// Peek at each datagram's header, then receive its payload straight into its place in
+// the destination buffer.
+Status Engine::Message::DrainZeroCopy(Transport& sock) {
+  uint8_t* const storage = rs_.storage.get();
+  for (size_t k = 0; k < kRecvBatch; ++k) {
+    size_t len = 0;
+    Endpoint from;
+    NR_RETURN_IF_ERROR(sock.PeekHeader(peek_, wire::kHeaderBytes, 0, &len, &from));
+    if (len == 0) break;
+    rx_now_ = NowUs();
+    if (&sock == e_.group_.get()) GroupHeard(rx_now_, 1);
+    wire::Header h;
+    SlotTrack* t = nullptr;
+    const bool ours = len <= kRecvBufBytes &&
+                      wire::Decode(peek_, len, &h) == wire::DecodeError::kOk && h.jumbo;
+    if (ours && h.held) {
+      iovec iov = {storage, kRecvBufBytes};
+      size_t got_len = 0;
+      NR_RETURN_IF_ERROR(sock.RecvScatter(&iov, 1, &got_len));
+      HeldNotice(h);
+      continue;
+    }
+    if (ours) t = Match(h);
+    size_t got_len = 0;
+    if (t != nullptr) {
+      // An owner's own shard lands in scratch first: its place holds the rank's own
+      // contribution, which the others' sum is combined with.
+      const size_t at = FirstOf(t->chunk) * esize_;
+      const bool own = OwnOf(t->chunk);
+      uint8_t* into = own ? storage : req_.dst + at;
+      iovec iov[3] = {{peek_, wire::kHeaderBytes},
+                      {into, h.length},
+                      {trailer_, size_t(h.pad) + wire::kIcrcBytes}};
+      NR_RETURN_IF_ERROR(sock.RecvScatter(iov, 3, &got_len));
+      if (own) CombineInto(req_.dtype, req_.op, req_.dst + at, req_.src + at, into, h.length / esize_);
+      UnicastResult(sock, rx_now_);
+      Complete(*t, h.repeat_seen);
+    } else {
+      iovec iov = {storage, kRecvBufBytes};
+      NR_RETURN_IF_ERROR(sock.RecvScatter(&iov, 1, &got_len));
+      if (ours) {
+        LateResult(h);
+      } else {
+        e_.ignored_results_++;
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+// One receive batch: into the engine's buffers, or the transport's own (GRO), then
+// each result copied into place.
+Status Engine::Message::DrainBatch(Transport& sock) {
+  const bool own_buffers = sock.OwnsReceiveBuffers();
+  std::vector<InPacket>& in = rs_.in;
+  if (!own_buffers) {
+    for (size_t i = 0; i < kRecvBatch; ++i) {
+      in[i].buf = rs_.storage.get() + i * kRecvBufBytes;
+      in[i].cap = kRecvBufBytes;
+    }
+  }
+  size_t got = 0;
+  NR_RETURN_IF_ERROR(sock.RecvBatch(in.data(), own_buffers ? kRecvDescriptors : kRecvBatch, 0, &got));
+  // One clock read for the batch: its results were all in by now (a vDSO call per
+  // result was about a tenth of the engine's CPU at MTU 1500).
+  if (got > 0) rx_now_ = NowUs();
+  if (got > 0 && &sock == e_.group_.get()) GroupHeard(rx_now_, got);
+  for (size_t i = 0; i < got; ++i) {
+    InPacket& p = in[i];
+    wire::Header h;
+    if (p.len > kRecvBufBytes || wire::Decode(p.buf, p.len, &h) != wire::DecodeError::kOk ||
+        (!p.verified && wire::IcrcCheckNeeded(h, p.kernel_checked, e_.cfg_.trust_udp_checksum) &&
+         !wire::IcrcValid(h, p.from.address(), p.local_address(), p.from.port, sock.local().port, p.buf))) {
+      e_.ignored_results_++;
+      continue;
+    }
+    if (h.held) {
+      HeldNotice(h);
+      continue;
+    }
+    SlotTrack* t = Match(h);
+    if (t == nullptr) {
+      LateResult(h);
+      continue;
+    }
+    UnicastResult(sock, rx_now_);
+    const size_t at = FirstOf(t->chunk) * esize_;
+    if (OwnOf(t->chunk)) {  // the others' sum, combined with this rank's own contribution
+      CombineInto(req_.dtype, req_.op, req_.dst + at, req_.src + at, p.buf + wire::kHeaderBytes,
+                  h.length / esize_);
+    } else {
+      (stream_ ? StreamCopy : PlainCopy)(req_.dst + at, p.buf + wire::kHeaderBytes, h.length);
+      if (!e_.jumbo_ && !stream_ && t->chunk + kPrefetchAhead < nchunks_) {
+        const int64_t ahead = t->chunk + kPrefetchAhead;
+        PrefetchForWrite(req_.dst + FirstOf(ahead) * esize_, ElemsOf(ahead) * esize_);
+      }
+    }
+    Complete(*t, h.repeat_seen);
+  }
+  if (stream_ && got > 0) StreamFence();
+  return Status::Ok();
+}
+
+}  // namespace netreduce

@@ -1,0 +1,100 @@
+// A message's timers (engine/message.h; the rules in engine/repair.h): the sweep
+// over every outstanding chunk that resends what is due.
+//
+// The sweep runs when the earliest deadline may have come (next_due_, a lower bound
+// kept as deadlines are set), or when the RTO estimate fell below the one the last
+// sweep used: lane timeouts are lane_progress + RTO, so only a falling RTO moves a due
+// time earlier than next_due_. No periodic wake-up: a job of 1,000 ranks waiting on
+// its slowest rank has 1,000 engines in a message, and a wake-up every 2 ms each was
+// 500,000 a second.
+#include <algorithm>
+#include <string>
+
+#include "engine/message.h"
+#include "engine/rtt.h"
+
+namespace netreduce {
+using namespace engine_timing;
+using namespace engine_run;
+
+void Engine::Message::Resend(SlotTrack& t, int64_t now) {
+  // --fanout auto: the group bit as it stands now, not as when the chunk started
+  const uint8_t bits = t.header[8];
+  if (e_.group_ && ((bits & wire::kExtGroupSeen) != 0) != e_.group_watch_.Fresh(now)) {
+    Stamp(t, t.chunk, now, (bits & wire::kAckReqBit) != 0);
+  }
+  t.retries++;
+  t.last_send_us = now;
+  e_.retransmits_++;
+  QueueSend(t);
+}
+
+// A chunk with an early deadline is resent then, its timeout unchanged. In a lane
+// quiet for a whole timeout, the oldest expired chunk is resent with its timeout
+// doubled, once per that backed-off timeout. Held chunks: one probe per lane per
+// backed-off interval.
+Status Engine::Message::SweepTimers() {
+  const int64_t now = NowUs();
+  const int64_t rto = e_.Rto();
+  if (now < next_due_ && rto >= last_sweep_rto_) return Status::Ok();
+  last_sweep_rto_ = rto;
+  next_due_ = now + 50000;
+  std::fill(probes_.begin(), probes_.end(), nullptr);
+  std::fill(held_probes_.begin(), held_probes_.end(), nullptr);
+  for (uint32_t s = 0; s < e_.window_; ++s) {
+    SlotTrack& t = slots_[s];
+    if (t.chunk < 0) continue;
+    // A chunk without an early deadline (or a held one's probe) is due once its lane
+    // has been quiet for a timeout, and no sooner than the lane's next probe.
+    const int64_t due = t.early || t.held
+                            ? t.deadline_us
+                            : std::max({t.deadline_us, lane_progress_[t.lane] + rto, next_probe_[t.lane]});
+    next_due_ = std::min(next_due_, due);
+    if (t.deadline_us > now) continue;
+    if (now - t.first_send_us >= timeout_us_) {
+      return Timeout("no result from the aggregator within " + std::to_string(e_.cfg_.timeout_s) +
+                     " s (" + std::to_string(e_.retransmits_ - retransmits_at_start_) +
+                     " retransmissions) at " + e_.Where(s) + ", chunk " + std::to_string(t.chunk) +
+                     " of " + std::to_string(nchunks_) +
+                     "; is netreduce-switch running there and are all ranks alive?");
+    }
+    const size_t l = t.lane;
+    if (t.held) {  // only its result can be missing now: the lane's oldest asks again
+      if (held_probes_[l] == nullptr || t.seq < held_probes_[l]->seq) held_probes_[l] = &t;
+    } else if (t.early) {
+      t.early = false;
+      t.deadline_us = now + t.rto_us;
+      DueBy(t.deadline_us);
+      e_.fast_retransmits_++;
+      if (t.probe) e_.tail_probes_++, t.probe = false;
+      Resend(t, now);
+    } else if (now - lane_progress_[l] >= rto && (probes_[l] == nullptr || t.seq < probes_[l]->seq)) {
+      probes_[l] = &t;
+    }
+  }
+  // Held chunks wait for the same ranks, so a lane asks for one of them per backed-off
+  // interval, as a stalled lane probes (the window's others wait for that answer).
+  for (size_t l = 0; l < held_probes_.size(); ++l) {
+    SlotTrack* p = held_probes_[l];
+    if (p == nullptr) continue;
+    p->rto_us = std::min(p->rto_us * 2, kMaxHeldProbeUs);
+    for (auto& o : slots_) {
+      if (o.chunk >= 0 && o.held && o.lane == l) o.deadline_us = now + p->rto_us;
+    }
+    e_.held_probes_++;
+    Resend(*p, now);
+  }
+  for (size_t l = 0; l < probes_.size(); ++l) {
+    SlotTrack* p = probes_[l];
+    if (p == nullptr || now < next_probe_[l]) continue;
+    p->rto_us = std::min(p->rto_us * 2, kMaxRtoUs);
+    p->deadline_us = now + p->rto_us;
+    next_probe_[l] = p->deadline_us;
+    DueBy(p->deadline_us);
+    e_.timeout_probes_++;
+    Resend(*p, now);
+  }
+  return Status::Ok();
+}
+
+}  // namespace netreduce
