@@ -83,7 +83,15 @@ counters > /mnt/share/counters_before.txt
 cd /tmp
 chroot /hostroot {guest_python()} {worker} /mnt/share/plan.json /mnt/share/result.json
 rc=$?
-sleep 1  # a last result or ACK still on its way is counted too (the capture sees it)
+# A last result, resend or ACK still on its way must be counted too (the capture sees
+# it): read the counters once the receive count has stood still for 3 s (at most 60 s),
+# not after a fixed pause, which a loaded host running this guest under TCG outlasts.
+rcvd() {{ cat /sys/class/infiniband/rxe0/ports/1/hw_counters/rcvd_pkts; }}
+last=$(rcvd); still=0; waited=0
+while [ $still -lt 6 ] && [ $waited -lt 120 ]; do
+  sleep 0.5; waited=$((waited + 1)); now=$(rcvd)
+  if [ "$now" = "$last" ]; then still=$((still + 1)); else still=0; last=$now; fi
+done
 counters > /mnt/share/counters_after.txt
 dmesg > /mnt/share/dmesg.txt
 exit $rc
