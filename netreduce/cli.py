@@ -85,7 +85,7 @@ def probe(text: str, what: str = "NETREDUCE_SWITCH", timeout: float = 2.0) -> Di
     out["fanout"] = counters.get("fanout", "unicast")
     out["jobs"] = {name: {k: job.get(k) for k in ("size", "ranks", "payload_bytes",
                                                    "payload_reason", "slots_completed",
-                                                   "group_unicast_copies")}
+                                                   "group_unicast_copies", "epoch", "resizes")}
                    for name, job in counters.get("jobs", {}).items()}
     if counters.get("hidden_jobs"):  # jobs with a secret: the operator's to read
         out["hidden_jobs"] = counters["hidden_jobs"]
@@ -147,6 +147,9 @@ def _print_aggregator(agg: Dict[str, Any], w: Any) -> None:
     for name, job in agg["jobs"].items():
         w(f"  job '{name}' ({len(job['ranks'] or [])} of {job['size']} ranks): "
           f"{job['payload_reason']}\n")
+        if job.get("epoch"):  # an elastic job (switch/epochs.py)
+            w(f"    membership epoch {job['epoch']}, resized {job.get('resizes') or 0} "
+              f"time(s)\n")
         if fanout == "auto":  # ranks outside the group: about one copy per result each
             w(f"    {job.get('group_unicast_copies') or 0} unicast copies for ranks the group "
               f"did not reach, of {job.get('slots_completed') or 0} results\n")

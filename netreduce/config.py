@@ -212,6 +212,17 @@ declare("NETREDUCE_HOST_LABEL", str, "",
         "labels are different hosts even on one machine; netreduce-run -H sets it to the "
         "host name a rank was placed on (-H localhost:2,127.0.0.1:2 is two hosts)")
 
+# --- elastic jobs (netreduce-run --min-np/--max-np/--host-discovery-script; docs/elastic.md)
+declare("NETREDUCE_ELASTIC", str, "",
+        "HOST:PORT of the elastic driver (netreduce-run's, with --min-np, --max-np or "
+        "--host-discovery-script): init() asks it for this process's rank, size and "
+        "membership epoch, at start and after each reset; empty = a job of fixed size")
+declare("NETREDUCE_ELASTIC_WORKER", str, "",
+        "this process's name at the elastic driver, HOST:SLOT (the driver sets it)")
+declare("NETREDUCE_EPOCH", int, 0,
+        "membership epoch of an elastic job, named at admission so that the aggregator "
+        "moves the job to each new membership (init() sets it from the driver); 0 = none")
+
 # --- framework adapters ----------------------------------------------------------------
 declare("NETREDUCE_TF_OP_CACHE", str, "",
         "folder of netreduce.tensorflow's graph ops, compiled once per TensorFlow version on "

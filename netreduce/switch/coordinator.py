@@ -52,6 +52,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from netreduce.protocol import fusion
 from netreduce.protocol.signature import (  # noqa: F401  (FIELDS: re-exported)
     FIELDS, Sig, fusion_key, mismatch_message, nbytes, sig_of, sig_request)
+from netreduce.switch import epochs
 from netreduce.switch.commands import RequestError, register_disconnect_hook, register_handler
 from netreduce.switch.waits import Topic, Wait
 
@@ -112,6 +113,7 @@ class JobState:
         # Ranks agree on cached tensors among themselves (netreduce/worker/response_cache.py):
         # fixed by the job's first hello, so that every rank runs the same rounds.
         self.agree = False
+        self.epoch = 0  # an elastic job's membership epoch (switch/epochs.py); 0: none
 
     # --- submissions -----------------------------------------------------------
     def submit(self, rank: int, reqs: List[Any]) -> None:
@@ -327,12 +329,20 @@ def handle_hello(srv: Any, sess: Any, msg: Dict[str, Any]) -> Dict[str, Any]:
     if admit is not None:
         admit(sess, job, rank, msg)
     table = _jobs(srv)
+    epoch = epochs.of(msg, job, rank)  # an elastic job's membership (switch/epochs.py)
     with _registry_lock:
         state = table.get(job)
         previous = None
         if state is not None:
             with state.cond:
-                if rank in state.left:
+                if epoch and epoch != state.epoch:
+                    if epoch < state.epoch:
+                        raise epochs.stale(job, rank, epoch, state.epoch)
+                    previous, state = state, None  # the job moves to a new membership
+                elif epoch and rank in state.left:
+                    raise RequestError(f"rank {rank} of job '{job}' already left membership "
+                                       f"epoch {epoch}; it rejoins in a later epoch")
+                elif rank in state.left:
                     # This rank left that run (shutdown() or death) and is back: it
                     # starts the job's next run, which the others join as they return.
                     previous, state = state, None
@@ -340,9 +350,15 @@ def handle_hello(srv: Any, sess: Any, msg: Dict[str, Any]) -> Dict[str, Any]:
             state = table[job] = JobState(job, size, int(msg.get("threshold", 64 << 20)),
                                           int(msg.get("capacity", 1024)))
             state.agree = bool(msg.get("agree", 0))
+            state.epoch = epoch
             state.previous = previous
             if previous is not None:
                 previous.previous = None  # keep one run back, not the whole history
+                if epoch:  # its members still bound to it are stale: tell them now
+                    with previous.cond:
+                        previous.fail(f"job '{job}' moved to membership epoch {epoch} (world "
+                                      f"size {previous.size} -> {size}); this rank's epoch "
+                                      f"{previous.epoch} is over", -1, None)
     with state.cond:
         if state.size != size:
             raise RequestError(f"job '{job}' has {state.size} ranks at the aggregator, "

@@ -87,6 +87,9 @@ class SwitchCollector(Collector):
         yield m
         yield CounterMetricFamily(f"{PREFIX}_jobs_admitted", "Jobs admitted (slot pools allocated)",
                                   value=g["jobs_admitted"])
+        yield CounterMetricFamily(f"{PREFIX}_jobs_resized", "Elastic jobs moved to a new "
+                                  "membership epoch in place (switch/epochs.py)",
+                                  value=g.get("job_resizes", 0))
         m = CounterMetricFamily(f"{PREFIX}_jobs_refused", "Jobs refused admission, by reason",
                                 labels=["reason"])
         for reason in _refusal_reasons(g):
@@ -144,7 +147,9 @@ class SwitchCollector(Collector):
                     ("slot_memory_bytes", "Slot memory of the job's pool (K x P x 2)",
                      c.get("slot_memory_bytes", 0)),
                     ("slots_filling", "Slot rounds begun but not complete (slot occupancy)",
-                     _filling(c))]:
+                     _filling(c)),
+                    ("membership_epoch", "An elastic job's membership epoch (0: not elastic)",
+                     c.get("epoch", 0))]:
                 family(GaugeMetricFamily, name, doc, []).add_metric([job], value)
         yield from fam.values()
 

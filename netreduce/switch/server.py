@@ -26,6 +26,7 @@ from netreduce.protocol.address import family_of, format_address, parse_address,
 from netreduce.protocol.auth import AuthError, Guard
 from netreduce.protocol.socket_buffers import (DAEMON_SHARE, rank_share, size_words,
                                              slots_that_fit)
+from netreduce.switch import epochs
 from netreduce.switch import verbs  # noqa: F401  registers verbs_connect, a built-in to every server
 from netreduce.switch.commands import DISCONNECT_HOOKS, HANDLERS, INLINE, RequestError
 from netreduce.switch.limits import Limits, PendingConnections
@@ -89,6 +90,11 @@ class JobRecord:
     # others have their answer, so data never waits on a control round trip.
     awaiting: set = dataclasses.field(default_factory=set)
     informed: set = dataclasses.field(default_factory=set)
+    # The membership epoch of an elastic job (0: not elastic): a register naming a
+    # later epoch ends this run and starts the job's next one at its own world size
+    # (switch/epochs.py); one naming an earlier epoch is refused.
+    epoch: int = 0
+    resizes: int = 0  # runs of this name that a later epoch replaced, this one's included
 
 
 class Session:
@@ -217,9 +223,13 @@ class ControlServer:
                                f"rank {sess.rank} of job '{sess.job}'; one rank per connection")
         self.admit(sess, name, rank, msg)
         views = self._path_views(sess, rank, msg)
+        epoch = epochs.of(msg, name, rank)
         with self.lock:
             job = self.jobs.get(name)
-            if job is not None and job.closing:
+            past = None
+            if epoch:
+                job, past = epochs.settle(self, name, job, epoch, rank)
+            elif job is not None and job.closing:
                 job = None  # the old run stays alive for its own ranks until they leave
             if job is None:
                 key = secrets.randbits(32)
@@ -235,9 +245,9 @@ class ControlServer:
                     self._make_ordered(index, name, rank)
                 job = JobRecord(name, size, index, key, plan=plan, payload_bytes=payload,
                                 payload_reason=reason, deterministic=deterministic,
-                                deterministic_by=rank)
+                                deterministic_by=rank, epoch=epoch)
                 self.jobs[name] = job
-                log.info("job '%s' admitted: index %d, world size %d", name, index, size)
+                epochs.admitted(self, job, past)
                 views = []
             elif job.size != size:
                 raise RequestError(
@@ -470,11 +480,14 @@ class ControlServer:
             except ValueError:
                 continue  # removed meanwhile
             c.update(index=job.index, size=job.size, ranks=sorted(job.ranks),
+                     epoch=job.epoch, resizes=job.resizes,
                      payload_bytes=job.payload_bytes, window_fit=job.window_fit,
                      payload_reason=job.payload_reason if job.payload_final else
                      f"pending until every rank has registered ({job.payload_reason})")
             jobs[job.name] = c
-        out = {"global": dict(self.aggregator.counters()), "jobs": jobs, "hidden_jobs": hidden,
+        # job_resizes: elastic jobs moved to a new membership epoch (switch/epochs.py)
+        out = {"global": dict(self.aggregator.counters(), job_resizes=getattr(self, "epoch_moves", 0)),
+               "jobs": jobs, "hidden_jobs": hidden,
                "fanout": getattr(self.aggregator, "fanout", "unicast")}
         if hasattr(self.aggregator, "transport_info"):  # what carries the data ports
             stats = self.aggregator.transport_stats()

@@ -50,6 +50,12 @@ def _warn_receive_buffer(engine: Any, where: str) -> None:
         log.warning("%s", note)
 
 
+def _epoch() -> Dict[str, int]:
+    """An elastic job's membership epoch, named at admission (switch/epochs.py)."""
+    epoch = config.get("NETREDUCE_EPOCH")
+    return {"epoch": epoch} if epoch else {}
+
+
 def _translate(exc: Exception, where: str) -> Exception:
     if isinstance(exc, ValueError):
         return exc
@@ -134,7 +140,7 @@ class Connection:
                                        mtu=self.path_mtu, ipv6=ipv6, host=socket.gethostname(),
                                        await_payload=True, deterministic=bool(deterministic),
                                        window=int(window), receive_buffer=buffer,
-                                       receive_coalesced=coalesced, **proof)
+                                       receive_coalesced=coalesced, **_epoch(), **proof)
         except ControlPlaneError as exc:
             self._control.close()
             raise AdmissionError(str(exc)) from None

@@ -18,6 +18,7 @@ import socket
 import threading
 from typing import Any, Dict, List, Optional, Tuple
 
+from netreduce import config
 from netreduce.errors import ControlPlaneError
 from netreduce.protocol import auth, tls
 from netreduce.worker.mux import Mailbox, Multiplexed
@@ -172,6 +173,9 @@ class NegotiationClient:
         self.timeout = timeout  # NETREDUCE_TIMEOUT: how long a short request may take
         hello = dict(job=job, rank=rank, size=size, threshold=threshold, capacity=capacity,
                      timeout=start_timeout, agree=int(agree))
+        epoch = config.get("NETREDUCE_EPOCH")  # an elastic job's membership (docs/elastic.md)
+        if epoch:
+            hello["epoch"] = epoch
         self.requests = 0  # negotiation requests sent (steady state: one per cycle)
         secret = auth.job_secret()  # proved, never sent (protocol/auth.py)
         self.conn = LineConnection(address, timeout=start_timeout)
