@@ -27,6 +27,8 @@ import sys
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from netreduce import config
+from netreduce._version import __version__
+from netreduce.launcher import horovod_flags
 from netreduce.launcher import hosts as hostlist
 from netreduce.launcher import spawn
 from netreduce.launcher.job import Job
@@ -57,6 +59,7 @@ def build_parser() -> Tuple[argparse.ArgumentParser, List[str]]:
                     "aggregator (netreduce-switch) unless --switch or NETREDUCE_SWITCH names one.",
         usage="netreduce-run -np N [-H HOST:SLOTS,...|--hostfile FILE] [--switch HOST:PORT] "
               "[--] COMMAND [ARGS...]")
+    p.add_argument("-v", "--version", action="version", version=f"netreduce-run {__version__}")
     p.add_argument("-np", "--num-proc", dest="np", type=int, default=None,
                    help="number of ranks (required)")
     where = p.add_mutually_exclusive_group()
@@ -80,8 +83,6 @@ def build_parser() -> Tuple[argparse.ArgumentParser, List[str]]:
                         "commands started")
     p.add_argument("-prefix-timestamp", "--prefix-output-with-timestamp", action="store_true",
                    dest="prefix_timestamp", help="timestamp each prefixed output line")
-    p.add_argument("--disable-cache", action="store_true",
-                   help="accepted for horovodrun's sake: netreduce-run caches no checks")
     p.add_argument("--switch", default=None,
                    help="aggregator control address HOST:PORT, or several comma-separated "
                         "(the job spreads over them; default: NETREDUCE_SWITCH, "
@@ -93,6 +94,7 @@ def build_parser() -> Tuple[argparse.ArgumentParser, List[str]]:
                         "e.g. --switch-arg=--threads=2")
     p.add_argument("--no-prefix", action="store_true",
                    help="do not prefix output lines with [rank]<stdout>:")
+    horovod_flags.add_arguments(p)
     elastic = _elastic_module()
     before = {a.dest for a in p._actions}
     if elastic is not None:
@@ -235,7 +237,10 @@ def run(argv: Optional[Sequence[str]] = None) -> int:
         f"run-{os.getpid()}-{secrets.token_hex(4)}"
     # The job's secret (netreduce/protocol/auth.py): the user's, else a fresh one per run.
     job_secret = auth.job_secret() or secrets.token_hex(32)
-    knobs = dict(NETREDUCE_JOB=job_name, NETREDUCE_JOB_SECRET=job_secret)
+    knobs = dict(horovod_flags.knobs(args), NETREDUCE_JOB=job_name,
+                 NETREDUCE_JOB_SECRET=job_secret)
+    for line in horovod_flags.notes(args):
+        print(line, file=sys.stderr, flush=True)
     if args.start_timeout:
         knobs["NETREDUCE_START_TIMEOUT"] = args.start_timeout
     base = config.child_environment(**knobs)
