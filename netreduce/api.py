@@ -10,11 +10,12 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 import numpy as np
 
 from netreduce import config, environment
+from netreduce.algorithms.base import connect_settings
 from netreduce.algorithms.scatter_gather import shard_rows
 from netreduce.errors import InvalidArgumentError, NetReduceError
 from netreduce.ops import ReduceOp, as_op, check_array, dtype_name
 from netreduce.protocol.address import parse_addresses
-from netreduce.switch import spawn as spawn_switch
+from netreduce.switch import spawn_for_job
 from netreduce.worker import context, job_paths, process_sets, timeline
 from netreduce.worker.communicator import Communicator
 from netreduce.worker.handle import Handle, Tensor
@@ -48,8 +49,8 @@ def init() -> None:
         if knobs["NETREDUCE_SWITCH"]:
             address = _parse_address(knobs["NETREDUCE_SWITCH"])
         elif topo.size == 1:
-            spawn = _spawn_switch or spawn_switch
-            switch_proc = spawn(host="127.0.0.1", port=0, fanout="multicast")
+            spawn = _spawn_switch or spawn_for_job
+            switch_proc = spawn(fanout="multicast", secret=False, tls_args=())  # as it always was
             address = tuple(switch_proc.address)
         else:
             raise NetReduceError(
@@ -83,9 +84,7 @@ def init() -> None:
         dp = None
         try:
             dp = connect(address, job=topo.job, rank=topo.rank, size=topo.size,
-                         timeout=knobs["NETREDUCE_TIMEOUT"],
-                         retransmit_ms=knobs["NETREDUCE_RETRANSMIT_MS"],
-                         drop_rate=knobs["NETREDUCE_DROP_RATE"], window=knobs["NETREDUCE_WINDOW"])
+                         **connect_settings(knobs))
             comm = Communicator(rank=topo.rank, size=topo.size, job=topo.job, address=address,
                                 dataplane=dp, knobs=knobs)
             # Every rank has joined (the hello): exchange the host layout and choose the

@@ -63,6 +63,13 @@ class InvalidTypeError(NetReduceError, TypeError):
     Horovod."""
 
 
+class InvalidArrayError(InvalidTypeError, ValueError):
+    """An array netreduce cannot reduce: not a numpy array, or of a dtype it does not
+    carry (netreduce/ops.py: check_array, dtype_name). A TypeError, as Horovod raises
+    there, and a ValueError, which the data plane (netreduce/worker/dataplane.py) raised
+    for it: code that catches either keeps working."""
+
+
 class ConfigError(NetReduceError, ValueError):
     """A knob (NETREDUCE_*), a launcher's variable, a daemon's flag or a file one of
     them names holds a value netreduce cannot use; the message names which. Also a

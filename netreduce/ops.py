@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import enum
 import numbers
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
-from netreduce.errors import InvalidArgumentError, InvalidTypeError, UnsupportedError
+from netreduce.errors import (InvalidArgumentError, InvalidArrayError, InvalidTypeError,
+                              UnsupportedError)
 
 
 class ReduceOp(enum.Enum):
@@ -89,31 +90,49 @@ WIRE_DTYPE = {
 STORAGE = {name: np.dtype("uint16" if name == "bfloat16" else name) for name in WIRE_DTYPE}
 
 
-def dtype_name(array: np.ndarray, dtype: Optional[str] = None) -> str:
-    """The netreduce dtype of ``array``; ``dtype='bfloat16'`` marks a uint16 array
-    that holds bfloat16 bit patterns (what a framework adapter hands over)."""
-    if dtype is not None:
-        if dtype not in WIRE_DTYPE:
-            raise InvalidTypeError(f"unsupported dtype {dtype!r}; supported: {sorted(WIRE_DTYPE)}")
+# What the data plane carries as it is (the aggregator's slot types: native/reduce/dtype.h).
+NATIVE_DTYPES = tuple(name for name, wire in WIRE_DTYPE.items() if name == wire)
+
+
+def dtype_name(array: np.ndarray, dtype: Optional[str] = None, *, native: bool = False) -> str:
+    """netreduce's name for ``array``'s dtype (InvalidArrayError if it has none).
+    ``dtype`` names what the bits hold where numpy has no type for it: 'bfloat16' on a
+    16-bit integer array (what a framework adapter hands over). ``native``: only the
+    dtypes the data plane carries as they are (NATIVE_DTYPES, no widening), with
+    ``dtype`` equal to the array's own but for bfloat16 -- the data plane's contract
+    (netreduce/algorithms/base.py, check_reduction)."""
+    supported = NATIVE_DTYPES if native else tuple(WIRE_DTYPE)
+    if dtype == "bfloat16" and native and (array.dtype.itemsize != 2
+                                          or array.dtype.kind not in "iu"):
+        raise InvalidArrayError(f"bfloat16 data must be passed as a 16-bit integer buffer, "
+                                f"got {array.dtype}")
+    if dtype is not None and (dtype != "bfloat16" or not native):
+        if dtype not in supported:
+            raise InvalidArrayError(f"unsupported dtype {dtype!r}; supported: {sorted(supported)}")
+        if native and dtype != array.dtype.name:
+            raise InvalidArrayError(f"dtype {dtype!r} does not match the array's {array.dtype}")
         if STORAGE[dtype].itemsize != array.dtype.itemsize:
-            raise InvalidTypeError(f"dtype {dtype!r} needs {STORAGE[dtype].itemsize}-byte elements, "
-                            f"the array has {array.dtype}")
+            raise InvalidArrayError(f"dtype {dtype!r} needs {STORAGE[dtype].itemsize}-byte "
+                                    f"elements, the array has {array.dtype}")
+    if dtype is not None:
         return dtype
     name = array.dtype.name
-    if name not in WIRE_DTYPE:
-        raise InvalidTypeError(f"netreduce cannot all-reduce dtype {name}; supported: "
-                        f"{sorted(WIRE_DTYPE)}")
+    if name not in supported:
+        raise InvalidArrayError(f"netreduce cannot all-reduce dtype {name}; supported: "
+                                f"{sorted(supported)}")
     return name
 
 
-def check_array(array) -> np.ndarray:
+def check_array(array: Any, what: str = "array") -> np.ndarray:
+    """``array`` if netreduce can reduce it in place: a C-contiguous numpy array
+    (InvalidArrayError, InvalidArgumentError otherwise, naming ``what``)."""
     if not isinstance(array, np.ndarray):
-        raise InvalidTypeError(f"expected a numpy.ndarray, got {type(array).__name__} "
-                        "(framework tensors go through netreduce.torch etc.)")
+        raise InvalidArrayError(f"{what}: expected a numpy.ndarray, got {type(array).__name__} "
+                                "(framework tensors go through netreduce.torch etc.)")
     if not array.flags.c_contiguous:
-        raise InvalidArgumentError("netreduce needs C-contiguous arrays (the data plane reads one flat "
-                         f"buffer); got strides {array.strides} for shape {array.shape}: "
-                         "pass numpy.ascontiguousarray(x)")
+        raise InvalidArgumentError(f"{what}: netreduce needs C-contiguous arrays (the data plane "
+                                   f"reads one flat buffer); got strides {array.strides} for "
+                                   f"shape {array.shape}: pass numpy.ascontiguousarray(x)")
     return array
 
 

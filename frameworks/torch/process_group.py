@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import atexit
 import datetime
-import secrets
 import socket
 from typing import Any, List
 
@@ -33,7 +32,7 @@ from torch._C._distributed_c10d import _create_work_from_future
 import netreduce as _nr
 from netreduce import config, environment
 from netreduce.worker import process_sets as _ps
-from netreduce.protocol import auth, tls
+from netreduce.protocol import auth
 from netreduce.protocol.address import format_address, parse_address
 from netreduce.errors import InvalidArgumentError, UnsupportedError
 
@@ -299,19 +298,18 @@ def _ensure_aggregator(store: Any, rank: int, size: int) -> None:
         return
     key = "netreduce/switch"
     if rank == 0:
-        from netreduce.switch import spawn
+        from netreduce.switch import spawn_for_job
         single_host = environment.discover().local_size == size
         # The job's secret (the user's, else a fresh one) travels with the address
         # through the store, and the aggregator admits only ranks that prove it: one
         # listening on every address must not take jobs by name alone.
-        secret = auth.job_secret() or secrets.token_hex(32)
+        secret = auth.job_secret_or_new()
         host = "127.0.0.1" if single_host else (config.launcher_environment().get("MASTER_ADDR")
                                                  or socket.getfqdn())
         # An IPv6 MASTER_ADDR: listen on "::" (IPv4 and IPv6 ranks alike), else IPv4's.
         listen = "127.0.0.1" if single_host else ("::" if ":" in host else "0.0.0.0")
         # NETREDUCE_TLS_CERT: the job's own servers speak TLS (netreduce/protocol/tls.py).
-        _embedded_switch = spawn(host=listen, port=0,
-                                 extra_args=["--require-secret"] + tls.job_server_args())
+        _embedded_switch = spawn_for_job(listen)
         atexit.register(_embedded_switch.stop)
         address = format_address((host, _embedded_switch.address[1]))
         store.set(key + "/secret", secret)

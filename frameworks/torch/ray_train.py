@@ -27,7 +27,6 @@ ids, so the hierarchical algorithm sees the layout), one job name and secret per
 """
 from __future__ import annotations
 
-import secrets
 import uuid
 from dataclasses import dataclass
 from typing import Dict, Optional
@@ -80,7 +79,7 @@ class _NetReduceBackend(_RayTorchBackend):
         size = len(worker_group)
         layout = local_layout(worker_group.execute(_node_id))
         job = config.get("NETREDUCE_JOB") or f"ray-{uuid.uuid4().hex[:12]}"
-        secret = auth.job_secret() or secrets.token_hex(32)  # the driver's, else fresh
+        secret = auth.job_secret_or_new()  # the driver's, else fresh
         ray.get([worker_group.execute_single_async(r, _join, r, size, layout[r][0],
                                                    layout[r][1], job, secret,
                                                    backend_config.switch, tls.knobs())

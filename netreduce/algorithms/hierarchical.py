@@ -79,9 +79,8 @@ class Hierarchical:
                 # Each sub-job has a pool of its own at the aggregator, so every stream
                 # may keep its whole pool in flight (NETREDUCE_WINDOW still caps it):
                 # on a loaded host a larger window rides out scheduling gaps.
-                kw = dict(connect_kw)
                 shard = connect(address, job=shard_job(job, layout.local_rank),
-                                rank=layout.host_index, size=H, timeout=timeout, **kw)
+                                rank=layout.host_index, size=H, **dict(connect_kw, timeout=timeout))
                 engine = shard._live()  # the native engine (waits for the sub-job's ranks)
             native = _native.Hierarchical(seg, engine, layout.local_ranks,
                                           layout.labels[layout.host_index], timeout)

@@ -36,7 +36,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from netreduce import config
-from netreduce.algorithms.base import check_array, check_reduction
+from netreduce.algorithms.base import check_reduction
 from netreduce.errors import DataPlaneError, InvalidArgumentError, NetReduceError
 from netreduce.protocol.address import format_address, parse_address, resolve
 
@@ -158,7 +158,7 @@ class MultiAggregator:
         """Owner delivery over several aggregators: rank r's stretch ``bounds[r]`` is
         spread over the aggregators like any buffer, each part a message whose sum only
         rank r receives (docs/protocol.md, "Reduce-scatter"); in place."""
-        flat = check_array(src, "source array").reshape(-1)
+        flat = check_reduction(src, None, op, dtype, "the aggregator")[0].reshape(-1)
         requests = []
         errors: List[str] = []
         for owner, (lo, hi) in enumerate(bounds):

@@ -20,6 +20,7 @@ import logging
 from typing import Any, Callable, Dict, List
 
 from netreduce.algorithms import hosts
+from netreduce.algorithms.base import connect_settings
 from netreduce.algorithms.flat import Flat
 from netreduce.algorithms.hierarchical import Hierarchical
 from netreduce.algorithms.hosts import Layout, TopologyError
@@ -79,8 +80,7 @@ def build(connection: Any, topo: Any, knobs: Dict[str, Any], address: Any,
         timeout=float(knobs["NETREDUCE_TIMEOUT"]),
         start_timeout=float(knobs["NETREDUCE_START_TIMEOUT"]),
         shard_chunk=int(knobs["NETREDUCE_SHM_CHUNK"]), connect=connect,
-        connect_kw=dict(retransmit_ms=knobs["NETREDUCE_RETRANSMIT_MS"],
-                        drop_rate=knobs["NETREDUCE_DROP_RATE"], window=knobs["NETREDUCE_WINDOW"]))
+        connect_kw=connect_settings(knobs))
 
 
 def aggregators(knobs: Dict[str, Any], address: Any) -> List[Any]:
@@ -100,6 +100,4 @@ def several_aggregators(connection: Any, addresses: List[Any], topo: Any,
             "use NETREDUCE_ALGORITHM=auto or flat, or name one aggregator")
     return MultiAggregator.build(
         connection, addresses, job=topo.job, rank=topo.rank, size=topo.size, connect=connect,
-        connect_kw=dict(timeout=float(knobs["NETREDUCE_TIMEOUT"]),
-                        retransmit_ms=knobs["NETREDUCE_RETRANSMIT_MS"],
-                        drop_rate=knobs["NETREDUCE_DROP_RATE"], window=knobs["NETREDUCE_WINDOW"]))
+        connect_kw=connect_settings(knobs))

@@ -35,7 +35,7 @@ from netreduce.launcher.job import Job
 from netreduce.process import free_tcp_port
 from netreduce.protocol import auth, tls
 from netreduce.protocol.address import format_address, parse_addresses
-from netreduce.switch import spawn as spawn_switch
+from netreduce.switch import spawn_for_job
 
 DEFAULT_CONNECT_TIMEOUT_S = 30  # horovodrun's default --start-timeout
 
@@ -143,19 +143,17 @@ def _embedded_aggregator(args: argparse.Namespace, remote: List[str], ssh: spawn
         extra += arg.split("=", 1) if arg.startswith("--") and "=" in arg else [arg]
     # The daemon serves TLS when the user's NETREDUCE_TLS_CERT says so; otherwise it is
     # plain and the ranks are told so (run()).
-    tls_args = tls.job_server_args() if tls.job_server_files() else []
+    tls_args = None if tls.job_server_files() else []
     if not remote:
         # All ranks share this machine: one multicast result per slot beats N copies.
-        proc = spawn_switch(host="127.0.0.1", port=0, fanout="multicast",
-                            extra_args=["--require-secret"] + tls_args + extra)
+        proc = spawn_for_job(fanout="multicast", tls_args=tls_args, extra_args=extra)
         return proc, {}, f"{proc.address[0]}:{proc.address[1]}"
     dial = {name: _dial_back(name, ssh) for name in remote}
     sources = sorted(set(dial.values()))
     bind = sources[0] if len(sources) == 1 else ("::" if any(":" in s for s in sources) else "0.0.0.0")
     # Reachable from other hosts, so it admits only this job's secret holders; unicast
     # fan-out, as a multicast group would leave through whatever route 224/4 takes.
-    proc = spawn_switch(host=bind, port=0, fanout="unicast",
-                        extra_args=["--require-secret"] + tls_args + extra)
+    proc = spawn_for_job(bind, fanout="unicast", tls_args=tls_args, extra_args=extra)
     port = proc.address[1]
     per_host = {name: format_address((addr, port)) for name, addr in dial.items()}
     here = format_address((proc.address[0], port))
@@ -236,7 +234,7 @@ def run(argv: Optional[Sequence[str]] = None) -> int:
     job_name = args.job or config.get("NETREDUCE_JOB") or \
         f"run-{os.getpid()}-{secrets.token_hex(4)}"
     # The job's secret (netreduce/protocol/auth.py): the user's, else a fresh one per run.
-    job_secret = auth.job_secret() or secrets.token_hex(32)
+    job_secret = auth.job_secret_or_new()
     knobs = dict(horovod_flags.knobs(args), NETREDUCE_JOB=job_name,
                  NETREDUCE_JOB_SECRET=job_secret)
     for line in horovod_flags.notes(args):

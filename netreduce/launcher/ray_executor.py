@@ -21,7 +21,6 @@ a model) is there for the next.
 """
 from __future__ import annotations
 
-import secrets
 import uuid
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
@@ -31,7 +30,7 @@ from netreduce import config
 from netreduce.protocol import auth, tls
 from netreduce.protocol.address import format_address, parse_addresses
 from netreduce.errors import InvalidArgumentError, NetReduceError
-from netreduce.switch import spawn
+from netreduce.switch import spawn_for_job
 
 
 def local_layout(node_ids: Sequence[str]) -> List[tuple]:
@@ -104,8 +103,7 @@ class RayExecutor:
             # shared aggregator: netreduce-switch --job-secrets), else fresh ones per run.
             job = self.env.get("NETREDUCE_JOB") or config.get("NETREDUCE_JOB") or \
                 f"ray-{uuid.uuid4().hex[:12]}"
-            secret = self.env.get("NETREDUCE_JOB_SECRET") or auth.job_secret() or \
-                secrets.token_hex(32)
+            secret = self.env.get("NETREDUCE_JOB_SECRET") or auth.job_secret_or_new()
             ray.get([w.join.remote(dict({**tls.knobs(), **self.env}, NETREDUCE_SWITCH=switch,
                                         NETREDUCE_JOB=job,
                                         NETREDUCE_JOB_SECRET=secret, NETREDUCE_RANK=r,
@@ -122,9 +120,7 @@ class RayExecutor:
         one_node = all(n == here for n in nodes)
         host = "127.0.0.1" if one_node else ray.util.get_node_ip_address()
         listen = "127.0.0.1" if one_node else ("::" if ":" in host else "0.0.0.0")
-        self._aggregator = spawn(host=listen, port=0,
-                                 extra_args=["--require-secret"] + tls.job_server_args(),
-                                 **({"fanout": "multicast"} if one_node else {}))
+        self._aggregator = spawn_for_job(listen, fanout="multicast" if one_node else "unicast")
         return format_address((host, self._aggregator.address[1]))
 
     def run_remote(self, fn: Callable, args: Sequence[Any] = (),

@@ -79,6 +79,12 @@ def job_secret() -> str:
     return from_file
 
 
+def job_secret_or_new() -> str:
+    """The job's secret (job_secret()), else a fresh random one: what a launcher, or a
+    rank 0 that starts its job's aggregator, gives the job's ranks."""
+    return job_secret() or secrets.token_hex(32)
+
+
 def public_key(secret: str, job: str) -> str:
     """The job's public key (hex) that ``secret`` gives: what an operator may
     pre-register for the job's name instead of the secret (netreduce-switch

@@ -10,9 +10,10 @@ from __future__ import annotations
 from typing import Optional, Sequence
 
 from netreduce.switch.child import (DEFAULT_PORT, METRICS_PREFIX, READY_PREFIX,  # noqa: F401
-                                    SwitchProcess, spawn)
+                                    SwitchProcess, spawn, spawn_for_job)
 
-__all__ = ["main", "spawn", "SwitchProcess", "READY_PREFIX", "METRICS_PREFIX", "DEFAULT_PORT"]
+__all__ = ["main", "spawn", "spawn_for_job", "SwitchProcess", "READY_PREFIX", "METRICS_PREFIX",
+           "DEFAULT_PORT"]
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

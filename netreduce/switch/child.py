@@ -12,16 +12,17 @@ import select
 import subprocess
 import sys
 import time
-from typing import List, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 from netreduce.errors import NetReduceError
 from netreduce.process import detach_and_die_with_parent, terminate
+from netreduce.protocol import tls
+from netreduce.protocol.address import DEFAULT_PORT  # noqa: F401  netreduce.switch's
 from netreduce.protocol.address import connect_address, format_address, parse_address
 
 # The daemon's first lines on stdout (netreduce/switch/daemon.py prints them).
 READY_PREFIX = "netreduce-switch listening on "
 METRICS_PREFIX = "netreduce-switch metrics on "
-DEFAULT_PORT = 4791
 
 
 class SwitchProcess:
@@ -77,3 +78,18 @@ def spawn(host: str = "127.0.0.1", port: int = 0, timeout: float = 30.0,
     raise NetReduceError(f"netreduce-switch did not start on {format_address((host, port))} "
                          f"within {timeout} s "
                          f"(exit code {proc.returncode}); command: {' '.join(cmd)}")
+
+
+def spawn_for_job(host: str = "127.0.0.1", *, fanout: str = "unicast", secret: bool = True,
+                  tls_args: Optional[Sequence[str]] = None,
+                  extra_args: Sequence[str] = ()) -> SwitchProcess:
+    """The aggregator a job brings along when it names none (no NETREDUCE_SWITCH):
+    netreduce-run's, RayExecutor's, the torch backend's rank 0's, a single process's.
+    On a free port of ``host``; ``fanout`` as --fanout (multicast where every rank
+    shares this host: one packet per result instead of N copies); admitting only ranks that
+    prove the job's secret (protocol/auth.py, job_secret_or_new) unless ``secret`` is
+    False (a single process's own, an open job on loopback); TLS as NETREDUCE_TLS_CERT
+    says (protocol/tls.py, job_server_args) unless ``tls_args`` are given."""
+    args = ["--require-secret"] if secret else []
+    args += list(tls.job_server_args() if tls_args is None else tls_args)
+    return spawn(host=host, port=0, fanout=fanout, extra_args=args + list(extra_args))

@@ -9,6 +9,7 @@ import threading
 from typing import Any, Callable, Optional
 
 from netreduce import config
+from netreduce.algorithms.base import connect_settings
 from netreduce.algorithms.flat import Flat
 from netreduce.errors import NetReduceError
 from netreduce.worker.communicator import Communicator
@@ -57,9 +58,7 @@ def sub_communicator(suffix: str, rank: int, size: int) -> Communicator:
     knobs = config.snapshot()
     job = f"{parent.job}.{suffix}"
     dp = state.connect(parent.address, job=job, rank=rank, size=size,
-                       timeout=knobs["NETREDUCE_TIMEOUT"],
-                       retransmit_ms=knobs["NETREDUCE_RETRANSMIT_MS"],
-                       drop_rate=knobs["NETREDUCE_DROP_RATE"], window=knobs["NETREDUCE_WINDOW"])
+                       **connect_settings(knobs))
     try:
         sub = Communicator(rank=rank, size=size, job=job, address=parent.address, dataplane=dp,
                            knobs=knobs)

@@ -24,6 +24,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from netreduce import config
 from netreduce.algorithms import host_fallback
+from netreduce.algorithms.base import connect_settings
 from netreduce.algorithms.flat import Flat
 from netreduce.algorithms.multi_aggregator import MultiAggregator
 from netreduce.errors import AdmissionError, ControlPlaneError, NetReduceError
@@ -90,10 +91,7 @@ class Opener:
                  connect: Callable[..., Any]) -> None:
         self.rv, self.topo, self.connect, self.knobs = rv, topo, connect, knobs
         self.timeout = float(knobs["NETREDUCE_TIMEOUT"])
-        self.connect_kw = dict(timeout=self.timeout,
-                               retransmit_ms=knobs["NETREDUCE_RETRANSMIT_MS"],
-                               drop_rate=knobs["NETREDUCE_DROP_RATE"],
-                               window=knobs["NETREDUCE_WINDOW"])
+        self.connect_kw = connect_settings(knobs)
 
     def _connect(self, address: Address, reach_for: float) -> Any:
         """Admission at ``address``; an aggregator not (yet) listening is asked again

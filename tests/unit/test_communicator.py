@@ -380,7 +380,7 @@ def test_single_process_init_spawns_an_embedded_aggregator(monkeypatch):
     from tests.unit.fakes import FakeFabric, FakeSwitchProcess
     spawned = []
 
-    def spawn(host, port, **opts):
+    def spawn(*args, **opts):
         spawned.append(FakeSwitchProcess())
         return spawned[-1]
     fabric = FakeFabric()

@@ -109,3 +109,20 @@ def test_bad_arguments_are_netreduce_errors_and_horovods_builtin_types(call, bui
     with pytest.raises(nr.NetReduceError) as info:
         call()
     assert isinstance(info.value, builtin), type(info.value).__mro__
+
+
+def test_one_array_check_serves_the_api_and_the_data_plane():
+    """ops.check_array / dtype_name are the API's checks and, with native=True, the data
+    plane's (algorithms/base.py): one error type, a TypeError for Horovod's callers and a
+    ValueError for the data plane's."""
+    from netreduce.algorithms.base import check_reduction
+    from netreduce.errors import InvalidArrayError
+    assert ops.dtype_name(np.ones(2, np.int8)) == "int8"  # the API widens it on the wire
+    assert ops.dtype_name(np.ones(2, np.uint16), "bfloat16", native=True) == "bfloat16"
+    for call in (lambda: ops.dtype_name(np.ones(2, np.int8), native=True),
+                 lambda: ops.dtype_name(np.ones(2, np.float32), "int32", native=True),
+                 lambda: check_reduction(np.ones(2, np.complex64), None, "sum", None, "x"),
+                 lambda: check_reduction([1.0], None, "sum", None, "x")):
+        with pytest.raises(InvalidArrayError) as info:
+            call()
+        assert isinstance(info.value, TypeError) and isinstance(info.value, ValueError)
