@@ -31,7 +31,7 @@ from netreduce._version import __version__
 from netreduce.launcher import horovod_flags
 from netreduce.launcher import hosts as hostlist
 from netreduce.launcher import spawn
-from netreduce.launcher.job import Job
+from netreduce.launcher.job import Job, stop
 from netreduce.process import free_tcp_port
 from netreduce.protocol import auth, tls
 from netreduce.protocol.address import format_address, parse_addresses
@@ -215,16 +215,45 @@ def run(argv: Optional[Sequence[str]] = None) -> int:
             print(f"netreduce-run: host {h} ({'this machine' if local[h] else 'ssh'}): "
                   f"ranks {ranks}", file=sys.stderr, flush=True)
 
-    switch_proc = None
     address = args.switch or config.get("NETREDUCE_SWITCH")
-    per_host: Dict[str, str] = {}
     if address:
         try:
             address = ",".join(format_address(a) for a in parse_addresses(
                 address, what="--switch" if args.switch else "NETREDUCE_SWITCH"))
         except ValueError as exc:
             parser.error(str(exc))
-    else:
+
+    output = spawn.Output(prefix=not args.no_prefix, output_dir=args.output_filename,
+                          size=args.np, timestamp=args.prefix_timestamp)
+    # ssh to the remote hosts first: their handshakes and logins overlap with the
+    # aggregator's start; each keeper waits for its rank's description (Job).
+    connected: Dict[int, spawn.RankProcess] = {}
+    try:
+        for slot in slots:
+            if not local[slot.host]:
+                connected[slot.rank] = spawn.connect(slot.rank, slot.host, output=output,
+                                                     ssh=ssh, verbose=args.verbose)
+    except spawn.LaunchError as exc:
+        stop(list(connected.values()), signal.SIGKILL, grace_s=0.0)
+        print(f"netreduce-run: {exc}", file=sys.stderr)
+        return exc.code
+    try:
+        return _run_job(args, command, address, slots, local, remote, ssh, output, connected,
+                        host_label=given is not None)
+    finally:
+        stop(list(connected.values()), signal.SIGKILL, grace_s=0.0)  # any Job never took
+        output.close()
+
+
+def _run_job(args: argparse.Namespace, command: List[str], address: str,
+             slots: List[hostlist.Slot], local: Dict[str, bool], remote: List[str],
+             ssh: spawn.SshOptions, output: spawn.Output,
+             connected: Dict[int, spawn.RankProcess], host_label: bool) -> int:
+    """The aggregator, the ranks' environment and the job, once the remote ranks are
+    connected."""
+    switch_proc = None
+    per_host: Dict[str, str] = {}
+    if not address:
         try:
             switch_proc, per_host, address = _embedded_aggregator(args, remote, ssh, args.verbose)
         except hostlist.HostsError as exc:
@@ -261,7 +290,7 @@ def run(argv: Optional[Sequence[str]] = None) -> int:
 
     def env_of(slot: hostlist.Slot) -> Dict[str, str]:
         switch = per_host.get(slot.host, address)
-        return rank_environment(base, slot, switch, host_label=given is not None)
+        return rank_environment(base, slot, switch, host_label=host_label)
 
     received: List[int] = []
 
@@ -269,12 +298,12 @@ def run(argv: Optional[Sequence[str]] = None) -> int:
         received.append(signum)
 
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    output = spawn.Output(prefix=not args.no_prefix, output_dir=args.output_filename,
-                          size=args.np, timestamp=args.prefix_timestamp)
     job = None
     try:
         try:
-            job = Job(command, slots, env_of, local, output, ssh, verbose=args.verbose)
+            job = Job(command, slots, env_of, local, output, ssh, verbose=args.verbose,
+                      connected=connected)
+            connected.clear()  # the job's now
         except spawn.LaunchError as exc:
             print(f"netreduce-run: {exc}", file=sys.stderr)
             return exc.code

@@ -48,21 +48,25 @@ def stop(ranks: Sequence[spawn.RankProcess], first: int = signal.SIGTERM,
 
 
 class Job:
-    """Start ``command`` on every slot; ``env_of(slot)`` gives a rank's environment
-    and ``local[host]`` says whether its host is this machine."""
+    """Start ``command`` on every slot; ``env_of(slot)`` gives a rank's environment,
+    ``local[host]`` says whether its host is this machine, and ``connected`` holds the
+    remote ranks already connected (spawn.connect()), by rank."""
 
     def __init__(self, command: Sequence[str], slots: Sequence[Slot],
                  env_of: Callable[[Slot], Mapping[str, str]], local: Mapping[str, bool],
-                 output: spawn.Output, ssh: spawn.SshOptions, verbose: bool = False) -> None:
+                 output: spawn.Output, ssh: spawn.SshOptions, verbose: bool = False,
+                 connected: Optional[Mapping[int, spawn.RankProcess]] = None) -> None:
         self.ranks: List[spawn.RankProcess] = []
         self.output = output
+        connected = dict(connected or {})
         try:
             for slot in slots:
                 self.ranks.append(spawn.start(command, slot.rank, slot.host, env_of(slot),
                                               local=local[slot.host], output=output, ssh=ssh,
-                                              verbose=verbose))
+                                              verbose=verbose,
+                                              connected=connected.pop(slot.rank, None)))
         except spawn.LaunchError:
-            stop(self.ranks, signal.SIGKILL, grace_s=0.0)
+            stop(self.ranks + list(connected.values()), signal.SIGKILL, grace_s=0.0)
             raise
 
     def supervise(self, received: List[int]) -> int:

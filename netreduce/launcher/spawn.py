@@ -286,52 +286,63 @@ class RankProcess:
             self.proc.wait()
 
 
+def _fork(argv: List[str], rank: int, host: str, **popen) -> subprocess.Popen:
+    try:
+        return _on_forker(lambda: subprocess.Popen(argv, preexec_fn=detach_and_die_with_parent,
+                                                   **popen))
+    except OSError as exc:
+        raise LaunchError(f"cannot start rank {rank} on {host}: {argv[0]}: {exc.strerror}",
+                          127 if isinstance(exc, FileNotFoundError) else 126) from None
+
+
+def connect(rank: int, host: str, *, output: Output, ssh: SshOptions = SshOptions(),
+            verbose: bool = False) -> RankProcess:
+    """The first half of starting a remote rank: ssh to ``host`` and send the keeper,
+    which then waits for the rank's description; launch() sends it. A launcher
+    connects first and starts its aggregator meanwhile: the handshake, the remote
+    login and the keeper's Python overlap with it."""
+    pipe = subprocess.PIPE if output.captures else None
+    argv = ssh_argv(host, ssh, keeper_command(ssh.python))
+    if verbose:
+        print(f"netreduce-run: rank {rank} on {host} over ssh: {shlex.join(argv)}",
+              file=sys.stderr, flush=True)
+    handle = RankProcess(rank, host, True, _fork(argv, rank, host, stdin=subprocess.PIPE,
+                                                 stdout=pipe, stderr=pipe), argv)
+    source = _keeper_source()
+    # A few KiB: the pipe takes it without blocking, whatever ssh is doing.
+    handle._tell(str(len(source)).encode() + b"\n" + source)
+    output.attach(rank, handle.proc)
+    return handle
+
+
 def start(command: Sequence[str], rank: int, host: str, env: Mapping[str, str], *,
           local: bool, output: Output, ssh: SshOptions = SshOptions(),
-          cwd: Optional[str] = None, verbose: bool = False) -> RankProcess:
+          cwd: Optional[str] = None, verbose: bool = False,
+          connected: Optional[RankProcess] = None) -> RankProcess:
     """Start rank ``rank`` of ``command`` on ``host`` with environment ``env`` (the
-    rank's whole environment, its secret included) and return its handle.
+    rank's whole environment, its secret included) and return its handle; a remote
+    rank ``connected`` beforehand (connect()) gets only its description.
     LaunchError (with netreduce-run's exit code) when it cannot be started here; a
     remote rank that cannot start shows as its exit code (127: no such program,
     255: ssh failed) and its stderr."""
-    pipe = subprocess.PIPE if output.captures else None
     cwd = cwd or os.getcwd()
     if local:
+        pipe = subprocess.PIPE if output.captures else None
         argv = list(command)
-
-        def fork() -> subprocess.Popen:
-            return subprocess.Popen(argv, env=dict(env), cwd=cwd, preexec_fn=detach_and_die_with_parent,
-                                    stdin=subprocess.DEVNULL, stdout=pipe, stderr=pipe)
-    else:
-        argv = ssh_argv(host, ssh, keeper_command(ssh.python))
-
-        def fork() -> subprocess.Popen:
-            return subprocess.Popen(argv, preexec_fn=detach_and_die_with_parent,
-                                    stdin=subprocess.PIPE, stdout=pipe, stderr=pipe)
-    if verbose:
-        where = "locally" if local else "over ssh"
-        print(f"netreduce-run: rank {rank} on {host} {where}: {shlex.join(argv)}",
-              file=sys.stderr, flush=True)
-    try:
-        proc = _on_forker(fork)
-    except OSError as exc:
-        what = argv[0]
-        raise LaunchError(f"cannot start rank {rank} on {host}: {what}: {exc.strerror}",
-                          127 if isinstance(exc, FileNotFoundError) else 126) from None
-    handle = RankProcess(rank, host, not local, proc, argv)
-    if not local:
-        source = _keeper_source()
-        spec = {"argv": list(command), "env": forwarded_environment(env), "cwd": cwd,
-                "grace_s": GRACE_S, "label": f"rank {rank} on {host}"}
-        # A few KiB: the pipe takes it without blocking, whatever ssh is doing.
-        ok = handle._tell(str(len(source)).encode() + b"\n" + source +
-                          json.dumps(spec).encode() + b"\n")
-        if not ok and verbose:
-            print(f"netreduce-run: rank {rank} on {host}: ssh exited before it took the "
-                  f"rank's description", file=sys.stderr, flush=True)
-    output.attach(rank, proc)
+        if verbose:
+            print(f"netreduce-run: rank {rank} on {host} locally: {shlex.join(argv)}",
+                  file=sys.stderr, flush=True)
+        proc = _fork(argv, rank, host, env=dict(env), cwd=cwd, stdin=subprocess.DEVNULL,
+                     stdout=pipe, stderr=pipe)
+        output.attach(rank, proc)
+        return RankProcess(rank, host, False, proc, argv)
+    handle = connected or connect(rank, host, output=output, ssh=ssh, verbose=verbose)
+    spec = {"argv": list(command), "env": forwarded_environment(env), "cwd": cwd,
+            "grace_s": GRACE_S, "label": f"rank {rank} on {host}"}
+    if not handle._tell(json.dumps(spec).encode() + b"\n") and verbose:
+        print(f"netreduce-run: rank {rank} on {host}: ssh exited before it took the rank's "
+              f"description", file=sys.stderr, flush=True)
     return handle
-
 
 
 def ssh_hostname(host: str, options: SshOptions) -> Optional[str]:
