@@ -16,7 +16,7 @@ from netreduce.errors import InvalidArgumentError, NetReduceError
 from netreduce.ops import ReduceOp, as_op, check_array, dtype_name
 from netreduce.protocol.address import parse_addresses
 from netreduce.switch import spawn_for_job
-from netreduce.worker import context, job_paths, process_sets, timeline
+from netreduce.worker import context, elastic_member, job_paths, process_sets, timeline
 from netreduce.worker.communicator import Communicator
 from netreduce.worker.handle import Handle, Tensor
 from netreduce.worker.context import comm as _comm
@@ -38,7 +38,32 @@ def _parse_address(text: str) -> Tuple[str, int]:
 def init() -> None:
     """Join the job: discover rank and size from the launcher's environment, connect to
     the aggregator (NETREDUCE_SWITCH, else an embedded local one for a single process),
-    and wait until every rank has joined. Calling it again is a no-op."""
+    and wait until every rank has joined. Calling it again is a no-op.
+
+    In an elastic job (NETREDUCE_ELASTIC: netreduce-run's elastic driver) rank and size
+    come from the driver, for the next membership epoch; a start that fails because
+    the membership broke or the aggregator is away is retried (worker/elastic_member.py)."""
+    member = elastic_member.member()
+    if member is None:
+        return _init()
+    while True:
+        with _g.lock:
+            if _g.comm is not None:
+                return
+        member.join()
+        try:
+            _init()
+            member.started()
+            return
+        except elastic_member.RETRIED as exc:
+            try:
+                shutdown()
+            except NetReduceError:
+                pass
+            member.failed_start(exc)
+
+
+def _init() -> None:
     with _g.lock:
         if _g.comm is not None:
             return

@@ -1,41 +1,79 @@
 """Horovod's elastic state and run loop (``hvd.elastic``), framework-free: the
-adapters add their framework's states (netreduce.tensorflow.elastic).
+adapters add their framework's states (netreduce.torch.elastic, .tensorflow.elastic,
+.mxnet.elastic).
 
-What it recovers from, and what not: netreduce's launchers start a fixed set of
-ranks, so no host is ever added or removed (``commit`` never raises
-HostsUpdatedInterrupt, which is only defined for Horovod code that catches it).
-What it does is Horovod's recovery path at a fixed size: when a collective fails
-because the job broke under every rank — the aggregator died or restarted, a peer
-shut down, the data plane timed out (``RECOVERABLE``) — each rank rolls its state
-back to the last ``commit``, leaves and rejoins the job (``shutdown()`` then
-``init()``, retried until the aggregator admits the job again or
-NETREDUCE_START_TIMEOUT passes), rank 0's committed state is broadcast to all
-(``sync``), and the function runs again. Argument errors and ranks that disagree
+``run_fn(func)(state)`` runs ``func(state)`` and, when the job changes under it, brings
+every rank back to a common point and runs it again:
+
+* a collective fails because the job broke under every rank — a rank died, the
+  aggregator died or restarted, the data plane timed out (``RECOVERABLE``): each rank
+  rolls ``state`` back to its last ``commit()``;
+* ``state.commit()`` / ``check_host_updates()`` raises ``HostsUpdatedInterrupt``
+  because hosts were added or removed (only under an elastic netreduce-run, whose
+  driver counts the updates: every rank raises at the same commit, having agreed on
+  the latest update with one small all-reduce);
+
+then each rank resets — ``shutdown()`` and ``init()``, which under an elastic
+netreduce-run asks the driver for the rank's place in the next membership epoch, so
+that ``rank()`` and ``size()`` are the new ones — runs the reset callbacks, syncs the
+state from the new rank 0 (not after a pure removal: every survivor holds the same
+state) and runs ``func`` again. A worker that the new membership leaves out (its host
+was removed or blacklisted) ends its process with exit code 0.
+
+Outside an elastic netreduce-run the job's size is fixed: ``init()`` rejoins the same
+ranks, retried until the aggregator admits the job again or NETREDUCE_START_TIMEOUT
+passes, and no host update is ever raised. Argument errors and ranks that disagree
 about a tensor are not recoverable: running again would fail again.
 """
 from __future__ import annotations
 
 import functools
+import logging
+import sys
 import time
 from typing import Any, Callable, Dict, List, Tuple, Type
+
+import numpy as np
 
 from netreduce import api, config
 from netreduce.errors import (AdmissionError, ControlPlaneError, DataPlaneError, NetReduceError,
                               OperationTimeoutError, RankFailedError, ShutdownError)
+from netreduce.ops import ReduceOp
+from netreduce.worker import elastic_member
+
+log = logging.getLogger("netreduce")
 
 RECOVERABLE: Tuple[Type[BaseException], ...] = (RankFailedError, DataPlaneError,
                                                 ControlPlaneError, OperationTimeoutError,
                                                 ShutdownError)
-RETRY_S = 0.5  # between attempts to rejoin the job
+RETRY_S = 0.5  # between attempts to rejoin a job of fixed size
+UPDATES_TENSOR = "netreduce.elastic.host_updates"  # the commit's agreement (one name: cached)
 
 
 class HostsUpdatedInterrupt(NetReduceError):
-    """Horovod's signal that hosts were added or removed; netreduce never raises it
-    (its launchers start a fixed set of ranks)."""
+    """Hosts were added or removed: every rank raises it at the same commit.
+    ``skip_sync``: only removed, so the survivors' states are equal already."""
 
     def __init__(self, skip_sync: bool = False) -> None:
-        super().__init__("hosts updated")
+        super().__init__("hosts updated" + (" (removed only)" if skip_sync else ""))
         self.skip_sync = skip_sync
+
+
+def host_updates() -> Tuple[bool, bool]:
+    """(whether the elastic driver counted a host update that the current membership
+    does not reflect, whether that update only removed hosts): one small all-reduce
+    that every rank must call at the same point (a commit), so that all ranks answer
+    alike. (False, False) outside an elastic netreduce-run."""
+    member = elastic_member.member()
+    if member is None:
+        return False, False
+    latest, removed, added = member.pending()
+    agreed = api.allreduce(np.array([latest, int(removed), int(added)], dtype=np.int64),
+                           op=ReduceOp.Max, name=UPDATES_TENSOR)
+    if int(agreed[0]) <= member.synced:
+        return False, False
+    member.settle(int(agreed[0]))
+    return True, bool(agreed[1]) and not bool(agreed[2])
 
 
 class State:
@@ -55,14 +93,21 @@ class State:
         for callback in self._reset_callbacks:
             callback()
 
+    def on_hosts_updated(self, timestamp: Any, update_res: Any) -> None:
+        """Horovod's listener hook; the updates come through the driver here."""
+
     def commit(self) -> None:
-        """Save the state (the point a failure rolls back to) and check for host
-        changes (none can happen here; see the module's text)."""
+        """Save the state (the point a failure rolls back to), then check for host
+        updates (HostsUpdatedInterrupt)."""
         self.save()
         self.check_host_updates()
 
     def check_host_updates(self) -> None:
-        return None
+        """Raise HostsUpdatedInterrupt when the elastic driver counted a host update
+        that the current membership does not reflect; every rank calls it together."""
+        new, removed_only = host_updates()
+        if new:
+            raise HostsUpdatedInterrupt(skip_sync=removed_only)
 
     def save(self) -> None:
         raise NotImplementedError()
@@ -104,14 +149,17 @@ class ObjectState(State):
 
 
 def rejoin() -> None:
-    """Leave the job and join it again, retrying while the aggregator (or a peer) is
+    """Leave the job and join it again. Under an elastic netreduce-run init() asks the
+    driver for this rank's place in the next epoch (and retries a failed start
+    itself); at a fixed size it is retried here while the aggregator (or a peer) is
     not back yet, for at most NETREDUCE_START_TIMEOUT."""
+    if elastic_member.member() is not None:
+        _leave()
+        api.init()
+        return
     deadline = time.monotonic() + float(config.get("NETREDUCE_START_TIMEOUT"))
     while True:
-        try:
-            api.shutdown()
-        except NetReduceError:
-            pass  # the job is already broken; leaving is best effort
+        _leave()
         try:
             api.init()
             return
@@ -121,6 +169,13 @@ def rejoin() -> None:
             time.sleep(RETRY_S)
 
 
+def _leave() -> None:
+    try:
+        api.shutdown()
+    except NetReduceError:
+        pass  # the job is already broken; leaving is best effort
+
+
 def run_fn(func: Callable[..., Any], reset: Callable[[], None] = rejoin,
            recoverable: Tuple[Type[BaseException], ...] = RECOVERABLE) -> Callable[..., Any]:
     """Horovod's ``elastic.run`` loop around ``func(state, ...)``."""
@@ -128,16 +183,21 @@ def run_fn(func: Callable[..., Any], reset: Callable[[], None] = rejoin,
     @functools.wraps(func)
     def wrapper(state: State, *args: Any, **kwargs: Any) -> Any:
         skip_sync = False
-        while True:
-            try:
-                if not skip_sync:
-                    state.sync()
-                return func(state, *args, **kwargs)
-            except HostsUpdatedInterrupt as exc:
-                skip_sync = exc.skip_sync
-            except recoverable:
-                state.restore()
-                skip_sync = False
-            reset()
-            state.on_reset()
+        try:
+            while True:
+                try:
+                    if not skip_sync:
+                        state.sync()
+                    return func(state, *args, **kwargs)
+                except HostsUpdatedInterrupt as exc:
+                    skip_sync = exc.skip_sync
+                except recoverable as exc:
+                    log.info("netreduce elastic: %s; rolling back to the last commit", exc)
+                    state.restore()
+                    skip_sync = False
+                reset()
+                state.on_reset()
+        except elastic_member.RemovedFromJob as exc:
+            log.warning("netreduce elastic: %s; this worker exits", exc)
+            sys.exit(0)  # the driver expects it: not a failure of the job
     return wrapper
