@@ -31,6 +31,7 @@ from .scatter_gather import (  # noqa: F401
     grouped_reducescatter, grouped_reducescatter_async, reducescatter, reducescatter_async,
     sparse_allreduce_async)
 from .optimizer import DistributedOptimizer  # noqa: F401
+from . import elastic  # noqa: F401  (hvd.elastic: TorchState, ElasticSampler, run)
 
 if _dist.is_available():  # torch builds without distributed support lack both seams
     from .ddp_hook import allreduce_hook  # noqa: F401

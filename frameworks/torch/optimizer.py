@@ -21,6 +21,7 @@ from typing import Any, Dict, Optional, Tuple
 
 import torch
 
+from netreduce import config
 from netreduce.ops import as_op
 from netreduce.errors import InvalidArgumentError, UnsupportedError
 
@@ -68,7 +69,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._requires_update = set()
         self._synchronized = False
         self._should_synchronize = True
-        if process_set.included() and size() > 1:
+        # An elastic job may grow from one rank: its hooks must be there (Horovod's rule).
+        if process_set.included() and (size() > 1 or config.get("NETREDUCE_ELASTIC")):
             self._register_hooks()
 
     def load_state_dict(self, *args, **kwargs):
