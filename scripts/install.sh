@@ -75,6 +75,11 @@ if [ "$what" = test ]; then
   # Ray Train for tests/parallel/test_ray.py (pinned: 2.60 adds only its own
   # packages beside torch 2.13 and TensorFlow, upgrading none of theirs)
   $py -c "import ray.train.torch" 2>/dev/null || $py -m pip install -q "ray[train]==2.60.0"
+  # torchvision's models for Horovod's elastic example (tests/parallel/test_elastic_examples.py)
+  # and the elastic benchmark: 0.28.0 is the release for torch 2.13, --no-deps so that it
+  # cannot replace the CPU torch (its wheel is the CUDA build: docs/elastic.md says how
+  # its models still load on CPU)
+  $py -m pip show -q torchvision >/dev/null 2>&1 || $py -m pip install -q --no-deps "torchvision==0.28.0" pillow
   # The peers the tests compare against, and one environment per framework group
   # that cannot share this one's numpy (each script caches what it builds under
   # ~/.cache/netreduce and is a no-op when its environment is already complete).

@@ -1,0 +1,98 @@
+"""Horovod's own elastic example, pytorch_synthetic_benchmark_elastic.py (tests/parallel/data),
+with its one import changed to ``import netreduce.torch as hvd``, under netreduce-run with
+horovodrun's elastic flags: it trains through a host added and the same host removed
+by the discovery script, and rank 0 reports the job's throughput at the end."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.procs import ROOT
+
+EXAMPLE = os.path.join(ROOT, "tests", "parallel", "data", "pytorch_synthetic_benchmark_elastic.py")
+# torchvision 0.28's Linux wheel is the CUDA build, whose compiled ops do not load
+# beside the CPU torch: its import then fails on two op schemas it registers fake
+# kernels for. The models need none of the ops; declaring the schemas first lets it
+# import (shared/research/torchvision.md). Only used when the plain import fails.
+SITECUSTOMIZE = '''
+try:
+    import torchvision  # noqa: F401
+except RuntimeError:
+    import sys
+    for name in [m for m in sys.modules if m.startswith("torchvision")]:
+        del sys.modules[name]
+    import torch
+    _lib = torch.library.Library("torchvision", "FRAGMENT")
+    _lib.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+    _lib.define("qnms(Tensor qdets, Tensor qscores, float iou_threshold) -> Tensor")
+'''
+
+
+def _torchvision_models(tmp_path) -> str:
+    """A PYTHONPATH folder under which ``from torchvision import models`` works, or skip."""
+    (tmp_path / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    probe = subprocess.run([sys.executable, "-c", "from torchvision import models; models.squeezenet1_1"],
+                           env=dict(os.environ, PYTHONPATH=str(tmp_path)), capture_output=True,
+                           text=True, timeout=120)
+    if probe.returncode != 0:
+        pytest.skip("torchvision is not installed (scripts/install.sh test installs 0.28.0): "
+                    + probe.stderr.strip().splitlines()[-1])
+    return str(tmp_path)
+
+
+def test_horovods_elastic_pytorch_example_through_a_host_added_and_removed(tmp_path):
+    site = _torchvision_models(tmp_path)
+    source = open(EXAMPLE).read()
+    assert source.count("import horovod.torch as hvd") == 1
+    example = tmp_path / "example.py"
+    example.write_text(source.replace("import horovod.torch as hvd", "import netreduce.torch as hvd"))
+    hosts = tmp_path / "hosts.txt"
+    hosts.write_text("localhost:1\n127.0.0.1:1\n")
+    discover = tmp_path / "discover.sh"
+    discover.write_text(f"#!/bin/sh\ncat {hosts}\n")
+    discover.chmod(0o755)
+    env = dict(os.environ, OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join(p for p in (site, ROOT, os.environ.get("PYTHONPATH")) if p))
+    log = open(tmp_path / "out.log", "w+")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "netreduce.launcher", "-np", "2", "--min-np", "1", "--max-np", "3",
+         "--host-discovery-script", str(discover), sys.executable, str(example),
+         "--model", "squeezenet1_1", "--batch-size", "2", "--num-warmup-batches", "1",
+         "--num-batches-per-iter", "1", "--num-iters", "10", "--no-cuda"],
+        cwd=str(tmp_path), env=env, stdout=log, stderr=subprocess.STDOUT)
+
+    def output() -> str:
+        log.flush()
+        log.seek(0)
+        return log.read()
+
+    def wait_for(text: str, timeout: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout
+        while text not in output():
+            assert proc.poll() is None, output()
+            assert time.monotonic() < deadline, f"no {text!r} within {timeout} s:\n{output()}"
+            time.sleep(0.2)
+    try:
+        wait_for("Iter #1:")
+        hosts.write_text("localhost:1\n127.0.0.1:1\n127.0.0.2:1\n")
+        wait_for("epoch 2: 3 rank(s)")
+        # three ranks have trained together once rank 0 reports two more iterations
+        mark = output().count("Iter #")
+        deadline = time.monotonic() + 120
+        while output().count("Iter #") < mark + 2:
+            assert proc.poll() is None and time.monotonic() < deadline, output()
+            time.sleep(0.2)
+        hosts.write_text("localhost:1\n127.0.0.1:1\n")
+        assert proc.wait(240) == 0, output()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    out = output()
+    assert "epoch 3: 2 rank(s) on localhost:1, 127.0.0.1:1 (was 3)" in out, out
+    assert "Iter #9:" in out, out
+    assert "Total img/sec on 2 CPU(s)" in out, out
