@@ -91,7 +91,7 @@ def run(args: argparse.Namespace, command: List[str]) -> int:
     try:
         job = getattr(args, "job", None) or config.get("NETREDUCE_JOB") or \
             f"run-{os.getpid()}-{secrets.token_hex(4)}"
-        secret = auth.job_secret() or secrets.token_hex(32)
+        secret = auth.job_secret_or_new()
         knobs: Dict[str, Any] = dict(NETREDUCE_JOB=job, NETREDUCE_JOB_SECRET=secret)
         if getattr(args, "start_timeout", None):
             knobs["NETREDUCE_START_TIMEOUT"] = args.start_timeout
