@@ -50,6 +50,8 @@ uint64_t Reduced(Aggregator& agg, uint32_t index) {
   return c["bytes_reduced"];
 }
 
+constexpr uint16_t kBoundFrames = 48;  // of at most 64 per input
+
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // Fresh jobs per input (admitted and removed as the control plane would): each
   // input is one reproducible story.
@@ -58,6 +60,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (!w.agg->AddJob(3, kKey, &idx[0], 256).ok()) abort();
   if (!w.agg->AddJob(1, kKey ^ 1, &idx[1], 64).ok()) abort();
   if (!w.agg->AddJob(130, kKey ^ 2, &idx[2], 8).ok()) abort();
+  // Every rank's data address, as admission binds it: 127.0.0.1, the ports of the
+  // first kBoundFrames frames (below); later frames come from strangers (bad_source).
+  const uint32_t sizes[3] = {3, 1, 130};
+  for (int j = 0; j < 3; ++j) {
+    for (uint32_t r = 0; r < sizes[j]; ++r) {
+      if (!w.agg->BindRank(idx[j], r, IpAddr::V4(0x0100007f), 0x1000, kBoundFrames).ok()) abort();
+    }
+  }
   static ResultBatch out(nullptr);
   uint64_t accepted = 0;
   size_t pos = 0;

@@ -92,6 +92,10 @@ void Run(uint32_t payload, uint32_t threads, double drop) {
   uint32_t index = 0;
   st = agg.AddJob(kRanks, 0xC0FFEE, &index, payload);
   Check(st.ok(), "admission: " + st.message());
+  for (int r = 0; r < kRanks; ++r) {  // the engines' sockets: 127.0.0.1, ports of their own
+    st = agg.BindRank(index, uint32_t(r), IpAddr::V4(htonl(0x7f000001)), 0, 0);
+    Check(st.ok(), "binding: " + st.message());
+  }
   std::vector<std::unique_ptr<Engine>> engines(kRanks);
   for (int r = 0; r < kRanks; ++r) {
     EngineConfig ec;

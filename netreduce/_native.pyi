@@ -47,6 +47,10 @@ class Aggregator:
     def add_job(self, size: int, key: int, payload_bytes: int = 0) -> int: ...
     def set_job_payload(self, index: int, payload_bytes: int) -> None: ...
     def remove_job(self, index: int) -> None: ...
+    # The data address (job, rank) registered: contributions from host, UDP ports
+    # port..port+span-1 only (span 0: any port); others are dropped (drop_bad_source).
+    def bind_rank(self, index: int, rank: int, host: str, port: int, span: int = 1) -> None: ...
+    def rank_source(self, index: int, rank: int) -> str: ...  # in words; "no address"
     def set_job_ordered(self, index: int) -> None: ...  # NETREDUCE_DETERMINISTIC
     # Two levels: members, and on a rack aggregator the uplink to the spine's job
     # (spine_host, spine_port, spine_threads, job_index, rank, key, local_host,
@@ -90,7 +94,8 @@ class Engine:
                  drop_rate: float = 0.0, seed: int = 0, group: str = "",
                  group_port: int = 0, transport: Optional["VerbsTransport"] = None,
                  udp_offload: str = "auto", icrc_check: str = "auto",
-                 group_optional: bool = False) -> None: ...
+                 group_optional: bool = False,
+                 data_fd: int = -1) -> None: ...  # a bound UDP socket to take over
     def submit(self, src: Any, dst: Any, dtype: int, op: int,
                owner: int = -1) -> Request: ...  # owner >= 0: reduce-scatter shard
     def allreduce(self, src: Any, dst: Any, dtype: int, op: int) -> None: ...

@@ -85,8 +85,11 @@ def probe(text: str, what: str = "NETREDUCE_SWITCH", timeout: float = 2.0) -> Di
     out["fanout"] = counters.get("fanout", "unicast")
     out["jobs"] = {name: {k: job.get(k) for k in ("size", "ranks", "payload_bytes",
                                                    "payload_reason", "slots_completed",
-                                                   "group_unicast_copies", "epoch", "resizes")}
+                                                   "group_unicast_copies", "epoch", "resizes",
+                                                   "drop_bad_source")}
                    for name, job in counters.get("jobs", {}).items()}
+    # Contributions from addresses no rank registered (docs/operations.md, *Security*).
+    out["drop_bad_source"] = counters.get("global", {}).get("drop_bad_source", 0)
     if counters.get("hidden_jobs"):  # jobs with a secret: the operator's to read
         out["hidden_jobs"] = counters["hidden_jobs"]
     return out
@@ -142,6 +145,9 @@ def _print_aggregator(agg: Dict[str, Any], w: Any) -> None:
         return
     fanout = agg.get("fanout", "unicast")
     w(f"  fan-out: {fanout}\n")
+    if agg.get("drop_bad_source"):
+        w(f"  {agg['drop_bad_source']} packets dropped as from an address no rank registered "
+          "(bad_source: a replay or a misrouted rank; docs/operations.md, Security)\n")
     if not agg["jobs"]:
         w("  no jobs admitted\n")
     for name, job in agg["jobs"].items():
@@ -150,6 +156,9 @@ def _print_aggregator(agg: Dict[str, Any], w: Any) -> None:
         if job.get("epoch"):  # an elastic job (switch/epochs.py)
             w(f"    membership epoch {job['epoch']}, resized {job.get('resizes') or 0} "
               f"time(s)\n")
+        if job.get("drop_bad_source"):
+            w(f"    {job['drop_bad_source']} of its packets came from an address none of its "
+              "ranks registered (bad_source)\n")
         if fanout == "auto":  # ranks outside the group: about one copy per result each
             w(f"    {job.get('group_unicast_copies') or 0} unicast copies for ranks the group "
               f"did not reach, of {job.get('slots_completed') or 0} results\n")

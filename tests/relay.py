@@ -5,10 +5,13 @@ and delays packets (test infrastructure for the loss-recovery tests, not a hot p
         [--dup 0.05] [--reorder 0.1] [--delay-ms 0.2] [--reorder-ms 2] [--seed 1]
 
 It listens on the aggregator's port number at another loopback address, TCP and
-UDP alike: control connections are forwarded byte for byte (so the grant's data
+UDP alike: control connections are forwarded line for line (so the grant's data
 port is right for the relay too), datagrams go through the mangler. Each worker
 source gets its own upstream socket, so the aggregator sees every rank at its own
-address and sends its results back through the relay, mangled the same way.
+address and sends its results back through the relay, mangled the same way. Like a
+NAT's application gateway, it rewrites the data address a ``register`` names into
+that rank's upstream socket's: the aggregator takes a rank's packets from the address
+it registered only.
 
 Every datagram is delayed by a uniform 0..--delay-ms; with probability --reorder it
 is held --reorder-ms longer (later ones overtake it); with probability --dup a
@@ -30,13 +33,19 @@ import time
 from typing import Dict, List, Tuple
 
 
-def _pipe(src: socket.socket, dst: socket.socket) -> None:
+def _pipe(src: socket.socket, dst: socket.socket, rewrite=None) -> None:
     try:
+        pending = b""
         while True:
             data = src.recv(65536)
             if not data:
                 break
-            dst.sendall(data)
+            if rewrite is None:
+                dst.sendall(data)
+                continue
+            pending += data
+            *lines, pending = pending.split(b"\n")
+            dst.sendall(b"".join(rewrite(line) + b"\n" for line in lines))
     except OSError:
         pass
     finally:
@@ -47,7 +56,7 @@ def _pipe(src: socket.socket, dst: socket.socket) -> None:
                 pass
 
 
-def _tcp_forwarder(listen: Tuple[str, int], upstream: Tuple[str, int]) -> socket.socket:
+def _tcp_forwarder(listen: Tuple[str, int], upstream: Tuple[str, int], rewrite) -> socket.socket:
     srv = socket.create_server(listen)
 
     def serve() -> None:
@@ -61,8 +70,8 @@ def _tcp_forwarder(listen: Tuple[str, int], upstream: Tuple[str, int]) -> socket
             except OSError:
                 conn.close()
                 continue
-            for a, b in ((conn, up), (up, conn)):
-                threading.Thread(target=_pipe, args=(a, b), daemon=True).start()
+            for a, b, f in ((conn, up, rewrite), (up, conn, None)):
+                threading.Thread(target=_pipe, args=(a, b, f), daemon=True).start()
 
     threading.Thread(target=serve, daemon=True).start()
     return srv
@@ -116,19 +125,49 @@ def main(argv=None) -> int:
     host, _, port = args.upstream.rpartition(":")
     upstream = (host, int(port))
     listen = (args.listen, upstream[1])
-    tcp = _tcp_forwarder(listen, upstream)
+    lock = threading.Lock()
+    backs: Dict[Tuple[str, int], socket.socket] = {}  # worker -> its upstream socket
+    watched: set = set()
+
+    def back_for(worker: Tuple[str, int]) -> socket.socket:
+        with lock:
+            back = backs.get(worker)
+            if back is None:
+                back = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+                back.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
+                back.bind((upstream[0], 0))
+                back.setblocking(False)
+                backs[worker] = back
+            return back
+
+    def rewrite(line: bytes) -> bytes:
+        try:
+            msg = json.loads(line)
+        except ValueError:
+            return line
+        if not isinstance(msg, dict) or msg.get("cmd") != "register" or "data_address" not in msg:
+            return line
+        host, _, port = str(msg["data_address"]).rpartition(":")
+        msg["data_address"] = "%s:%d" % back_for((host, int(port))).getsockname()
+        return json.dumps(msg).encode()
+
+    tcp = _tcp_forwarder(listen, upstream, rewrite)
     front = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     front.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
     front.bind(listen)
     front.setblocking(False)
     sel = selectors.DefaultSelector()
     sel.register(front, selectors.EVENT_READ, None)
-    backs: Dict[Tuple[str, int], socket.socket] = {}
     m = Mangler(args)
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
     print("relay ready", flush=True)
     while not stop:
+        with lock:
+            for worker, back in backs.items():
+                if back not in watched:
+                    sel.register(back, selectors.EVENT_READ, worker)
+                    watched.add(back)
         for key, _ in sel.select(m.flush()):
             sock: socket.socket = key.fileobj  # type: ignore[assignment]
             while True:
@@ -139,14 +178,10 @@ def main(argv=None) -> int:
                 except OSError:
                     break
                 if key.data is None:  # a worker's datagram: upstream through its own socket
-                    back = backs.get(frm)
-                    if back is None:
-                        back = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-                        back.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
-                        back.bind((upstream[0], 0))
-                        back.setblocking(False)
+                    back = back_for(frm)
+                    if back not in watched:
                         sel.register(back, selectors.EVENT_READ, frm)
-                        backs[frm] = back
+                        watched.add(back)
                     m.counters["to_aggregator"] += 1
                     m.push(back, data, (upstream[0], upstream[1]))
                 else:  # the aggregator's answer to worker key.data

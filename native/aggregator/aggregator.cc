@@ -3,7 +3,7 @@
 // Each data thread receives a batch of datagrams with recvmmsg, and for each one:
 // decodes and validates the framing (bad packets are dropped and counted by reason,
 // never allowed near a slot), finds the job from the destination QP, checks the key,
-// the rank, dtype, op and slot, then applies the slot state machine of
+// the rank and its source address (the one it registered), dtype, op and slot, then applies the slot state machine of
 // slot_pool.h: a new round resets the slot; a contribution whose rank bit is
 // already set is a duplicate and is never added again (a completed slot answers it
 // with its stored result, by unicast); the N-th contribution completes the slot and
@@ -292,6 +292,9 @@ void Aggregator::HandleDatagram(uint32_t thread_index, uint16_t my_port, const I
   const uint32_t rank = wire::QpnRank(h.dest_qp);
   if (h.key != job.key) return drop(Drop::kBadKey);
   if (rank >= job.size || !job.member[rank]) return drop(Drop::kBadRank);
+  // Only from the data address the rank registered: a replay of its packets from
+  // anywhere else reaches no slot and, above all, is never answered.
+  if (!job.ranks[rank].bound.Admits(pkt.from)) return drop(Drop::kBadSource);
   if (h.result) return drop(Drop::kResultFlag);
   if (!ValidDType(h.dtype)) return drop(Drop::kBadDtype);
   if (!ValidOp(h.op)) return drop(Drop::kBadOp);

@@ -84,6 +84,9 @@ struct Job {
     std::atomic<uint32_t> local_ip{0};
     RankAddress full;
     std::atomic<uint8_t> group_seen{0};  // its latest contribution's kExtGroupSeen
+    // The data address the rank registered (BindRank): its contributions come from
+    // there or are dropped (bad_source), so results only ever go there.
+    BoundSource bound;
   };
   std::vector<RankAddr> ranks;
   Endpoint group;  // multicast destination of results; ip 0 = unicast fan-out
@@ -157,6 +160,14 @@ class Aggregator {
   // most that) for a job of `size` ranks with `key`; refuses cleanly past max_jobs
   // or the memory limit. Returns the job index (its QPN prefix).
   Status AddJob(uint32_t size, uint32_t key, uint32_t* index, uint32_t payload_bytes = 0);
+  // Binds (job, rank) to the data address it gave at admission: `ip` and the UDP
+  // ports port..port+span-1 (span 0: any port, a verbs rank's NIC choosing it).
+  // Contributions for the rank from anywhere else are dropped and counted
+  // (bad_source); an unbound rank's are all dropped. May be set again (a spine's
+  // member becomes a rack aggregator, a verbs rank's queue pair), never cleared.
+  Status BindRank(uint32_t index, uint32_t rank, const IpAddr& ip, uint16_t port, uint16_t span);
+  // The address rank is bound to, in words ("no address" when unbound).
+  std::string RankSource(uint32_t index, uint32_t rank) const;
   // Shrinks an admitted job's pool to `payload_bytes` (<= its current payload) and
   // returns the memory difference; refused once the job has received a packet.
   Status SetJobPayload(uint32_t index, uint32_t payload_bytes);

@@ -6,7 +6,7 @@ const char* DropName(Drop d) {
   static const char* kNames[] = {"truncated", "bad_opcode", "bad_length", "unknown_job",
                                  "bad_key",   "bad_rank",   "bad_dtype",  "bad_op",
                                  "bad_slot",  "bad_icrc",   "inconsistent", "stale",
-                                 "result_flag"};
+                                 "result_flag", "bad_source"};
   static_assert(sizeof(kNames) / sizeof(kNames[0]) == int(Drop::kCount), "drop names");
   return kNames[int(d)];
 }

@@ -27,6 +27,7 @@ enum class Drop : int {
   kInconsistent,    // a contribution disagrees with the slot's round (offset/length/dtype/op/message)
   kStale,           // an old round's packet for a slot that has moved on
   kResultFlag,      // a packet marked as a result sent to the aggregator
+  kBadSource,       // from an address other than the data address its rank registered
   kCount
 };
 const char* DropName(Drop d);

@@ -102,6 +102,7 @@ Status Aggregator::SetJobPayload(uint32_t index, uint32_t payload_bytes) {
   if (old->ordered) {
     job->ordered = std::make_shared<OrderedSlots>(slots, payload_bytes, old->size);
   }
+  for (uint32_t r = 0; r < old->size; ++r) job->ranks[r].bound.CopyFrom(old->ranks[r].bound);
   job->members = old->members;
   job->member = old->member;
   job->expected = old->expected;
@@ -110,6 +111,35 @@ Status Aggregator::SetJobPayload(uint32_t index, uint32_t payload_bytes) {
   jobs_[index] = job;
   JobsChanged();
   return Status::Ok();
+}
+
+Status Aggregator::BindRank(uint32_t index, uint32_t rank, const IpAddr& ip, uint16_t port,
+                            uint16_t span) {
+  std::lock_guard<std::mutex> lock(mu_);  // against SetJobPayload's copy of the bindings
+  if (index == 0 || index >= jobs_.size() || !jobs_[index]) {
+    return InvalidArgument("no job with index " + std::to_string(index));
+  }
+  Job& job = *jobs_[index];
+  if (rank >= job.size) {
+    return InvalidArgument("rank " + std::to_string(rank) + " out of range for world size " +
+                           std::to_string(job.size));
+  }
+  if (ip.unspecified() || ip.is_multicast()) {
+    return InvalidArgument("rank " + std::to_string(rank) + "'s data address " + ToString(ip) +
+                           " is not one a packet can come from");
+  }
+  if (span > BoundSource::kMaxSpan || (span != 0 && (port == 0 || uint32_t(port) + span > 65536))) {
+    return InvalidArgument("rank " + std::to_string(rank) + "'s data ports " +
+                           std::to_string(port) + " (+" + std::to_string(span) + ") out of range");
+  }
+  job.ranks[rank].bound.Store(ip, port, span);
+  return Status::Ok();
+}
+
+std::string Aggregator::RankSource(uint32_t index, uint32_t rank) const {
+  std::shared_ptr<Job> job = Lookup(index);
+  if (!job || rank >= job->size) return "no address";
+  return job->ranks[rank].bound.Describe();
 }
 
 Status Aggregator::RemoveJob(uint32_t index) {

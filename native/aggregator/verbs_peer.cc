@@ -126,6 +126,15 @@ Status Aggregator::AttachVerbsPeer(uint32_t index, uint32_t rank, const VerbsPee
   if (p.active.load(std::memory_order_acquire)) {
     return InvalidArgument("rank " + std::to_string(rank) + " already attached a queue pair");
   }
+  // Its results go to the queue pair's address: the one the rank registered from. Its
+  // NIC picks the UDP source port of its requests, so from there on any port is its.
+  BoundSource& bound = job->ranks[rank].bound;
+  if (!bound.Admits(Endpoint{info.ip, 0}, true)) {
+    return InvalidArgument("rank " + std::to_string(rank) + "'s queue pair is on " +
+                           ToString(IpAddr::V4(info.ip)) + ", but the rank registered the data " +
+                           "address " + bound.Describe() + " (they must be the same host address)");
+  }
+  bound.Store(IpAddr::V4(info.ip), 0, 0);
   p.info = info;
   p.next_psn = uint32_t(std::random_device{}()) & wire::kPsnMask;
   p.next_entry = 0;

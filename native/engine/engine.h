@@ -54,6 +54,10 @@ struct EngineConfig {
   // A transport opened and connected by the caller (transport/verbs/); null = the
   // engine opens a UDP socket toward host:port itself.
   std::shared_ptr<Transport> transport;
+  // The data socket the rank bound before it registered (its address is part of its
+  // admission: the aggregator takes contributions from there only); the engine takes
+  // it over. -1: the engine opens one of its own, toward host:port.
+  int data_fd = -1;
 };
 
 class Engine {

@@ -2,6 +2,7 @@
 // transport factory, native/transport/make_transport.h) and the state its loop keeps
 // from message to message (run_state.h); closing it. The loop itself: engine.cc.
 #include <arpa/inet.h>
+#include <unistd.h>
 
 #include <random>
 
@@ -28,6 +29,12 @@ Engine::Engine(const EngineConfig& cfg) : cfg_(cfg), rng_(cfg.seed ? cfg.seed : 
 }
 
 Status Engine::Create(const EngineConfig& cfg, std::unique_ptr<Engine>* out) {
+  // cfg.data_fd is ours from here: closed on every path that does not hand it on.
+  struct FdOwner {
+    int fd;
+    ~FdOwner() { if (fd >= 0) close(fd); }
+    int Release() { const int f = fd; fd = -1; return f; }
+  } data_fd{cfg.data_fd};
   if (cfg.size == 0 || cfg.rank >= cfg.size || cfg.size >= wire::kMaxRanks) {
     return InvalidArgument("rank " + std::to_string(cfg.rank) + " / world size " +
                            std::to_string(cfg.size) + " out of range (size 1.." +
@@ -69,6 +76,7 @@ Status Engine::Create(const EngineConfig& cfg, std::unique_ptr<Engine>* out) {
   const std::string buf = ToString(local_ip);
   o.udp.host = buf;
   o.udp.port = 0;
+  o.udp.fd = data_fd.Release();  // the rank's registered data socket, when it bound one
   o.offload = offload;
   std::unique_ptr<Transport> udp;
   NR_RETURN_IF_ERROR(MakeDataTransport(o, &udp));

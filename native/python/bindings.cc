@@ -4,12 +4,15 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <unistd.h>
+
 #include <memory>
 
 #include "aggregator/aggregator.h"
 #include "aggregator/path_payload.h"
 #include "engine/engine.h"
 #include "reduce/dtype.h"
+#include "transport/udp/sockaddr.h"
 #include "wire/roce.h"
 #ifdef NETREDUCE_HAVE_XDP
 #include "transport/xdp/xdp_transport.h"
@@ -226,6 +229,16 @@ PYBIND11_MODULE(_native, m) {
              Throw(a.SetJobPayload(index, payload_bytes));
            }, py::arg("index"), py::arg("payload_bytes"))
       .def("remove_job", [](Aggregator& a, uint32_t index) { Throw(a.RemoveJob(index)); })
+      // The data address (job, rank) registered: its contributions come only from `host`,
+      // UDP ports port..port+span-1 (span 0: any port, a verbs rank's).
+      .def("bind_rank", [](Aggregator& a, uint32_t index, uint32_t rank, const std::string& host,
+                           uint16_t port, uint16_t span) {
+             IpAddr ip;
+             Throw(ResolveHost(host, &ip));
+             Throw(a.BindRank(index, rank, ip, port, span));
+           }, py::arg("index"), py::arg("rank"), py::arg("host"), py::arg("port"),
+           py::arg("span") = 1)
+      .def("rank_source", &Aggregator::RankSource, py::arg("index"), py::arg("rank"))
       // Two levels (native/aggregator/uplink.h): members, and on a rack the uplink.
       .def("set_job_tree", [](Aggregator& a, uint32_t index, const std::vector<uint32_t>& members,
                               py::object uplink) {
@@ -321,16 +334,22 @@ PYBIND11_MODULE(_native, m) {
                        uint32_t payload_bytes, uint32_t window, double retransmit_ms, double timeout_s,
                        double drop_rate, uint64_t seed, const std::string& group, uint16_t group_port,
                        py::object transport, const std::string& udp_offload,
-                       const std::string& icrc_check, bool group_optional) {
+                       const std::string& icrc_check, bool group_optional, int data_fd) {
              EngineConfig c;
+             c.data_fd = data_fd;  // ours: closed here or by Create, whatever happens
              c.host = host; c.port = port; c.threads = threads; c.job = job; c.job_index = job_index;
              c.rank = rank; c.size = size; c.key = key; c.slots = slots; c.payload_bytes = payload_bytes;
              c.window = window; c.retransmit_ms = retransmit_ms; c.timeout_s = timeout_s;
              c.drop_rate = drop_rate; c.seed = seed; c.group = group; c.group_port = group_port;
              c.group_optional = group_optional;
-             c.transport = TransportFromPy(transport);
-             Throw(ParseUdpOffload(udp_offload, &c.udp_offload));
-             c.trust_udp_checksum = TrustUdpChecksum(icrc_check);
+             try {
+               c.transport = TransportFromPy(transport);
+               Throw(ParseUdpOffload(udp_offload, &c.udp_offload));
+               c.trust_udp_checksum = TrustUdpChecksum(icrc_check);
+             } catch (...) {
+               if (data_fd >= 0) close(data_fd);
+               throw;
+             }
              std::unique_ptr<Engine> e;
              Throw(Engine::Create(c, &e));
              return e;
@@ -341,7 +360,7 @@ PYBIND11_MODULE(_native, m) {
            py::arg("drop_rate") = 0.0, py::arg("seed") = 0, py::arg("group") = "",
            py::arg("group_port") = 0, py::arg("transport") = py::none(),
            py::arg("udp_offload") = "auto", py::arg("icrc_check") = "auto",
-           py::arg("group_optional") = false)
+           py::arg("group_optional") = false, py::arg("data_fd") = -1)
       .def("submit", &SubmitBuffers, py::arg("src"), py::arg("dst"), py::arg("dtype"), py::arg("op"),
            py::arg("owner") = -1)
       .def("allreduce", [](Engine& e, py::buffer src, py::buffer dst, int dtype, int op) {

@@ -22,6 +22,7 @@ import time
 from typing import Any, Dict, List, Optional
 
 from netreduce.errors import InvalidTypeError
+from netreduce.protocol import data_address
 from netreduce.protocol.address import family_of, format_address, parse_address, unmap
 from netreduce.protocol.auth import AuthError, Guard
 from netreduce.protocol.socket_buffers import (DAEMON_SHARE, rank_share, size_words,
@@ -222,6 +223,7 @@ class ControlServer:
             raise RequestError(f"job '{name}' (rank {rank}): this connection already registered "
                                f"rank {sess.rank} of job '{sess.job}'; one rank per connection")
         self.admit(sess, name, rank, msg)
+        source = self._data_source(sess, name, rank, msg)
         views = self._path_views(sess, rank, msg)
         epoch = epochs.of(msg, name, rank)
         with self.lock:
@@ -263,6 +265,11 @@ class ControlServer:
             if rank in job.ranks:
                 raise RequestError(
                     f"job '{name}': rank {rank} is already registered (from {job.ranks[rank].peer})")
+            if source is not None:  # contributions from there only (protocol/data_address.py)
+                try:
+                    self.aggregator.bind_rank(job.index, rank, *source)
+                except ValueError as exc:
+                    raise RequestError(f"job '{name}' (rank {rank}): {exc}") from None
             self._settle_payload(job, views, name, rank)
             buffer = int(msg.get("receive_buffer", 0) or 0)
             coalesced = bool(msg.get("receive_coalesced", True))
@@ -303,6 +310,30 @@ class ControlServer:
                     "group": group, "group_port": group_port,
                     "group_optional": getattr(agg, "fanout", "unicast") == "auto"}
         return Wait(self.payload_topic, grant)  # type: ignore[return-value]
+
+    @staticmethod
+    def _data_source(sess: Session, name: str, rank: int,
+                     msg: Dict[str, Any]) -> Optional[Any]:
+        """The rank's data address (IP, port), which must be where its control
+        connection comes from; None for a rank whose data goes through a rack
+        aggregator (the spine hands its address to the rack: switch/uplink.py)."""
+        where = f"job '{name}' (rank {rank})"
+        try:
+            ip, port = data_address.parse(msg.get("data_address"), where)
+        except ValueError as exc:
+            raise RequestError(str(exc)) from None
+        sess.state["data_address"] = (ip, port)
+        if msg.get("rack"):
+            return None
+        peer_ip = parse_address(sess.peer, what="the rank's control connection")[0]
+        if not data_address.same_host(ip, peer_ip):
+            raise RequestError(
+                f"{where}: its data would come from {format_address((ip, port))}, but its "
+                f"control connection comes from {peer_ip}; the aggregator takes contributions "
+                "only from the address the rank registers from (both reach the aggregator's "
+                "one address: a route or rule that sends UDP and TCP out of different "
+                "addresses defeats that)")
+        return ip, port
 
     @staticmethod
     def _agree_window(job: "JobRecord", name: str, rank: int, msg: Dict[str, Any]) -> None:

@@ -31,6 +31,7 @@ import time
 from typing import Any, Dict, List, Optional, Sequence
 
 from netreduce.errors import NetReduceError
+from netreduce.protocol import data_address
 from netreduce.protocol.address import format_address, parse_address, resolve
 from netreduce.protocol.client import ControlClient
 from netreduce.switch import coordinator
@@ -71,6 +72,7 @@ class Tree:
     def __init__(self, record: Any) -> None:
         self.record = record
         self.racks: Dict[int, str] = {}  # rank -> rack aggregator address
+        self.sources: Dict[int, Any] = {}  # rank -> its data address (IP, port), for its rack
         self.users: set = set()          # sessions that asked; the last one out ends it
         self.building = False
         self.done = False
@@ -108,6 +110,7 @@ def _rack_grant(srv: Any, sess: Any, msg: Dict[str, Any]) -> Dict[str, Any]:
             raise RequestError(f"job '{job.name}': rank {sess.rank} already asked with rack "
                                f"aggregator {tree.racks[sess.rank]}")
         tree.racks[sess.rank] = rack
+        tree.sources[sess.rank] = sess.state.get("data_address")
         tree.users.add(sess)
         sess.state["rack_tree"] = tree
         _changed.notify_all()
@@ -170,12 +173,19 @@ def _build(srv: Any, job: Any, tree: Tree) -> None:
         tree.where.append(where)
         spine_host = client._sock.getsockname()[0]  # this spine, as the rack reaches it
         try:
+            # Each member's data address, as it registered here: the rack takes that
+            # member's contributions from there only.
+            sources = {str(r): format_address(tree.sources[r]) for r in members[address]
+                       if tree.sources.get(r)}
             reply = client.call("rack_job", job=job.name, size=job.size, members=members[address],
-                                payload_bytes=job.payload_bytes,
+                                payload_bytes=job.payload_bytes, sources=sources,
                                 spine=dict(host=spine_host, port=agg.port, threads=agg.threads,
                                            job_index=job.index, key=job.key, rank=i,
                                            racks=len(racks)))
-        except NetReduceError as exc:
+            # The rack's partials come from its data ports, at its address toward here.
+            agg.bind_rank(job.index, i, str(reply["source"]), int(reply["data_port"]),
+                          int(reply["threads"]))
+        except (NetReduceError, KeyError, ValueError) as exc:
             raise NetReduceError(f"{where}: {exc}") from None
         tree.grants[address] = dict(
             data_host=host, job_index=int(reply["job_index"]), key=int(reply["key"]),
@@ -281,6 +291,10 @@ def _rack_job(srv: Any, sess: Any, msg: Dict[str, Any]) -> Dict[str, Any]:
             spine_threads=int(spine["threads"]), job_index=int(spine["job_index"]),
             rank=int(spine["rank"]), key=int(spine["key"]), local_host=local,
             rto_floor_us=int(settings.rto_floor_ms * 1000), drop_rate=float(settings.drop_rate)))
+        sources = dict(msg.get("sources") or {})
+        for r in members:  # each member's data address, as it registered at the spine
+            host, port = data_address.parse(sources.get(str(r)), f"job '{name}' (rank {r})")
+            agg.bind_rank(index, r, host, port)
     except Exception as exc:
         agg.remove_job(index)
         raise RequestError(f"job '{name}': cannot set up the uplink to {spine_where}: {exc}") from None
@@ -294,7 +308,7 @@ def _rack_job(srv: Any, sess: Any, msg: Dict[str, Any]) -> Dict[str, Any]:
              spine.get("racks", "?"), _short(members), index, spine_where)
     group, group_port = agg.group(index)
     return {"job_index": index, "key": key, "slots": int(agg.job_counters(index)["slots"]),
-            "data_port": agg.port,
+            "data_port": agg.port, "source": local,
             "threads": agg.threads, "group": group, "group_port": group_port}
 
 

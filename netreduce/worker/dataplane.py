@@ -16,7 +16,7 @@ import numpy as np
 from netreduce import _native, config
 from netreduce.algorithms.base import check_reduction
 from netreduce.errors import AdmissionError, ControlPlaneError, DataPlaneError
-from netreduce.protocol import auth
+from netreduce.protocol import auth, data_address
 from netreduce.protocol.address import format_address, resolve
 from netreduce.protocol.client import ControlClient
 from netreduce.protocol.socket_buffers import receive_buffer_note
@@ -125,9 +125,17 @@ class Connection:
         self._verbs = verbs_transport.select(self.address[0], self.path_mtu, self._where)
         if self._verbs is not None:
             self.path_mtu = self._verbs.reported_mtu
+        # The socket its data will leave from, bound now: its address is part of the
+        # admission, and the aggregator answers that address only (protocol/data_address.py).
+        try:
+            self._data_socket = data_address.open_socket(*(self.rack or self.address))
+        except OSError as exc:
+            raise AdmissionError(f"{self._where()}: no data socket toward "
+                                 f"{format_address(self.rack or self.address)}: {exc}") from None
         try:
             self._control = ControlClient(self.address, timeout=timeout)
         except ControlPlaneError as exc:  # unreachable, or TLS refused: say whose connection
+            self._data_socket.close()
             raise ControlPlaneError(f"{self._where()}: {exc}") from None
         try:
             # NETREDUCE_JOB_SECRET: proved on a challenge, never sent (protocol/auth.py).
@@ -140,9 +148,13 @@ class Connection:
                                        mtu=self.path_mtu, ipv6=ipv6, host=socket.gethostname(),
                                        await_payload=True, deterministic=bool(deterministic),
                                        window=int(window), receive_buffer=buffer,
-                                       receive_coalesced=coalesced, **_epoch(), **proof)
+                                       receive_coalesced=coalesced,
+                                       data_address=data_address.address_of(self._data_socket),
+                                       **({"rack": format_address(self.rack)} if self.rack else {}),
+                                       **_epoch(), **proof)
         except ControlPlaneError as exc:
             self._control.close()
+            self._data_socket.close()
             raise AdmissionError(str(exc)) from None
         self._grant = grant
         self.job_index = int(grant["job_index"])
@@ -193,7 +205,7 @@ class Connection:
                 self.rank, self.size, self.key, self.slots, self.payload_bytes,
                 group=str(grant.get("group", "")), group_port=int(grant.get("group_port", 0)),
                 group_optional=bool(grant.get("group_optional", False)),
-                transport=transport, **args)
+                transport=transport, data_fd=self._data_socket.detach(), **args)
         except Exception as exc:
             raise _translate(exc, self._where()) from None
         finally:
@@ -318,6 +330,7 @@ class Connection:
         self._closed = True
         engine, self._engine = self._engine, None
         del engine
+        self._data_socket.close()  # unless the engine took it over (detached: a no-op)
         try:
             self._control.call("release", timeout=2.0)
         except ControlPlaneError:

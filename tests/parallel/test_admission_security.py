@@ -20,6 +20,7 @@ from netreduce.protocol.client import ControlClient
 from netreduce.errors import AdmissionError, ControlPlaneError
 from netreduce.switch import spawn
 from tests.parallel.ranks import run_ranks
+from tests.raw_register import data_socket, register
 
 SECRET = "s3cret-" + uuid.uuid4().hex
 OPERATOR = b"operator-" + uuid.uuid4().hex.encode()
@@ -38,9 +39,10 @@ def _job() -> str:
     return "sec-" + uuid.uuid4().hex[:8]
 
 
-def _register(client: ControlClient, job: str, rank: int, size: int, secret: str = "", **kw):
-    return client.call("register", job=job, rank=rank, size=size,
-                       **auth.prove(client.call, secret, job, rank), **kw)
+def _register(client: ControlClient, job: str, rank: int, size: int, secret: str = "",
+              sock=None, **kw):
+    return register(client, job, rank, size, sock, **auth.prove(client.call, secret, job, rank),
+                    **kw)
 
 
 def _refused(client: ControlClient, *args, **kw) -> str:
@@ -87,14 +89,14 @@ def test_a_proof_cannot_be_replayed_or_sent_without_a_challenge(daemon):
     with ControlClient(daemon.address) as r0:
         nonce = r0.call("challenge")["nonce"]
         proof = auth.job_proof(SECRET, job, 0, nonce)
-        r0.call("register", job=job, rank=0, size=2, auth=proof)
+        register(r0, job, 0, 2, auth=proof)
         # What an eavesdropper saw on r0's connection, replayed on its own.
         with ControlClient(daemon.address) as thief:
             with pytest.raises(ControlPlaneError, match="send 'challenge' first"):
-                thief.call("register", job=job, rank=0, size=2, auth=proof)
+                register(thief, job, 0, 2, auth=proof)
             thief.call("challenge")
             with pytest.raises(ControlPlaneError, match="does not verify"):
-                thief.call("register", job=job, rank=1, size=2, auth=proof)
+                register(thief, job, 1, 2, auth=proof)
         # The proof carries no secret: only a public key and a signature.
         assert SECRET not in json.dumps(proof) and set(proof) == {"pub", "sig"}
 
@@ -180,9 +182,8 @@ def _packet(fields: dict, payload: bytes) -> bytes:
 def test_wrong_key_packets_are_dropped_counted_and_never_added(daemon):
     job = _job()
     with ControlClient(daemon.address) as c:
-        grant = _register(c, job, 0, 1, SECRET)
-        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        s.bind(("127.0.0.1", 0))
+        s = data_socket(c)
+        grant = _register(c, job, 0, 1, SECRET, sock=s)
         s.settimeout(0.3)
         payload = np.arange(16, dtype=np.int32).tobytes()
         fields = {"jumbo": 1, "length": len(payload), "dtype": 4, "op": 0, "psn": 7,

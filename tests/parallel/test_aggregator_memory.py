@@ -15,6 +15,7 @@ from netreduce.worker import dataplane
 from netreduce.protocol.client import ControlClient
 from netreduce.errors import AdmissionError, ControlPlaneError
 from netreduce.switch import spawn
+from tests.raw_register import register
 
 MIB = 1 << 20
 SLOTS = 32
@@ -83,17 +84,17 @@ def test_a_restart_while_draining_holds_two_pools_within_the_limit():
         job = "drain-" + uuid.uuid4().hex[:6]
         r0, r1 = ControlClient(sw.address), ControlClient(sw.address)
         try:
-            r0.call("register", job=job, rank=0, size=2)
-            r1.call("register", job=job, rank=1, size=2)
+            register(r0, job, 0, 2)
+            register(r1, job, 1, 2)
             r0.call("release")  # rank 0 left: this run drains until rank 1 leaves too
             with ControlClient(sw.address) as again:
                 # rank 0 back (init() again): the job's next run, a pool of its own
-                again.call("register", job=job, rank=0, size=2)
+                register(again, job, 0, 2)
                 g = r1.call("counters")["global"]
                 assert g["slot_memory_bytes"] == 2 * POOL and g["jobs_active"] == 2
                 with ControlClient(sw.address) as other:
                     with pytest.raises(ControlPlaneError, match="slot memory exhausted"):
-                        other.call("register", job="other-" + job, rank=0, size=1)
+                        register(other, "other-" + job, 0, 1)
             r1.call("release")
             # The restarted run's pool goes when the daemon sees `again` close, which
             # its connection thread handles on its own time: wait for that (bounded).

@@ -20,6 +20,7 @@ from netreduce.protocol.client import ControlClient
 from netreduce.errors import AdmissionError, ControlPlaneError, DataPlaneError
 from netreduce.switch import spawn
 from tests.parallel.ranks import run_ranks
+from tests.raw_register import data_socket, register
 
 
 def _free_port() -> int:
@@ -70,7 +71,8 @@ def test_hostile_packets_are_dropped_and_counted_while_a_job_runs(switch):
     # A job of our own (size 1) to aim well-formed-but-wrong packets at; held open:
     # closing it would end the attacker's job.
     probe = ControlClient(address)
-    other = probe.call("register", job="attacker-" + job, rank=0, size=1)
+    s = data_socket(probe)  # the attacker's job's one rank: its packets come from here
+    other = register(probe, "attacker-" + job, 0, 1, s)
     payload = np.ones(16, np.float32).tobytes()
     mine = {"jumbo": 1, "length": len(payload), "dtype": 0, "op": 0, "key": other["key"],
             "dest_qp": other["job_index"] << 12}
@@ -79,7 +81,6 @@ def test_hostile_packets_are_dropped_and_counted_while_a_job_runs(switch):
     victim_index = []
 
     def attack():
-        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         dst = (address[0], other["data_port"])
         while not stop.is_set() and not victim_index:  # the victim's real index
             victim_index.extend(c["index"] for n, c in probe.call("counters")["jobs"].items()
@@ -143,8 +144,8 @@ def test_hostile_packets_are_dropped_and_counted_while_a_job_runs(switch):
 def test_wrong_key_on_a_live_job_is_counted_on_that_job(switch):
     job = "keyed-" + uuid.uuid4().hex[:6]
     with ControlClient(switch.address) as rank0:
-        grant = rank0.call("register", job=job, rank=0, size=2)
-        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        s = data_socket(rank0)
+        grant = register(rank0, job, 0, 2, s)
         payload = b"\0" * 64
         pkt = _packet({"jumbo": 1, "length": 64, "dest_qp": grant["job_index"] << 12,
                        "key": grant["key"] ^ 1}, payload)
@@ -163,12 +164,11 @@ def test_wrong_key_on_a_live_job_is_counted_on_that_job(switch):
 def test_duplicate_is_added_once_and_a_late_one_gets_the_stored_result(switch):
     job = "dup-" + uuid.uuid4().hex[:6]
     with ControlClient(switch.address) as c0, ControlClient(switch.address) as c1:
-        grant = c0.call("register", job=job, rank=0, size=2)
-        c1.call("register", job=job, rank=1, size=2)
-        socks = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(2)]
+        socks = [data_socket(c0), data_socket(c1)]
+        grant = register(c0, job, 0, 2, socks[0])
+        register(c1, job, 1, 2, socks[1])
         try:
             for s in socks:
-                s.bind(("127.0.0.1", 0))
                 s.settimeout(10)
             data = [np.arange(16, dtype=np.float32), np.full(16, 10, np.float32)]
             head = {"jumbo": 1, "length": 64, "key": grant["key"], "slot": 3, "psn": 3,
@@ -305,7 +305,7 @@ def test_spurious_retransmissions_are_recognised():
 def test_waiting_releases_the_gil(switch):
     job = "gil-" + uuid.uuid4().hex[:6]
     with ControlClient(switch.address) as ghost:
-        ghost.call("register", job=job, rank=1, size=2)
+        register(ghost, job, 1, 2)
         with dataplane.connect(switch.address, job, 0, 2, timeout=5.0) as conn:
             req = conn.allreduce_async(np.ones(1000, np.float32))  # cannot complete
             errors = []
@@ -365,7 +365,7 @@ def test_missing_rank_times_out_naming_aggregator_job_and_slot(switch):
     # World size 2 but only rank 0 ever sends: the slot never completes.
     job = "half-" + uuid.uuid4().hex[:6]
     with ControlClient(switch.address) as ghost:
-        ghost.call("register", job=job, rank=1, size=2)
+        register(ghost, job, 1, 2)
         (msg, elapsed), = run_ranks(lambda r, s, *a: _lonely_rank(0, 2, *a), 1, switch.address, job, 1.5)
     assert "no result from the aggregator" in msg
     assert f"{switch.address[0]}:" in msg and job in msg and "slot" in msg and "rank 0/2" in msg
@@ -393,7 +393,7 @@ def test_dead_aggregator_gives_an_error_not_a_hang():
 def test_abort_fails_pending_operation(switch):
     job = "abort-" + uuid.uuid4().hex[:6]
     with ControlClient(switch.address) as ghost:
-        ghost.call("register", job=job, rank=1, size=2)
+        register(ghost, job, 1, 2)
         with dataplane.connect(switch.address, job, 0, 2, timeout=30.0) as conn:
             req = conn.allreduce_async(np.ones(1000, np.float32))
             time.sleep(0.2)

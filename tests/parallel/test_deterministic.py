@@ -9,7 +9,6 @@ shuffled by staggered sleeps. Plus the admission rule: every rank must agree."""
 from __future__ import annotations
 
 import itertools
-import socket
 import time
 import uuid
 
@@ -21,6 +20,7 @@ from netreduce.worker import dataplane
 from netreduce.protocol.client import ControlClient
 from netreduce.errors import AdmissionError
 from tests.parallel.ranks import run_ranks
+from tests.raw_register import data_socket, register
 
 N = 3
 COUNT = 64  # elements per packet; one slot
@@ -44,9 +44,10 @@ def _rank_order_fold(parts, dtype):
 
 def _register(address, job, deterministic):
     clients = [ControlClient(address) for _ in range(N)]
-    grants = [c.call("register", job=job, rank=r, size=N, deterministic=deterministic)
+    socks = [data_socket(c) for c in clients]  # rank r's packets come from socks[r]
+    grants = [register(c, job, r, N, socks[r], deterministic=deterministic)
               for r, c in enumerate(clients)]
-    return clients, grants[-1]
+    return clients, socks, grants[-1]
 
 
 def _one_round(grant, socks, parts, order, psn, dtype):
@@ -74,12 +75,10 @@ def _one_round(grant, socks, parts, order, psn, dtype):
 
 def _results_by_order(address, dtype, deterministic):
     job = "det-" + uuid.uuid4().hex[:8]
-    clients, grant = _register(address, job, deterministic)
-    socks = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(N)]
+    clients, socks, grant = _register(address, job, deterministic)
     try:
         for s in socks:
             s.settimeout(10)
-            s.bind(("127.0.0.1", 0))
         parts = _contributions(dtype)
         out = {}
         for psn, order in enumerate(itertools.permutations(range(N))):
@@ -151,7 +150,7 @@ def test_shuffled_ranks_repeat_bit_for_bit(switch):
 def test_ranks_that_disagree_are_refused_naming_both(switch):
     job = "det-" + uuid.uuid4().hex[:8]
     with ControlClient(switch.address) as first:
-        first.call("register", job=job, rank=0, size=2, deterministic=True)
+        register(first, job, 0, 2, deterministic=True)
         with pytest.raises(AdmissionError, match=r"rank 1 has NETREDUCE_DETERMINISTIC=0, but "
                                                  r"rank 0 admitted the job with "
                                                  r"NETREDUCE_DETERMINISTIC=1"):
@@ -165,7 +164,7 @@ def test_ranks_with_different_windows_are_refused_naming_both(switch):
     rank that agrees."""
     job = "win-" + uuid.uuid4().hex[:8]
     with ControlClient(switch.address) as first:
-        first.call("register", job=job, rank=0, size=2, window=4)
+        register(first, job, 0, 2, window=4)
         with pytest.raises(AdmissionError, match=r"job '.*': rank 1 has NETREDUCE_WINDOW=8, but "
                                                  r"rank 0 has NETREDUCE_WINDOW=4"):
             dataplane.connect(switch.address, job, 1, 2, timeout=5.0, window=8)

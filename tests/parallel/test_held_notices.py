@@ -16,6 +16,7 @@ from netreduce import _native
 from netreduce.worker import dataplane
 from netreduce.protocol.client import ControlClient
 from tests.parallel.ranks import run_ranks
+from tests.raw_register import data_socket, register
 
 I32 = 4  # _native dtype code of int32 (docs/protocol.md)
 
@@ -28,12 +29,11 @@ def _packet(fields: dict, payload: bytes) -> bytes:  # jumbo: ICRC 0
 def test_the_aggregator_answers_a_held_contribution_that_asks_and_only_that(switch):
     job = "held-" + uuid.uuid4().hex[:6]
     with ControlClient(switch.address) as c0, ControlClient(switch.address) as c1:
-        grant = c0.call("register", job=job, rank=0, size=2)
-        c1.call("register", job=job, rank=1, size=2)
-        socks = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(2)]
+        socks = [data_socket(c0), data_socket(c1)]
+        grant = register(c0, job, 0, 2, socks[0])
+        register(c1, job, 1, 2, socks[1])
         try:
             for s in socks:
-                s.bind(("127.0.0.1", 0))
                 s.settimeout(10)
             data = [np.arange(16, dtype=np.int32), np.full(16, 10, np.int32)]
             head = {"length": 64, "key": grant["key"], "slot": 2, "psn": 2, "msg_id": 5,

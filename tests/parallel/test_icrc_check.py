@@ -21,6 +21,7 @@ from netreduce.protocol.client import ControlClient
 from netreduce.switch import spawn
 from netreduce.worker import dataplane
 from tests.unit.test_wire import reference_icrc
+from tests.raw_register import data_socket, register
 
 BAD_ICRC = b"\xde\xad\xbe\xef"
 
@@ -41,14 +42,14 @@ def _forge(probe: ControlClient, address, *, udp_checksum: int):
     for a loaded machine) until the daemon has either completed the round or dropped
     the packet; returns the job's counters then and what came back, if anything."""
     job = "icrc-" + uuid.uuid4().hex[:6]
-    grant = probe.call("register", job=job, rank=0, size=1)
+    s = data_socket(probe)
+    grant = register(probe, job, 0, 1, s)
     payload = np.arange(16, dtype=np.float32).tobytes()
     fields = {"length": len(payload), "dtype": 0, "op": 0, "key": grant["key"],
               "dest_qp": grant["job_index"] << 12, "slot": 0, "psn": 7,
               "udp_checksum": udp_checksum}
     packet = _native.encode_header(fields) + payload + BAD_ICRC
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
+    with s:
         s.sendto(packet, (address[0], grant["data_port"]))
         deadline = time.monotonic() + 20
         while True:

@@ -23,6 +23,7 @@ from netreduce.protocol.client import ControlClient
 from netreduce.errors import DataPlaneError
 from netreduce.switch import spawn
 from tests.parallel.ranks import run_ranks
+from tests.raw_register import register
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 N = 1000
@@ -96,7 +97,7 @@ def test_a_rank_that_never_comes_costs_one_held_probe_per_doubling():
     # not the timer's ~8, and not one per held chunk.
     job = "never-" + uuid.uuid4().hex[:6]
     with spawn() as sw, ControlClient(sw.address) as ghost:
-        ghost.call("register", job=job, rank=1, size=2)
+        register(ghost, job, 1, 2)
         with dataplane.connect(sw.address, job, 0, 2, timeout=1.5) as conn:
             with pytest.raises(DataPlaneError, match="no result from the aggregator"):
                 conn.allreduce(np.ones(2_000_000, np.float32))

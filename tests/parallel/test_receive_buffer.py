@@ -17,6 +17,7 @@ import pytest
 from netreduce import _native
 from netreduce.protocol.socket_buffers import rmem_max
 from tests.parallel.test_switch_signals import Daemon
+from tests.raw_register import register
 
 ASKED = int(_native.engine_receive_buffer_asked)
 
@@ -148,7 +149,7 @@ def test_the_job_window_fits_the_daemons_ports_shared_by_all_its_ranks():
         want = slots_that_fit(own // 8, 1024, DAEMON_SHARE)
         if not 0 < want < 16384:
             pytest.skip(f"this daemon's data port holds {own} B: 16384 slots fit")
-        replies = [c.call("register", job="fit-own", rank=r, size=8, window=0)
+        replies = [register(c, "fit-own", r, 8, window=0)
                    for r, c in enumerate(clients)]
         assert replies[-1]["payload_bytes"] == 1024 and replies[-1]["slots"] == 16384
         assert replies[-1]["window_fit"] == want, replies[-1]
@@ -160,7 +161,7 @@ def test_the_job_window_fits_the_daemons_ports_shared_by_all_its_ranks():
         # A job that set NETREDUCE_WINDOW keeps it: no fit.
         more = [ControlClient(d.address) for _ in range(8)]
         try:
-            got = [c.call("register", job="fit-set", rank=r, size=8, window=4096)
+            got = [register(c, "fit-set", r, 8, window=4096)
                    for r, c in enumerate(more)]
             assert got[-1]["window_fit"] == 0, got[-1]
         finally:
@@ -183,9 +184,9 @@ def test_a_rank_that_does_not_coalesce_gets_the_smaller_share_of_its_buffer():
     d = Daemon("--payload-bytes", "1024", "--log-level", "info")
     a, b = ControlClient(d.address), ControlClient(d.address)
     try:
-        a.call("register", job="plain", rank=0, size=2, window=0, receive_buffer=425984,
+        register(a, "plain", 0, 2, window=0, receive_buffer=425984,
                receive_coalesced=True)
-        last = b.call("register", job="plain", rank=1, size=2, window=0, receive_buffer=425984,
+        last = register(b, "plain", 1, 2, window=0, receive_buffer=425984,
                       receive_coalesced=False)
         plain = slots_that_fit(425984, 1024, PLAIN_RANK_SHARE)
         assert plain < slots_that_fit(425984, 1024, RANK_SHARE) < last["slots"], last

@@ -134,6 +134,8 @@ def test_scrape_counts_the_job(daemon):
     assert _get(m, "netreduce_switch_job_slot_memory_bytes", job=job) == \
         _get(m, "netreduce_switch_job_slots", job=job) * payload * 2
     assert _get(m, "netreduce_switch_job_drops_total", job=job, reason="bad_icrc") == 0
+    # from no registered address (a replay: tests/parallel/test_data_address.py)
+    assert _get(m, "netreduce_switch_job_drops_total", job=job, reason="bad_source") == 0
     assert ("netreduce_switch_job_drops_total", (("job", job), ("reason", "unknown_job"))) \
         not in m  # decided before a datagram names a job: global only
 

@@ -10,6 +10,7 @@ kernel sockets, or exits with the reason under --no-xdp-fallback. Needs root, th
 transport built and (for the capture) tshark."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -209,13 +210,27 @@ def test_fallback_and_refusal_are_named_in_the_log(native):
 
 
 FORGE = r"""
-import socket, sys
+import json, socket, sys, time, uuid
 from netreduce import _native
-host, port, key, index = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-payload = bytes(64)
-fields = {"length": 64, "key": key, "dest_qp": index << 12, "psn": 3, "udp_checksum": 1}
-s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-s.sendto(_native.encode_header(fields) + payload + b"\xde\xad\xbe\xef", (host, port))
+from netreduce.protocol.client import ControlClient
+from tests.raw_register import data_socket, register
+host, port = sys.argv[1], int(sys.argv[2])
+with ControlClient((host, port)) as c:
+    job = "xdp-forge-" + uuid.uuid4().hex[:6]
+    s = data_socket(c)  # the rank's data address: the aggregator takes its packets from here
+    grant = register(c, job, 0, 1, s)
+    payload = bytes(64)
+    fields = {"length": 64, "key": grant["key"], "dest_qp": grant["job_index"] << 12, "psn": 3,
+              "udp_checksum": 1}
+    s.sendto(_native.encode_header(fields) + payload + b"\xde\xad\xbe\xef",
+             (host, grant["data_port"]))
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        counters = c.call("counters")["jobs"][job]
+        if counters["drop_bad_icrc"]:
+            break
+        time.sleep(0.05)
+    print(json.dumps({"counters": counters, "transport": c.call("counters")["transport"]}))
 """
 
 
@@ -227,19 +242,13 @@ def test_xdp_path_checks_every_icrc_whatever_the_sender_says(native):
                  subnet="10.78.238.0/24", replace=True) as tb:
         switch = tb.spawn_switch(env=env(), args=["--transport", "xdp", "--payload-bytes", "1432"])
         try:
-            with ControlClient(switch.address) as c:
-                job = "xdp-forge-" + uuid.uuid4().hex[:6]
-                grant = c.call("register", job=job, rank=0, size=1)
-                tb.run(0, [sys.executable, "-c", FORGE, switch.address[0], str(grant["data_port"]),
-                           str(grant["key"]), str(grant["job_index"])], env=env(), check=True)
-                deadline = time.monotonic() + 10
-                while time.monotonic() < deadline:
-                    counters = c.call("counters")["jobs"][job]
-                    if counters["drop_bad_icrc"]:
-                        break
-                    time.sleep(0.05)
-                transport = c.call("counters")["transport"]
+            # A rank of host 0 registers and forges its own packet, from its data address.
+            out = tb.run(0, [sys.executable, "-c", FORGE, switch.address[0],
+                             str(switch.address[1])], env=env(), check=True, capture_output=True, text=True,
+                         cwd=REPO)
         finally:
             switch.stop()
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    counters, transport = seen["counters"], seen["transport"]
     assert transport["port_stats"][0]["rx_xsk"] > 0, transport  # it came through AF_XDP
     assert counters["drop_bad_icrc"] == 1 and counters["slots_completed"] == 0, counters

@@ -56,12 +56,18 @@ def _request(index, rank, key, round_psn, chunk, values, nic_psn=None, msg_id=7)
 
 def test_results_to_a_verbs_peer_are_what_its_nic_accepts(agg):
     index = agg.add_job(2, 0x5EED, P)
+    udp = _sock(UDP_RANK)
+    # Each rank's data address, as it registered (a verbs rank's UDP socket, which its
+    # queue pair's address then replaces, any port: its NIC picks the source port).
+    agg.bind_rank(index, 0, PEER, 40000)
+    agg.bind_rank(index, 1, UDP_RANK, udp.getsockname()[1])
     first_psn = agg.attach_verbs_peer(index, 0, PEER, WORKER_QPN, RING_VA, RKEY, ENTRIES, STRIDE)
+    assert agg.rank_source(index, 0) == f"{PEER} (any port)"
     try:
         nic = _sock(PEER, 4791)   # where the aggregator answers the verbs peer: its RoCEv2 port
     except OSError as exc:
+        udp.close()
         pytest.skip(f"cannot bind {PEER}:4791 (a daemon holds the wildcard?): {exc}")
-    udp = _sock(UDP_RANK)
     try:
         sent = {}
         for k, chunk in enumerate((0, 1)):
@@ -124,8 +130,17 @@ def test_a_verbs_peer_is_refused_where_a_nic_could_not_reach_it():
         a.stop()
 
 
+def test_a_queue_pair_on_another_address_than_the_rank_registered_is_refused(agg):
+    index = agg.add_job(1, 1, P)
+    agg.bind_rank(index, 0, UDP_RANK, 40000)
+    with pytest.raises(ValueError, match=f"queue pair is on {PEER}, but the rank registered the "
+                                         f"data address {UDP_RANK}:40000"):
+        agg.attach_verbs_peer(index, 0, PEER, WORKER_QPN, RING_VA, RKEY, ENTRIES, STRIDE)
+
+
 def test_a_result_ring_too_small_for_the_payload_is_refused(agg):
     index = agg.add_job(1, 1, P)
+    agg.bind_rank(index, 0, PEER, 40000)
     with pytest.raises(ValueError, match="cannot hold results"):
         agg.attach_verbs_peer(index, 0, PEER, WORKER_QPN, RING_VA, RKEY, ENTRIES, P)
     with pytest.raises(ValueError, match="already attached"):
@@ -148,6 +163,7 @@ def test_rc_peer_gets_acks_naks_and_go_back_n_results(agg):
     """The aggregator as an RC responder (ACK, duplicate re-ACK, one sequence NAK per
     gap) and requester (AckReq on results, resend from a NAKed PSN)."""
     index = agg.add_job(1, 0x5EED, P)
+    agg.bind_rank(index, 0, PEER, 40000)  # as it registered: its queue pair's address
     first_psn = agg.attach_verbs_peer(index, 0, PEER, WORKER_QPN, RING_VA, RKEY, ENTRIES,
                                       STRIDE, rc=True, worker_psn=100)
     try:

@@ -99,14 +99,31 @@ static void SetBuffer(int fd, int force_opt, int opt, int bytes) {
 
 Status UdpTransport::Open(const UdpOptions& opts, std::unique_ptr<UdpTransport>* out) {
   IpAddr ip;
-  NR_RETURN_IF_ERROR(ResolveHost(opts.join_group.empty() ? opts.host : opts.join_group, &ip));
-  const int family = FamilyFor(ip);
+  sockaddr_storage sa{};
+  socklen_t salen = sizeof(sa);
+  const bool adopted = opts.fd >= 0;
+  if (adopted) {  // bound by the caller: its address is the socket's
+    if (getsockname(opts.fd, reinterpret_cast<sockaddr*>(&sa), &salen) != 0 ||
+        (sa.ss_family != AF_INET && sa.ss_family != AF_INET6)) {
+      Status st = InvalidArgument("the data socket handed over (fd " + std::to_string(opts.fd) +
+                                  ") is not a bound IP socket");
+      close(opts.fd);
+      return st;
+    }
+    ip = FromSockaddr(sa).address();
+    if (sa.ss_family == AF_INET6 && ip.is_v4()) ip = IpAddr();  // a dual-stack socket
+    fcntl(opts.fd, F_SETFL, fcntl(opts.fd, F_GETFL) | O_NONBLOCK);
+  } else {
+    NR_RETURN_IF_ERROR(ResolveHost(opts.join_group.empty() ? opts.host : opts.join_group, &ip));
+  }
+  const int family = adopted ? int(sa.ss_family) : FamilyFor(ip);
   const bool v6 = family == AF_INET6;
   if (!opts.join_group.empty() && v6) {
+    if (adopted) close(opts.fd);
     return Status(Code::kRefused, "multicast group " + opts.join_group + " is IPv6; multicast "
                                   "fan-out is IPv4 (use --fanout unicast for IPv6 ranks)");
   }
-  int fd = socket(family, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  int fd = adopted ? opts.fd : socket(family, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) return IoError(Errno("socket"));
   SetBuffer(fd, SO_RCVBUFFORCE, SO_RCVBUF, opts.rcvbuf_bytes);
   SetBuffer(fd, SO_SNDBUFFORCE, SO_SNDBUF, opts.sndbuf_bytes);
@@ -124,9 +141,10 @@ Status UdpTransport::Open(const UdpOptions& opts, std::unique_ptr<UdpTransport>*
     int pmtu6 = IPV6_PMTUDISC_DO;
     setsockopt(fd, IPPROTO_IPV6, IPV6_MTU_DISCOVER, &pmtu6, sizeof(pmtu6));
     setsockopt(fd, IPPROTO_IPV6, IPV6_RECVPKTINFO, &one, sizeof(one));
-    // "::" serves both families; a specific IPv6 address only its own.
+    // "::" serves both families; a specific IPv6 address only its own (a bound
+    // socket's is fixed already).
     int v6only = ip.unspecified() ? 0 : 1;
-    setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &v6only, sizeof(v6only));
+    if (!adopted) setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &v6only, sizeof(v6only));
   }
   if (!opts.join_group.empty()) {
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
@@ -153,10 +171,9 @@ Status UdpTransport::Open(const UdpOptions& opts, std::unique_ptr<UdpTransport>*
       return err;
     }
   }
-  sockaddr_storage sa{};
-  socklen_t salen = 0;
-  ToSockaddr(Endpoint::Of(ip, htons(opts.port)), family, &sa, &salen);
-  if (bind(fd, reinterpret_cast<sockaddr*>(&sa), salen) != 0) {
+  salen = 0;
+  if (!adopted) ToSockaddr(Endpoint::Of(ip, htons(opts.port)), family, &sa, &salen);
+  if (!adopted && bind(fd, reinterpret_cast<sockaddr*>(&sa), salen) != 0) {
     Status st = IoError(Errno(("bind UDP " + ToString(ip, htons(opts.port))).c_str()));
     close(fd);
     return st;

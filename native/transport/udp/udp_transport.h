@@ -25,6 +25,10 @@ namespace netreduce {
 struct UdpOptions {
   std::string host = "0.0.0.0";  // local address to bind: IPv4, IPv6 ("::" = both) or a name
   uint16_t port = 0;             // 0 = ephemeral
+  // A UDP socket already bound (a rank's data socket, bound before it registered its
+  // address): taken over, host and port ignored, the options below set on it. Closed
+  // by the transport, or by Open when it fails.
+  int fd = -1;
   int rcvbuf_bytes = 32 << 20;
   int sndbuf_bytes = 8 << 20;
   // Receive a multicast group: bind to (group, port) with SO_REUSEADDR, so that every
