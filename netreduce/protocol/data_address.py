@@ -15,6 +15,7 @@ import ipaddress
 import socket
 from typing import Tuple
 
+from netreduce.errors import InvalidArgumentError
 from netreduce.protocol.address import format_address, parse_address, unmap
 
 
@@ -45,20 +46,21 @@ def address_of(sock: socket.socket) -> str:
 
 
 def parse(text: object, where: str) -> Tuple[str, int]:
-    """A ``data_address`` -> (IP literal, port); ValueError naming ``where`` when it
-    is none. (A verbs rank says its UDP socket's too, which it falls back to; its queue
-    pair's address then replaces it, any source port: its NIC picks them.)"""
+    """A ``data_address`` -> (IP literal, port); InvalidArgumentError naming ``where``
+    when it is none. (A verbs rank says its UDP socket's too, the one it falls back
+    to; its queue pair's address then replaces it, any source port: its NIC picks.)"""
     if not isinstance(text, str) or not text:
-        raise ValueError(f"{where}: 'register' needs data_address, the IP:PORT its data "
-                         "packets come from (ranks of this version say it; update the rank)")
+        raise InvalidArgumentError(f"{where}: 'register' needs data_address, the IP:PORT its "
+                                   "data packets come from (ranks of this version say it; "
+                                   "update the rank)")
     try:
         host, port = parse_address(text, default_port=-1, what="data_address")
         ip = ipaddress.ip_address(unmap(host))
     except ValueError as exc:
-        raise ValueError(f"{where}: {exc}") from None
+        raise InvalidArgumentError(f"{where}: {exc}") from None
     if port == -1 or ip.is_unspecified or ip.is_multicast:
-        raise ValueError(f"{where}: data_address {text!r} is not an address a rank's packets "
-                         "can come from (IP:PORT of its data socket)")
+        raise InvalidArgumentError(f"{where}: data_address {text!r} is not an address a rank's "
+                                   "packets can come from (IP:PORT of its data socket)")
     return str(ip), port
 
 
