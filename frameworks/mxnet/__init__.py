@@ -26,6 +26,7 @@ from .mpi_ops import (  # noqa: F401
 from .scatter_gather import (  # noqa: F401
     allgather, alltoall, grouped_allgather, grouped_reducescatter, reducescatter)
 from .trainer import DistributedOptimizer, DistributedTrainer, broadcast_parameters  # noqa: F401
+from . import elastic  # noqa: F401  (hvd.elastic: MXNetState, run)
 
 KVStore = NetReduce  # the class behind kvstore="netreduce"
 _patch_create_kvstore()

@@ -1,6 +1,10 @@
 """horovod.tensorflow.elastic: states of TensorFlow variables and Keras models, and
-``run``. The loop and its limits are the core's (netreduce/elastic.py: a fixed
-set of ranks, recovery from a job that broke under every rank)."""
+``run``. The loop is the core's (netreduce/elastic.py): under an elastic netreduce-run
+the job shrinks and grows — after a reset ``rank()``/``size()`` are the new ones and
+the state is synced from the new rank 0 — elsewhere it recovers at a fixed size from
+a job that broke under every rank. Graph ops read the job's size when they run, so
+a traced tf.function stays right across a resize; a value the program computed from
+``size()`` itself (a learning rate) belongs in a reset callback."""
 from __future__ import annotations
 
 from typing import Any, Callable, List
@@ -27,9 +31,10 @@ def _graph_failure(exc: tf.errors.OpError) -> bool:
 
 
 def run(func: Callable[..., Any]) -> Callable[..., Any]:
-    """Run ``func(state, ...)``; when a collective fails because the job broke,
-    roll ``state`` back to its last commit, rejoin the job, sync from rank 0, run
-    again (Horovod's decorator; see netreduce/elastic.py for what is recoverable)."""
+    """Run ``func(state, ...)``; when a collective fails because the job broke, roll
+    ``state`` back to its last commit; when hosts change, stop at the commit; then
+    rejoin the job (at its new size under an elastic netreduce-run), sync from rank 0,
+    run again (Horovod's decorator; netreduce/elastic.py says what is recoverable)."""
 
     def graph_errors_as_core(state, *args, **kwargs):
         try:

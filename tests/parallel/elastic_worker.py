@@ -7,7 +7,10 @@ It writes to $ELASTIC_OUT/<host>_<slot>.jsonl: a line {"pid"} at start, one line
 step {epoch, rank, size, step, t}, and at the end {"final": {...}} with w's bytes,
 the sizes each step ran at and the resets it saw. Knobs (environment):
 ELASTIC_STEPS (60), ELASTIC_PAUSE (s per step, 0.05), ELASTIC_FAIL=all (every worker
-exits 1 at step 3)."""
+exits 1 at step 3), ELASTIC_HOLD=5,20 (after committing those steps, wait — at most 60 s —
+until the driver's host update has reached this worker: the test changes the hosts
+when it sees the step, and the change then takes effect at the next commit whatever
+the machine's load)."""
 import json
 import os
 import sys
@@ -18,10 +21,19 @@ import numpy as np
 import netreduce as nr
 from netreduce import config, elastic
 from netreduce.ops import ReduceOp
+from netreduce.worker import elastic_member
+
+
+def hold_for_update(timeout: float = 60.0) -> None:
+    member = elastic_member.member()
+    deadline = time.monotonic() + timeout
+    while member.pending()[0] <= member.synced and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def main() -> None:
     steps = int(os.environ.get("ELASTIC_STEPS", "60"))
+    holds = {int(s) for s in os.environ.get("ELASTIC_HOLD", "").split(",") if s}
     pause = float(os.environ.get("ELASTIC_PAUSE", "0.05"))
     name = config.get("NETREDUCE_ELASTIC_WORKER").replace(":", "_")
     log = open(os.path.join(os.environ["ELASTIC_OUT"], name + ".jsonl"), "a")
@@ -50,6 +62,8 @@ def main() -> None:
                    "size": nr.size(), "step": state.step, "t": time.time()})
             time.sleep(pause)
             state.commit()
+            if state.step in holds:
+                hold_for_update()
 
     train(state)
     write({"final": {"w": state.w.tobytes().hex(), "sizes": state.sizes, "resets": resets,

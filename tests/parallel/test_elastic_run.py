@@ -12,7 +12,7 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import pytest
 
@@ -24,7 +24,8 @@ WORKER = os.path.join(ROOT, "tests", "parallel", "elastic_worker.py")
 class Run:
     """netreduce-run with elastic flags, hosts from a file the test rewrites."""
 
-    def __init__(self, tmp_path, hosts: List[str], flags: List[str], **env: str) -> None:
+    def __init__(self, tmp_path, hosts: List[str], flags: List[str],
+                 command: Optional[List[str]] = None, **env: str) -> None:
         self.out = tmp_path / "out"
         self.out.mkdir()
         self.hosts_file = tmp_path / "hosts.txt"
@@ -37,7 +38,7 @@ class Run:
         self.log = open(tmp_path / "netreduce-run.log", "w+")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "netreduce.launcher", "--host-discovery-script", str(script),
-             *flags, sys.executable, WORKER], cwd=ROOT, env=full, stdout=self.log,
+             *flags, *(command or [sys.executable, WORKER])], cwd=ROOT, env=full, stdout=self.log,
             stderr=subprocess.STDOUT)
 
     def set_hosts(self, hosts: List[str]) -> None:
@@ -91,7 +92,7 @@ def _same_parameters(finals: Dict[str, dict]) -> None:
 
 def test_hosts_added_and_removed_by_discovery(tmp_path):
     run = Run(tmp_path, ["localhost:2"], ["-np", "2", "--min-np", "2", "--max-np", "4"],
-              ELASTIC_STEPS="45")
+              ELASTIC_STEPS="30", ELASTIC_HOLD="5,20")
     run.wait_for(lambda: max(run.steps().values() or [0]) >= 5)
     run.set_hosts(["localhost:2", "127.0.0.1:2"])  # grow to 4
     run.wait_for(lambda: run.steps().get("127.0.0.1_1", 0) >= 20)
@@ -101,9 +102,9 @@ def test_hosts_added_and_removed_by_discovery(tmp_path):
     assert sorted(finals) == ["localhost_0", "localhost_1"], run.output()
     _same_parameters(finals)
     sizes = finals["localhost_0"]["sizes"]
-    assert len(sizes) == 45  # every step ran once: the state rolled forward, never twice
-    runs = [s for i, s in enumerate(sizes) if i == 0 or sizes[i - 1] != s]
-    assert runs == [2, 4, 2], f"sizes per step: {sizes}"
+    # every step ran once (the state rolled forward, never twice), each change at the
+    # commit after the step at which it was made
+    assert sizes == [2] * 6 + [4] * 15 + [2] * 9, f"sizes per step: {sizes}"
     assert finals["localhost_0"]["resets"] == [[0, 4], [0, 2]]
     out = run.output()
     assert "epoch 2: 4 rank(s) on localhost:2, 127.0.0.1:2 (was 2)" in out

@@ -1,6 +1,7 @@
 """horovod.tensorflow.keras.elastic on Keras 3: the model's state and the callbacks
-that keep it committed during ``fit`` (netreduce/elastic.py says what recovery
-means at a fixed job size)."""
+that keep it committed during ``fit``, so that ``hvd.elastic.run`` can run ``fit``
+again after a reset — at the job's new size under an elastic netreduce-run
+(netreduce/elastic.py, docs/elastic.md)."""
 from __future__ import annotations
 
 import keras
@@ -30,10 +31,14 @@ class CommitStateCallback(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         self.batches_remaining -= 1
         if self.batches_remaining == 0:
-            self.state.commit()
+            self.commit()
             self.batches_remaining = self.batches_per_commit
 
     def on_epoch_end(self, epoch, logs=None):
+        self.commit()
+
+    def commit(self):
+        """Horovod's hook: a subclass may count or extend the commits."""
         self.state.commit()
 
 
