@@ -28,6 +28,7 @@ from netreduce import _native
 from netreduce.protocol import auth
 from netreduce.protocol.auth import Guard
 from netreduce.switch import coordinator, payload, server  # (the coordinator's handlers register)
+from netreduce.switch.settings import aggregator_args
 
 for _mod in (server, coordinator, auth, payload):  # coverage feedback from these modules
     for _name, _fn in list(vars(_mod).items()):
@@ -39,7 +40,8 @@ for _mod in (server, coordinator, auth, payload):  # coverage feedback from thes
             elif hasattr(_fn, "__code__"):
                 setattr(_mod, _name, atheris.instrument_func(_fn))
 
-_agg = _native.Aggregator("127.0.0.1", 0, 4, 4096, 4, 1, 1 << 22, False, "239.78.0.0")
+_agg = _native.Aggregator(**aggregator_args(host="127.0.0.1", port=0, slots=4, payload_bytes=4096,
+                                            max_jobs=4, memory_limit=1 << 22))
 SRV = server.ControlServer("127.0.0.1", 0, _agg, guard=Guard(operator_secret=b"o" * 16))
 SRV.socket.close()  # never served: the harness calls the parser directly
 

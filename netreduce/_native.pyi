@@ -1,7 +1,12 @@
 """Types of netreduce._native, the pybind11 module built from native/ (bindings in
 native/python/bindings.cc). Buffers cross by the buffer protocol without copies and
 must be C-contiguous; every wait releases the GIL. Users go through
-netreduce.worker.dataplane (connect(address, job, rank, size) -> Connection) instead."""
+netreduce.worker.dataplane (connect(address, job, rank, size) -> Connection) instead.
+
+A default is written ``= ...``: its value is the binding's (from engine.h), never
+repeated here. Settings the Python side declares (knobs, netreduce-switch's flags)
+have none: callers pass them (netreduce/switch/settings.py: aggregator_args).
+tests/unit/test_native_surface.py checks this file against the binding."""
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 DTYPES: Dict[str, int]  # float32, float64, float16, bfloat16, int32, int64 -> wire code
@@ -22,14 +27,16 @@ class RefusedError(EngineError): ...   # the aggregator refused (limits, bad job
 def build_info() -> Dict[str, Any]: ...
 
 
+# The native configs' defaults, what C++ callers get (aggregator.h, engine.h).
+AGGREGATOR_DEFAULTS: Dict[str, Any]
+ENGINE_DEFAULTS: Dict[str, Any]
+
+
 class Aggregator:
-    def __init__(self, host: str = "0.0.0.0", port: int = 4791, slots: int = 32,
-                 payload_bytes: int = 65464, max_jobs: int = 16, threads: int = 1,
-                 memory_limit: int = 1 << 30, multicast: bool = False,
-                 group_base: str = "239.78.0.0", udp_offload: str = "auto",
-                 transport: str = "udp", xdp_device: str = "", xdp_mode: str = "auto",
-                 xdp_fallback: bool = True, icrc_check: str = "auto",
-                 multicast_auto: bool = False) -> None: ...  # multicast_auto: --fanout auto
+    def __init__(self, host: str, port: int, *, udp_offload: str, icrc_check: str,
+                 slots: int, payload_bytes: int, max_jobs: int, threads: int,
+                 memory_limit: int, fanout: str, group_base: str, transport: str,
+                 xdp_device: str, xdp_mode: str, xdp_fallback: bool) -> None: ...
     def start(self) -> None: ...
     def stop(self) -> None: ...
     @property
@@ -44,19 +51,19 @@ class Aggregator:
     def fanout(self) -> str: ...  # "unicast", "multicast" or "auto" (--fanout)
     @property
     def data_path(self) -> str: ...  # e.g. "udp gso+gro" (NETREDUCE_UDP_OFFLOAD)
-    def add_job(self, size: int, key: int, payload_bytes: int = 0) -> int: ...
+    def add_job(self, size: int, key: int, payload_bytes: int = ...) -> int: ...
     def set_job_payload(self, index: int, payload_bytes: int) -> None: ...
     def remove_job(self, index: int) -> None: ...
     # The data address (job, rank) registered: contributions from host, UDP ports
     # port..port+span-1 only (span 0: any port); others are dropped (drop_bad_source).
-    def bind_rank(self, index: int, rank: int, host: str, port: int, span: int = 1) -> None: ...
+    def bind_rank(self, index: int, rank: int, host: str, port: int, span: int = ...) -> None: ...
     def rank_source(self, index: int, rank: int) -> str: ...  # in words; "no address"
     def set_job_ordered(self, index: int) -> None: ...  # NETREDUCE_DETERMINISTIC
     # Two levels: members, and on a rack aggregator the uplink to the spine's job
     # (spine_host, spine_port, spine_threads, job_index, rank, key, local_host,
     # rto_floor_us, drop_rate); native/aggregator/uplink.h.
     def set_job_tree(self, index: int, members: List[int],
-                     uplink: Optional[Mapping[str, Any]] = None) -> None: ...
+                     uplink: Optional[Mapping[str, Any]] = ...) -> None: ...
     def group(self, index: int) -> Tuple[str, int]: ...
     def transport_info(self) -> Dict[str, Any]: ...  # transport, ports, notes, fallback[, device, mode]
     def transport_stats(self) -> Dict[str, Any]: ...  # ports: per port by path; program: XDP counters
@@ -64,17 +71,17 @@ class Aggregator:
     def job_counters(self, index: int) -> Dict[str, int]: ...
     # A verbs rank's UC queue pair and result ring; returns the results' first PSN.
     def attach_verbs_peer(self, index: int, rank: int, ip: str, qpn: int, ring_va: int,
-                          rkey: int, entries: int, stride: int, rc: bool = False,
-                          worker_psn: int = 0) -> int: ...
+                          rkey: int, entries: int, stride: int, rc: bool = ...,
+                          worker_psn: int = ...) -> int: ...
 
 
-def path_mtu(host: str, port: int = 4791) -> Tuple[int, bool]: ...  # (mtu, is IPv6)
-def payload_for_mtu(mtu: int, ipv6: bool = False) -> int: ...
+def path_mtu(host: str, port: int = ...) -> Tuple[int, bool]: ...  # (mtu, is IPv6)
+def payload_for_mtu(mtu: int, ipv6: bool = ...) -> int: ...
 # The packet path a data socket gets here with NETREDUCE_UDP_OFFLOAD's value.
-def udp_data_path(udp_offload: str = "auto") -> str: ...
+def udp_data_path(udp_offload: str) -> str: ...
 # SO_RCVBUF a rank's data socket gets here (read back: twice the bytes) and whether it
 # coalesces received datagrams (UDP_GRO); engine_receive_buffer_asked: what it asks.
-def udp_receive_buffer(udp_offload: str = "auto") -> Tuple[int, bool]: ...
+def udp_receive_buffer(udp_offload: str) -> Tuple[int, bool]: ...
 engine_receive_buffer_asked: int
 # XOR into an ICRC computed for IPv4 ID 0 to get the one for ID `id` (UDP GSO).
 def icrc_ip_id_delta(datagram_bytes: int, id: int) -> int: ...
@@ -89,15 +96,14 @@ class Request:
 
 class Engine:
     def __init__(self, host: str, port: int, threads: int, job: str, job_index: int,
-                 rank: int, size: int, key: int, slots: int, payload_bytes: int,
-                 window: int = 0, retransmit_ms: float = 50.0, timeout_s: float = 30.0,
-                 drop_rate: float = 0.0, seed: int = 0, group: str = "",
-                 group_port: int = 0, transport: Optional["VerbsTransport"] = None,
-                 udp_offload: str = "auto", icrc_check: str = "auto",
-                 group_optional: bool = False,
-                 data_fd: int = -1) -> None: ...  # a bound UDP socket to take over
+                 rank: int, size: int, key: int, slots: int, payload_bytes: int, *,
+                 window: int, retransmit_ms: float, timeout_s: float, drop_rate: float,
+                 udp_offload: str, icrc_check: str, seed: int = ..., group: str = ...,
+                 group_port: int = ..., fanout: str = ...,  # the aggregator's --fanout
+                 transport: Optional["VerbsTransport"] = ...,
+                 data_fd: int = ...) -> None: ...  # a bound UDP socket to take over
     def submit(self, src: Any, dst: Any, dtype: int, op: int,
-               owner: int = -1) -> Request: ...  # owner >= 0: reduce-scatter shard
+               owner: int = ...) -> Request: ...  # owner >= 0: reduce-scatter shard
     def allreduce(self, src: Any, dst: Any, dtype: int, op: int) -> None: ...
     def abort(self, reason: str) -> None: ...
     def stats(self) -> Dict[str, int]: ...
@@ -108,7 +114,7 @@ class Engine:
     @property
     def receive_buffer_bytes(self) -> int: ...  # SO_RCVBUF read back; 0 on verbs
     @property
-    def group_note(self) -> str: ...  # why a group_optional group was left out ("" = none)
+    def group_note(self) -> str: ...  # why fanout auto's group was left out ("" = none)
 
 
 class ShmSegment:  # native/shm/segment.h: one memfd per host job
@@ -126,7 +132,7 @@ class ShmSegment:  # native/shm/segment.h: one memfd per host job
 
 class Hierarchical:  # native/algorithms/hierarchical.h; takes the segment over
     def __init__(self, segment: ShmSegment, engine: Optional[Engine], ranks: List[int],
-                 host: str, timeout_s: float = 30.0) -> None: ...
+                 host: str, timeout_s: float) -> None: ...
     def start(self, attach_timeout_s: float) -> None: ...
     def allreduce(self, src: Any, dst: Any, dtype: int, op: int) -> None: ...
     def abort(self, reason: str) -> None: ...
@@ -141,7 +147,7 @@ def compute_icrc(src_ip_be: int, dst_ip_be: int, src_port_be: int, dst_port_be: 
                  header: bytes, payload: bytes, pad: int) -> int: ...
 def compute_icrc_for(src: str, dst: str, src_port: int, dst_port: int,
                      header: bytes, payload: bytes, pad: int,
-                     shared_payload_crc: bool = False) -> int: ...  # IPv4 or IPv6 text
+                     shared_payload_crc: bool = ...) -> int: ...  # IPv4 or IPv6 text
 
 
 # The verbs transport (native/transport/verbs): only in builds that found libibverbs'
@@ -149,12 +155,12 @@ def compute_icrc_for(src: str, dst: str, src_port: int, dst_port: int,
 HAVE_VERBS: bool
 
 
-def probe_verbs(aggregator: str, device: str = "") -> Dict[str, Any]: ...  # device, gid_index, ip, mtu_bytes, max_payload
+def probe_verbs(aggregator: str, device: str = ...) -> Dict[str, Any]: ...  # device, gid_index, ip, mtu_bytes, max_payload
 
 
 class VerbsTransport:
     def __init__(self, aggregator: str, payload_bytes: int, window: int,
-                 device: str = "", rc: bool = False) -> None: ...
+                 device: str = ..., rc: bool = ...) -> None: ...
     def info(self) -> Dict[str, Any]: ...  # qpn, psn, ring_va, ring_rkey, ring_entries, ring_stride, ...
     def connect(self, qpn: int, psn: int) -> None: ...
     def counters(self) -> Dict[str, int]: ...  # the port's hw_counters
@@ -168,14 +174,14 @@ HAVE_XDP: bool
 
 
 class XdpPorts:
-    def __init__(self, host: str, port: int, device: str = "", threads: int = 1,
-                 mode: str = "auto", zero_copy: bool = True) -> None: ...
+    def __init__(self, host: str, port: int, device: str = ..., threads: int = ...,
+                 mode: str = ..., zero_copy: bool = ...) -> None: ...
     def describe(self) -> List[str]: ...  # per port: "AF_XDP on queue 0 of eth0 (...)"
-    def port(self, index: int = 0) -> int: ...
-    def send(self, index: int, dst: str, dst_port: int, data: bytes, src: str = "") -> None: ...
-    def recv(self, index: int = 0, timeout_ms: float = 1000.0,
-             max: int = 64) -> List[Tuple[bytes, Tuple[str, int], str]]: ...
-    def stats(self, index: int = 0) -> Dict[str, int]: ...  # rx_xsk, rx_kernel, tx_xsk, tx_kernel_*, xsk_*
+    def port(self, index: int = ...) -> int: ...
+    def send(self, index: int, dst: str, dst_port: int, data: bytes, src: str = ...) -> None: ...
+    def recv(self, index: int = ..., timeout_ms: float = ...,
+             max: int = ...) -> List[Tuple[bytes, Tuple[str, int], str]]: ...
+    def stats(self, index: int = ...) -> Dict[str, int]: ...  # rx_xsk, rx_kernel, tx_xsk, tx_kernel_*, xsk_*
     def info(self) -> Dict[str, Any]: ...  # device, mode, program_id, zero_copy, multi_buffer, notes
     def program_counters(self) -> Dict[str, int]: ...  # steered, passed_other_queue, ...
     def close(self) -> None: ...

@@ -42,7 +42,8 @@ def _native_info() -> Dict[str, Any]:
     receive_buffer = getattr(_native, "udp_receive_buffer", None)
     if receive_buffer is not None:  # what a rank's socket may hold here (SO_RCVBUF)
         try:
-            got, asked = int(receive_buffer()[0]), int(_native.engine_receive_buffer_asked)
+            got = int(receive_buffer(config.get("NETREDUCE_UDP_OFFLOAD"))[0])
+            asked = int(_native.engine_receive_buffer_asked)
             note = receive_buffer_note(got, asked, "a rank here")
             info["receive_buffer"] = note or f"{size_words(got / 2)} (as asked)"
         except (ValueError, RuntimeError) as exc:

@@ -175,7 +175,7 @@ void Aggregator::QueueHeld(Job& job, const wire::Header& h, uint32_t rank, uint1
 void Aggregator::FanOut(Job& job, const wire::Header& round, const uint8_t* acc, uint16_t my_port,
                         ResultBatch& out) {
   if (job.group.ip != 0 && !wire::OwnerDelivery(round.msg_id)) {
-    if (!cfg_.multicast_auto) return QueueResult(job, round, wire::kGroupRank, acc, my_port, out);
+    if (cfg_.fanout != Fanout::kAuto) return QueueResult(job, round, wire::kGroupRank, acc, my_port, out);
     // auto: while no member says the group reaches it (a routed network, IPv6 or
     // verbs ranks), one result in kGroupProbeEvery still goes to the group, so that a
     // member it does reach can say so; the rest go by unicast alone.
@@ -331,7 +331,7 @@ void Aggregator::HandleDatagram(uint32_t thread_index, uint16_t my_port, const I
     ra.local_ip.store(pkt.local_ip, std::memory_order_relaxed);
   }
   ra.full.Store(pkt.from, pkt.local_ip, pkt.local_ip6);
-  if (cfg_.multicast_auto && ra.group_seen.load(std::memory_order_relaxed) != h.group_seen) {
+  if (cfg_.fanout == Fanout::kAuto && ra.group_seen.load(std::memory_order_relaxed) != h.group_seen) {
     ra.group_seen.store(h.group_seen, std::memory_order_relaxed);
   }
 

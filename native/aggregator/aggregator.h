@@ -19,6 +19,7 @@
 #include "aggregator/slot_pool.h"
 #include "aggregator/verbs_peer.h"
 #include "aggregator/uplink.h"
+#include "common/fanout.h"
 #include "common/status.h"
 #include "transport/make_transport.h"
 #include "wire/roce.h"
@@ -35,20 +36,16 @@ struct AggregatorConfig {
   // The largest P a job may get (--payload-bytes; the wire's largest by default).
   // Each job's own P is chosen at admission from its ranks' path MTU (AddJob,
   // SetJobPayload; docs/protocol.md): <= 4096 keeps packets RoCE-sized with ICRC.
-  uint32_t payload_bytes = 65464;
+  uint32_t payload_bytes = uint32_t(wire::kMaxPayload);
   uint32_t max_jobs = 16;
   uint32_t threads = 1;
   uint64_t memory_limit = uint64_t(1) << 30;  // bytes of slot memory over all jobs
-  // Fan-out: false = one unicast result per rank (standard RoCE, UC WRITE to each
-  // rank's QP); true = one multicast result per slot to the job's group
-  // group_base + job_index, UDP port `port + threads` (software extension: the
-  // network, not the aggregator, replicates the packet, as a switch would).
-  bool multicast = false;
-  // --fanout auto (with multicast): the group's packet, and a unicast copy for every
-  // member whose latest contribution does not say the group reaches it
-  // (wire::kExtGroupSeen): a rank that cannot receive the group still gets each result
-  // at once, and one that can costs nothing extra.
-  bool multicast_auto = false;
+  // --fanout (common/fanout.h): unicast, one result per rank (standard RoCE); with a
+  // group (multicast, auto), one result per slot to the job's group group_base +
+  // job_index, UDP port `port + threads` (software extension: the network, not the
+  // aggregator, replicates the packet, as a switch would); auto adds a unicast copy
+  // for each member whose latest contribution does not say the group reaches it.
+  Fanout fanout = Fanout::kUnicast;
   std::string group_base = "239.78.0.0";
   UdpOffload udp_offload = UdpOffload::kAuto;  // NETREDUCE_UDP_OFFLOAD (make_transport.h)
   // NETREDUCE_ICRC_CHECK=auto (true): contributions a kernel socket delivered from

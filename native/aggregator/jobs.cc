@@ -45,7 +45,7 @@ Status Aggregator::AddJob(uint32_t size, uint32_t key, uint32_t* index, uint32_t
   // Resolved before a job slot is taken: a failure here must leave nothing admitted
   // (else each failed attempt would use up one of --max-jobs for good).
   uint32_t group_base = 0;
-  if (cfg_.multicast) {
+  if (HasGroup(cfg_.fanout)) {
     Status st = ResolveIpv4(cfg_.group_base, &group_base);
     if (!st.ok()) {
       admission_.Refuse(Refusal::kInvalid);
@@ -64,7 +64,7 @@ Status Aggregator::AddJob(uint32_t size, uint32_t key, uint32_t* index, uint32_t
   for (uint32_t i = 1; i < jobs_.size(); ++i) {
     if (!jobs_[i]) {
       jobs_[i] = std::make_shared<Job>(i, size, key, slots, payload, DataThreads(cfg_));
-      if (cfg_.multicast) {
+      if (HasGroup(cfg_.fanout)) {
         jobs_[i]->group = Endpoint{htonl(ntohl(group_base) + i), htons(uint16_t(cfg_.port + cfg_.threads))};
       }
       memory_used_ += need;

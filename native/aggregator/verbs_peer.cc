@@ -103,11 +103,11 @@ size_t BuildVerbsResult(VerbsPeer& peer, const wire::Header& round, uint32_t src
 
 Status Aggregator::AttachVerbsPeer(uint32_t index, uint32_t rank, const VerbsPeerInfo& info,
                                    uint32_t* first_psn) {
-  if (cfg_.threads != 1 || cfg_.multicast) {
+  if (cfg_.threads != 1 || HasGroup(cfg_.fanout)) {
     return InvalidArgument("verbs workers need an aggregator with --threads 1 and unicast "
                            "fan-out (a NIC sends every packet to UDP port 4791, and answers "
                            "only its own QP); this one has --threads " +
-                           std::to_string(cfg_.threads) + (cfg_.multicast ? ", multicast" : ""));
+                           std::to_string(cfg_.threads) + ", --fanout " + FanoutName(cfg_.fanout));
   }
   if (cfg_.port != verbs_wire::kRoceV2Port) {
     return InvalidArgument("verbs workers need the aggregator's data port to be 4791 (RoCEv2's), "

@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/fanout.h"
 #include "common/status.h"
 #include "engine/group_watch.h"
 #include "reduce/dtype.h"
@@ -38,12 +39,13 @@ struct EngineConfig {
   double timeout_s = 30.0;         // a chunk with no result for this long fails the operation
   double drop_rate = 0.0;          // fraction of outgoing packets dropped on purpose (tests)
   uint64_t seed = 0;
-  std::string group;               // multicast group of results ("" = unicast only)
+  std::string group;               // the job's multicast group of results ("" = none)
   uint16_t group_port = 0;
-  // --fanout auto: a group this rank cannot join (an IPv6 rank, a verbs transport, a
-  // host without a multicast route) is left out, the reason in GroupNote(); the
-  // aggregator sends such a rank unicast copies (wire::kExtGroupSeen). false: fail.
-  bool group_optional = false;
+  // The aggregator's --fanout (common/fanout.h). kAuto: a group this rank cannot join
+  // (an IPv6 rank, a verbs transport, a host without a multicast route) is left out,
+  // the reason in GroupNote(), and the aggregator sends this rank unicast copies
+  // (wire::kExtGroupSeen); otherwise a group that cannot be joined fails Create.
+  Fanout fanout = Fanout::kUnicast;
   // Kernel UDP offloads of the engine's sockets (NETREDUCE_UDP_OFFLOAD,
   // transport/make_transport.h); GRO only where two datagrams fit one 64 KiB receive.
   UdpOffload udp_offload = UdpOffload::kAuto;
@@ -95,7 +97,7 @@ class Engine {
   // The engine's socket's SO_RCVBUF as read back (Transport::ReceiveBufferBytes); 0
   // on verbs.
   size_t ReceiveBufferBytes() const;
-  // Why the job's multicast group was left out (EngineConfig::group_optional); "" when
+  // Why the job's multicast group was left out (EngineConfig::fanout auto); "" when
   // joined or when there is none.
   const std::string& GroupNote() const { return group_note_; }
 

@@ -47,6 +47,23 @@ bool TrustUdpChecksum(const std::string& icrc_check) {
   if (icrc_check == "always") return false;
   throw py::value_error("NETREDUCE_ICRC_CHECK must be 'auto' or 'always', not '" + icrc_check + "'");
 }
+const char* IcrcCheckName(bool trust_udp_checksum) { return trust_udp_checksum ? "auto" : "always"; }
+
+// Defaults: each is declared once. A setting the Python side declares -- a knob in
+// netreduce/config.py (udp_offload, icrc_check, the engine's window, retransmit_ms,
+// timeout_s, drop_rate) or a netreduce-switch flag (netreduce/switch/settings.py) --
+// has no default here: callers pass it. The rest take theirs from the native configs
+// (engine.h). AGGREGATOR_DEFAULTS and ENGINE_DEFAULTS export the native configs'
+// defaults (what C++ callers get) so that tests/unit/test_native_surface.py can check
+// them, the .pyi and the Python tables against each other.
+const AggregatorConfig kAggregatorDefaults{};
+const EngineConfig kEngineDefaults{};
+
+Fanout FanoutOf(const std::string& text) {
+  Fanout f = Fanout::kUnicast;
+  Throw(ParseFanout(text, &f));
+  return f;
+}
 
 DType CheckDType(int code) {
   if (!ValidDType(uint8_t(code))) throw py::value_error("unknown dtype code " + std::to_string(code));
@@ -184,17 +201,36 @@ PYBIND11_MODULE(_native, m) {
     return d;
   });
 
+  const AggregatorConfig& ad = kAggregatorDefaults;
+  py::dict aggregator_defaults;
+  aggregator_defaults["host"] = ad.host;
+  aggregator_defaults["port"] = ad.port;
+  aggregator_defaults["slots"] = ad.slots;
+  aggregator_defaults["payload_bytes"] = ad.payload_bytes;
+  aggregator_defaults["max_jobs"] = ad.max_jobs;
+  aggregator_defaults["threads"] = ad.threads;
+  aggregator_defaults["memory_limit"] = ad.memory_limit;
+  aggregator_defaults["fanout"] = FanoutName(ad.fanout);
+  aggregator_defaults["group_base"] = ad.group_base;
+  aggregator_defaults["transport"] = ad.transport;
+  aggregator_defaults["xdp_device"] = ad.xdp_device;
+  aggregator_defaults["xdp_mode"] = ad.xdp_mode;
+  aggregator_defaults["xdp_fallback"] = ad.xdp_fallback;
+  aggregator_defaults["udp_offload"] = UdpOffloadName(ad.udp_offload);      // for C++ callers;
+  aggregator_defaults["icrc_check"] = IcrcCheckName(ad.trust_udp_checksum);  // Python passes them
+  m.attr("AGGREGATOR_DEFAULTS") = aggregator_defaults;
+
   py::class_<Aggregator>(m, "Aggregator")
-      .def(py::init([](const std::string& host, uint16_t port, uint32_t slots, uint32_t payload_bytes,
-                       uint32_t max_jobs, uint32_t threads, uint64_t memory_limit, bool multicast,
-                       const std::string& group_base, const std::string& udp_offload,
+      .def(py::init([](const std::string& host, uint16_t port, const std::string& udp_offload,
+                       const std::string& icrc_check, uint32_t slots, uint32_t payload_bytes,
+                       uint32_t max_jobs, uint32_t threads, uint64_t memory_limit,
+                       const std::string& fanout, const std::string& group_base,
                        const std::string& transport, const std::string& xdp_device,
-                       const std::string& xdp_mode, bool xdp_fallback, const std::string& icrc_check,
-                       bool multicast_auto) {
+                       const std::string& xdp_mode, bool xdp_fallback) {
              AggregatorConfig c;
              c.host = host; c.port = port; c.slots = slots; c.payload_bytes = payload_bytes;
              c.max_jobs = max_jobs; c.threads = threads; c.memory_limit = memory_limit;
-             c.multicast = multicast || multicast_auto; c.multicast_auto = multicast_auto;
+             c.fanout = FanoutOf(fanout);
              c.group_base = group_base;
              Throw(ParseUdpOffload(udp_offload, &c.udp_offload));
              c.transport = transport; c.xdp_device = xdp_device; c.xdp_mode = xdp_mode;
@@ -202,23 +238,20 @@ PYBIND11_MODULE(_native, m) {
              c.trust_udp_checksum = TrustUdpChecksum(icrc_check);
              return std::make_unique<Aggregator>(c);
            }),
-           py::arg("host") = "0.0.0.0", py::arg("port") = wire::kDefaultPort, py::arg("slots") = 32,
-           py::arg("payload_bytes") = 65464, py::arg("max_jobs") = 16, py::arg("threads") = 1,
-           py::arg("memory_limit") = uint64_t(1) << 30, py::arg("multicast") = false,
-           py::arg("group_base") = "239.78.0.0", py::arg("udp_offload") = "auto",
-           py::arg("transport") = "udp", py::arg("xdp_device") = "", py::arg("xdp_mode") = "auto",
-           py::arg("xdp_fallback") = true, py::arg("icrc_check") = "auto",
-           py::arg("multicast_auto") = false)
+           // Every setting is the Python side's (netreduce/switch/settings.py: the daemon's
+           // flags, aggregator_args()), so none has a default here.
+           py::arg("host"), py::arg("port"), py::kw_only(), py::arg("udp_offload"),
+           py::arg("icrc_check"), py::arg("slots"), py::arg("payload_bytes"),
+           py::arg("max_jobs"), py::arg("threads"), py::arg("memory_limit"), py::arg("fanout"),
+           py::arg("group_base"), py::arg("transport"), py::arg("xdp_device"),
+           py::arg("xdp_mode"), py::arg("xdp_fallback"))
       .def("start", [](Aggregator& a) { Throw(a.Start()); })
       .def("stop", [](Aggregator& a) { py::gil_scoped_release nogil; a.Stop(); })
       .def_property_readonly("port", &Aggregator::port)
       .def_property_readonly("slots", [](Aggregator& a) { return a.config().slots; })
       .def_property_readonly("payload_bytes", [](Aggregator& a) { return a.config().payload_bytes; })
       .def_property_readonly("threads", [](Aggregator& a) { return a.config().threads; })
-      .def_property_readonly("fanout", [](Aggregator& a) {
-        return std::string(a.config().multicast_auto ? "auto" : a.config().multicast ? "multicast"
-                                                                                    : "unicast");
-      })
+      .def_property_readonly("fanout", [](Aggregator& a) { return FanoutName(a.config().fanout); })
       .def_property_readonly("data_path", &Aggregator::DataPath)
       .def("add_job", [](Aggregator& a, uint32_t size, uint32_t key, uint32_t payload_bytes) {
              uint32_t index = 0;
@@ -228,7 +261,8 @@ PYBIND11_MODULE(_native, m) {
       .def("set_job_payload", [](Aggregator& a, uint32_t index, uint32_t payload_bytes) {
              Throw(a.SetJobPayload(index, payload_bytes));
            }, py::arg("index"), py::arg("payload_bytes"))
-      .def("remove_job", [](Aggregator& a, uint32_t index) { Throw(a.RemoveJob(index)); })
+      .def("remove_job", [](Aggregator& a, uint32_t index) { Throw(a.RemoveJob(index)); },
+           py::arg("index"))
       // The data address (job, rank) registered: its contributions come only from `host`,
       // UDP ports port..port+span-1 (span 0: any port, a verbs rank's).
       .def("bind_rank", [](Aggregator& a, uint32_t index, uint32_t rank, const std::string& host,
@@ -313,7 +347,7 @@ PYBIND11_MODULE(_native, m) {
              std::map<std::string, uint64_t> out;
              Throw(a.JobCounters(index, &out));
              return out;
-           });
+           }, py::arg("index"));
 
   // Path MTU and the payload it carries (docs/protocol.md, "Payload size").
   m.def("path_mtu", [](const std::string& host, uint16_t port) {
@@ -328,21 +362,37 @@ PYBIND11_MODULE(_native, m) {
       .def("done", &PyRequest::Done)
       .def("wait", &PyRequest::Wait);
 
+  const EngineConfig& ed = kEngineDefaults;
+  py::dict engine_defaults;  // the C++ defaults of the knobs' fields: config.py's, checked
+  engine_defaults["window"] = ed.window;
+  engine_defaults["retransmit_ms"] = ed.retransmit_ms;
+  engine_defaults["timeout_s"] = ed.timeout_s;
+  engine_defaults["drop_rate"] = ed.drop_rate;
+  engine_defaults["udp_offload"] = UdpOffloadName(ed.udp_offload);
+  engine_defaults["icrc_check"] = IcrcCheckName(ed.trust_udp_checksum);
+  engine_defaults["seed"] = ed.seed;
+  engine_defaults["group"] = ed.group;
+  engine_defaults["group_port"] = ed.group_port;
+  engine_defaults["fanout"] = FanoutName(ed.fanout);
+  engine_defaults["data_fd"] = ed.data_fd;
+  m.attr("ENGINE_DEFAULTS") = engine_defaults;
+
   py::class_<Engine>(m, "Engine")
       .def(py::init([](const std::string& host, uint16_t port, uint32_t threads, const std::string& job,
                        uint32_t job_index, uint32_t rank, uint32_t size, uint32_t key, uint32_t slots,
                        uint32_t payload_bytes, uint32_t window, double retransmit_ms, double timeout_s,
-                       double drop_rate, uint64_t seed, const std::string& group, uint16_t group_port,
-                       py::object transport, const std::string& udp_offload,
-                       const std::string& icrc_check, bool group_optional, int data_fd) {
+                       double drop_rate, const std::string& udp_offload,
+                       const std::string& icrc_check, uint64_t seed, const std::string& group,
+                       uint16_t group_port, const std::string& fanout, py::object transport,
+                       int data_fd) {
              EngineConfig c;
              c.data_fd = data_fd;  // ours: closed here or by Create, whatever happens
              c.host = host; c.port = port; c.threads = threads; c.job = job; c.job_index = job_index;
              c.rank = rank; c.size = size; c.key = key; c.slots = slots; c.payload_bytes = payload_bytes;
              c.window = window; c.retransmit_ms = retransmit_ms; c.timeout_s = timeout_s;
              c.drop_rate = drop_rate; c.seed = seed; c.group = group; c.group_port = group_port;
-             c.group_optional = group_optional;
              try {
+               c.fanout = FanoutOf(fanout);
                c.transport = TransportFromPy(transport);
                Throw(ParseUdpOffload(udp_offload, &c.udp_offload));
                c.trust_udp_checksum = TrustUdpChecksum(icrc_check);
@@ -356,17 +406,18 @@ PYBIND11_MODULE(_native, m) {
            }),
            py::arg("host"), py::arg("port"), py::arg("threads"), py::arg("job"), py::arg("job_index"),
            py::arg("rank"), py::arg("size"), py::arg("key"), py::arg("slots"), py::arg("payload_bytes"),
-           py::arg("window") = 0, py::arg("retransmit_ms") = 50.0, py::arg("timeout_s") = 30.0,
-           py::arg("drop_rate") = 0.0, py::arg("seed") = 0, py::arg("group") = "",
-           py::arg("group_port") = 0, py::arg("transport") = py::none(),
-           py::arg("udp_offload") = "auto", py::arg("icrc_check") = "auto",
-           py::arg("group_optional") = false, py::arg("data_fd") = -1)
+           py::kw_only(),  // the knobs' settings (connect_settings, dataplane.py): no defaults
+           py::arg("window"), py::arg("retransmit_ms"), py::arg("timeout_s"), py::arg("drop_rate"),
+           py::arg("udp_offload"), py::arg("icrc_check"),
+           py::arg("seed") = ed.seed, py::arg("group") = ed.group,
+           py::arg("group_port") = ed.group_port, py::arg("fanout") = FanoutName(ed.fanout),
+           py::arg("transport") = py::none(), py::arg("data_fd") = ed.data_fd)
       .def("submit", &SubmitBuffers, py::arg("src"), py::arg("dst"), py::arg("dtype"), py::arg("op"),
            py::arg("owner") = -1)
       .def("allreduce", [](Engine& e, py::buffer src, py::buffer dst, int dtype, int op) {
              SubmitBuffers(e, src, dst, dtype, op)->Wait();
            }, py::arg("src"), py::arg("dst"), py::arg("dtype"), py::arg("op"))
-      .def("abort", &Engine::Abort)
+      .def("abort", &Engine::Abort, py::arg("reason"))
       .def("stats", &Engine::Stats)
       .def_property_readonly("aggregator_address", &Engine::AggregatorAddress)
       .def_property_readonly("data_path", &Engine::DataPath)
@@ -387,7 +438,7 @@ PYBIND11_MODULE(_native, m) {
   // Its packet path.
   m.def("udp_data_path", [probe_socket](const std::string& udp_offload) {
     return probe_socket(udp_offload)->Describe();
-  }, py::arg("udp_offload") = "auto");
+  }, py::arg("udp_offload"));  // NETREDUCE_UDP_OFFLOAD: the caller passes it
   // What it gets for received datagrams: SO_RCVBUF read back (twice the bytes; the
   // kernel caps the ask at net.core.rmem_max without CAP_NET_ADMIN) and whether it
   // coalesces them (UDP_GRO under `udp_offload`).
@@ -395,7 +446,7 @@ PYBIND11_MODULE(_native, m) {
     const std::unique_ptr<Transport> t = probe_socket(udp_offload);
     const auto* udp = dynamic_cast<const UdpTransport*>(t.get());
     return py::make_tuple(t->ReceiveBufferBytes(), udp != nullptr && udp->gro());
-  }, py::arg("udp_offload") = "auto");
+  }, py::arg("udp_offload"));  // NETREDUCE_UDP_OFFLOAD: the caller passes it
   // UDP GSO (wire/roce.h): XOR into an ICRC computed for IPv4 ID 0 to get ID `id`'s.
   m.def("icrc_ip_id_delta", &wire::IcrcIpIdDelta, py::arg("datagram_bytes"), py::arg("id"));
   // A RoCEv2 datagram's UDP payload for `payload_bytes`: header, padded payload, ICRC.
@@ -421,21 +472,22 @@ PYBIND11_MODULE(_native, m) {
     uint8_t out[wire::kHeaderBytes];
     wire::Encode(h, out);
     return py::bytes(reinterpret_cast<char*>(out), sizeof(out));
-  });
+  }, py::arg("fields"));
   m.def("decode_header", [](py::bytes pkt) {
     std::string s = pkt;
     wire::Header h;
     wire::DecodeError e = wire::Decode(reinterpret_cast<const uint8_t*>(s.data()), s.size(), &h);
     if (e != wire::DecodeError::kOk) throw py::value_error("bad packet: error " + std::to_string(int(e)));
     return HeaderToDict(h);
-  });
+  }, py::arg("packet"));
   m.def("compute_icrc", [](uint32_t src_ip_be, uint32_t dst_ip_be, uint16_t src_port_be,
                            uint16_t dst_port_be, py::bytes header, py::bytes payload, uint32_t pad) {
     std::string hd = header, pl = payload;
     return wire::ComputeIcrc(src_ip_be, dst_ip_be, src_port_be, dst_port_be,
                              reinterpret_cast<const uint8_t*>(hd.data()),
                              reinterpret_cast<const uint8_t*>(pl.data()), pl.size(), pad);
-  });
+  }, py::arg("src_ip_be"), py::arg("dst_ip_be"), py::arg("src_port_be"), py::arg("dst_port_be"),
+     py::arg("header"), py::arg("payload"), py::arg("pad"));
   // The same from address text (IPv4 or IPv6 literals) and host-order ports.
   m.def("compute_icrc_for", [](const std::string& src, const std::string& dst, uint16_t src_port,
                                uint16_t dst_port, py::bytes header, py::bytes payload, uint32_t pad,

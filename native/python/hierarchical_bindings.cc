@@ -83,7 +83,7 @@ void BindHierarchical(py::module_& m) {
              return p;
            }),
            py::arg("segment"), py::arg("engine"), py::arg("ranks"), py::arg("host"),
-           py::arg("timeout_s") = 30.0)
+           py::arg("timeout_s"))  // NETREDUCE_TIMEOUT: the caller passes it
       .def("start", [](PyHierarchical& p, double attach_timeout_s) {
              Status st;
              {
@@ -110,7 +110,8 @@ void BindHierarchical(py::module_& m) {
              }
              ThrowStatus(st);
            }, py::arg("src"), py::arg("dst"), py::arg("dtype"), py::arg("op"))
-      .def("abort", [](PyHierarchical& p, const std::string& reason) { p.h->Abort(reason); })
+      .def("abort", [](PyHierarchical& p, const std::string& reason) { p.h->Abort(reason); },
+           py::arg("reason"))
       .def("stats", [](PyHierarchical& p) { return p.h->Stats(); })
       .def_property_readonly("failed_rank", [](PyHierarchical& p) { return p.h->failed_rank(); });
 }

@@ -24,9 +24,10 @@ from netreduce.protocol.auth import Guard, read_operator_secret
 from netreduce.protocol.socket_buffers import receive_buffer_note
 from netreduce.switch import coordinator  # noqa: F401  registers the negotiation commands
 from netreduce.switch import job_keys, service, uplink
-from netreduce.switch.child import DEFAULT_PORT, METRICS_PREFIX, READY_PREFIX
+from netreduce.switch.child import METRICS_PREFIX, READY_PREFIX
 from netreduce.switch.limits import Limits
 from netreduce.switch.server import ControlServer
+from netreduce.switch.settings import DEFAULTS, aggregator_args
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -35,10 +36,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="Software in-network aggregator: sums the gradients of N workers slot by "
                     "slot and returns the sum to all of them (RoCEv2-framed UDP).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--host", default="0.0.0.0",
+    p.add_argument("--host", default=DEFAULTS["host"],
                    help="address to listen on, for the TCP control port and the UDP data ports: "
                         "IPv4, IPv6 ('::' serves IPv4 and IPv6 ranks alike) or a host name")
-    p.add_argument("--port", type=int, default=DEFAULT_PORT,
+    p.add_argument("--port", type=int, default=DEFAULTS["port"],
                    help="TCP control port; UDP data ports are PORT..PORT+THREADS-1 "
                         "(4791 is RoCEv2's port); 0 picks a free one and prints it")
     p.add_argument("--slots", type=int, default=None,
@@ -55,32 +56,34 @@ def build_parser() -> argparse.ArgumentParser:
                         "<= 4096 gives standard RoCE-sized packets with a verified ICRC, "
                         "larger uses the flagged software jumbo extension; 16-bit floats "
                         "carry P/4 elements since they are summed in float32")
-    p.add_argument("--max-jobs", type=int, default=16,
+    p.add_argument("--max-jobs", type=int, default=DEFAULTS["max_jobs"],
                    help="jobs admitted at once; one more is refused with a clear error")
-    p.add_argument("--memory-mb", type=int, default=1024,
+    p.add_argument("--memory-mb", type=int, default=DEFAULTS["memory_limit"] >> 20,
                    help="slot memory for all jobs together, MiB; each job takes "
                         "slots x payload x 2 (two shadow sets)")
-    p.add_argument("--threads", type=int, default=1,
+    p.add_argument("--threads", type=int, default=DEFAULTS["threads"],
                    help="data threads; thread t owns UDP port PORT+t and the slots s with "
                         "s %% THREADS == t")
-    p.add_argument("--transport", choices=("udp", "xdp"), default="udp",
+    p.add_argument("--transport", choices=("udp", "xdp"), default=DEFAULTS["transport"],
                    help="what carries the data ports: 'udp', kernel UDP sockets; 'xdp', an "
                         "AF_XDP socket per data thread on the device's queues (thread t: queue "
                         "t), fed by an XDP program that steers only the data ports' UDP and "
                         "passes everything else to the kernel (needs root or CAP_BPF + "
                         "CAP_NET_ADMIN + CAP_NET_RAW; docs/xdp.md). Where it cannot attach, "
                         "the daemon logs why and uses kernel sockets (see --no-xdp-fallback)")
-    p.add_argument("--xdp-device", default="",
+    p.add_argument("--xdp-device", default=DEFAULTS["xdp_device"],
                    help="with --transport xdp: the network device to attach to; default: the "
                         "one holding --host (a wildcard --host needs it named)")
-    p.add_argument("--xdp-mode", choices=("auto", "native", "generic"), default="auto",
+    p.add_argument("--xdp-mode", choices=("auto", "native", "generic"),
+                   default=DEFAULTS["xdp_mode"],
                    help="with --transport xdp: where the XDP program runs: 'native' in the "
                         "driver, 'generic' after the kernel built its packet buffer (any "
                         "device, slower); 'auto' tries native first")
     p.add_argument("--no-xdp-fallback", dest="xdp_fallback", action="store_false",
                    help="with --transport xdp: exit with the reason (status 2) instead of "
                         "falling back to kernel sockets when AF_XDP cannot be had")
-    p.add_argument("--fanout", choices=("unicast", "multicast", "auto"), default="unicast",
+    p.add_argument("--fanout", choices=("unicast", "multicast", "auto"),
+                   default=DEFAULTS["fanout"],
                    help="how a finished slot reaches the workers: 'unicast' sends one "
                         "standard RoCE packet per rank; 'multicast' sends one packet to the "
                         "job's IPv4 multicast group and lets the network replicate it, as a "
@@ -89,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "unicast copy to each rank that has not said, in its last "
                         "contribution, that the group reached it within a second (ranks that "
                         "cannot join the group, or stop receiving it, lose no time)")
-    p.add_argument("--multicast-base", default="239.78.0.0",
+    p.add_argument("--multicast-base", dest="group_base", default=DEFAULTS["group_base"],
                    help="job J's results go to group BASE+J, UDP port PORT+THREADS")
     p.add_argument("--log-level", default="WARNING", help="Python logging level (stderr)")
     p.add_argument("--metrics-port", type=int, default=None,
@@ -163,10 +166,10 @@ def _payload_words(payload_bytes: Optional[int]) -> str:
     return f"payload <= {payload_bytes} B"
 
 
-# Bytes a job keeps in flight per rank by default: 32 slots of the wire's largest
-# payload. A window of 32 slots of 1432 B (45 KiB) leaves the link idle while results
-# come back and gives GSO no runs to coalesce.
-DEFAULT_INFLIGHT_SLOTS = 32
+# Bytes a job keeps in flight per rank by default: DEFAULTS["slots"] (32) slots of the
+# wire's largest payload. A window of 32 slots of 1432 B (45 KiB) leaves the link idle
+# while results come back and gives GSO no runs to coalesce.
+DEFAULT_INFLIGHT_SLOTS = DEFAULTS["slots"]
 
 
 def default_slots(payload_bytes: Optional[int], max_payload: int) -> int:
@@ -194,14 +197,11 @@ def _start_aggregator(native, args) -> Tuple[object, int]:
                 raise NetReduceError(f"cannot listen on {format_address((args.host, 0))}: "
                                      f"{getattr(exc, 'strerror', None) or exc}") from None
         cap = native.MAX_PAYLOAD if args.payload_bytes is None else args.payload_bytes
-        agg = native.Aggregator(args.host, port, args.slots, cap, args.max_jobs,
-                                args.threads, args.memory_mb << 20,
-                                args.fanout != "unicast", args.multicast_base,
-                                config.get("NETREDUCE_UDP_OFFLOAD"),
-                                transport=args.transport, xdp_device=args.xdp_device,
-                                xdp_mode=args.xdp_mode, xdp_fallback=args.xdp_fallback,
-                                icrc_check=config.get("NETREDUCE_ICRC_CHECK"),
-                                multicast_auto=args.fanout == "auto")
+        agg = native.Aggregator(**aggregator_args(
+            host=args.host, port=port, slots=args.slots, payload_bytes=cap,
+            max_jobs=args.max_jobs, threads=args.threads, memory_limit=args.memory_mb << 20,
+            fanout=args.fanout, group_base=args.group_base, transport=args.transport,
+            xdp_device=args.xdp_device, xdp_mode=args.xdp_mode, xdp_fallback=args.xdp_fallback))
         try:
             agg.start()
             return agg, port

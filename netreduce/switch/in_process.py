@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from netreduce import _native, config
+from netreduce import _native
 from netreduce.errors import NetReduceError
 from netreduce.process import free_tcp_port
 from netreduce.protocol import tls
@@ -21,6 +21,7 @@ from netreduce.protocol.auth import Guard
 from netreduce.switch import coordinator, rendezvous  # noqa: F401  (their commands register)
 from netreduce.switch.job_status import Published
 from netreduce.switch.server import ControlServer
+from netreduce.switch.settings import DEFAULTS, aggregator_args
 
 # Slot memory of one worker-hosted aggregator: its job only (and the next run's pool
 # while the previous one drains), so much less than a shared daemon's 1 GiB.
@@ -32,16 +33,15 @@ class LocalAggregator:
     """The native aggregator and its control server, inside this process."""
 
     def __init__(self, host: str = "0.0.0.0", port: int = 0, secret_required: bool = False,
-                 slots: int = 32) -> None:
+                 slots: int = DEFAULTS["slots"]) -> None:
         attempts = 20 if port == 0 else 1
         last: Exception = NetReduceError("no attempt")
         context = tls.job_server_context()  # NETREDUCE_TLS_CERT: serve the job's TLS
         for _ in range(attempts):
             chosen = port or free_tcp_port()
-            agg = _native.Aggregator(host, chosen, slots, _native.MAX_PAYLOAD, LOCAL_MAX_JOBS, 1,
-                                     LOCAL_MEMORY, False, "239.78.0.0",
-                                     config.get("NETREDUCE_UDP_OFFLOAD"),
-                                     icrc_check=config.get("NETREDUCE_ICRC_CHECK"))
+            agg = _native.Aggregator(**aggregator_args(host=host, port=chosen, slots=slots,
+                                                       max_jobs=LOCAL_MAX_JOBS,
+                                                       memory_limit=LOCAL_MEMORY))
             try:
                 agg.start()
                 srv = ControlServer(host, chosen, agg, guard=Guard(require_secret=secret_required),

@@ -62,6 +62,14 @@ def _translate(exc: Exception, where: str) -> Exception:
     return DataPlaneError(f"{where}: {exc}")
 
 
+def _fanout(grant: Dict[str, Any]) -> str:
+    """The aggregator's --fanout as the grant tells it (the engine's ``fanout``): a
+    group the rank may leave out is ``auto``'s."""
+    if not grant.get("group"):
+        return "unicast"
+    return "auto" if grant.get("group_optional") else "multicast"
+
+
 class Request:
     """An all-reduce in flight on the engine thread."""
 
@@ -204,7 +212,7 @@ class Connection:
                 host, self.data_port, self.threads, self.job, self.job_index,
                 self.rank, self.size, self.key, self.slots, self.payload_bytes,
                 group=str(grant.get("group", "")), group_port=int(grant.get("group_port", 0)),
-                group_optional=bool(grant.get("group_optional", False)),
+                fanout=_fanout(grant),
                 transport=transport, data_fd=self._data_socket.detach(), **args)
         except Exception as exc:
             raise _translate(exc, self._where()) from None

@@ -332,8 +332,9 @@ def test_waiting_releases_the_gil(switch):
 
 
 def test_unresolvable_multicast_base_leaves_no_job_slot_taken():
-    agg = _native.Aggregator(host="127.0.0.1", port=0, max_jobs=1, multicast=True,
-                             group_base="999.999.999.999")
+    from netreduce.switch.settings import aggregator_args
+    agg = _native.Aggregator(**aggregator_args(host="127.0.0.1", port=0, max_jobs=1,
+                                               fanout="multicast", group_base="999.999.999.999"))
     agg.start()
     try:
         for _ in range(3):  # each refusal for the real reason, never "aggregator full"

@@ -126,7 +126,8 @@ def test_a_held_chunk_waits_without_resending_and_its_lost_result_is_probed_for(
     fake = _FakeAggregator(hold_s=1.5)
     try:
         eng = _native.Engine("127.0.0.1", fake.port, 1, "fake", 1, 0, 2, 77, 8, 65464,
-                             retransmit_ms=0.5, timeout_s=10.0)
+                             window=0, retransmit_ms=0.5, timeout_s=10.0, drop_rate=0.0,
+                             udp_offload="auto", icrc_check="auto")
         x = np.arange(16, dtype=np.int32)
         out = np.zeros_like(x)
         eng.allreduce(x, out, I32, 0)
@@ -202,7 +203,8 @@ def test_a_held_chunk_whose_result_is_lost_is_repaired_when_a_later_result_overt
     fake = _LosesOneHeldResult(chunks=6)
     try:
         eng = _native.Engine("127.0.0.1", fake.port, 1, "fake", 1, 0, 2, 77, 8, 64,
-                             retransmit_ms=0.5, timeout_s=10.0, udp_offload="off")
+                             window=0, retransmit_ms=0.5, timeout_s=10.0, drop_rate=0.0,
+                             udp_offload="off", icrc_check="auto")
         x = np.arange(96, dtype=np.int32)
         out = np.zeros_like(x)
         eng.allreduce(x, out, I32, 0)

@@ -115,4 +115,5 @@ def test_allreduce_exact_with_either_mode_on_either_side(checked_switch, rank_mo
 
 def test_bad_value_is_refused_with_the_knob_named():
     with pytest.raises(ValueError, match="NETREDUCE_ICRC_CHECK"):
-        _native.Aggregator("127.0.0.1", 0, icrc_check="sometimes")
+        from netreduce.switch.settings import aggregator_args
+        _native.Aggregator(**aggregator_args(host="127.0.0.1", port=0, icrc_check="sometimes"))

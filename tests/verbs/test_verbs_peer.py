@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from netreduce import _native
+from netreduce.switch.settings import aggregator_args
 from tests.softroce import roce_pcap
 
 AGG, PEER, UDP_RANK = "127.77.0.2", "127.77.0.1", "127.77.0.3"
@@ -27,7 +28,7 @@ def _be(ip: str) -> int:
 
 @pytest.fixture
 def agg():
-    a = _native.Aggregator(host=AGG, port=4791, threads=1, payload_bytes=P)
+    a = _native.Aggregator(**aggregator_args(host=AGG, port=4791, threads=1, payload_bytes=P))
     try:
         a.start()
     except _native.EngineError as exc:
@@ -112,7 +113,7 @@ def test_results_to_a_verbs_peer_are_what_its_nic_accepts(agg):
 
 
 def test_a_verbs_peer_is_refused_where_a_nic_could_not_reach_it():
-    a = _native.Aggregator(host="127.0.0.1", port=0, threads=2)
+    a = _native.Aggregator(**aggregator_args(host="127.0.0.1", port=0, threads=2))
     a.start()
     try:
         index = a.add_job(1, 1, 0)
@@ -120,7 +121,7 @@ def test_a_verbs_peer_is_refused_where_a_nic_could_not_reach_it():
             a.attach_verbs_peer(index, 0, PEER, WORKER_QPN, RING_VA, RKEY, ENTRIES, STRIDE)
     finally:
         a.stop()
-    a = _native.Aggregator(host="127.0.0.1", port=0, threads=1)
+    a = _native.Aggregator(**aggregator_args(host="127.0.0.1", port=0, threads=1))
     a.start()
     try:
         index = a.add_job(1, 1, 0)

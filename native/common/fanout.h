@@ -1,0 +1,44 @@
+// How a finished slot's result reaches a job's ranks: `netreduce-switch --fanout`,
+// the binding's `fanout=`, AggregatorConfig::fanout and EngineConfig::fanout — one
+// name from the flag to the native field (docs/design.md, "The aggregator").
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "common/status.h"
+
+namespace netreduce {
+
+enum class Fanout : uint8_t {
+  kUnicast = 0,  // one standard RoCE packet per rank (UC WRITE to each rank's QP)
+  kMulticast,    // one packet per slot to the job's IPv4 group; every rank joins it
+  // The group's packet, and a unicast copy to each rank whose latest contribution
+  // does not say the group reaches it (wire::kExtGroupSeen): a rank that cannot join
+  // the group (IPv6, verbs, no multicast route) may leave it out and loses no time.
+  kAuto,
+};
+
+// Whether results go to a multicast group (multicast or auto).
+inline bool HasGroup(Fanout f) { return f != Fanout::kUnicast; }
+
+inline const char* FanoutName(Fanout f) {
+  switch (f) {
+    case Fanout::kUnicast: return "unicast";
+    case Fanout::kMulticast: return "multicast";
+    case Fanout::kAuto: return "auto";
+  }
+  return "?";
+}
+
+inline Status ParseFanout(const std::string& text, Fanout* out) {
+  for (Fanout f : {Fanout::kUnicast, Fanout::kMulticast, Fanout::kAuto}) {
+    if (text == FanoutName(f)) {
+      *out = f;
+      return Status::Ok();
+    }
+  }
+  return InvalidArgument("fanout must be unicast, multicast or auto, got '" + text + "'");
+}
+
+}  // namespace netreduce
