@@ -18,6 +18,7 @@ from netreduce.errors import ControlPlaneError
 from netreduce.protocol.address import format_address
 from netreduce.protocol.client import ControlClient
 from netreduce.switch import spawn
+from netreduce.switch.settings import aggregator_args
 from tests.raw_register import data_socket, register
 
 I32 = 4
@@ -152,7 +153,7 @@ def test_a_connection_registers_its_socket_and_sends_from_it(daemon):
 
 
 def test_the_native_binding_names_what_it_holds():
-    agg = _native.Aggregator(host="127.0.0.1", port=0)
+    agg = _native.Aggregator(**aggregator_args(host="127.0.0.1", port=0))
     index = agg.add_job(3, 1, 0)
     assert agg.rank_source(index, 0) == "no address"
     agg.bind_rank(index, 0, "10.0.0.5", 40001)
