@@ -87,6 +87,9 @@ engine_receive_buffer_asked: int
 def icrc_ip_id_delta(datagram_bytes: int, id: int) -> int: ...
 # A RoCEv2 datagram's UDP payload: 32-byte header, padded payload, ICRC.
 def datagram_bytes(payload_bytes: int) -> int: ...
+# The slot arithmetic alone: `inputs` (wire-type buffers) folded in order on a kernel
+# set ("auto", "generic", "avx2+f16c"); the result's bytes, in the wire type.
+def reduce_kernel(dtype: int, op: int, inputs: List[Any], simd: str = ...) -> bytes: ...
 
 
 class Request:

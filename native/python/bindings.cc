@@ -453,6 +453,32 @@ PYBIND11_MODULE(_native, m) {
   m.def("datagram_bytes", [](size_t payload_bytes) { return wire::DatagramBytes(payload_bytes); },
         py::arg("payload_bytes"));
 
+  // The slot arithmetic alone (reduce/kernels.cc), for tests against numpy: inputs
+  // (buffers of `dtype` on the wire) folded in the order given, as a slot folds
+  // contributions, on the kernel set `simd` ("auto": dispatch's choice, "generic",
+  // "avx2+f16c"); the result in the wire type.
+  m.def("reduce_kernel", [](int dtype, int op, const std::vector<py::buffer>& inputs,
+                            const std::string& simd) {
+    if (!ValidDType(uint8_t(dtype)) || !ValidOp(uint8_t(op)) || inputs.empty()) {
+      throw py::value_error("reduce_kernel: a dtype and op code and at least one input");
+    }
+    const DType d = DType(dtype);
+    const std::string path = simd == "auto" ? SimdPath() : simd;
+    const size_t bytes = inputs[0].request().size * inputs[0].request().itemsize;
+    const size_t n = bytes / ElementSize(d);
+    std::vector<uint8_t> acc(n * AccumSize(d) + 64);
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      py::buffer_info b = inputs[i].request();
+      if (size_t(b.size * b.itemsize) != bytes) throw py::value_error("reduce_kernel: inputs differ in size");
+      if (!AccumulateOn(path.c_str(), d, Op(op), acc.data(), b.ptr, n, i == 0)) {
+        throw py::value_error("reduce_kernel: no kernel set '" + simd + "' here (this CPU: " +
+                              SimdPath() + ")");
+      }
+    }
+    FinishOn(path.c_str(), d, acc.data(), n);
+    return py::bytes(reinterpret_cast<const char*>(acc.data()), n * ElementSize(d));
+  }, py::arg("dtype"), py::arg("op"), py::arg("inputs"), py::arg("simd") = "auto");
+
   // Wire helpers, for tests and tools that craft or inspect packets.
   m.def("encode_header", [](py::dict f) {
     wire::Header h;

@@ -45,5 +45,10 @@ void Finish(DType d, void* acc, size_t n);
 
 // Which kernel set runtime dispatch chose ("avx2+f16c" or "generic").
 const char* SimdPath();
+// Accumulate on a named kernel set ("generic", or "avx2+f16c" where the CPU has it),
+// whatever dispatch chose: tests and benchmarks compare the two. False: not here.
+bool AccumulateOn(const char* simd, DType d, Op op, void* acc, const void* in, size_t n,
+                  bool first);
+bool FinishOn(const char* simd, DType d, void* acc, size_t n);
 
 }  // namespace netreduce

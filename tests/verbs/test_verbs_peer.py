@@ -44,12 +44,12 @@ def _sock(ip: str, port: int = 0) -> socket.socket:
     return s
 
 
-def _request(index, rank, key, round_psn, chunk, values, nic_psn=None, msg_id=7):
+def _request(index, rank, key, round_psn, chunk, values, nic_psn=None, msg_id=7, op=0):
     """The packet a verbs worker's NIC sends (nic_psn set) or a UDP rank sends."""
     payload = values.astype(np.float32).tobytes()
     verbs = nic_psn is not None
     hdr = _native.encode_header(dict(
-        dest_qp=(index << 12) | rank, psn=nic_psn if verbs else round_psn, dtype=0, op=0,
+        dest_qp=(index << 12) | rank, psn=nic_psn if verbs else round_psn, dtype=0, op=op,
         shadow=0, slot=chunk % 4, key=key, length=len(payload), msg_id=msg_id,
         offset=(round_psn << 16 | chunk) if verbs else chunk * CHUNK))
     return hdr, payload
@@ -107,6 +107,46 @@ def test_results_to_a_verbs_peer_are_what_its_nic_accepts(agg):
             h = _native.decode_header(r)
             assert h["result"] and h["psn"] == 500 + chunk
             assert np.array_equal(np.frombuffer(r[32:32 + P], dtype=np.float32), sent[chunk])
+    finally:
+        nic.close()
+        udp.close()
+
+
+def test_nan_of_a_verbs_peer_or_a_udp_rank_reaches_both_as_numpy_has_it(agg):
+    """Max with NaN held by the verbs rank, by the UDP rank, by both: NaN at each of
+    those places in both ranks' results, whichever came first (np.maximum)."""
+    index = agg.add_job(2, 0x5EED, P)
+    udp = _sock(UDP_RANK)
+    agg.bind_rank(index, 0, PEER, 40000)
+    agg.bind_rank(index, 1, UDP_RANK, udp.getsockname()[1])
+    agg.attach_verbs_peer(index, 0, PEER, WORKER_QPN, RING_VA, RKEY, ENTRIES, STRIDE)
+    try:
+        nic = _sock(PEER, 4791)
+    except OSError as exc:
+        udp.close()
+        pytest.skip(f"cannot bind {PEER}:4791 (a daemon holds the wildcard?): {exc}")
+    try:
+        k = np.arange(CHUNK) % 3
+        a = np.where(k == 0, np.nan, np.arange(CHUNK, dtype=np.float32))
+        b = np.where(k == 1, np.nan, np.float32(100.0))
+        b[::7] = np.nan
+        want = np.maximum(a, b).astype(np.float32)
+        for k, first in enumerate(("verbs", "udp")):  # each rank's packet first in turn
+            h0, p0 = _request(index, 0, 0x5EED, 600 + k, k, a, nic_psn=9100 + k, op=2)
+            h1, p1 = _request(index, 1, 0x5EED, 600 + k, k, b, op=2)
+            sport = udp.getsockname()[1]
+            icrc = _native.compute_icrc(_be(UDP_RANK), _be(AGG), socket.htons(sport),
+                                        socket.htons(4791), h1, p1, 0)
+            sends = [(nic, h0 + p0 + b"\0\0\0\0"), (udp, h1 + p1 + struct.pack("<I", icrc))]
+            for sock, pkt in (sends if first == "verbs" else sends[::-1]):
+                sock.sendto(pkt, (AGG, 4791))
+            pkt, _ = nic.recvfrom(4096)
+            got_verbs = np.frombuffer(pkt[64:64 + P], dtype=np.float32)
+            r, _ = udp.recvfrom(4096)
+            got_udp = np.frombuffer(r[32:32 + P], dtype=np.float32)
+            for got in (got_verbs, got_udp):
+                np.testing.assert_array_equal(np.isnan(got), np.isnan(want), err_msg=first)
+                np.testing.assert_array_equal(got[~np.isnan(want)], want[~np.isnan(want)])
     finally:
         nic.close()
         udp.close()
