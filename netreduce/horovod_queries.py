@@ -1,9 +1,37 @@
-"""The process queries of Horovod's API (``hvd.rank()``, ``hvd.cross_size()``,
-``hvd.nccl_built()``, ...), the same for every framework adapter, which re-export
-them. Only ``cuda_built`` differs per framework and stays in each adapter."""
+"""What Horovod's API names the same way for every framework, which each adapter's
+mpi_ops re-exports: the process queries (``hvd.rank()``, ``hvd.cross_size()``,
+``hvd.nccl_built()``, ...), the reduce ops, the error Horovod code catches, the
+timeline calls and process sets. Only ``cuda_built`` differs per framework and stays
+in each adapter."""
 from __future__ import annotations
 
+from typing import Any, Type
+
 from . import api as _api
+from .api import start_timeline, stop_timeline  # noqa: F401  Horovod's run-time timeline control
+from .errors import InvalidArgumentError, NetReduceError
+from .ops import Adasum, Average, Max, Min, Product, ReduceOp, Sum  # noqa: F401
+from .worker.process_sets import (  # noqa: F401  each one a sub-job at the aggregator
+    ProcessSet, add_process_set, global_process_set, remove_process_set)
+
+# Horovod code catches this name; netreduce raises NetReduceError (a RuntimeError). Adasum
+# is Horovod's name too: using it raises the core's UnsupportedError, which says why.
+HorovodInternalError = NetReduceError
+
+
+def adapter_init(adapter: str, comm: Any = None, process_sets: Any = None,
+         refusal: Type[Exception] = InvalidArgumentError) -> None:
+    """Each adapter's ``init(comm=None, process_sets=None)``: join the job (rank, size
+    and aggregator come from the launcher), then register ``process_sets`` (ProcessSet
+    objects or rank lists) as add_process_set on every rank would. ``comm`` (an MPI
+    communicator) is refused as ``refusal``, naming ``adapter``."""
+    if comm is not None:
+        raise refusal(f"{adapter}.init(): comm= (an MPI communicator) is not supported; "
+                      "netreduce always spans the launched job")
+    _api.init()
+    for ps in process_sets or ():
+        if ps is not global_process_set:
+            add_process_set(ps)
 
 
 def shutdown() -> None:

@@ -1,4 +1,9 @@
-"""Gradient compression for DistributedTrainer (horovod.mxnet.compression's API)."""
+"""Gradient compression for DistributedTrainer (horovod.mxnet.compression's API).
+
+Why each adapter keeps this shell (the same shape in torch, tensorflow, mxnet): it holds
+only its framework's three facts (float16's dtype, which dtypes are floating, the
+cast) in the class shape horovod.mxnet.compression has, which user code subclasses;
+the logic is netreduce/compression.py's."""
 from __future__ import annotations
 
 from netreduce.compression import Compressor, HalfCompressor, NoneCompressor

@@ -21,30 +21,15 @@ import mxnet as mx
 from netreduce.horovod_args import handle_average_backwards_compatibility  # noqa: F401
 import netreduce as _nr
 from netreduce.worker import process_sets as _ps
-from netreduce.errors import InvalidArgumentError
-from netreduce.horovod_queries import (  # noqa: F401  Horovod's process queries
+from netreduce.horovod_queries import (  # noqa: F401  Horovod's names, alike for every framework
     shutdown, is_initialized, rank, size, local_rank, local_size, cross_rank,
     cross_size, mpi_built, gloo_built, nccl_built, rocm_built, ccl_built, ddl_built,
-    mpi_enabled, gloo_enabled, mpi_threads_supported)
+    mpi_enabled, gloo_enabled, mpi_threads_supported, start_timeline, stop_timeline,
+    Average, Sum, Min, Max, Adasum, Product, ReduceOp, NetReduceError,
+    ProcessSet, global_process_set, add_process_set, remove_process_set, adapter_init)
 
 from .buffers import HostBuffer
 
-Average = _nr.Average
-start_timeline = _nr.start_timeline  # Horovod's run-time timeline control
-stop_timeline = _nr.stop_timeline
-Sum = _nr.Sum
-Min = _nr.Min
-Max = _nr.Max
-# Horovod names them; using them raises the core's NotImplementedError, which says why.
-Adasum = _nr.Adasum
-Product = _nr.Product
-ReduceOp = _nr.ReduceOp
-NetReduceError = _nr.NetReduceError
-
-ProcessSet = _ps.ProcessSet
-global_process_set = _ps.global_process_set
-add_process_set = _ps.add_process_set
-remove_process_set = _ps.remove_process_set
 on_process_set = _ps.on_process_set
 
 
@@ -52,13 +37,7 @@ on_process_set = _ps.on_process_set
 def init(comm: Any = None, process_sets: Any = None) -> None:
     """Join the job (rank, size and aggregator come from the launcher); then register
     ``process_sets`` (as add_process_set on every rank would)."""
-    if comm is not None:
-        raise InvalidArgumentError("netreduce.mxnet.init(): comm= (an MPI communicator) is not "
-                                   "supported; netreduce always spans the launched job")
-    _nr.init()
-    for ps in process_sets or ():
-        if ps is not global_process_set:
-            add_process_set(ps)
+    adapter_init("netreduce.mxnet", comm, process_sets)
 
 
 def cuda_built() -> bool:

@@ -31,10 +31,11 @@ import tensorflow as tf
 
 from netreduce.horovod_args import handle_average_backwards_compatibility  # noqa: F401
 import netreduce as _nr
-from netreduce.horovod_queries import (  # noqa: F401  Horovod's process queries
+from netreduce.horovod_queries import (  # noqa: F401  Horovod's names, alike for every framework
     shutdown, is_initialized, rank, size, local_rank, local_size, cross_rank,
     cross_size, is_homogeneous, mpi_built, gloo_built, nccl_built, rocm_built, ccl_built,
-    ddl_built, mpi_enabled, gloo_enabled, mpi_threads_supported)
+    ddl_built, mpi_enabled, gloo_enabled, mpi_threads_supported,
+    Average, Sum, Min, Max, Adasum, Product, ReduceOp, HorovodInternalError, adapter_init)
 from netreduce.ops import as_op
 from netreduce.worker import process_sets as _ps
 
@@ -47,24 +48,13 @@ from .seam import (  # noqa: F401  (mpi_ops's names, as Horovod's module has the
     _set_root, add_process_set, collective, default_name, global_process_set,
     normalize_name, remove_process_set, set_rank, set_size)
 
-Average, Sum, Min, Max = _nr.Average, _nr.Sum, _nr.Min, _nr.Max
-Adasum, Product = _nr.Adasum, _nr.Product  # Adasum is refused by the core with the reason
-ReduceOp = _nr.ReduceOp
 NetReduceError = _nr.NetReduceError
-HorovodInternalError = NetReduceError  # the name Horovod code catches
 
 # --- lifecycle -------------------------------------------------------------------------
 def init(comm: Any = None, process_sets: Any = None) -> None:
     """Join the job (rank, size and aggregator come from the launcher); register
     ``process_sets`` (ProcessSet objects or rank lists) as Horovod does."""
-    if comm is not None:
-        raise errors.InvalidArgumentError(
-            "netreduce.tensorflow.init(): comm= (an MPI communicator) is not supported; "
-            "netreduce always spans the launched job")
-    _nr.init()
-    for ps in process_sets or ():
-        if ps is not global_process_set:
-            add_process_set(ps)
+    adapter_init("netreduce.tensorflow", comm, process_sets, refusal=errors.InvalidArgumentError)
 
 
 def cuda_built() -> bool:

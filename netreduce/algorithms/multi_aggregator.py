@@ -83,6 +83,19 @@ def planned_weights(addresses: Sequence[Tuple[str, int]], path: str) -> List[flo
     return weights
 
 
+def _wait_all(requests: List[Any], errors: List[str]) -> None:
+    """Wait for every submitted range (none may still be writing when the caller sees
+    an error), then raise one DataPlaneError naming every failed aggregator's reason,
+    the submission errors in ``errors`` first."""
+    for req in requests:
+        try:
+            req.wait()
+        except NetReduceError as exc:
+            errors.append(str(exc))
+    if errors:
+        raise DataPlaneError("; ".join(errors))
+
+
 class MultiAggregator:
     name = "multi-aggregator"
 
@@ -139,18 +152,12 @@ class MultiAggregator:
         errors: List[str] = []
         for i, a, b in parts:
             try:
-                requests.append((i, self.connections[i].allreduce_async(
-                    flat_src[a:b], flat_dst[a:b], op=op, dtype=dtype)))
+                requests.append(self.connections[i].allreduce_async(
+                    flat_src[a:b], flat_dst[a:b], op=op, dtype=dtype))
             except NetReduceError as exc:
                 errors.append(str(exc))
                 break  # the later ranges were never submitted: nothing more to wait for
-        for i, req in requests:
-            try:
-                req.wait()
-            except NetReduceError as exc:
-                errors.append(str(exc))
-        if errors:
-            raise DataPlaneError("; ".join(errors))
+        _wait_all(requests, errors)
         return dst
 
     def reducescatter(self, src: np.ndarray, bounds: Sequence[Tuple[int, int]], op: str = "sum",
@@ -176,13 +183,7 @@ class MultiAggregator:
                     break
             if errors:
                 break
-        for req in requests:
-            try:
-                req.wait()
-            except NetReduceError as exc:
-                errors.append(str(exc))
-        if errors:
-            raise DataPlaneError("; ".join(errors))
+        _wait_all(requests, errors)
 
     def abort(self, reason: str) -> None:
         for c in self.connections:

@@ -31,6 +31,9 @@ from netreduce.switch.settings import DEFAULTS, aggregator_args
 
 
 def build_parser() -> argparse.ArgumentParser:
+    # One add_argument a flag, on purpose: the runs of same-shaped calls below are
+    # distinct flags, and a table would hold the same names, defaults and help in
+    # another syntax. The aggregator's defaults are settings.py's (DEFAULTS).
     p = argparse.ArgumentParser(
         prog="netreduce-switch",
         description="Software in-network aggregator: sums the gradients of N workers slot by "
