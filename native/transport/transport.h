@@ -1,9 +1,10 @@
 // The seam between the data plane and the wire. The engine and the aggregator see
 // only this interface; transport/udp/ implements it over kernel UDP sockets with
 // sendmmsg/recvmmsg (and UDP GSO/GRO where the kernel has them), and transport/verbs/
-// implements the same interface over an RDMA UC queue pair (RDMA WRITE with
-// immediate), where the NIC builds the headers that the UDP transport's callers build
-// by hand. Which one a data socket is, is chosen in one place: make_transport.h.
+// implements the same interface over an RDMA queue pair, RC by default or UC
+// (NETREDUCE_VERBS_QP; RDMA WRITE with immediate), where the NIC builds the headers
+// that the UDP transport's callers build by hand. Which one a data socket is, is
+// chosen in one place: make_transport.h.
 #pragma once
 
 #include <sys/uio.h>
