@@ -200,6 +200,10 @@ def merge(impl: str, n: int, per_rank: List[dict]) -> List[dict]:
         if all("retransmits" in r for r in rs):
             rec["packets_per_rank"] = sum(r["packets_sent"] for r in rs) / len(rs)
             rec["retransmits_per_rank"] = sum(r["retransmits"] for r in rs) / len(rs)
+        if all("waits" in r for r in rs):  # the engine's sleeps per all-reduce (mean rank)
+            rec["waits_per_rank"] = sum(r["waits"] for r in rs) / len(rs)
+        # CPU-seconds per all-reduce of a rank's whole process (mean over ranks)
+        rec["cpu_s_per_allreduce"] = sum(r["cpu_s"] / r["iters"] for r in rs) / len(rs)
         if all("wire_tx" in r for r in rs):
             rec["wire_tx_per_host"] = sum(r["wire_tx"] for r in rs) / len(rs)
             rec["wire_rx_per_host"] = sum(r["wire_rx"] for r in rs) / len(rs)

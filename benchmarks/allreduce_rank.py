@@ -39,7 +39,9 @@ class _Netreduce:
         """Engine counters that explain extra wire bytes (retransmissions)."""
         st = self.conn.stats()
         return {"packets_sent": st.get("packets_sent", 0),
-                "retransmits": st.get("retransmits", 0) + st.get("fast_retransmits", 0)}
+                "retransmits": st.get("retransmits", 0) + st.get("fast_retransmits", 0),
+                # the engine's sleeps (waits for results): wake-ups per all-reduce
+                "waits": st.get("waits", 0)}
 
     def close(self):
         try:

@@ -139,9 +139,9 @@ def worker_join(args: argparse.Namespace) -> None:
             t["start"][i] = time.time()
             dp = dataplane.connect(address, args.job, r, n, timeout=120.0)
             t["admitted"][i] = time.time()
-            neg = NegotiationClient(address, args.job, r, n, threshold=64 << 20,
-                                    capacity=1024, start_timeout=120.0, timeout=120.0,
-                                    agree=True)
+            neg = None if args.no_hello else NegotiationClient(
+                address, args.job, r, n, threshold=64 << 20, capacity=1024,
+                start_timeout=120.0, timeout=120.0, agree=True)
             t["joined"][i] = time.time()
             x = np.full(16, r, np.int32)
             dp.allreduce(x)
@@ -153,7 +153,8 @@ def worker_join(args: argparse.Namespace) -> None:
             errors.append(f"rank {r}: {exc!r}")
             return
         leave.wait()
-        neg.close()
+        if neg is not None:
+            neg.close()
         dp.close()
 
     leave = threading.Event()  # set once every process has reported: no rank leaves early
@@ -340,7 +341,8 @@ def _join_once(args: argparse.Namespace, code: str) -> Dict[str, Any]:
     cpu_d0 = _daemon_cpu_s(proc.pid)
     workers = [subprocess.Popen(
         [sys.executable, __file__, "worker-join", "--switch", addr, "--job", job,
-         "--size", str(args.ranks), "--first", str(f), "--count", str(c)],
+         "--size", str(args.ranks), "--first", str(f), "--count", str(c)]
+        + (["--no-hello"] if args.no_hello else []),
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
         env=dict(os.environ, PYTHONPATH=code, **dict(e.split("=", 1) for e in args.env)))
         for f, c in zip(firsts, per)]
@@ -521,12 +523,17 @@ def main() -> None:
     j.add_argument("--before", default="",
                    help="also run this checkout (an earlier commit, same native module or "
                         "its own), interleaved with this one in every repeat")
+    j.add_argument("--no-hello", action="store_true",
+                   help="each rank's first all-reduce right after its admission (no "
+                        "negotiation hello): the first sum then waits for the last rank's "
+                        "engine to start, not for the last hello")
     j.add_argument("--json", default="")
     wj = sub.add_parser("worker-join")
     for a in ("--switch", "--job"):
         wj.add_argument(a, required=True)
     for a in ("--size", "--first", "--count"):
         wj.add_argument(a, type=int, required=True)
+    wj.add_argument("--no-hello", action="store_true")
     w = sub.add_parser("worker-scale")
     for a in ("--switch", "--job"):
         w.add_argument(a, required=True)

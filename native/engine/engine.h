@@ -169,7 +169,8 @@ class Engine {
       dropped_by_knob_{0}, ignored_results_{0}, bytes_sent_{0}, messages_{0}, fast_retransmits_{0},
       spurious_retransmits_{0}, timeout_probes_{0}, srtt_stat_us_{0}, rto_stat_us_{0},
       tail_probes_{0}, tail_copies_{0}, repaired_chunks_{0}, repair_wait_us_{0},
-      needless_by_repeat_{0}, held_notices_{0}, held_probes_{0}, group_datagrams_{0};
+      needless_by_repeat_{0}, held_notices_{0}, held_probes_{0}, group_datagrams_{0},
+      waits_{0};
 };
 
 }  // namespace netreduce

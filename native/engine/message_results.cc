@@ -15,9 +15,10 @@ using namespace engine_run;
 
 Status Engine::Message::AwaitResults() {
   const int64_t now = NowUs();
+  Transport* socks[2] = {e_.sock_.get(), e_.group_.get()};
+  e_.waits_++;
   const int64_t due = e_.Rto() < last_sweep_rto_ ? now : next_due_;
   const int64_t wait_us = std::min<int64_t>(50000, std::max<int64_t>(0, due - now));
-  Transport* socks[2] = {e_.sock_.get(), e_.group_.get()};
   return WaitReadable(socks, e_.group_ ? 2 : 1, wait_us);
 }
 

@@ -75,6 +75,7 @@ std::map<std::string, uint64_t> Engine::Stats() const {
           {"needless_by_repeat", needless_by_repeat_.load()},
           {"held_notices", held_notices_.load()}, {"held_probes", held_probes_.load()},
           {"group_datagrams", group_datagrams_.load()},
+          {"waits", waits_.load()},
           {"srtt_us", srtt_stat_us_.load()},
           {"rto_us", rto_stat_us_.load()}};
 }
