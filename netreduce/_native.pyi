@@ -48,7 +48,7 @@ class Aggregator:
     @property
     def threads(self) -> int: ...
     @property
-    def fanout(self) -> str: ...  # "unicast", "multicast" or "auto" (--fanout)
+    def fanout(self) -> str: ...  # "unicast", "multicast", "auto" or "segment" (--fanout)
     @property
     def data_path(self) -> str: ...  # e.g. "udp gso+gro" (NETREDUCE_UDP_OFFLOAD)
     def add_job(self, size: int, key: int, payload_bytes: int = ...) -> int: ...
@@ -59,6 +59,7 @@ class Aggregator:
     def bind_rank(self, index: int, rank: int, host: str, port: int, span: int = ...) -> None: ...
     def rank_source(self, index: int, rank: int) -> str: ...  # in words; "no address"
     def set_job_ordered(self, index: int) -> None: ...  # NETREDUCE_DETERMINISTIC
+    def set_job_group(self, index: int, on: bool) -> None: ...  # --fanout segment
     # Two levels: members, and on a rack aggregator the uplink to the spine's job
     # (spine_host, spine_port, spine_threads, job_index, rank, key, local_host,
     # rto_floor_us, drop_rate); native/aggregator/uplink.h.

@@ -160,7 +160,9 @@ def _print_aggregator(agg: Dict[str, Any], w: Any) -> None:
         if job.get("drop_bad_source"):
             w(f"    {job['drop_bad_source']} of its packets came from an address none of its "
               "ranks registered (bad_source)\n")
-        if fanout == "auto":  # ranks outside the group: about one copy per result each
+        if job.get("fanout_reason"):  # --fanout segment: this job's choice
+            w(f"    fan-out {job['fanout_reason']}\n")
+        if fanout in ("auto", "segment"):  # ranks outside the group: ~one copy per result each
             w(f"    {job.get('group_unicast_copies') or 0} unicast copies for ranks the group "
               f"did not reach, of {job.get('slots_completed') or 0} results\n")
 

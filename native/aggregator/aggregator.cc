@@ -175,7 +175,7 @@ void Aggregator::QueueHeld(Job& job, const wire::Header& h, uint32_t rank, uint1
 void Aggregator::FanOut(Job& job, const wire::Header& round, const uint8_t* acc, uint16_t my_port,
                         ResultBatch& out) {
   if (job.group.ip != 0 && !wire::OwnerDelivery(round.msg_id)) {
-    if (cfg_.fanout != Fanout::kAuto) return QueueResult(job, round, wire::kGroupRank, acc, my_port, out);
+    if (!VerifiesGroup(cfg_.fanout)) return QueueResult(job, round, wire::kGroupRank, acc, my_port, out);
     // auto: while no member says the group reaches it (a routed network, IPv6 or
     // verbs ranks), one result in kGroupProbeEvery still goes to the group, so that a
     // member it does reach can say so; the rest go by unicast alone.
@@ -199,12 +199,18 @@ size_t Aggregator::UnicastResults(Job& job, const wire::Header& round, const uin
   wire::Header h = round;
   size_t sent = 0;
   for (uint32_t r : job.members) {
-    if (outside_group && job.ranks[r].group_seen.load(std::memory_order_relaxed)) continue;
+    const bool repeated = !job.verbs.Active(r) && job.pool.Repeated(h.slot, h.shadow, r);
+    // A rank the group reaches gets a copy too when its resend came while the slot still
+    // waited: the group's packet cannot say "repeat seen" for one rank, and without the
+    // mark that rank takes its needless resend for loss (engine/repair.h, tail copies).
+    if (outside_group && job.ranks[r].group_seen.load(std::memory_order_relaxed) && !repeated) {
+      continue;
+    }
     if (shareable && !have_crc) {
       crc = wire::PayloadCrc(acc, round.length, round.pad);
       have_crc = true;
     }
-    h.repeat_seen = !job.verbs.Active(r) && job.pool.Repeated(h.slot, h.shadow, r);
+    h.repeat_seen = repeated;
     QueueResult(job, h, r, acc, my_port, out, have_crc ? &crc : nullptr);
     ++sent;
   }
@@ -331,7 +337,7 @@ void Aggregator::HandleDatagram(uint32_t thread_index, uint16_t my_port, const I
     ra.local_ip.store(pkt.local_ip, std::memory_order_relaxed);
   }
   ra.full.Store(pkt.from, pkt.local_ip, pkt.local_ip6);
-  if (cfg_.fanout == Fanout::kAuto && ra.group_seen.load(std::memory_order_relaxed) != h.group_seen) {
+  if (VerifiesGroup(cfg_.fanout) && ra.group_seen.load(std::memory_order_relaxed) != h.group_seen) {
     ra.group_seen.store(h.group_seen, std::memory_order_relaxed);
   }
 

@@ -44,8 +44,9 @@ struct AggregatorConfig {
   // group (multicast, auto), one result per slot to the job's group group_base +
   // job_index, UDP port `port + threads` (software extension: the network, not the
   // aggregator, replicates the packet, as a switch would); auto adds a unicast copy
-  // for each member whose latest contribution does not say the group reaches it.
-  Fanout fanout = Fanout::kUnicast;
+  // for each member whose latest contribution does not say the group reaches it;
+  // segment is auto for the jobs SetJobGroup gives their group (the others unicast).
+  Fanout fanout = Fanout::kSegment;
   std::string group_base = "239.78.0.0";
   UdpOffload udp_offload = UdpOffload::kAuto;  // NETREDUCE_UDP_OFFLOAD (make_transport.h)
   // NETREDUCE_ICRC_CHECK=auto (true): contributions a kernel socket delivered from
@@ -187,6 +188,10 @@ class Aggregator {
   Status SetJobTree(uint32_t index, const std::vector<uint32_t>& members, const UplinkConfig* up);
   // The job's multicast group as "a.b.c.d" and its port, or ("", 0) for unicast.
   std::pair<std::string, uint16_t> Group(uint32_t index) const;
+  // group_per_job: gives the job its group (on) or takes it away; refused once the job
+  // has received a packet (a data thread reads the group only when a round completes,
+  // which needs data from every rank).
+  Status SetJobGroup(uint32_t index, bool on);
 
   // The packet counters over all jobs, plus admission (jobs_admitted, jobs_refused_*),
   // jobs_active, jobs_max, slot_memory_bytes and slot_memory_limit_bytes.

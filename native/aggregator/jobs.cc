@@ -64,7 +64,7 @@ Status Aggregator::AddJob(uint32_t size, uint32_t key, uint32_t* index, uint32_t
   for (uint32_t i = 1; i < jobs_.size(); ++i) {
     if (!jobs_[i]) {
       jobs_[i] = std::make_shared<Job>(i, size, key, slots, payload, DataThreads(cfg_));
-      if (HasGroup(cfg_.fanout)) {
+      if (HasGroup(cfg_.fanout) && !GroupPerJob(cfg_.fanout)) {
         jobs_[i]->group = Endpoint{htonl(ntohl(group_base) + i), htons(uint16_t(cfg_.port + cfg_.threads))};
       }
       memory_used_ += need;
@@ -215,6 +215,25 @@ std::pair<std::string, uint16_t> Aggregator::Group(uint32_t index) const {
   if (!job || job->group.ip == 0) return {"", 0};
   std::string s = ToString(job->group);
   return {s.substr(0, s.rfind(':')), ntohs(job->group.port)};
+}
+
+Status Aggregator::SetJobGroup(uint32_t index, bool on) {
+  uint32_t group_base = 0;
+  if (on) {
+    if (!HasGroup(cfg_.fanout)) return InvalidArgument("this aggregator sends no multicast (--fanout unicast)");
+    NR_RETURN_IF_ERROR(ResolveIpv4(cfg_.group_base, &group_base));
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (index == 0 || index >= jobs_.size() || !jobs_[index]) {
+    return InvalidArgument("no job with index " + std::to_string(index));
+  }
+  Job& job = *jobs_[index];
+  if (job.counters.Sum(&Counters::packets_in) != 0) {
+    return InvalidArgument("job " + std::to_string(index) + " already carries data: its fan-out is fixed");
+  }
+  job.group = on ? Endpoint{htonl(ntohl(group_base) + index), htons(uint16_t(cfg_.port + cfg_.threads))}
+                 : Endpoint{};
+  return Status::Ok();
 }
 
 std::shared_ptr<Job> Aggregator::Lookup(uint32_t index) const {

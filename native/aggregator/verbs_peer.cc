@@ -103,7 +103,9 @@ size_t BuildVerbsResult(VerbsPeer& peer, const wire::Header& round, uint32_t src
 
 Status Aggregator::AttachVerbsPeer(uint32_t index, uint32_t rank, const VerbsPeerInfo& info,
                                    uint32_t* first_psn) {
-  if (cfg_.threads != 1 || HasGroup(cfg_.fanout)) {
+  // --fanout segment: a job with a verbs rank keeps no group (the daemon withholds it,
+  // netreduce/switch/fanout.py), so only a job that got one is refused below.
+  if (cfg_.threads != 1 || (HasGroup(cfg_.fanout) && !GroupPerJob(cfg_.fanout))) {
     return InvalidArgument("verbs workers need an aggregator with --threads 1 and unicast "
                            "fan-out (a NIC sends every packet to UDP port 4791, and answers "
                            "only its own QP); this one has --threads " +
@@ -116,6 +118,11 @@ Status Aggregator::AttachVerbsPeer(uint32_t index, uint32_t rank, const VerbsPee
   std::shared_ptr<Job> job = Lookup(index);
   if (!job) return InvalidArgument("no job with index " + std::to_string(index));
   if (rank >= job->size) return InvalidArgument("rank " + std::to_string(rank) + " out of range");
+  if (job->group.ip != 0) {
+    return InvalidArgument("verbs workers need unicast fan-out, and this job has a multicast "
+                           "group (--fanout segment gave it one; run the daemon with --fanout "
+                           "unicast)");
+  }
   const uint32_t need = uint32_t(verbs_wire::kResultHeaderBytes) + job->pool.payload_bytes();
   if (info.entries == 0 || info.stride < need || info.qpn == 0 || info.qpn > 0xFFFFFF) {
     return InvalidArgument("verbs peer of rank " + std::to_string(rank) + ": result ring of " +

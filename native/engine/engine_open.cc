@@ -58,7 +58,7 @@ Status Engine::Create(const EngineConfig& cfg, std::unique_ptr<Engine>* out) {
   if (cfg.transport) {  // a transport the caller opened and connected (verbs)
     if (!cfg.group.empty()) {
       const char* why = "multicast results need the UDP transport";
-      if (cfg.fanout != Fanout::kAuto) return InvalidArgument(why);
+      if (!VerifiesGroup(cfg.fanout)) return InvalidArgument(why);
       e->group_note_ = why;
     }
     e->sock_ = cfg.transport;
@@ -88,7 +88,7 @@ Status Engine::Create(const EngineConfig& cfg, std::unique_ptr<Engine>* out) {
     g.udp.port = cfg.group_port;
     g.offload = offload;
     Status st = MakeDataTransport(g, &e->group_);
-    if (!st.ok() && cfg.fanout != Fanout::kAuto) return st;
+    if (!st.ok() && !VerifiesGroup(cfg.fanout)) return st;
     if (!st.ok()) {
       e->group_.reset();
       e->group_note_ = st.message();

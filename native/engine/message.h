@@ -83,7 +83,7 @@ class Engine::Message {
   void LateResult(const wire::Header& h);
   void Complete(engine_run::SlotTrack& t, bool repeat_seen);
   void GroupHeard(int64_t at, uint64_t n);
-  void UnicastResult(const Transport& sock, int64_t at);
+  void UnicastResult(const Transport& sock, const engine_run::SlotTrack& t, int64_t at);
 
   // message_timers.cc
   void Resend(engine_run::SlotTrack& t, int64_t now);

@@ -52,7 +52,12 @@ void Engine::Message::HeldNotice(const wire::Header& h) {
   }
   e_.held_notices_++;
   if (!t.held) {
-    if (t.retries == 0 && t.head) e_.SampleRtt(double(rx_now_ - t.first_send_us));
+    // Karn's rule, but for the job's very first sample: a notice that may answer a
+    // resend (a tail probe that beat it on a loaded host) measured from the first send
+    // can only overstate the round trip, and SampleRtt caps a first sample at the
+    // initial timeout. Without it the next message asked for notices again, and a
+    // rank's first messages kept being held and probed.
+    if (t.head && (t.retries == 0 || e_.srtt_us_ == 0.0)) e_.SampleRtt(double(rx_now_ - t.first_send_us));
     t.rto_us = kHeldProbeUs;  // from now on the held probe's interval
   }
   t.held = true;
@@ -173,8 +178,15 @@ void Engine::Message::GroupHeard(int64_t at, uint64_t n) {
   e_.group_datagrams_ += n;
 }
 
-void Engine::Message::UnicastResult(const Transport& sock, int64_t at) {
-  if (e_.group_ && &sock != e_.group_.get()) e_.group_watch_.UnicastResult(at, e_.Rto());
+// A result for `t` came by unicast. Evidence that the group stopped reaching this rank
+// only if t's contribution said the group reached it (wire::kExtGroupSeen): the
+// aggregator sends a copy to a rank whose contribution lacks the bit, so such a copy
+// is expected -- and, drained before the group socket, it used to arrive "while the
+// group was silent" and cleared the bit under load, which brought more copies.
+void Engine::Message::UnicastResult(const Transport& sock, const SlotTrack& t, int64_t at) {
+  if (e_.group_ && &sock != e_.group_.get() && (t.header[8] & wire::kExtGroupSeen) != 0) {
+    e_.group_watch_.UnicastResult(at, e_.Rto());
+  }
 }
 
 // Drain what one socket (unicast, or the job's multicast group) holds.
@@ -220,7 +232,7 @@ Status Engine::Message::DrainZeroCopy(Transport& sock) {
                       {trailer_, size_t(h.pad) + wire::kIcrcBytes}};
       NR_RETURN_IF_ERROR(sock.RecvScatter(iov, 3, &got_len));
       if (own) CombineInto(req_.dtype, req_.op, req_.dst + at, req_.src + at, into, h.length / esize_);
-      UnicastResult(sock, rx_now_);
+      UnicastResult(sock, *t, rx_now_);
       Complete(*t, h.repeat_seen);
     } else {
       iovec iov = {storage, kRecvBufBytes};
@@ -270,7 +282,7 @@ Status Engine::Message::DrainBatch(Transport& sock) {
       LateResult(h);
       continue;
     }
-    UnicastResult(sock, rx_now_);
+    UnicastResult(sock, *t, rx_now_);
     const size_t at = FirstOf(t->chunk) * esize_;
     if (OwnOf(t->chunk)) {  // the others' sum, combined with this rank's own contribution
       CombineInto(req_.dtype, req_.op, req_.dst + at, req_.src + at, p.buf + wire::kHeaderBytes,

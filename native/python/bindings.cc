@@ -293,6 +293,8 @@ PYBIND11_MODULE(_native, m) {
       .def("set_job_ordered", [](Aggregator& a, uint32_t index) { Throw(a.SetJobOrdered(index)); },
            py::arg("index"))  // NETREDUCE_DETERMINISTIC (aggregator/ordered_slot.h)
       .def("group", &Aggregator::Group, py::arg("index"))
+      .def("set_job_group", [](Aggregator& a, uint32_t index, bool on) { Throw(a.SetJobGroup(index, on)); },
+           py::arg("index"), py::arg("on"))  // --fanout segment (netreduce/switch/fanout.py)
       // What carries the data ports: transport ("udp" | "xdp"), ports (per port, in
       // words), notes (ports of an xdp setup left on sockets), fallback (why xdp was
       // asked for and not given); with xdp also device, mode and the program's id.

@@ -85,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-xdp-fallback", dest="xdp_fallback", action="store_false",
                    help="with --transport xdp: exit with the reason (status 2) instead of "
                         "falling back to kernel sockets when AF_XDP cannot be had")
-    p.add_argument("--fanout", choices=("unicast", "multicast", "auto"),
+    p.add_argument("--fanout", choices=("unicast", "multicast", "auto", "segment"),
                    default=DEFAULTS["fanout"],
                    help="how a finished slot reaches the workers: 'unicast' sends one "
                         "standard RoCE packet per rank; 'multicast' sends one packet to the "
@@ -94,7 +94,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "segment or the same host); 'auto' sends the group's packet and a "
                         "unicast copy to each rank that has not said, in its last "
                         "contribution, that the group reached it within a second (ranks that "
-                        "cannot join the group, or stop receiving it, lose no time)")
+                        "cannot join the group, or stop receiving it, lose no time); "
+                        "'segment' is 'auto' for each job whose every rank is on this "
+                        "host's own L2 segment (this host, or a directly connected subnet: "
+                        "the group cannot flood beyond the job's segment) and 'unicast' for "
+                        "any other job, decided per job as its last rank registers")
     p.add_argument("--multicast-base", dest="group_base", default=DEFAULTS["group_base"],
                    help="job J's results go to group BASE+J, UDP port PORT+THREADS")
     p.add_argument("--log-level", default="WARNING", help="Python logging level (stderr)")

@@ -28,6 +28,7 @@ from netreduce.protocol.auth import AuthError, Guard
 from netreduce.protocol.socket_buffers import (DAEMON_SHARE, rank_share, size_words,
                                              slots_that_fit)
 from netreduce.switch import epochs
+from netreduce.switch import fanout
 from netreduce.switch import verbs  # noqa: F401  registers verbs_connect, a built-in to every server
 from netreduce.switch.commands import DISCONNECT_HOOKS, HANDLERS, INLINE, RequestError
 from netreduce.switch.limits import Limits, PendingConnections
@@ -96,6 +97,10 @@ class JobRecord:
     # (switch/epochs.py); one naming an earlier epoch is refused.
     epoch: int = 0
     resizes: int = 0  # runs of this name that a later epoch replaced, this one's included
+    # --fanout segment: why the job's results go to its multicast group, or why not
+    # (switch/fanout.py), decided with the final payload.
+    fanout_reason: str = ""
+    verbs_rank: Optional[int] = None  # a rank on the verbs transport (none: None)
 
 
 class Session:
@@ -278,8 +283,11 @@ class ControlServer:
                 job.receive_buffers[coalesced] = (buffer, rank)
             job.ranks[rank] = sess
             sess.job, sess.rank, sess.record = name, rank, job
+            if msg.get("verbs"):  # its NIC answers only its own QP: no group for the job
+                job.verbs_rank = rank
             last = len(job.ranks) == job.size
             if last:
+                self._choose_group(job)
                 job.payload_final = True
                 self._fit_window(job)
                 self.payload_topic.notify()
@@ -287,7 +295,6 @@ class ControlServer:
             elif msg.get("await_payload"):
                 job.awaiting.add(rank)
         agg = self.aggregator
-        group, group_port = agg.group(job.index)
         informed_by = time.monotonic() + INFORM_WAIT_S
 
         def grant(w: Wait) -> Optional[Dict[str, Any]]:
@@ -307,9 +314,35 @@ class ControlServer:
                     **_missing(job),
                     "data_port": agg.port, "threads": agg.threads,
                     "deterministic": job.deterministic,
-                    "group": group, "group_port": group_port,
-                    "group_optional": getattr(agg, "fanout", "unicast") == "auto"}
+                    **self._group_grant(job)}
         return Wait(self.payload_topic, grant)  # type: ignore[return-value]
+
+    def _group_grant(self, job: JobRecord) -> Dict[str, Any]:
+        """The job's multicast group as a rank learns it with the payload (under
+        --fanout segment only final with it: none before)."""
+        fanout = getattr(self.aggregator, "fanout", "unicast")
+        group, group_port = self.aggregator.group(job.index)
+        return {"group": group, "group_port": group_port,
+                "group_optional": fanout in ("auto", "segment")}
+
+    def _choose_group(self, job: JobRecord) -> None:
+        """--fanout segment: the job gets its multicast group when every rank is on
+        this daemon's L2 segment (switch/fanout.py), unicast otherwise. Called with the
+        lock held, as the last rank registers (before any rank has the payload, so
+        before any data)."""
+        if getattr(self.aggregator, "fanout", "unicast") != "segment":
+            return
+        peers = {parse_address(s.peer, what="the rank's control connection")[0]
+                 for s in job.ranks.values()}
+        why = (f"rank {job.verbs_rank} is on the verbs transport" if job.verbs_rank is not None
+               else fanout.job_on_segment(sorted(peers)))
+        try:
+            self.aggregator.set_job_group(job.index, why is None)
+        except Exception as exc:  # unicast it stays
+            why = f"no group: {exc}"
+        job.fanout_reason = ("multicast: every rank on this host's L2 segment" if why is None
+                             else f"unicast: {why}")
+        log.info("job '%s': %s", job.name, job.fanout_reason)
 
     @staticmethod
     def _data_source(sess: Session, name: str, rank: int,
@@ -458,6 +491,7 @@ class ControlServer:
             if job.payload_final:  # the slots follow the payload (native SlotsFor)
                 reply["slots"] = int(self.aggregator.job_counters(job.index)["slots"])
                 reply["window_fit"] = job.window_fit
+                reply.update(self._group_grant(job))  # --fanout segment: decided now
             return reply
         return Wait(self.payload_topic, fixed)  # type: ignore[return-value]
 
@@ -510,6 +544,8 @@ class ControlServer:
                 c = dict(self.aggregator.job_counters(job.index))
             except ValueError:
                 continue  # removed meanwhile
+            if job.fanout_reason:
+                c["fanout_reason"] = job.fanout_reason
             c.update(index=job.index, size=job.size, ranks=sorted(job.ranks),
                      epoch=job.epoch, resizes=job.resizes,
                      payload_bytes=job.payload_bytes, window_fit=job.window_fit,

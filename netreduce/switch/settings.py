@@ -27,7 +27,7 @@ DEFAULTS: Dict[str, Any] = dict(
     max_jobs=16,
     threads=1,               # data threads, one UDP port each
     memory_limit=1 << 30,    # bytes of slot memory over all jobs
-    fanout="unicast",        # unicast | multicast | auto (native/common/fanout.h)
+    fanout="segment",        # unicast | multicast | auto | segment (native/common/fanout.h)
     group_base="239.78.0.0",  # job J's results go to group BASE + J
     transport="udp",         # udp | xdp
     xdp_device="",           # "" = the device holding host

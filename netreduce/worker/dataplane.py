@@ -159,6 +159,8 @@ class Connection:
                                        receive_coalesced=coalesced,
                                        data_address=data_address.address_of(self._data_socket),
                                        **({"rack": format_address(self.rack)} if self.rack else {}),
+                                       # --fanout segment keeps a verbs rank's job on unicast
+                                       **({"verbs": True} if self._verbs is not None else {}),
                                        **_epoch(), **proof)
         except ControlPlaneError as exc:
             self._control.close()
@@ -241,6 +243,9 @@ class Connection:
                 if self.payload_bytes:  # the job's slots follow its payload
                     self.slots = int(reply.get("slots", self.slots))
                     self.window_fit = int(reply.get("window_fit", 0))
+                    if "group" in reply:  # --fanout segment decides it with the payload
+                        self._grant = dict(self._grant, **{k: reply[k] for k in (
+                            "group", "group_port", "group_optional") if k in reply})
             if not self._closed:
                 self._start_engine()
         except Exception as exc:  # handed to the first operation

@@ -133,7 +133,8 @@ def _relay(port: int):
 def test_exact_through_a_relay_that_duplicates_reorders_and_delays():
     # Up to 40,000 elements: several 64 KiB chunks, so reordered results overtake
     # one another; 1 % engine loss on top.
-    with spawn() as sw, _relay(sw.address[1]) as (address, counters):
+    # unicast: every result comes back through the relay (a job's group would not)
+    with spawn(fanout="unicast") as sw, _relay(sw.address[1]) as (address, counters):
         stats = _run(address, 0.01, 40000, seed=11)
     assert stats["retransmits"] > 0, stats
     # The data went through the relay both ways, and the relay really mangled it.

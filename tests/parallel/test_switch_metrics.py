@@ -69,7 +69,9 @@ def _get(samples, name: str, **labels: str) -> float:
 
 @pytest.fixture
 def daemon():
-    proc, address, url = _start("--payload-bytes", str(PAYLOAD), "--max-jobs", "1")
+    # unicast: the per-job packet counts below are one result per rank
+    proc, address, url = _start("--payload-bytes", str(PAYLOAD), "--max-jobs", "1",
+                                "--fanout", "unicast")
     yield address, url
     terminate(proc)
     assert proc.returncode == 0  # SIGTERM is a clean stop

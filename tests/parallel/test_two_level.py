@@ -42,6 +42,8 @@ def tree(request):
     started = []
 
     def start(rack_args=(), spine_args=()):
+        # unicast unless a test says otherwise: the packet arithmetic below is unicast's
+        rack_args, spine_args = ["--fanout", "unicast", *rack_args], ["--fanout", "unicast", *spine_args]
         spine = spawn(host="127.0.0.1", port=0, extra_args=list(spine_args))
         started.append(spine)
         racks = []

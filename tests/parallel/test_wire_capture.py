@@ -63,7 +63,8 @@ def capture(tmp_path, host: str, ip: str, fields: List[str],
     os.environ["NETREDUCE_UDP_OFFLOAD"] = offload  # the daemon's and these ranks'
     pcap = tmp_path / "run.pcap"
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with spawn(host=host, payload_bytes=4096, slots=8) as sw, \
+    # unicast: every result is a standard RoCE packet on the data port (captured)
+    with spawn(host=host, payload_bytes=4096, slots=8, fanout="unicast") as sw, \
             socket.socket(family, socket.SOCK_DGRAM) as sink:
         port = sw.address[1]
         sink.bind((host, 0))  # the probe's destination (it only swallows the probes)

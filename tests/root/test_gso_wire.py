@@ -60,7 +60,7 @@ def _switch(tb: Testbed) -> subprocess.Popen:
     proc = tb.popen(tb.aggregator, [sys.executable, "-m", "netreduce.switch", "--host",
                                     tb.aggregator.address, "--port", "4791",
                                     # the testbed bridge: ranks bring no secret (as Testbed.spawn_switch)
-                                    "--allow-open-jobs"],
+                                    "--allow-open-jobs", "--fanout", "unicast"],
                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV)
     deadline = time.monotonic() + 30
     seen = []

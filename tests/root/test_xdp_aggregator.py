@@ -67,7 +67,8 @@ def test_exact_results_through_the_xdp_aggregator_with_loss(native, mtu):
     with Testbed(hosts=hosts, rate="10gbit", mtu=mtu, loss=0.01, loss_proto="udp",
                  name=xdp_name("a" if mtu == 1500 else "b"),
                  subnet="10.78.234.0/24" if mtu == 1500 else "10.78.235.0/24", replace=True) as tb:
-        switch = tb.spawn_switch(env=env(), args=["--transport", "xdp"])
+        # unicast: every result through the AF_XDP socket (counted below)
+        switch = tb.spawn_switch(env=env(), args=["--transport", "xdp", "--fanout", "unicast"])
         try:
             ready = next(line for line in switch.log if "listening on" in line)
             assert "data path AF_XDP on queue 0 of eth0 (XDP native, copy mode" in ready, switch.log
@@ -110,7 +111,7 @@ def test_capture_of_the_xdp_path_decodes_as_rocev2_with_valid_checksums(native, 
     with Testbed(hosts=2, rate="10gbit", mtu=mtu, name=xdp_name("c" if mtu == 1500 else "d"),
                  subnet="10.78.236.0/24" if mtu == 1500 else "10.78.237.0/24", replace=True) as tb:
         switch = tb.spawn_switch(env=env(), args=["--transport", "xdp", "--payload-bytes",
-                                                  str(payload)])
+                                                  str(payload), "--fanout", "unicast"])
         cap = subprocess.Popen(["tshark", "-i", tb.aggregator.peer, "-f", "udp port 4791",
                                 "-w", str(pcap), "-q"], stderr=subprocess.DEVNULL)
         try:
