@@ -34,15 +34,40 @@ ADAPTER_PACKAGES = ADAPTERS + [f"{n}.{sub}" for n in ADAPTERS
 ADAPTER_DATA = {"netreduce.tensorflow": ["kernels/*.cc"]}
 
 
+def _pkg_config(*args):
+    """pkg-config's answer (``$PKG_CONFIG`` if set), or None where it has none."""
+    try:
+        out = subprocess.run([os.environ.get("PKG_CONFIG", "pkg-config"), *args],
+                             capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return out.split()
+
+
+INCLUDE_DIRS, LIBRARY_DIRS = [], []  # what pkg-config says the found libraries need
+
+
+def _found(package, header):
+    """Whether a library's headers are here: pkg-config's ``package`` (its include and
+    library folders join the build's), else, for a library that ships no .pc file or a
+    machine without pkg-config, ``header`` in the compiler's default folders."""
+    flags = _pkg_config("--cflags", "--libs-only-L", package)
+    if flags is not None:
+        INCLUDE_DIRS.extend(f[2:] for f in flags if f.startswith("-I") and f[2:] not in INCLUDE_DIRS)
+        LIBRARY_DIRS.extend(f[2:] for f in flags if f.startswith("-L") and f[2:] not in LIBRARY_DIRS)
+        return True
+    return any(os.path.exists(os.path.join(d, header)) for d in ("/usr/include", "/usr/local/include"))
+
+
 # The verbs transport (native/transport/verbs) needs libibverbs' headers (Debian
 # libibverbs-dev); without them it is left out and `netreduce info` says so.
-HAVE_VERBS = os.path.exists("/usr/include/infiniband/verbs.h")
+HAVE_VERBS = _found("libibverbs", "infiniband/verbs.h")
 # libdeflate (Debian libdeflate-dev) computes the RoCEv2 ICRC with PCLMULQDQ, about 14x
 # zlib 1.2's CRC-32 (native/wire/roce.cc); without it zlib's is used.
-HAVE_LIBDEFLATE = os.path.exists("/usr/include/libdeflate.h")
+HAVE_LIBDEFLATE = _found("libdeflate", "libdeflate.h")
 # ISA-L (Debian libisal-dev) folds with VPCLMULQDQ on AVX-512: 2.3x libdeflate at
 # 1432 B, 3.7x at 8936 B; preferred over libdeflate where both are found.
-HAVE_ISAL = os.path.exists("/usr/include/isa-l/crc.h")
+HAVE_ISAL = _found("libisal", "isa-l/crc.h")
 # The one the ICRC uses: (library to link, macro native/wire/roce.cc tests), or none.
 CRC32 = (("isal", "NETREDUCE_HAVE_ISAL") if HAVE_ISAL else
          ("deflate", "NETREDUCE_HAVE_LIBDEFLATE") if HAVE_LIBDEFLATE else None)
@@ -51,9 +76,10 @@ CRC32 = (("isal", "NETREDUCE_HAVE_ISAL") if HAVE_ISAL else
 # (Debian libxdp-dev, libbpf-dev) and clang for its XDP program (xdp_steer.bpf.c,
 # compiled with -target bpf and embedded in the module); without them it is left
 # out and `netreduce info` / `netreduce-switch --transport xdp` say so.
-XDP_HEADERS = ("/usr/include/xdp/xsk.h", "/usr/include/bpf/libbpf.h")
+XDP_HEADERS = {"libxdp": "xdp/xsk.h", "libbpf": "bpf/libbpf.h"}
 CLANG = shutil.which("clang")
-HAVE_XDP = all(os.path.exists(h) for h in XDP_HEADERS) and CLANG is not None
+XDP_FOUND = {package: _found(package, header) for package, header in XDP_HEADERS.items()}
+HAVE_XDP = all(XDP_FOUND.values()) and CLANG is not None
 XDP_SOURCE = os.path.join("native", "transport", "xdp", "xdp_steer.bpf.c")
 
 
@@ -67,10 +93,10 @@ def _say_what_is_left_out():
     if not HAVE_LIBDEFLATE and not HAVE_ISAL:
         missing.append("libdeflate (ICRC with zlib's slower CRC-32): libdeflate-dev")
     if not HAVE_XDP:
-        lacks = [h for h in XDP_HEADERS if not os.path.exists(h)] + ([] if CLANG else ["clang"])
+        lacks = [XDP_HEADERS[p] for p, ok in XDP_FOUND.items() if not ok] + ([] if CLANG else ["clang"])
         missing.append("the AF_XDP transport (no " + ", ".join(lacks) + "): libxdp-dev libbpf-dev clang")
     if not HAVE_VERBS:
-        missing.append("the verbs transport (no /usr/include/infiniband/verbs.h): libibverbs-dev")
+        missing.append("the verbs transport (no infiniband/verbs.h): libibverbs-dev")
     for m in missing:
         print(f"netreduce: building without {m}", file=sys.stderr)
 
@@ -145,7 +171,8 @@ class BuildExt(build_ext):
 ext = Pybind11Extension(
     "netreduce._native",
     native_sources(),
-    include_dirs=["native"],
+    include_dirs=["native", *INCLUDE_DIRS],
+    library_dirs=LIBRARY_DIRS,
     cxx_std=17,
     extra_compile_args=["-O3", "-fvisibility=hidden", "-Wall", "-Wno-unused-function", "-fwrapv"],
     libraries=["z"] + (["ibverbs"] if HAVE_VERBS else []) + ([CRC32[0]] if CRC32 else [])
