@@ -195,7 +195,9 @@ setup(
     ext_modules=[ext],
     cmdclass={"build_ext": BuildExt},
     # prometheus_client: netreduce-switch --metrics-port (pure Python, no dependencies).
-    install_requires=["numpy>=1.21", "prometheus_client>=0.20", "cryptography>=3.1"],
+    # msgspec: the control protocol's schema (netreduce/protocol/messages.py)
+    install_requires=["numpy>=1.21", "prometheus_client>=0.20", "cryptography>=3.1",
+                      "msgspec>=0.18"],
     extras_require={
         # import-linter: the layer contracts (pyproject.toml, scripts/check_imports.py)
         # cryptography (a core dependency too): the TLS tests make a throwaway CA with it.

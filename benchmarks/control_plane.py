@@ -59,43 +59,47 @@ if REPO not in sys.path and not os.environ.get("PYTHONPATH"):
 def worker_scale(args: argparse.Namespace) -> None:
     """``--count`` simulated ranks from ``--first`` on one asyncio loop, each one
     control connection speaking the rank side of the protocol (the requests
-    NegotiationClient sends): hello, then ``--steps`` steps of one tensor each."""
+    NegotiationClient sends, netreduce/protocol/messages.py): hello, then ``--steps``
+    steps of one tensor each."""
     import asyncio
 
-    from netreduce.worker.negotiation import ResponseCache, wire_request
+    from netreduce.protocol import messages
+    from netreduce.protocol.signature import Signature
+    from netreduce.worker.negotiation import ResponseCache
     host, port = args.switch.rsplit(":", 1)
-    sig = ("allreduce", "float32", (1024,), "sum", 1.0, 1.0, -1)
+    sig = Signature("allreduce", "float32", (1024,), "sum")
 
-    async def call(reader: Any, writer: Any, msg: Dict[str, Any]) -> Dict[str, Any]:
-        writer.write((json.dumps(msg) + "\n").encode())
-        reply = json.loads(await reader.readline())
-        if not reply.get("ok"):
-            raise RuntimeError(reply)
-        return reply
+    async def call(reader: Any, writer: Any, msg: Any) -> Any:
+        writer.write(messages.encode_request(msg))
+        line = await reader.readline()
+        env = messages.decode_envelope(line)
+        if not env.ok:
+            raise RuntimeError(env.error)
+        return messages.decode_reply(line, messages.REPLY_OF[type(msg)])
 
     async def rank(r: int, joined: List[float]) -> List[float]:
         reader, writer = await asyncio.open_connection(host, int(port), limit=1 << 24)
-        hello = await call(reader, writer, {
-            "cmd": "negotiate_hello", "role": "all", "job": args.job, "rank": r,
-            "size": args.size, "threshold": 64 << 20, "capacity": 1024, "timeout": 120.0})
+        await call(reader, writer, messages.Hello(version=messages.PROTOCOL_VERSION))
+        hello = await call(reader, writer, messages.NegotiateHello(
+            role="all", job=args.job, rank=r, size=args.size, threshold=64 << 20,
+            capacity=1024, timeout=120.0))
         joined.append(time.time())
-        seq, cache, times = int(hello["seq"]), ResponseCache(), []
+        seq, cache, times = hello.seq, ResponseCache(), []
         for step in range(args.steps):
             t = time.perf_counter()
             reqs = [cache.encode("g", sig, True)]
             while True:
-                reply = await call(reader, writer, {"cmd": "negotiate", "id": step, "reqs": reqs,
-                                                    "ack": seq, "wait_ms": 1000.0,
-                                                    "stall_s": 60.0})
+                reply = await call(reader, writer, messages.Negotiate(
+                    id=step, reqs=reqs, ack=seq, wait_ms=1000.0, stall_s=60.0))
                 reqs = []
-                if reply["e"]:
+                if reply.entries:
                     break
-            for entry in reply["e"]:
-                seq = entry["seq"] + 1
-                if "a" in entry:
-                    cache.learn(entry["a"], {"g": sig})
+            for entry in reply.entries:
+                seq = entry.seq + 1
+                if entry.assign:
+                    cache.learn(entry.assign, {"g": sig})
             times.append(time.perf_counter() - t)
-        await call(reader, writer, {"cmd": "negotiate_bye", "done": seq - 1})
+        await call(reader, writer, messages.NegotiateBye(done=seq - 1))
         writer.close()
         return times
 
@@ -106,7 +110,6 @@ def worker_scale(args: argparse.Namespace) -> None:
                                           range(args.first, args.first + args.count)))
         return {"t0": t0, "joined": max(joined), "steps": list(per_rank)}
 
-    assert wire_request  # the same request format as the real client
     out = asyncio.run(main())
     out["rounds"] = _rounds(args, (host, int(port)),
                             range(args.first, args.first + args.count)) if args.rounds else []

@@ -1,12 +1,15 @@
-"""Atheris harness: the control port's request parser and dispatcher
-(netreduce/switch/server.py ``_answer``, with the negotiation handlers of
-netreduce/switch/coordinator.py and the admission checks of protocol/auth.py).
+"""Atheris harness: the control port's decoder and dispatcher (the schema's
+validating decoder, netreduce/protocol/messages.py, and netreduce/switch/dispatch.py
+``answer``, with the negotiation handlers of netreduce/switch/coordinator.py and
+the admission checks of protocol/auth.py).
 
 One input is up to 8 request lines on one connection (a fresh Session), then the
 connection closes: the disconnect hooks and release run as they do in the daemon,
 so state left behind by one input (a job, a verifier, a negotiation run) would show
-as a leak. Every line must be answered with a JSON object carrying ``ok``; any
-exception out of ``_answer`` is a crash. After every input the harness checks that
+as a leak. The connection has said hello (a fresh one that has not is refused
+before any handler runs). Every line must be answered with a JSON object carrying
+``ok``, and a refusal must never carry the native binding's text (pybind11's
+"incompatible function arguments"); any exception out of ``answer`` is a crash. After every input the harness checks that
 nothing is left: no job record, no pool in the aggregator, no verifier, no
 negotiation state.
 
@@ -25,12 +28,12 @@ import sys
 import atheris
 
 from netreduce import _native
-from netreduce.protocol import auth
+from netreduce.protocol import auth, messages
 from netreduce.protocol.auth import Guard
-from netreduce.switch import coordinator, payload, server  # (the coordinator's handlers register)
+from netreduce.switch import coordinator, dispatch, payload, pending, server  # (handlers register)
 from netreduce.switch.settings import aggregator_args
 
-for _mod in (server, coordinator, auth, payload):  # coverage feedback from these modules
+for _mod in (server, dispatch, pending, coordinator, auth, payload, messages):  # coverage feedback from these modules
     for _name, _fn in list(vars(_mod).items()):
         if getattr(_fn, "__module__", None) == _mod.__name__:
             if isinstance(_fn, type):
@@ -57,7 +60,7 @@ def _tame(line: bytes) -> bytes:
     cmd = msg.get("cmd")
     if cmd == "negotiate_watch":
         return b'{"cmd":"ping"}'
-    if cmd in ("payload", "negotiate", "negotiate_hello"):
+    if cmd in ("payload", "negotiate", "negotiate_hello", "rv_gather", "rv_watch", "rack_grant"):
         msg.update(wait=0, wait_ms=0, timeout=0)
         return json.dumps(msg).encode()
     return line
@@ -72,11 +75,14 @@ def _close(sess: server.Session) -> None:
 
 def test_one_input(data: bytes) -> None:
     sess = server.Session("127.0.0.1:4000")
+    sess.version = messages.PROTOCOL_VERSION  # it said hello
     try:
         for line in data.split(b"\n")[:8]:
-            msg, reply = server._answer(SRV, sess, _tame(line))
-            assert isinstance(msg, dict) and isinstance(reply.get("ok"), bool), reply
-            json.dumps(reply)  # what the daemon writes back must serialise
+            out = dispatch.answer(SRV, sess, _tame(line))
+            assert out.endswith(b"\n") and out.count(b"\n") == 1, out
+            reply = json.loads(out)  # what the daemon writes back is one JSON object
+            assert isinstance(reply, dict) and isinstance(reply.get("ok"), bool), reply
+            assert "incompatible function arguments" not in reply.get("error", ""), reply
     finally:
         _close(sess)
     assert not SRV.jobs, SRV.jobs
@@ -90,8 +96,10 @@ SEEDS = [
     b'{"cmd":"register","job":"a","rank":0,"size":2,"await_payload":true}\n{"cmd":"payload"}',
     b'{"cmd":"challenge"}\n{"cmd":"register","job":"a","rank":0,"size":1,"auth":{"pub":"00","sig":"00"}}',
     b'{"cmd":"negotiate_hello","job":"n","rank":0,"size":1,"role":"poll"}\n'
-    b'{"cmd":"negotiate","reqs":[{"n":"t","k":"allreduce","d":"float32","s":[4],"o":"sum"}],"ack":0}\n'
+    b'{"cmd":"negotiate","reqs":[{"name":"t","kind":"allreduce","dtype":"float32","shape":[4],'
+    b'"op":"sum"}],"ack":0}\n'
     b'{"cmd":"negotiate_submit","reqs":[0]}\n{"cmd":"negotiate_bye","done":1}',
+    b'{"cmd":"register","job":"b","rank":0,"size":1e308}\n{"cmd":"hello","version":1}',
     b'{"cmd":"negotiate_hello","job":"n","rank":0,"size":1,"role":"submit"}\n{"cmd":"negotiate_abort"}',
     b'{"cmd":"challenge"}\n{"cmd":"counters","operator":"00"}',
     b'[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[',

@@ -15,6 +15,7 @@ from netreduce.algorithms.scatter_gather import shard_rows
 from netreduce.errors import InvalidArgumentError, NetReduceError
 from netreduce.ops import ReduceOp, as_op, check_array, dtype_name
 from netreduce.protocol.address import parse_addresses
+from netreduce.protocol.signature import Signature
 from netreduce.switch import spawn_for_job
 from netreduce.worker import context, elastic_member, job_paths, process_sets, timeline
 from netreduce.worker.communicator import Communicator
@@ -197,7 +198,7 @@ _SIGS_MAX = 4096
 
 
 def _sig(kind: str, array: np.ndarray, op: Optional[ReduceOp], pre: Any, post: Any,
-         root: int, dtype: Optional[str]) -> tuple:
+         root: int, dtype: Optional[str]) -> Signature:
     key = (kind, array.dtype, array.shape, dtype, op, type(pre), pre, type(post), post, root)
     try:
         return _SIGS[key]
@@ -205,8 +206,8 @@ def _sig(kind: str, array: np.ndarray, op: Optional[ReduceOp], pre: Any, post: A
         pass
     except TypeError:          # an unhashable factor: build it, do not keep it
         key = None
-    sig = (kind, dtype_name(array, dtype), tuple(int(d) for d in array.shape),
-           op.value if op else "", float(pre), float(post), int(root))
+    sig = Signature(kind, dtype_name(array, dtype), tuple(int(d) for d in array.shape),
+                    op.value if op else "", float(pre), float(post), int(root))
     if key is not None:
         if len(_SIGS) >= _SIGS_MAX:
             _SIGS.clear()      # a program of ever-new shapes: start over
@@ -368,8 +369,8 @@ def _allgather_async(arrays: Sequence[np.ndarray], name: Optional[str], grouped:
     handle = Handle(list(outputs), grouped)
     tensors = []
     for array, output, tname in zip(arrays, outputs, names):
-        sig = ("allgatherv", dtype_name(array, dtype), tuple(int(d) for d in array.shape[1:]),
-               "", 1.0, 1.0, -1)
+        sig = Signature("allgatherv", dtype_name(array, dtype),
+                        tuple(int(d) for d in array.shape[1:]), "")
         tensors.append(Tensor(tname, sig, cacheable, None, array, output, handle))
     comm.submit(tensors)
     return handle

@@ -73,7 +73,7 @@ def _reducescatter(comm: Any, group: List[Any]) -> None:
     at = 0
     for q in range(size):
         for t, a, n in segments[q]:
-            scale_into(buf[at:at + n], t.array.reshape(-1)[a:a + n], t.sig[4], t.dtype, wire)
+            scale_into(buf[at:at + n], t.array.reshape(-1)[a:a + n], t.sig.prescale, t.dtype, wire)
             at += n
     if buf.size:
         owner_delivery = getattr(comm.dp, "reducescatter", None)
@@ -83,7 +83,7 @@ def _reducescatter(comm: Any, group: List[Any]) -> None:
             comm.dp.allreduce(buf, None, op=wire_op, dtype=dp_dtype)
     at = bounds[me][0]
     for t, _, n in segments[me]:
-        factor = t.sig[5] / size if t.op is ReduceOp.Average else t.sig[5]
+        factor = t.sig.postscale / size if t.op is ReduceOp.Average else t.sig.postscale
         scale_into(t.output.reshape(-1), buf[at:at + n], factor, t.dtype, wire)
         at += n
 

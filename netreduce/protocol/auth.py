@@ -108,24 +108,36 @@ def _message(nonce: bytes, job: str, rank: int) -> bytes:
     return DOMAIN + nonce + job.encode() + b"\0" + str(int(rank)).encode()
 
 
-def job_proof(secret: str, job: str, rank: int, nonce_hex: str) -> Dict[str, str]:
-    """The ``auth`` field of a request binding a connection to ``job`` as ``rank``."""
+def job_proof(secret: str, job: str, rank: int, nonce_hex: str) -> Any:
+    """The ``auth`` field (messages.Auth) of a request binding a connection to
+    ``job`` as ``rank``."""
+    from netreduce.protocol.messages import Auth
     key = _signing_key(secret, job)
     sig = key.sign(_message(bytes.fromhex(nonce_hex), job, rank))
-    return {"pub": _public_hex(key), "sig": sig.hex()}
+    return Auth(pub=_public_hex(key), sig=sig.hex())
 
 
 def operator_proof(secret: bytes, nonce_hex: str) -> str:
     return hmac.new(secret, OPERATOR_DOMAIN + bytes.fromhex(nonce_hex), hashlib.sha256).hexdigest()
 
 
+def prove_on(conn: Any, secret: str, job: str, rank: int) -> Any:
+    """The ``auth`` of a request binding ``conn`` (a protocol/client.py connection)
+    to ``job`` as ``rank``: a challenge on it first; None without a secret."""
+    if not secret:
+        return None
+    from netreduce.protocol.messages import Challenge
+    return job_proof(secret, job, rank, conn.request(Challenge()).nonce)
+
+
 def prove(call: Callable[..., Dict[str, Any]], secret: str, job: str, rank: int) -> Dict[str, Any]:
-    """Fields to add to a binding request (empty without a secret): asks the
-    connection for a challenge through ``call(cmd, **fields)`` first."""
+    """The same for callers that speak by command name (``call(cmd, **fields)``):
+    fields to add to a binding request (empty without a secret)."""
     if not secret:
         return {}
     nonce = call("challenge")["nonce"]
-    return {"auth": job_proof(secret, job, rank, nonce)}
+    proof = job_proof(secret, job, rank, nonce)
+    return {"auth": {"pub": proof.pub, "sig": proof.sig}}
 
 
 def read_operator_secret(path: str) -> bytes:
@@ -190,10 +202,11 @@ class Guard:
         self.job_keys = dict(job_keys)
 
     # per connection
-    def challenge(self, sess: Any) -> Dict[str, Any]:
+    def challenge(self, sess: Any) -> Any:
+        from netreduce.protocol.messages import ChallengeReply
         nonce = secrets.token_bytes(NONCE_BYTES)
         sess.state["nonce"] = nonce
-        return {"nonce": nonce.hex()}
+        return ChallengeReply(nonce=nonce.hex())
 
     def _take_nonce(self, sess: Any, what: str) -> bytes:
         nonce = sess.state.pop("nonce", None)
@@ -202,24 +215,25 @@ class Guard:
                             "proves one request)")
         return nonce
 
-    def admit(self, sess: Any, job: str, rank: int, msg: Dict[str, Any]) -> None:
-        """Bind ``sess`` to ``job`` if its request proves the job's secret (or the job
-        is open and secrets are not required); raise AuthError naming the problem
-        (and log it, with the peer's address)."""
+    def admit(self, sess: Any, job: str, rank: int, auth: Any) -> None:
+        """Bind ``sess`` to ``job`` if its request's ``auth`` (messages.Auth: pub,
+        sig) proves the job's secret (or the job is open and secrets are not
+        required); raise AuthError naming the problem (and log it, with the peer's
+        address)."""
         who = f"job '{job}' (rank {rank}, from {getattr(sess, 'peer', '?')})"
         try:
-            self._admit(sess, job, msg, who, rank)
+            self._admit(sess, job, auth, who, rank)
         except AuthError as exc:
             self._log_refusal(str(exc))
             raise
 
-    def _admit(self, sess: Any, job: str, msg: Dict[str, Any], who: str, rank: int) -> None:
+    def _admit(self, sess: Any, job: str, auth: Any, who: str, rank: int) -> None:
         bound = sess.state.get("auth_job")
         if bound is not None:
             if bound != job:
                 raise AuthError(f"{who}: this connection already belongs to job '{bound}'")
             return
-        pub = self._verify(sess, job, rank, msg.get("auth"), who)
+        pub = self._verify(sess, job, rank, auth, who)
         reserved = self.job_keys.get(job)
         if reserved is not None and pub != reserved:
             raise AuthError(
@@ -252,19 +266,22 @@ class Guard:
                     "NETREDUCE_JOB_SECRET_FILE) on every rank (mpirun -x NETREDUCE_JOB_SECRET, "
                     "srun --export=ALL,NETREDUCE_JOB_SECRET; netreduce-run sets one)" + opt_out)
             return None
-        if not isinstance(auth, dict) or not isinstance(auth.get("pub"), str) or \
-                not isinstance(auth.get("sig"), str):
+        if isinstance(auth, dict):  # a plain JSON proof (the elastic driver's own lines)
+            from netreduce.protocol.messages import Auth
+            auth = Auth(pub=auth.get("pub"), sig=auth.get("sig"))  # type: ignore[arg-type]
+        if not isinstance(getattr(auth, "pub", None), str) or \
+                not isinstance(getattr(auth, "sig", None), str):
             raise AuthError(f"{who}: malformed job-secret proof (want auth={{pub, sig}})")
         nonce = self._take_nonce(sess, who)
         from cryptography.exceptions import InvalidSignature
         from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
         try:
-            key = Ed25519PublicKey.from_public_bytes(bytes.fromhex(auth["pub"]))
-            key.verify(bytes.fromhex(auth["sig"]), _message(nonce, job, rank))
+            key = Ed25519PublicKey.from_public_bytes(bytes.fromhex(auth.pub))
+            key.verify(bytes.fromhex(auth.sig), _message(nonce, job, rank))
         except (ValueError, InvalidSignature):
             raise AuthError(f"{who}: the job-secret proof does not verify (a forged or "
                             "replayed answer to another challenge)") from None
-        return auth["pub"].lower()
+        return auth.pub.lower()
 
     @staticmethod
     def _mismatch(who: str, known: Optional[str], pub: Optional[str]) -> str:
@@ -291,9 +308,9 @@ class Guard:
                     del self._bound[job]
                     del self._verifiers[job]
 
-    def operator(self, sess: Any, msg: Dict[str, Any]) -> bool:
-        """Whether this request proves the operator's secret (HMAC over the nonce)."""
-        proof = msg.get("operator")
+    def operator(self, sess: Any, proof: Optional[str]) -> bool:
+        """Whether this request's ``operator`` field proves the operator's secret
+        (HMAC over the nonce)."""
         if sess.state.get("operator"):
             return True
         if proof is None:

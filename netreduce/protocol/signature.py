@@ -4,21 +4,28 @@ and keys fusion; netreduce/switch/coordinator.py and netreduce/worker/response_c
 use it."""
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 import numpy as np
 
 from netreduce.ops import STORAGE, WIRE_DTYPE
 
-# Signature fields, in the order mismatches are reported (Horovod checks the
-# operation first: a shape comparison between an allreduce and a broadcast is moot).
-FIELDS = ("kind", "dtype", "shape", "op", "prescale", "postscale", "root")
-Sig = Tuple[str, str, Tuple[int, ...], str, float, float, int]
+class Signature(NamedTuple):
+    """What every rank must submit alike for a tensor name. A tuple still (a plain
+    7-tuple of the same values compares and hashes equal); read it by name."""
+    kind: str                  # allreduce, broadcast, allgather(v), reducescatter, barrier, join
+    dtype: str                 # numpy's name (bfloat16 too)
+    shape: Tuple[int, ...]
+    op: str                    # ReduceOp's value; "" where the kind has none
+    prescale: float = 1.0
+    postscale: float = 1.0
+    root: int = -1             # broadcast's root rank; -1 otherwise
 
 
-def sig_of(req: Dict[str, Any]) -> Sig:
-    return (str(req["k"]), str(req["d"]), tuple(int(x) for x in req["s"]), str(req["o"]),
-            float(req.get("pre", 1.0)), float(req.get("post", 1.0)), int(req.get("r", -1)))
+# In the order mismatches are reported (Horovod checks the operation first: a shape
+# comparison between an allreduce and a broadcast is moot).
+FIELDS = Signature._fields
+Sig = Signature  # the old name
 
 
 def _article(kind: str) -> str:
@@ -32,15 +39,15 @@ def _fmt(field: str, value: Any) -> str:
 def mismatch_message(name: str, sigs: Dict[int, Sig]) -> Optional[str]:
     """Horovod's wording for the first field on which the ranks disagree, plus the
     tensor name and which ranks sent which value; None when all agree."""
-    for i, field in enumerate(FIELDS):
+    for field in FIELDS:
         by_value: Dict[Any, List[int]] = {}
         for rank in sorted(sigs):
-            by_value.setdefault(sigs[rank][i], []).append(rank)
+            by_value.setdefault(getattr(sigs[rank], field), []).append(rank)
         if len(by_value) < 2:
             continue
         (a, ranks_a), (b, ranks_b) = list(by_value.items())[:2]
         fa, fb = _fmt(field, a), _fmt(field, b)
-        kind = sigs[min(sigs)][0].replace("allgatherv", "allgather")
+        kind = sigs[min(sigs)].kind.replace("allgatherv", "allgather")
         head = {
             "kind": f"Mismatched operations: One rank did {_article(fa)}, "
                     f"but another rank did {_article(fb)}.",
@@ -66,7 +73,7 @@ def mismatch_message(name: str, sigs: Dict[int, Sig]) -> Optional[str]:
 def fusion_key(sig: Sig) -> Optional[Tuple[str, str]]:
     """Tensors with equal keys may share a data-plane message: same wire dtype and wire
     op. Average and broadcast are sums on the wire (broadcast: non-roots send zeros)."""
-    kind, dtype, _, op = sig[:4]
+    kind, dtype, op = sig.kind, sig.dtype, sig.op
     if kind in ("barrier", "join"):
         return None
     wire_op = "sum" if kind == "broadcast" or op == "average" else op
@@ -76,21 +83,7 @@ def fusion_key(sig: Sig) -> Optional[Tuple[str, str]]:
 
 
 def nbytes(sig: Sig) -> int:
-    if sig[0] in ("barrier", "join"):
+    if sig.kind in ("barrier", "join"):
         return 0
-    count = int(np.prod(sig[2], dtype=np.int64)) if sig[2] else 1
-    return count * STORAGE[WIRE_DTYPE[sig[1]]].itemsize
-
-
-def sig_request(name: str, sig: Sig) -> Dict[str, Any]:
-    """A signature as a request dict (what ``sig_of`` reads back): how a log entry
-    tells a joined rank the tensors it contributes zeros to."""
-    req: Dict[str, Any] = {"n": name, "k": sig[0], "d": sig[1], "s": list(sig[2]),
-                           "o": sig[3]}
-    if sig[4] != 1.0:
-        req["pre"] = sig[4]
-    if sig[5] != 1.0:
-        req["post"] = sig[5]
-    if sig[6] >= 0:
-        req["r"] = sig[6]
-    return req
+    count = int(np.prod(sig.shape, dtype=np.int64)) if sig.shape else 1
+    return count * STORAGE[WIRE_DTYPE[sig.dtype]].itemsize

@@ -162,3 +162,17 @@ def connect(address: Tuple[str, int], timeout: Optional[float],
         sock.close()
         raise ControlPlaneError(f"aggregator {where}: TLS handshake failed ({exc}); does it "
                                 "serve its control port with --tls-cert?") from None
+
+
+def speaks_tls(address: Tuple[str, int], timeout: float = 2.0) -> bool:
+    """Whether ``address`` completes a TLS handshake (certificate unchecked): why a
+    plaintext connection to it was closed at once (protocol/client.py says so)."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    try:
+        with socket.create_connection(address, timeout=timeout) as sock:
+            with ctx.wrap_socket(sock, server_hostname=address[0]):
+                return True
+    except (OSError, ValueError):
+        return False

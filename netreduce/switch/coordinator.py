@@ -26,10 +26,12 @@ rank (their watch and their long-poll wake at once).
 
 Horovod's ``join``: a rank out of data submits ``__join__`` (kind "join"). Until every
 rank has, a joined rank counts as having submitted every other tensor; a log entry
-that it did not submit carries ``z`` (per tensor: the request it stands for, or 0) so
+that it did not submit carries ``zeros`` (per tensor: the request it stands for, or
+None) so
 that it all-reduces zeros of that dtype and shape. Broadcasts and allgathers cannot
 take zeros and get Horovod's error instead. When the last rank joins, the join entry
-says which rank that was (``last``) and the join state resets.
+says which rank that was (``last``) and the join state resets. The requests and
+replies are netreduce/protocol/messages.py's (Negotiate, LogEntry, ...).
 
 A rank that left (shutdown(), or died) and says hello again starts the job's next
 run: a fresh JobState under the same name, which the other ranks join as they too
@@ -49,11 +51,13 @@ import threading
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
-from netreduce.protocol import fusion
+from netreduce.protocol import fusion, messages
+from netreduce.protocol.messages import Failure, LogEntry, TensorRequest
 from netreduce.protocol.signature import (  # noqa: F401  (FIELDS: re-exported)
-    FIELDS, Sig, fusion_key, mismatch_message, nbytes, sig_of, sig_request)
+    FIELDS, Sig, fusion_key, mismatch_message, nbytes)
 from netreduce.switch import epochs
-from netreduce.switch.commands import RequestError, register_disconnect_hook, register_handler
+from netreduce.switch.commands import (RequestError, register_disconnect_hook, register_handler,
+                                       register_job_failure_hook)
 from netreduce.switch.waits import Topic, Wait
 
 # The largest world size: the wire's 12-bit rank field less the group rank
@@ -94,13 +98,13 @@ class JobState:
         self.joined: set = set()
         self.conns: Dict[int, set] = {}          # rank -> roles connected now
         self.left: Dict[int, str] = {}           # rank -> why it left
-        self.failure: Optional[Dict[str, Any]] = None
+        self.failure: Optional[Failure] = None
         self.pending: Dict[str, _Pending] = {}   # insertion order = first submission
         self.ready: List[Tuple[str, _Pending]] = []
         self.by_id: Dict[int, Tuple[str, Sig]] = {}
         self.id_of: Dict[str, Tuple[int, Sig]] = {}
         self.next_id = 0
-        self.log: List[Dict[str, Any]] = []
+        self.log: List[LogEntry] = []
         self.base = 0                            # seq of log[0]
         self.acked: Dict[int, int] = {}          # rank -> next seq it expects
         self.at_base = 0                         # live ranks whose ack is still ``base``
@@ -117,6 +121,7 @@ class JobState:
 
     # --- submissions -----------------------------------------------------------
     def submit(self, rank: int, reqs: List[Any]) -> None:
+        """``reqs``: cache ids and TensorRequests (messages.Negotiate's)."""
         if self.failure is not None:
             return  # the rank learns the failure from its poll; nothing more will run
         now = time.monotonic()
@@ -128,7 +133,7 @@ class JobState:
                 name, sig = self.by_id[req]
                 cacheable = True
             else:
-                name, sig, cacheable = str(req["n"]), sig_of(req), bool(req.get("c", 1))
+                name, sig, cacheable = req.name, req.signature(), req.cacheable
             entry = self.pending.get(name)
             if entry is None:
                 entry = self.pending[name] = _Pending(now)
@@ -136,7 +141,7 @@ class JobState:
                 raise RequestError(f"rank {rank} submitted tensor '{name}' twice")
             entry.sigs[rank] = sig
             entry.cacheable &= cacheable
-            if sig[0] == "join":
+            if sig.kind == "join":
                 self._join(rank, name, entry)
             elif self._complete(entry):
                 del self.pending[name]
@@ -150,7 +155,7 @@ class JobState:
         """Every rank submitted it, or has joined (and will contribute zeros)."""
         if len(entry.sigs) == self.size:
             return True
-        if not self.join_ranks or next(iter(entry.sigs.values()))[0] == "join":
+        if not self.join_ranks or next(iter(entry.sigs.values())).kind == "join":
             return False
         return len(self.join_ranks.union(entry.sigs)) == self.size
 
@@ -188,8 +193,8 @@ class JobState:
         assign[name] = new_id
         return new_id
 
-    def _append(self, entry: Dict[str, Any]) -> None:
-        entry["seq"] = self.base + len(self.log)
+    def _append(self, entry: LogEntry) -> None:
+        entry.seq = self.base + len(self.log)
         self.log.append(entry)
 
     def _flush(self) -> None:
@@ -198,13 +203,13 @@ class JobState:
         good: List[Tuple[str, _Pending]] = []
         for name, entry in self.ready:
             err = mismatch_message(name, entry.sigs)
-            kind = next(iter(entry.sigs.values()))[0]
+            kind = next(iter(entry.sigs.values())).kind
             if not err and len(entry.sigs) < self.size and kind in JOIN_UNSUPPORTED:
                 err = (f"{JOIN_UNSUPPORTED[kind]} Tensor '{name}': rank(s) "
                        f"{', '.join(map(str, sorted(set(range(self.size)) - set(entry.sigs))))}"
                        " have joined.")
             if err:
-                self._append({"t": [name], "err": err})
+                self._append(LogEntry(0, [name], error=err))
             else:
                 good.append((name, entry))
         self.ready = []
@@ -215,21 +220,18 @@ class JobState:
         for group in fusion.plan(items, self.threshold):
             assign: Dict[str, int] = {}
             refs = []
-            zeros: List[Any] = []
+            zeros: List[Optional[TensorRequest]] = []
             for i in group:
                 name, entry = good[i]
                 sig = next(iter(entry.sigs.values()))
                 refs.append(self._ref(name, sig, entry.cacheable, assign))
                 # joined ranks never submitted it: tell them what to send zeros for
-                zeros.append(sig_request(name, sig) if len(entry.sigs) < self.size else 0)
-            record: Dict[str, Any] = {"t": refs}
-            if assign:
-                record["a"] = assign
-            if any(zeros):
-                record["z"] = zeros
-            if entry.last >= 0:  # a join (never fused): who joined last
-                record["last"] = entry.last
-            self._append(record)
+                zeros.append(TensorRequest.of(name, sig) if len(entry.sigs) < self.size
+                             else None)
+            # entry.last >= 0: a join (never fused), and who joined last
+            self._append(LogEntry(0, refs, assign=assign,
+                                  zeros=zeros if any(z is not None for z in zeros) else [],
+                                  last=entry.last))
 
     # --- reading the log -------------------------------------------------------
     def ack(self, rank: int, seq: int) -> None:
@@ -264,24 +266,24 @@ class JobState:
             self.base = low
         self.at_base = sum(1 for v in live if v == self.base)
 
-    def since(self, seq: int) -> List[Dict[str, Any]]:
+    def since(self, seq: int) -> List[LogEntry]:
         return self.log[max(0, seq - self.base):]
 
-    def stalls(self, rank: int, stall_s: float) -> List[Dict[str, Any]]:
+    def stalls(self, rank: int, stall_s: float) -> List[messages.Stall]:
         now, found = time.monotonic(), []
         for name, entry in self.pending.items():
-            if next(iter(entry.sigs.values()))[0] == "join":
+            if next(iter(entry.sigs.values())).kind == "join":
                 continue  # a joined rank waiting for the others is no stall
             if rank in entry.sigs and rank not in entry.warned and now - entry.first >= stall_s:
                 entry.warned.add(rank)
-                found.append({"n": name, "missing": sorted(set(range(self.size)) - set(entry.sigs)
-                                                           - self.join_ranks),
-                              "age": round(now - entry.first, 1)})
+                found.append(messages.Stall(name, sorted(set(range(self.size)) - set(entry.sigs)
+                                                         - self.join_ranks),
+                                            round(now - entry.first, 1)))
         return found
 
     def fail(self, message: str, rank: int, after: Optional[int]) -> None:
         if self.failure is None:
-            self.failure = {"msg": message, "rank": rank, "after": after}
+            self.failure = Failure(message, rank, after)
             self.topic.notify()
 
 
@@ -312,9 +314,8 @@ def _session(srv: Any, sess: Any) -> Tuple[JobState, int]:
     return state, rank
 
 
-def handle_hello(srv: Any, sess: Any, msg: Dict[str, Any]) -> Dict[str, Any]:
-    job, rank, size = str(msg["job"]), int(msg["rank"]), int(msg["size"])
-    role = str(msg.get("role", "poll"))
+def handle_hello(srv: Any, sess: Any, msg: messages.NegotiateHello) -> Wait:
+    job, rank, size, role = msg.job, msg.rank, msg.size, msg.role
     if not 1 <= size <= MAX_WORLD:
         raise RequestError(f"job '{job}' (rank {rank}): world size {size} out of range "
                            f"1..{MAX_WORLD}")
@@ -327,9 +328,10 @@ def handle_hello(srv: Any, sess: Any, msg: Dict[str, Any]) -> Dict[str, Any]:
                            f"'{sess.state['negotiation'][0]}'; one per connection")
     admit = getattr(srv, "admit", None)  # the job-secret check (protocol/auth.py)
     if admit is not None:
-        admit(sess, job, rank, msg)
+        admit(sess, job, rank, msg.auth)
     table = _jobs(srv)
-    epoch = epochs.of(msg, job, rank)  # an elastic job's membership (switch/epochs.py)
+    refused = getattr(srv, "job_failure", lambda name: "")(job)  # at admission (server.py)
+    epoch = msg.epoch  # an elastic job's membership (switch/epochs.py)
     with _registry_lock:
         state = table.get(job)
         previous = None
@@ -347,9 +349,8 @@ def handle_hello(srv: Any, sess: Any, msg: Dict[str, Any]) -> Dict[str, Any]:
                     # starts the job's next run, which the others join as they return.
                     previous, state = state, None
         if state is None:
-            state = table[job] = JobState(job, size, int(msg.get("threshold", 64 << 20)),
-                                          int(msg.get("capacity", 1024)))
-            state.agree = bool(msg.get("agree", 0))
+            state = table[job] = JobState(job, size, msg.threshold, msg.capacity)
+            state.agree = msg.agree
             state.epoch = epoch
             state.previous = previous
             if previous is not None:
@@ -360,9 +361,14 @@ def handle_hello(srv: Any, sess: Any, msg: Dict[str, Any]) -> Dict[str, Any]:
                                       f"size {previous.size} -> {size}); this rank's epoch "
                                       f"{previous.epoch} is over", -1, None)
     with state.cond:
+        if refused:
+            state.fail(refused, -1, None)
         if state.size != size:
-            raise RequestError(f"job '{job}' has {state.size} ranks at the aggregator, "
-                               f"but rank {rank} says {size}")
+            # The job cannot start: the ranks waiting for this one hear it now.
+            message = (f"job '{job}': rank {rank} says world size {size} but the job was "
+                       f"registered with {state.size}")
+            state.fail(message, -1, None)
+            raise RequestError(message)
         roles = state.conns.setdefault(rank, set())
         if role in roles:
             raise RequestError(f"rank {rank} of job '{job}' is already connected (two "
@@ -370,8 +376,8 @@ def handle_hello(srv: Any, sess: Any, msg: Dict[str, Any]) -> Dict[str, Any]:
         roles.add(role)
         sess.state["negotiation"] = (job, rank, role)
         sess.state["negotiation_state"] = state
-        if role not in ("poll", "all"):  # "all": one multiplexed connection (worker/mux.py)
-            return {"size": size}
+        if role not in ("poll", "all"):  # "all": one connection, requests by id
+            return messages.NegotiateHelloReply(size=size)  # type: ignore[return-value]
         state.joined.add(rank)
         state.joined_at_base(rank)
         if len(state.joined) >= size:
@@ -379,24 +385,24 @@ def handle_hello(srv: Any, sess: Any, msg: Dict[str, Any]) -> Dict[str, Any]:
             # releases): a notify per join re-polled every parked hello, N^2/2 polls
             # (500,000 at 1,000 ranks) on the event loop before the job could start.
             state.topic.notify()
-        deadline = time.monotonic() + float(msg.get("timeout", 120.0))
+        deadline = time.monotonic() + msg.timeout
 
-        def joined(w: Wait) -> Optional[Dict[str, Any]]:
+        def joined(w: Wait) -> Optional[messages.NegotiateHelloReply]:
             if state.failure is not None:
-                raise RequestError(state.failure["msg"])
+                raise RequestError(state.failure.message)
             if len(state.joined) >= size:
-                return {"size": size, "seq": state.base + len(state.log),
-                        "agree": int(state.agree), "capacity": state.capacity,
-                        "threshold": state.threshold}
+                return messages.NegotiateHelloReply(
+                    size=size, seq=state.base + len(state.log), agree=state.agree,
+                    capacity=state.capacity, threshold=state.threshold)
             if time.monotonic() >= deadline:
                 missing = sorted(set(range(size)) - state.joined)
                 raise RequestError(f"rank{'s' if len(missing) > 1 else ''} "
                                    f"{', '.join(map(str, missing))} of job '{job}' did not "
-                                   f"join within {msg.get('timeout', 120.0)} s"
+                                   f"join within {msg.timeout:g} s"
                                    f"{_still_in_previous_run(state, missing)}")
             w.due = deadline
             return None
-        return Wait(state.topic, joined, deadline)  # type: ignore[return-value]
+        return Wait(state.topic, joined, deadline)  # type: ignore[arg-type]
 
 
 def _still_in_previous_run(state: JobState, missing: List[int]) -> str:
@@ -413,56 +419,52 @@ def _still_in_previous_run(state: JobState, missing: List[int]) -> str:
             "has called shutdown() and then init()")
 
 
-def handle_negotiate(srv: Any, sess: Any, msg: Dict[str, Any]) -> Dict[str, Any]:
+def handle_negotiate(srv: Any, sess: Any, msg: messages.Negotiate) -> Wait:
     state, rank = _session(srv, sess)
-    wait_s = min(float(msg.get("wait_ms", 0.0)) / 1000.0, 30.0)
-    stall_s = float(msg.get("stall_s", 60.0))
+    wait_s = min(msg.wait_ms / 1000.0, 30.0)
+    stall_s = msg.stall_s
     with state.cond:
         state.messages += 1
-        if msg.get("reqs"):
-            state.submit(rank, msg["reqs"])
-        ack = int(msg.get("ack", 0))
+        if msg.reqs:
+            state.submit(rank, msg.reqs)
+        ack = msg.ack
         state.ack(rank, ack)
         deadline = time.monotonic() + wait_s
 
-        def news(w: Wait) -> Optional[Dict[str, Any]]:
+        def news(w: Wait) -> Optional[messages.NegotiateReply]:
             entries, stalls = state.since(ack), state.stalls(rank, stall_s)
             now = time.monotonic()
             if not (entries or stalls or state.failure is not None or now >= deadline):
                 # poll again no later than the next stall deadline among its tensors
                 w.due = min(deadline, now + max(stall_s / 4, 0.01))
                 return None
-            reply: Dict[str, Any] = {"e": entries}
-            if stalls:
-                reply["s"] = stalls
-            if state.failure is not None:
-                reply["f"] = state.failure
-            return reply
-        return Wait(state.topic, news, deadline)  # type: ignore[return-value]
+            return messages.NegotiateReply(entries=entries, stalls=stalls,
+                                           failure=state.failure)
+        return Wait(state.topic, news, deadline)  # type: ignore[arg-type]
 
 
-def handle_submit(srv: Any, sess: Any, msg: Dict[str, Any]) -> Dict[str, Any]:
+def handle_submit(srv: Any, sess: Any, msg: messages.NegotiateSubmit) -> messages.Empty:
     state, rank = _session(srv, sess)
     with state.cond:
         state.messages += 1
-        state.submit(rank, msg.get("reqs") or [])
-    return {}
+        state.submit(rank, msg.reqs)
+    return messages.Empty()
 
 
-def handle_watch(srv: Any, sess: Any, msg: Dict[str, Any]) -> Dict[str, Any]:
+def handle_watch(srv: Any, sess: Any, msg: messages.NegotiateWatch) -> Wait:
     """Answered only when the job fails (or this rank leaves): the one request that
     tells a rank, at once, that another rank is gone — even while it is busy in the
     data plane and has no negotiation outstanding."""
     state, rank = _session(srv, sess)
 
-    def failed(w: Wait) -> Optional[Dict[str, Any]]:
+    def failed(w: Wait) -> Optional[messages.WatchReply]:
         if state.failure is not None:
-            return {"f": state.failure}
-        return {} if rank in state.left else None
-    return Wait(state.topic, failed)  # type: ignore[return-value]
+            return messages.WatchReply(failure=state.failure)
+        return messages.WatchReply() if rank in state.left else None
+    return Wait(state.topic, failed)  # type: ignore[arg-type]
 
 
-def handle_bye(srv: Any, sess: Any, msg: Dict[str, Any]) -> Dict[str, Any]:
+def handle_bye(srv: Any, sess: Any, msg: messages.NegotiateBye) -> messages.Empty:
     """Clean shutdown of a rank: entries up to ``done`` were executed by it, so other
     ranks may finish those; anything later can never complete."""
     state, rank = _session(srv, sess)
@@ -473,15 +475,15 @@ def handle_bye(srv: Any, sess: Any, msg: Dict[str, Any]) -> Dict[str, Any]:
         state.topic.notify()  # releases this rank's own watch
         if len(state.left) < state.size:
             state.fail(f"rank {rank} called shutdown() while this rank still had "
-                       "operations that need it", rank, int(msg.get("done", -1)))
-    return {}
+                       "operations that need it", rank, msg.done)
+    return messages.Empty()
 
 
-def handle_abort(srv: Any, sess: Any, msg: Dict[str, Any]) -> Dict[str, Any]:
+def handle_abort(srv: Any, sess: Any, msg: messages.NegotiateAbort) -> messages.Empty:
     state, rank = _session(srv, sess)
     with state.cond:
-        state.fail(f"rank {rank} failed: {msg.get('reason', 'unknown error')}", rank, None)
-    return {}
+        state.fail(f"rank {rank} failed: {msg.reason}", rank, None)
+    return messages.Empty()
 
 
 def on_disconnect(srv: Any, sess: Any) -> None:
@@ -508,12 +510,12 @@ def on_disconnect(srv: Any, sess: Any) -> None:
 
 
 HANDLERS = {
-    "negotiate_hello": handle_hello,
-    "negotiate": handle_negotiate,
-    "negotiate_submit": handle_submit,
-    "negotiate_watch": handle_watch,
-    "negotiate_bye": handle_bye,
-    "negotiate_abort": handle_abort,
+    messages.NegotiateHello: handle_hello,
+    messages.Negotiate: handle_negotiate,
+    messages.NegotiateSubmit: handle_submit,
+    messages.NegotiateWatch: handle_watch,
+    messages.NegotiateBye: handle_bye,
+    messages.NegotiateAbort: handle_abort,
 }
 
 
@@ -521,4 +523,14 @@ HANDLERS = {
 # (tests/unit/fakes.py) calls the same handlers from this table.
 for _cmd, _fn in HANDLERS.items():
     register_handler(_cmd, _fn, inline=True)
+def on_job_failure(srv: Any, job: str, message: str) -> None:
+    """The job's admission failed for good (server.py): fail its negotiation, so
+    that a rank waiting in its hello hears why at once."""
+    state = _jobs(srv).get(job)
+    if state is not None:
+        with state.cond:
+            state.fail(message, -1, None)
+
+
 register_disconnect_hook(on_disconnect)
+register_job_failure_hook(on_job_failure)

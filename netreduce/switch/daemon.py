@@ -138,6 +138,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-pending", type=int, default=1024,
                    help="control connections not yet bound to a job, at once; past that, "
                         "a new one closes the oldest")
+    p.add_argument("--max-pending-jobs", type=int, default=Limits.pending_jobs_per_source,
+                   help="jobs whose ranks have not all registered yet, from one source "
+                        "address at once; they hold their pools beside --max-jobs (which "
+                        "counts only jobs whose every rank has registered)")
+    p.add_argument("--pending-job-timeout", type=float, default=Limits.pending_job_s,
+                   help="seconds a job's ranks have to register after its first; then the "
+                        "job is dropped, its registered ranks told why")
     p.add_argument("--stop-timeout", type=float, default=10.0,
                    help="on SIGTERM, seconds to wait for connected ranks to leave after "
                         "admission closes and their jobs are told; then exit 0 regardless")
@@ -204,9 +211,12 @@ def _start_aggregator(native, args) -> Tuple[object, int]:
                 raise NetReduceError(f"cannot listen on {format_address((args.host, 0))}: "
                                      f"{getattr(exc, 'strerror', None) or exc}") from None
         cap = native.MAX_PAYLOAD if args.payload_bytes is None else args.payload_bytes
+        # The table holds --max-jobs admitted jobs and, beside them, the pending ones
+        # (switch/pending.py): strangers' unfinished registrations cannot fill it.
         agg = native.Aggregator(**aggregator_args(
             host=args.host, port=port, slots=args.slots, payload_bytes=cap,
-            max_jobs=args.max_jobs, threads=args.threads, memory_limit=args.memory_mb << 20,
+            max_jobs=args.max_jobs + Limits.pending_jobs, threads=args.threads,
+            memory_limit=args.memory_mb << 20,
             fanout=args.fanout, group_base=args.group_base, transport=args.transport,
             xdp_device=args.xdp_device, xdp_mode=args.xdp_mode, xdp_fallback=args.xdp_fallback))
         try:
@@ -284,8 +294,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             args.host, port, agg, payload_explicit=args.payload_bytes is not None,
             guard=Guard(require_secret=require, operator_secret=operator, job_keys=keys,
                         beyond_loopback=beyond and not args.require_secret),
-            limits=Limits(pending_idle_s=args.handshake_timeout,
-                                  max_pending=args.max_pending), tls=tls_ctx)
+            limits=Limits(pending_idle_s=args.handshake_timeout, max_pending=args.max_pending,
+                          max_jobs=args.max_jobs, pending_jobs_per_source=args.max_pending_jobs,
+                          pending_job_s=args.pending_job_timeout), tls=tls_ctx)
     except (NetReduceError, OSError, ValueError, ssl.SSLError) as exc:
         print(f"netreduce-switch: {exc}", file=sys.stderr)
         return 2

@@ -29,16 +29,17 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Optional, Tuple
 
 from netreduce.switch.commands import RequestError
 
 log = logging.getLogger("netreduce.switch")
 
 
-def of(msg: Dict[str, Any], name: str, rank: int) -> int:
-    """The epoch a request names (0 when it names none)."""
-    raw = msg.get("epoch", 0)
+def of(msg: Any, name: str, rank: int) -> int:
+    """The epoch a request names (0 when it names none): a messages.Register or
+    NegotiateHello (the schema has checked it), or a plain dict."""
+    raw = msg.get("epoch", 0) if isinstance(msg, dict) else msg.epoch
     try:
         epoch = int(raw or 0)
     except (TypeError, ValueError):
@@ -103,6 +104,8 @@ def end_run(srv: Any, job: Any, epoch: int) -> None:
     job.extra["superseded_by"] = epoch
     if srv.jobs.get(job.name) is job:
         del srv.jobs[job.name]
+    srv.admitted.pop(id(job), None)       # its pool is no longer held (--max-jobs)
+    srv.pending_jobs.pop(id(job), None)
     srv.payload_topic.notify()
     try:
         srv.aggregator.remove_job(job.index)

@@ -13,30 +13,31 @@ in-process aggregator (switch/in_process.py), which serves the job's rendezvous
 from __future__ import annotations
 
 import logging
-from typing import Any, Dict, Iterator
+from typing import Any, Iterator
 
 from netreduce.errors import NetReduceError
 from netreduce.protocol.address import format_address, parse_address
+from netreduce.protocol.messages import JobStatus, JobStatusReply
 from netreduce.switch.commands import RequestError, register_handler
 
 log = logging.getLogger("netreduce")
 PREFIX = "netreduce_job"
 
 
-def _handle_status(srv: Any, sess: Any, msg: Dict[str, Any]) -> Dict[str, Any]:
-    job = str(msg.get("job", ""))
-    srv.admit(sess, job, int(msg.get("rank", -1)), msg)  # the job's secret, if it has one
+def _handle_status(srv: Any, sess: Any, msg: JobStatus) -> JobStatusReply:
+    job = msg.job
+    srv.admit(sess, job, msg.rank, msg.auth)  # the job's secret, if it has one
     algorithm = getattr(srv, "_nr_job_status", {}).get(job)
     if algorithm is None:
         raise RequestError(f"no job '{job}' runs with this rendezvous")
-    return {"status": algorithm.status()}
+    return JobStatusReply(status=algorithm.status())
 
 
 class Published:
     """Rank 0's job state on its rendezvous server, and its metrics endpoint."""
 
     def __init__(self, server: Any, algorithm: Any, metrics_at: str) -> None:
-        register_handler("job_status", _handle_status, inline=True)
+        register_handler(JobStatus, _handle_status, inline=True)
         self.server, self.job = server, algorithm.job
         table = getattr(server, "_nr_job_status", None)
         if table is None:

@@ -1,12 +1,13 @@
 """What one control connection may cost the aggregator daemon (docs/operations.md,
 Security): request sizes, how long a connection may stay silent before it belongs to
-a job, and how many such connections are kept at once."""
+a job, how many such connections are kept at once, and how many jobs whose ranks have
+not all registered yet (pending jobs) a source may hold, and for how long."""
 from __future__ import annotations
 
 import dataclasses
 import socket
 import threading
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
 
 @dataclasses.dataclass
@@ -16,6 +17,14 @@ class Limits:
     pending_line_bytes: int = 64 << 10  # ... of one that is not (yet)
     pending_idle_s: float = 30.0        # silence that closes a connection not bound to a job
     max_pending: int = 1024             # such connections at once; a new one closes the oldest
+    # Jobs admitted at once (--max-jobs): only jobs whose every rank has registered
+    # count; None: the native aggregator's table (a server built without the daemon).
+    max_jobs: Optional[int] = None
+    # Pending jobs (a first rank registered, not every rank yet): each holds its pool
+    # provisionally, in room the aggregator keeps beside --max-jobs.
+    pending_jobs: int = 64              # from all sources at once
+    pending_jobs_per_source: int = 4    # from one source address at once (--max-pending-jobs)
+    pending_job_s: float = 300.0        # then the job is dropped (--pending-job-timeout)
 
 
 class PendingConnections:

@@ -7,7 +7,9 @@ socket, two byte buffers and the requests it has waiting (switch/waits.py): a
 handler that would block returns a ``Wait``, parked until its topic is notified or
 its ``due`` time passes, and answered from this thread.
 
-Per connection, a request without an ``id`` is answered before the next line is
+What a line means is the server's (netreduce/switch/server.py, on the schema of
+netreduce/protocol/messages.py); this module moves bytes. Per connection, a request
+without an ``id`` is answered before the next line is
 read (what every line client expects); requests that carry an ``id`` run
 concurrently and their replies carry the same ``id`` back, so that one connection
 can hold a rank's long-poll, its submissions and its failure watch at once.
@@ -25,7 +27,6 @@ from __future__ import annotations
 import collections
 import heapq
 import itertools
-import json
 import logging
 import selectors
 import socket
@@ -35,6 +36,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Deque, Dict, List, Optional, Set, Tuple
 
+from netreduce.protocol import messages
 from netreduce.switch.waits import Wait
 
 log = logging.getLogger("netreduce.switch")
@@ -164,6 +166,12 @@ class EventLoop:
             if now >= next_sweep:
                 next_sweep = now + SWEEP_S
                 self._sweep(now)
+                sweep = getattr(self.server, "sweep", None)  # the server's own deadlines
+                if sweep is not None:
+                    try:
+                        sweep(now)
+                    except Exception:  # a bug there must not stop the daemon
+                        log.exception("control loop: the server's sweep failed")
 
     def _drain_wake(self) -> None:
         try:
@@ -195,6 +203,7 @@ class EventLoop:
                 sock = self.tls.wrap_socket(sock, server_side=True,
                                             do_handshake_on_connect=False)
             conn = Conn(sock, self.server.new_session(addr))
+            conn.sess.conn = conn  # the server may close it (an expired pending job)
             if self.tls is not None:
                 conn.handshake = READ
             self.conns[sock.fileno()] = conn
@@ -235,6 +244,16 @@ class EventLoop:
                 return
             conn.last_rx = time.monotonic()
             if data:
+                if not conn.rbuf and data[:2] == b"\x16\x03" and self.tls is None and \
+                        not self.server.bound(conn.sess):
+                    # A TLS ClientHello on a plaintext port: it would wait for a line
+                    # end that never comes; closed at once, the client's handshake
+                    # fails naming this address.
+                    log.warning("refused control connection from %s: it speaks TLS, this "
+                                "port does not (start netreduce-switch with --tls-cert, or "
+                                "unset NETREDUCE_TLS_CA on the rank)", conn.sess.peer)
+                    self.close(conn)
+                    return
                 conn.rbuf += data
             else:
                 conn.eof = True
@@ -308,17 +327,22 @@ class EventLoop:
         self._watch(conn)
 
     def refuse(self, conn: Conn, limit: int) -> None:
-        self.send(conn, {"ok": False, "error": f"request longer than {limit} bytes (the control "
-                                               "port's limit); closing the connection"})
+        self.send(conn, messages.encode_error(f"request longer than {limit} bytes (the control "
+                                              "port's limit); closing the connection"))
+        self.close_after_write(conn)
+
+    def close_after_write(self, conn: Conn) -> None:
+        """Read nothing more; close once what is queued has gone out."""
         conn.rbuf.clear()
         conn.eof = True
         conn.close_after_write = True
         self._flush(conn)
 
-    def send(self, conn: Conn, reply: Dict[str, Any]) -> None:
+    def send(self, conn: Conn, line: bytes) -> None:
+        """Queue one encoded reply line (messages.encode_reply / encode_error)."""
         if conn.closed:
             return
-        conn.wbuf += (json.dumps(reply, separators=(",", ":")) + "\n").encode()
+        conn.wbuf += line
         self._flush(conn)
 
     def _flush(self, conn: Conn) -> None:
@@ -344,8 +368,8 @@ class EventLoop:
             self.lines(conn)
 
     # --- waits ------------------------------------------------------------------
-    def park(self, conn: Conn, w: Wait, answer: Callable[[Optional[Dict[str, Any]],
-                                                          Optional[BaseException]], None]) -> None:
+    def park(self, conn: Conn, w: Wait, answer: Callable[[Any, Optional[BaseException]],
+                                                         None]) -> None:
         w.answer = answer  # type: ignore[attr-defined]
         w.conn = conn  # type: ignore[attr-defined]
         w.timer_due = None  # type: ignore[attr-defined]

@@ -15,8 +15,10 @@ Each connection proves the job's secret (protocol/auth.py) like a data-plane ran
 from __future__ import annotations
 
 import threading
-from typing import Any, Dict, Tuple
+from typing import Any, Dict, Tuple, Union
 
+from netreduce.protocol import messages
+from netreduce.protocol.messages import RvGather, RvRequest, RvWatch
 from netreduce.switch.commands import RequestError, register_handler
 
 # A watch that does not say how long it may wait waits this long (ranks say:
@@ -44,22 +46,22 @@ def _table(srv: Any) -> _JobTable:
         return table
 
 
-def _bind(srv: Any, sess: Any, msg: Dict[str, Any]) -> Tuple[str, int, int]:
-    job, rank, size = str(msg["job"]), int(msg["rank"]), int(msg["size"])
+def _bind(srv: Any, sess: Any, msg: Union[RvGather, RvRequest, RvWatch]) -> Tuple[str, int, int]:
+    job, rank, size = msg.job, msg.rank, msg.size
     if not 0 <= rank < size:
         raise RequestError(f"job '{job}': rank {rank} out of range for world size {size}")
-    srv.admit(sess, job, rank, msg)
+    srv.admit(sess, job, rank, msg.auth)
     return job, rank, size
 
 
-def _gather(srv: Any, sess: Any, msg: Dict[str, Any]) -> Dict[str, Any]:
+def _gather(srv: Any, sess: Any, msg: RvGather) -> messages.RvGatherReply:
     job, rank, size = _bind(srv, sess, msg)
-    key, wait = str(msg["key"]), max(0.0, min(float(msg.get("wait", 30.0)), 600.0))
+    key, wait = msg.key, max(0.0, min(msg.wait, 600.0))
     table = _table(srv)
     with table.cond:
         entry = table.gathers.setdefault((job, key), {"values": {}, "readers": 0})
         posted = entry["values"]
-        posted[rank] = msg.get("value")
+        posted[rank] = msg.value
         table.cond.notify_all()
         table.cond.wait_for(lambda: len(posted) >= size, timeout=wait)
         if len(posted) < size:
@@ -70,36 +72,37 @@ def _gather(srv: Any, sess: Any, msg: Dict[str, Any]) -> Dict[str, Any]:
         entry["readers"] += 1
         if entry["readers"] >= size:  # each rank reads once: the last drops the entry
             table.gathers.pop((job, key), None)
-    return {"values": values}
+    return messages.RvGatherReply(values=values)
 
 
-def _request(srv: Any, sess: Any, msg: Dict[str, Any]) -> Dict[str, Any]:
+def _request(srv: Any, sess: Any, msg: RvRequest) -> messages.Empty:
     job, rank, _ = _bind(srv, sess, msg)
-    gen = int(msg["gen"])
+    gen = msg.gen
     if gen < 0:
-        return {}  # binds the connection only
+        return messages.Empty()  # binds the connection only
     table = _table(srv)
     with table.cond:
         known = table.requests.get(job)
         if known is None or known["gen"] < gen:
-            table.requests[job] = {"gen": gen, "reason": str(msg.get("reason", ""))[:2000],
-                                   "rank": rank}
+            table.requests[job] = {"gen": gen, "reason": msg.reason[:2000], "rank": rank}
             table.cond.notify_all()
-    return {}
+    return messages.Empty()
 
 
-def _watch(srv: Any, sess: Any, msg: Dict[str, Any]) -> Dict[str, Any]:
+def _watch(srv: Any, sess: Any, msg: RvWatch) -> messages.RvWatchReply:
     job, _, _ = _bind(srv, sess, msg)
-    gen = int(msg["gen"])
-    wait = max(0.0, min(float(msg.get("wait", WATCH_WAIT_S)), 5.0))
+    gen = msg.gen
+    wait = max(0.0, min(msg.wait, 5.0))
     table = _table(srv)
     with table.cond:
         table.cond.wait_for(lambda: table.requests.get(job, {}).get("gen", -1) >= gen,
                             timeout=wait)
         req = table.requests.get(job)
-        return dict(req) if req is not None and req["gen"] >= gen else {}
+        if req is not None and req["gen"] >= gen:
+            return messages.RvWatchReply(**req)
+        return messages.RvWatchReply()
 
 
-register_handler("rv_gather", _gather)
-register_handler("rv_request", _request)
-register_handler("rv_watch", _watch)
+register_handler(RvGather, _gather)
+register_handler(RvRequest, _request)
+register_handler(RvWatch, _watch)

@@ -1,4 +1,6 @@
-"""The aggregator's control port: a TCP server speaking JSON lines.
+"""The aggregator's control port: a TCP server speaking the control protocol
+(netreduce/protocol/messages.py: one JSON object per line, every request and reply
+a declared type, a protocol version exchanged first on every connection).
 
 All connections are served by one event-loop thread (netreduce/switch/loop.py); a
 handler that has to wait (a hello for the other ranks, a long-poll) returns a
@@ -6,14 +8,14 @@ handler that has to wait (a hello for the other ranks, a long-poll) returns a
 (job admission and rank check-in, with the path MTU the rank sees), ``payload``
 (wait until the job's payload is fixed: netreduce.switch.payload), ``release``,
 ``counters``, and ``verbs_connect`` (switch/verbs.py). Other modules add commands
-with ``register_handler`` (switch/commands.py; blocking ones run on a thread pool)
+with ``register_handler`` (switch/commands.py, by request type; blocking ones run on a
+thread pool)
 and learn of closed connections (a rank that died or shut down) with
 ``register_disconnect_hook``; ``netreduce.switch.coordinator`` does so at import
 time."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import secrets
 import socket
@@ -21,16 +23,17 @@ import threading
 import time
 from typing import Any, Dict, List, Optional
 
-from netreduce.errors import InvalidTypeError
+from netreduce.errors import NetReduceError
+from netreduce.protocol import messages
 from netreduce.protocol import data_address
 from netreduce.protocol.address import family_of, format_address, parse_address, unmap
 from netreduce.protocol.auth import AuthError, Guard
 from netreduce.protocol.socket_buffers import (DAEMON_SHARE, rank_share, size_words,
                                              slots_that_fit)
-from netreduce.switch import epochs
-from netreduce.switch import fanout
+from netreduce.switch import dispatch, epochs, fanout, pending
 from netreduce.switch import verbs  # noqa: F401  registers verbs_connect, a built-in to every server
-from netreduce.switch.commands import DISCONNECT_HOOKS, HANDLERS, INLINE, RequestError
+from netreduce.switch.commands import (DISCONNECT_HOOKS, HANDLERS, INLINE, JOB_FAILURE_HOOKS,
+                                       RequestError)
 from netreduce.switch.limits import Limits, PendingConnections
 from netreduce.switch.loop import Conn, EventLoop
 from netreduce.switch.payload import JobPayload, views_of
@@ -39,21 +42,6 @@ from netreduce.switch.waits import Topic, Wait, resolve
 log = logging.getLogger("netreduce.switch")
 # How long the last rank's register waits for the earlier ranks to be told the payload.
 INFORM_WAIT_S = 5.0
-MISSING_SHOWN = 16  # unregistered ranks named in a reply (an error message's worth)
-
-
-def _missing(job: "JobRecord") -> Dict[str, Any]:
-    """The first MISSING_SHOWN ranks that have not registered, and how many have not:
-    every register and payload reply carries them, so at 1,000 ranks the whole list
-    (made and encoded per reply) was O(N^2) work for the event loop."""
-    shown: List[int] = []
-    if len(job.ranks) < job.size:
-        for r in range(job.size):
-            if r not in job.ranks:
-                shown.append(r)
-                if len(shown) == MISSING_SHOWN:
-                    break
-    return {"missing": shown, "missing_count": job.size - len(job.ranks)}
 
 
 @dataclasses.dataclass
@@ -101,6 +89,18 @@ class JobRecord:
     # (switch/fanout.py), decided with the final payload.
     fanout_reason: str = ""
     verbs_rank: Optional[int] = None  # a rank on the verbs transport (none: None)
+    # This run cannot go on (a rank registered with another world size, no room
+    # when it completed, its ranks did not all come in time): every rank still
+    # waiting for the job hears why at once.
+    failure: str = ""
+    # Who registered its first rank, and when (monotonic): a job whose ranks have not
+    # all registered is pending, bounded per source and dropped after a while.
+    source: str = ""
+    created: float = 0.0
+
+
+class _JobFailed(NetReduceError):
+    """Raised under the server's lock; its hooks run once the lock is released."""
 
 
 class Session:
@@ -108,10 +108,12 @@ class Session:
 
     def __init__(self, peer: str) -> None:
         self.peer = peer
+        self.version: Optional[int] = None  # the client's protocol, once it said hello
         self.job: Optional[str] = None
         self.rank: Optional[int] = None
         self.record: Optional[JobRecord] = None  # the run of the job it registered in
         self.state: Dict[str, Any] = {}
+        self.conn: Any = None  # the event loop's connection (switch/loop.py)
 
 
 class ControlServer:
@@ -134,6 +136,14 @@ class ControlServer:
         self.payload_fixed = threading.Condition(self.lock)
         self.payload_topic = Topic(self.payload_fixed)
         self.jobs: Dict[str, JobRecord] = {}
+        # Runs holding a pool, by id: admitted (every rank registered; what --max-jobs
+        # counts) and pending (not yet: bounded by the limits' pending_* on their own).
+        self.admitted: Dict[int, JobRecord] = {}
+        self.pending_jobs: Dict[int, JobRecord] = {}
+        self.refused = {"max_jobs": 0, "pending": 0}  # refusals decided here, not natively
+        self.closing_later: List[Any] = []  # (monotonic deadline, conn) of dropped jobs' ranks
+        self.max_jobs = self.limits.max_jobs if self.limits.max_jobs is not None else \
+            (int(aggregator.counters()["jobs_max"]) if aggregator is not None else 0)
         family = family_of(host)  # IPv6 hosts; "::" serves IPv4 ranks too, as the UDP ports
         self.socket = socket.create_server((host, port), family=family,
                                            backlog=self.request_queue_size,
@@ -175,6 +185,7 @@ class ControlServer:
         return self.limits.line_bytes if self.bound(sess) else self.limits.pending_line_bytes
 
     def closed(self, sess: "Session") -> None:
+        sess.conn = None
         self.pending.discard(sess)
         for hook in DISCONNECT_HOOKS:
             try:
@@ -186,31 +197,36 @@ class ControlServer:
 
     def begin(self, loop: EventLoop, conn: Conn, line: bytes) -> None:
         """One request line: answered now, parked as a Wait, or run on the pool."""
-        msg, reply = _parse(line)
-        if reply is not None:
-            loop.send(conn, reply)
+        sess = conn.sess
+        try:
+            msg = messages.decode_request(line)
+        except messages.ProtocolError as exc:  # names the command and the field
+            loop.send(conn, messages.encode_error(str(exc), exc.rid))
             return
-        rid = msg.get("id")
-        sequential = not isinstance(rid, (int, str)) or isinstance(rid, bool)
+        if sess.version is None or isinstance(msg, messages.Hello):
+            reply, agreed = dispatch.greet(sess, msg)
+            loop.send(conn, reply)
+            if not agreed:  # another protocol: nothing more can be understood
+                loop.close_after_write(conn)
+            return
+        rid = msg.id
+        sequential = rid is None
         conn.busy = conn.busy or sequential
 
-        def answer(result: Optional[Dict[str, Any]], error: Optional[BaseException]) -> None:
-            out = _reply_of(line, result, error)
-            if not sequential:
-                out["id"] = rid
-            loop.send(conn, out)
-            if out.get("payload_bytes") and msg.get("cmd") == "payload":
-                self.payload_delivered(conn.sess)
+        def answer(result: Optional[messages.Reply], error: Optional[BaseException]) -> None:
+            loop.send(conn, dispatch.reply_line(msg, result, error))
+            if isinstance(result, messages.PayloadReply) and result.payload_bytes:
+                self.payload_delivered(sess)
             loop.finished(conn, sequential)
 
-        cmd = msg.get("cmd")
-        if isinstance(cmd, str) and cmd in HANDLERS and cmd not in INLINE:
-            future = loop.pool.submit(lambda: resolve(_dispatch(self, conn.sess, msg)))
+        kind = type(msg)
+        if kind in HANDLERS and kind not in INLINE:
+            future = loop.pool.submit(lambda: resolve(dispatch.dispatch(self, sess, msg)))
             future.add_done_callback(lambda f: loop.call_soon(
-                lambda: None if conn.closed else answer(*_outcome(f))))
+                lambda: None if conn.closed else answer(*dispatch.outcome(f))))
             return
         try:
-            result = _dispatch(self, conn.sess, msg)
+            result = dispatch.dispatch(self, sess, msg)
         except Exception as exc:
             answer(None, exc)
             return
@@ -220,17 +236,32 @@ class ControlServer:
             answer(result, None)
 
     # -- built-in commands ----------------------------------------------------
-    def register(self, sess: Session, msg: Dict[str, Any]) -> Dict[str, Any]:
-        name, rank, size = str(msg["job"]), int(msg["rank"]), int(msg["size"])
+    def register(self, sess: Session, msg: messages.Register) -> Wait:
+        name, rank, size = msg.job, msg.rank, msg.size
         if not 0 <= rank < size:
             raise RequestError(f"job '{name}': rank {rank} out of range for world size {size}")
         if sess.record is not None:  # its release would free only the last one
             raise RequestError(f"job '{name}' (rank {rank}): this connection already registered "
                                f"rank {sess.rank} of job '{sess.job}'; one rank per connection")
-        self.admit(sess, name, rank, msg)
+        self.admit(sess, name, rank, msg.auth)
         source = self._data_source(sess, name, rank, msg)
         views = self._path_views(sess, rank, msg)
-        epoch = epochs.of(msg, name, rank)
+        try:
+            return self._register(sess, msg, name, rank, size, views, source)
+        except _JobFailed as exc:
+            for hook in JOB_FAILURE_HOOKS:
+                hook(self, name, str(exc))
+            raise RequestError(str(exc)) from None
+
+    def job_failure(self, name: str) -> str:
+        """Why the current run of job ``name`` cannot go on ("" if it can)."""
+        with self.lock:
+            job = self.jobs.get(name)
+            return job.failure if job is not None and not job.closing else ""
+
+    def _register(self, sess: Session, msg: messages.Register, name: str, rank: int, size: int,
+                  views: List[Any], source: Optional[Any]) -> Wait:
+        epoch = msg.epoch  # an elastic job's membership (switch/epochs.py)
         with self.lock:
             job = self.jobs.get(name)
             past = None
@@ -239,6 +270,7 @@ class ControlServer:
             elif job is not None and job.closing:
                 job = None  # the old run stays alive for its own ranks until they leave
             if job is None:
+                pending.room_for_new_job(self, sess, name, rank, size)
                 key = secrets.randbits(32)
                 plan = JobPayload(int(self.aggregator.payload_bytes), self.payload_explicit)
                 plan.add(views)
@@ -247,20 +279,24 @@ class ControlServer:
                     index = self.aggregator.add_job(size, key, payload)
                 except Exception as exc:  # refused: max jobs or memory limit
                     raise RequestError(f"job '{name}' (rank {rank}) refused: {exc}") from None
-                deterministic = bool(msg.get("deterministic", False))
+                deterministic = msg.deterministic
                 if deterministic:
                     self._make_ordered(index, name, rank)
                 job = JobRecord(name, size, index, key, plan=plan, payload_bytes=payload,
                                 payload_reason=reason, deterministic=deterministic,
-                                deterministic_by=rank, epoch=epoch)
+                                deterministic_by=rank, epoch=epoch, source=pending.source(sess),
+                                created=time.monotonic())
                 self.jobs[name] = job
+                self.pending_jobs[id(job)] = job
                 epochs.admitted(self, job, past)
                 views = []
             elif job.size != size:
-                raise RequestError(
-                    f"job '{name}': rank {rank} says world size {size}, but the job was "
-                    f"registered with world size {job.size}")
-            elif bool(msg.get("deterministic", False)) != job.deterministic:
+                # The job cannot start: its other ranks hear it now, not at their timeout.
+                job.failure = (f"job '{name}': rank {rank} says world size {size} but the job "
+                               f"was registered with {job.size}")
+                self.payload_topic.notify()
+                raise _JobFailed(job.failure)
+            elif msg.deterministic != job.deterministic:
                 mine, theirs = int(not job.deterministic), int(job.deterministic)
                 raise RequestError(
                     f"job '{name}': rank {rank} has NETREDUCE_DETERMINISTIC={mine}, but rank "
@@ -270,34 +306,44 @@ class ControlServer:
             if rank in job.ranks:
                 raise RequestError(
                     f"job '{name}': rank {rank} is already registered (from {job.ranks[rank].peer})")
+            if len(job.ranks) + 1 == job.size and id(job) in self.pending_jobs and \
+                    len(self.admitted) >= self.max_jobs:
+                # Complete now, but jobs that completed meanwhile took the room.
+                self.refused["max_jobs"] += 1
+                job.failure = (f"job '{name}' refused when its last rank ({rank}) registered: "
+                               f"aggregator full: --max-jobs {self.max_jobs} jobs already "
+                               "admitted")
+                self.payload_topic.notify()
+                raise _JobFailed(job.failure)
             if source is not None:  # contributions from there only (protocol/data_address.py)
                 try:
                     self.aggregator.bind_rank(job.index, rank, *source)
                 except ValueError as exc:
                     raise RequestError(f"job '{name}' (rank {rank}): {exc}") from None
             self._settle_payload(job, views, name, rank)
-            buffer = int(msg.get("receive_buffer", 0) or 0)
-            coalesced = bool(msg.get("receive_coalesced", True))
+            buffer, coalesced = msg.receive_buffer, msg.receive_coalesced
             seen = job.receive_buffers.get(coalesced)
             if buffer > 0 and (seen is None or buffer < seen[0]):
                 job.receive_buffers[coalesced] = (buffer, rank)
             job.ranks[rank] = sess
             sess.job, sess.rank, sess.record = name, rank, job
-            if msg.get("verbs"):  # its NIC answers only its own QP: no group for the job
+            if msg.verbs:  # its NIC answers only its own QP: no group for the job
                 job.verbs_rank = rank
             last = len(job.ranks) == job.size
             if last:
                 self._choose_group(job)
+                if self.pending_jobs.pop(id(job), None) is not None:
+                    self.admitted[id(job)] = job  # what --max-jobs counts
                 job.payload_final = True
                 self._fit_window(job)
                 self.payload_topic.notify()
                 log.info("job '%s': %s", name, job.payload_reason)
-            elif msg.get("await_payload"):
+            elif msg.await_payload:
                 job.awaiting.add(rank)
         agg = self.aggregator
         informed_by = time.monotonic() + INFORM_WAIT_S
 
-        def grant(w: Wait) -> Optional[Dict[str, Any]]:
+        def grant(w: Wait) -> Optional[messages.RegisterReply]:
             # The last rank's answer waits (at most INFORM_WAIT_S) until the ranks that
             # asked for the payload have it: data never waits on a control round trip.
             if last and not (job.awaiting <= job.informed or job.closing) and \
@@ -307,15 +353,16 @@ class ControlServer:
             final = job.payload_final
             # The job's slots follow its payload (native SlotsFor): final with it.
             slots = int(agg.job_counters(job.index)["slots"]) if final else agg.slots
-            return {"job_index": job.index, "key": job.key, "slots": slots,
-                    "payload_bytes": job.payload_bytes if final else 0,
-                    "window_fit": job.window_fit if final else 0,
-                    "payload_reason": job.payload_reason if final else "",
-                    **_missing(job),
-                    "data_port": agg.port, "threads": agg.threads,
-                    "deterministic": job.deterministic,
-                    **self._group_grant(job)}
-        return Wait(self.payload_topic, grant)  # type: ignore[return-value]
+            missing, missing_count = pending.missing_ranks(job)
+            return messages.RegisterReply(
+                job_index=job.index, key=job.key, slots=slots,
+                payload_bytes=job.payload_bytes if final else 0,
+                window_fit=job.window_fit if final else 0,
+                payload_reason=job.payload_reason if final else "",
+                missing=missing, missing_count=missing_count,
+                data_port=agg.port, threads=agg.threads, deterministic=job.deterministic,
+                **self._group_grant(job))
+        return Wait(self.payload_topic, grant)  # type: ignore[arg-type]
 
     def _group_grant(self, job: JobRecord) -> Dict[str, Any]:
         """The job's multicast group as a rank learns it with the payload (under
@@ -346,17 +393,17 @@ class ControlServer:
 
     @staticmethod
     def _data_source(sess: Session, name: str, rank: int,
-                     msg: Dict[str, Any]) -> Optional[Any]:
+                     msg: messages.Register) -> Optional[Any]:
         """The rank's data address (IP, port), which must be where its control
         connection comes from; None for a rank whose data goes through a rack
         aggregator (the spine hands its address to the rack: switch/uplink.py)."""
         where = f"job '{name}' (rank {rank})"
         try:
-            ip, port = data_address.parse(msg.get("data_address"), where)
+            ip, port = data_address.parse(msg.data_address, where)
         except ValueError as exc:
             raise RequestError(str(exc)) from None
         sess.state["data_address"] = (ip, port)
-        if msg.get("rack"):
+        if msg.rack:
             return None
         peer_ip = parse_address(sess.peer, what="the rank's control connection")[0]
         if not data_address.same_host(ip, peer_ip):
@@ -369,16 +416,12 @@ class ControlServer:
         return ip, port
 
     @staticmethod
-    def _agree_window(job: "JobRecord", name: str, rank: int, msg: Dict[str, Any]) -> None:
+    def _agree_window(job: "JobRecord", name: str, rank: int, msg: messages.Register) -> None:
         """Every rank of a job must use the same NETREDUCE_WINDOW (chunk c goes to slot
         c mod window): refuse the rank whose window differs from the first one's."""
-        if msg.get("window") is None:  # a client that does not say (raw tests, old ranks)
+        window = msg.window
+        if window is None:  # a client that does not say (raw tests)
             return
-        try:
-            window = int(msg["window"])
-        except (TypeError, ValueError):
-            raise RequestError(f"job '{name}': rank {rank}: window must be an integer, "
-                               f"got {msg['window']!r}") from None
         if window < 0:
             raise RequestError(f"job '{name}': rank {rank}: NETREDUCE_WINDOW={window} is "
                                f"negative (0 = all the slots the aggregator grants)")
@@ -423,6 +466,13 @@ class ControlServer:
             return 0
         return int(self.aggregator.transport_info().get("receive_buffer_bytes", 0))
 
+    def room_for_admitted(self, name: str) -> None:
+        pending.room_for_admitted(self, name)
+
+    def sweep(self, now: float) -> None:
+        """The event loop's periodic call: drop pending jobs past their time."""
+        pending.sweep(self, now)
+
     def _make_ordered(self, index: int, name: str, rank: int) -> None:
         """The new job's slots fold in rank order (NETREDUCE_DETERMINISTIC); refused
         (memory), the job is removed again so that the refusal leaves nothing behind."""
@@ -432,19 +482,17 @@ class ControlServer:
             self.aggregator.remove_job(index)
             raise RequestError(f"job '{name}' (rank {rank}) refused: {exc}") from None
 
-    def _path_views(self, sess: Session, rank: int, msg: Dict[str, Any]) -> List[Any]:
+    def _path_views(self, sess: Session, rank: int, msg: messages.Register) -> List[Any]:
         """The rank's own report of its path MTU and the aggregator's route back."""
         from netreduce import _native
         peer_ip = parse_address(sess.peer, what="the rank's control connection")[0]
-        reported = None
-        if msg.get("mtu"):
-            reported = (int(msg["mtu"]), bool(msg.get("ipv6", False)))
+        reported = (msg.mtu, msg.ipv6) if msg.mtu else None
         try:
             own = tuple(_native.path_mtu(peer_ip, self.aggregator.port))
         except Exception as exc:  # no route back: the data plane will say so
             log.warning("no path MTU toward %s (rank %d): %s", peer_ip, rank, exc)
             own = None
-        return views_of(rank, str(msg.get("host", "")), peer_ip, reported, own,
+        return views_of(rank, msg.host, peer_ip, reported, own,
                         _native.payload_for_mtu)
 
     def _settle_payload(self, job: JobRecord, views: List[Any], name: str, rank: int) -> None:
@@ -470,30 +518,39 @@ class ControlServer:
                 if job.awaiting <= job.informed:  # what the last rank's grant waits for
                     self.payload_topic.notify()
 
-    def wait_payload(self, sess: Session, msg: Dict[str, Any]) -> Dict[str, Any]:
+    def wait_payload(self, sess: Session, msg: messages.Payload) -> Wait:
         """The job's payload once every rank has registered; payload_bytes 0 and the
         ranks still missing when ``wait`` seconds (at most 5) pass first."""
         job = sess.record
         if job is None:
             raise RequestError("'payload' before 'register' on this connection")
-        wait = max(0.0, min(float(msg.get("wait", 0.0)), 5.0))
+        wait = max(0.0, min(msg.wait, 5.0))
         deadline = time.monotonic() + wait
 
-        def fixed(w: Wait) -> Optional[Dict[str, Any]]:
+        def fixed(w: Wait) -> Optional[messages.PayloadReply]:
+            if job.failure:
+                raise RequestError(job.failure)
             if not (job.payload_final or job.closing) and time.monotonic() < deadline:
                 w.due = deadline
                 return None
             if not job.payload_final and job.closing:
                 raise RequestError(f"job '{job.name}': a rank left before every rank had "
                                    "registered; this run of the job is over")
-            reply = {"payload_bytes": job.payload_bytes if job.payload_final else 0,
-                     "payload_reason": job.payload_reason, **_missing(job)}
+            missing, missing_count = pending.missing_ranks(job)
+            reply = messages.PayloadReply(
+                payload_bytes=job.payload_bytes if job.payload_final else 0,
+                payload_reason=job.payload_reason, missing=missing, missing_count=missing_count)
             if job.payload_final:  # the slots follow the payload (native SlotsFor)
-                reply["slots"] = int(self.aggregator.job_counters(job.index)["slots"])
-                reply["window_fit"] = job.window_fit
-                reply.update(self._group_grant(job))  # --fanout segment: decided now
+                reply.slots = int(self.aggregator.job_counters(job.index)["slots"])
+                reply.window_fit = job.window_fit
+                for k, v in self._group_grant(job).items():  # --fanout segment: decided now
+                    setattr(reply, k, v)
             return reply
-        return Wait(self.payload_topic, fixed)  # type: ignore[return-value]
+        return Wait(self.payload_topic, fixed)  # type: ignore[arg-type]
+
+    def release_request(self, sess: Session) -> messages.Empty:
+        self.release(sess)
+        return messages.Empty()
 
     def release(self, sess: Session) -> None:
         """Drop the session's rank from its job; the last rank out frees the pool."""
@@ -507,29 +564,32 @@ class ControlServer:
             if not job.ranks:
                 if self.jobs.get(job.name) is job:
                     del self.jobs[job.name]
+                self.admitted.pop(id(job), None)
+                self.pending_jobs.pop(id(job), None)
                 self.aggregator.remove_job(job.index)
                 log.info("job '%s' finished: pool %d freed", job.name, job.index)
 
-    def admit(self, sess: Session, job: str, rank: int, msg: Dict[str, Any]) -> None:
+    def admit(self, sess: Session, job: str, rank: int,
+              auth: Optional[messages.Auth]) -> None:
         """The job-secret check of a request that binds ``sess`` to ``job``."""
         try:
-            self.guard.admit(sess, job, rank, msg)
+            self.guard.admit(sess, job, rank, auth)
         except AuthError as exc:
             raise RequestError(str(exc)) from None
         self.pending.settle(sess)
 
     def counters(self, sess: Optional[Session] = None,
-                 msg: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+                 msg: Optional[messages.Counters] = None) -> Dict[str, Any]:
         """Global counters and those of the jobs ``sess`` may read: its own job, open
         jobs (admitted without a secret), or all of them for the operator (and for
         the daemon itself: ``sess`` None)."""
-        msg = msg or {}
+        msg = msg or messages.Counters()
         if sess is not None:
             try:
-                if self.guard.operator(sess, msg):
+                if self.guard.operator(sess, msg.operator):
                     self.pending.settle(sess)
-                elif msg.get("job") is not None:  # a reader proving one job's secret
-                    self.admit(sess, str(msg["job"]), int(msg.get("rank", -1)), msg)
+                elif msg.job is not None:  # a reader proving one job's secret
+                    self.admit(sess, msg.job, msg.rank, msg.auth)
             except AuthError as exc:
                 raise RequestError(str(exc)) from None
         jobs = {}
@@ -552,76 +612,20 @@ class ControlServer:
                      payload_reason=job.payload_reason if job.payload_final else
                      f"pending until every rank has registered ({job.payload_reason})")
             jobs[job.name] = c
-        # job_resizes: elastic jobs moved to a new membership epoch (switch/epochs.py)
-        out = {"global": dict(self.aggregator.counters(), job_resizes=getattr(self, "epoch_moves", 0)),
-               "jobs": jobs, "hidden_jobs": hidden,
+        g = dict(self.aggregator.counters())
+        with self.lock:
+            # --max-jobs counts admitted jobs; pending ones hold pools in room beside it.
+            # job_resizes: elastic jobs moved to a new membership epoch (switch/epochs.py)
+            g.update(jobs_max=self.max_jobs, jobs_pending=len(self.pending_jobs),
+                     job_resizes=getattr(self, "epoch_moves", 0),
+                     jobs_refused_pending=self.refused["pending"])
+            g["jobs_refused_max_jobs"] = g.get("jobs_refused_max_jobs", 0) + \
+                self.refused["max_jobs"]
+            g["jobs_refused"] = g.get("jobs_refused", 0) + sum(self.refused.values())
+        out = {"global": g, "jobs": jobs, "hidden_jobs": hidden,
                "fanout": getattr(self.aggregator, "fanout", "unicast")}
         if hasattr(self.aggregator, "transport_info"):  # what carries the data ports
             stats = self.aggregator.transport_stats()
             out["transport"] = dict(self.aggregator.transport_info(), port_stats=stats["ports"],
                                     program=stats.get("program", {}))
         return out
-
-
-def _dispatch(srv: ControlServer, sess: Session, msg: Dict[str, Any]) -> Any:
-    """A request's reply dict, or a Wait for one."""
-    cmd = msg.get("cmd")
-    if cmd == "challenge":
-        return srv.guard.challenge(sess)
-    if cmd == "register":
-        return srv.register(sess, msg)
-    if cmd == "payload":
-        return srv.wait_payload(sess, msg)
-    if cmd == "release":
-        srv.release(sess)
-        return {}
-    if cmd == "counters":
-        return srv.counters(sess, msg)
-    if cmd == "ping":
-        return {}
-    handler = HANDLERS.get(cmd) if isinstance(cmd, str) else None
-    if handler is None:
-        raise RequestError(f"unknown command {cmd!r}")
-    return handler(srv, sess, msg)
-
-
-def _parse(line: bytes) -> "tuple[Dict[str, Any], Optional[Dict[str, Any]]]":
-    """(request, None), or ({}, the error reply) for a line that is no request."""
-    try:
-        msg = json.loads(line)
-        if not isinstance(msg, dict):
-            raise InvalidTypeError(f"a request is a JSON object, not {type(msg).__name__}")
-        return msg, None
-    except (TypeError, ValueError, RecursionError) as exc:
-        return {}, {"ok": False, "error": f"malformed request {line[:200]!r}: {exc!r}"}
-
-
-def _reply_of(line: bytes, result: Optional[Dict[str, Any]],
-              error: Optional[BaseException]) -> Dict[str, Any]:
-    """Hostile input (absurd values, wrong types) is answered with ok=false, never an
-    exception: fuzz/control_fuzzer.py drives this."""
-    if error is None:
-        return dict(result or {}, ok=True)
-    if isinstance(error, RequestError):
-        return {"ok": False, "error": str(error)}
-    if isinstance(error, (KeyError, TypeError, ValueError, ArithmeticError, RecursionError)):
-        return {"ok": False, "error": f"malformed request {line[:200]!r}: {error!r}"}
-    log.error("control request %r failed", line[:200], exc_info=error)
-    return {"ok": False, "error": f"internal error on the control port: {error!r}"}
-
-
-def _outcome(future: Any) -> "tuple[Optional[Dict[str, Any]], Optional[BaseException]]":
-    error = future.exception()
-    return (None, error) if error is not None else (future.result(), None)
-
-
-def _answer(srv: ControlServer, sess: Session, line: bytes) -> "tuple[Dict[str, Any], Dict[str, Any]]":
-    """One request line -> (the request, its reply), waiting on this thread if the
-    handler returns a Wait (the fuzzer drives this)."""
-    msg, reply = _parse(line)
-    if reply is not None:
-        return msg, reply
-    try:
-        return msg, _reply_of(line, resolve(_dispatch(srv, sess, msg)), None)
-    except Exception as exc:
-        return msg, _reply_of(line, None, exc)

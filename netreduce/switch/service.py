@@ -20,6 +20,7 @@ import threading
 import time
 from typing import Any, Dict, List, Tuple
 
+from netreduce.protocol import messages
 from netreduce.switch import commands, coordinator
 
 log = logging.getLogger("netreduce.switch")
@@ -55,11 +56,11 @@ def fell_back_counts(srv: Any) -> Dict[Tuple[str, str], int]:
     return dict(getattr(srv, "_nr_fell_back", {}))
 
 
-def _handle_fell_back(srv: Any, sess: Any, msg: Dict[str, Any]) -> Dict[str, Any]:
+def _handle_fell_back(srv: Any, sess: Any, msg: messages.FellBack) -> messages.Empty:
     """A job's rank 0 says the job runs elsewhere after this daemon did not take it.
     Not authenticated (the job was never admitted here): a count for the operator,
     with bounded labels and no job name."""
-    reason, to = str(msg.get("reason", "other")), str(msg.get("to", "host"))
+    reason, to = msg.reason, msg.to
     reason = reason if reason in FELL_BACK_REASONS else "other"
     to = to if to in FELL_BACK_TO else "host"
     with srv.lock:
@@ -69,13 +70,13 @@ def _handle_fell_back(srv: Any, sess: Any, msg: Dict[str, Any]) -> Dict[str, Any
         table[(reason, to)] = table.get((reason, to), 0) + 1
     log.info("a job refused here (%s) went on with %s", reason,
              "the host all-reduce among its ranks" if to == "host" else "another aggregator")
-    return {}
+    return messages.Empty()
 
 
 def install() -> None:
     """The daemon's own commands on its control port (not on a rank's in-process
     aggregator: netreduce/switch/in_process.py)."""
-    commands.register_handler("fell_back", _handle_fell_back, inline=True)
+    commands.register_handler(messages.FellBack, _handle_fell_back, inline=True)
 
 
 def transport_line(t: Dict[str, Any]) -> str:

@@ -31,9 +31,10 @@ import time
 from typing import Any, Dict, List, Optional, Sequence
 
 from netreduce.errors import NetReduceError
+from netreduce.protocol import messages
 from netreduce.protocol import data_address
 from netreduce.protocol.address import format_address, parse_address, resolve
-from netreduce.protocol.client import ControlClient
+from netreduce.protocol.client import ControlConnection
 from netreduce.switch import coordinator
 from netreduce.switch.commands import RequestError, register_disconnect_hook, register_handler
 from netreduce.switch.server import JobRecord
@@ -77,8 +78,8 @@ class Tree:
         self.building = False
         self.done = False
         self.error = ""
-        self.grants: Dict[str, Dict[str, Any]] = {}
-        self.clients: List[ControlClient] = []
+        self.grants: Dict[str, messages.RackGrantReply] = {}
+        self.clients: List[ControlConnection] = []
         self.where: List[str] = []  # each client's rack, for messages
         self.closed = False
 
@@ -88,21 +89,21 @@ _changed = threading.Condition(_lock)
 _trees: Dict[int, Tree] = {}
 
 
-def _rack_grant(srv: Any, sess: Any, msg: Dict[str, Any]) -> Dict[str, Any]:
+def _rack_grant(srv: Any, sess: Any, msg: messages.RackGrant) -> messages.RackGrantReply:
     job = sess.record
     if job is None:
         raise RequestError("'rack_grant' before 'register' on this connection")
     if not job.payload_final:
         raise RequestError(f"job '{job.name}' (rank {sess.rank}): 'rack_grant' before every "
                            "rank has registered")
-    rack = str(msg["rack"])
+    rack = msg.rack
     if getattr(job, "deterministic", False):
         # A rack sums its members in arrival order, so rank-order folding would hold
         # at the spine only: refuse rather than promise bits the tree cannot keep.
         raise RequestError(f"job '{job.name}' (rank {sess.rank}): NETREDUCE_DETERMINISTIC=1 "
                            "is not available through rack aggregators (NETREDUCE_RACK_SWITCH); "
                            "unset one of the two")
-    wait = max(0.0, min(float(msg.get("wait", 30.0)), MAX_WAIT_S))
+    wait = max(0.0, min(msg.wait, MAX_WAIT_S))
     deadline = time.monotonic() + wait
     with _changed:
         tree = _trees.setdefault(id(job), Tree(job))
@@ -139,7 +140,7 @@ def _rack_grant(srv: Any, sess: Any, msg: Dict[str, Any]) -> Dict[str, Any]:
             _changed.notify_all()
     if tree.error:
         raise RequestError(tree.error)
-    return dict(tree.grants[rack])
+    return tree.grants[rack]
 
 
 def _short(ranks: List[int], limit: int = 8) -> str:
@@ -166,33 +167,32 @@ def _build(srv: Any, job: Any, tree: Tree) -> None:
         try:
             host, port = parse_address(address)
             # a rack aggregator: TLS when this daemon has NETREDUCE_TLS_CA
-            client = ControlClient((host, port), timeout=10.0, aggregator=True)
+            client = ControlConnection((host, port), timeout=10.0, aggregator=True)
         except (ValueError, NetReduceError) as exc:
             raise NetReduceError(f"{where}: {exc}") from None
         tree.clients.append(client)
         tree.where.append(where)
-        spine_host = client._sock.getsockname()[0]  # this spine, as the rack reaches it
+        spine_host = client.sock.getsockname()[0]  # this spine, as the rack reaches it
         try:
             # Each member's data address, as it registered here: the rack takes that
             # member's contributions from there only.
             sources = {str(r): format_address(tree.sources[r]) for r in members[address]
                        if tree.sources.get(r)}
-            reply = client.call("rack_job", job=job.name, size=job.size, members=members[address],
-                                payload_bytes=job.payload_bytes, sources=sources,
-                                spine=dict(host=spine_host, port=agg.port, threads=agg.threads,
-                                           job_index=job.index, key=job.key, rank=i,
-                                           racks=len(racks)))
+            reply = client.request(messages.RackJob(
+                job=job.name, size=job.size, members=members[address],
+                payload_bytes=job.payload_bytes, sources=sources,
+                spine=messages.SpineJob(host=spine_host, port=agg.port, threads=agg.threads,
+                                        job_index=job.index, key=job.key, rank=i,
+                                        racks=len(racks))))
             # The rack's partials come from its data ports, at its address toward here.
-            agg.bind_rank(job.index, i, str(reply["source"]), int(reply["data_port"]),
-                          int(reply["threads"]))
-        except (NetReduceError, KeyError, ValueError) as exc:
+            agg.bind_rank(job.index, i, reply.source, reply.data_port, reply.threads)
+        except (NetReduceError, ValueError) as exc:
             raise NetReduceError(f"{where}: {exc}") from None
-        tree.grants[address] = dict(
-            data_host=host, job_index=int(reply["job_index"]), key=int(reply["key"]),
-            slots=min(int(reply["slots"]), int(agg.job_counters(job.index)["slots"])),
-            data_port=int(reply["data_port"]),
-            threads=int(reply["threads"]), group=str(reply.get("group", "")),
-            group_port=int(reply.get("group_port", 0)), rack=i, racks=len(racks))
+        tree.grants[address] = messages.RackGrantReply(
+            data_host=host, job_index=reply.job_index, key=reply.key,
+            slots=min(reply.slots, int(agg.job_counters(job.index)["slots"])),
+            data_port=reply.data_port, threads=reply.threads, group=reply.group,
+            group_port=reply.group_port, rack=i, racks=len(racks))
     log.info("job '%s': tree of %d racks: %s", job.name, len(racks),
              "; ".join(f"{a} ranks {_short(members[a])}" for a in racks))
     threading.Thread(target=_watch, args=(srv, tree), daemon=True,
@@ -203,7 +203,7 @@ def _watch(srv: Any, tree: Tree) -> None:
     """A rack aggregator's control connection closing while the job runs means it
     stopped or died: fail the job's negotiation (every rank's watch wakes with a
     message naming it) rather than let each rank time out on its own."""
-    socks = {c._sock.fileno(): i for i, c in enumerate(tree.clients)}
+    socks = {c.fileno(): i for i, c in enumerate(tree.clients)}
     while not tree.closed:
         try:
             ready, _, _ = select.select(list(socks), [], [], 0.5)
@@ -213,7 +213,7 @@ def _watch(srv: Any, tree: Tree) -> None:
             if tree.closed:
                 return
             try:
-                data = tree.clients[socks[fd]]._sock.recv(1, socket.MSG_PEEK)
+                data = tree.clients[socks[fd]].sock.recv(1, socket.MSG_PEEK)
             except OSError:
                 data = b""
             if data:
@@ -249,7 +249,7 @@ def _spine_disconnect(srv: Any, sess: Any) -> None:
 
 
 # -- a rack aggregator -----------------------------------------------------------
-def _rack_job(srv: Any, sess: Any, msg: Dict[str, Any]) -> Dict[str, Any]:
+def _rack_job(srv: Any, sess: Any, msg: messages.RackJob) -> messages.RackJobReply:
     from netreduce import _native
     settings: Optional[UplinkSettings] = getattr(srv, "uplink", None)
     peer_ip = sess.peer.rsplit(":", 1)[0]
@@ -260,13 +260,13 @@ def _rack_job(srv: Any, sess: Any, msg: Dict[str, Any]) -> Dict[str, Any]:
         raise RequestError(f"rack jobs are taken from the spine {', '.join(settings.spines)} "
                            f"only, not from {peer_ip}")
     srv.pending.settle(sess)
-    name, size, payload = str(msg["job"]), int(msg["size"]), int(msg["payload_bytes"])
-    members = [int(r) for r in msg["members"]]
-    spine = dict(msg["spine"])
-    spine_where = format_address((str(spine["host"]), int(spine["port"])))
+    name, size, payload = msg.job, msg.size, msg.payload_bytes
+    members = list(msg.members)
+    spine = msg.spine
+    spine_where = format_address((spine.host, spine.port))
     agg = srv.aggregator
     try:
-        mtu, ipv6 = _native.path_mtu(str(spine["host"]), int(spine["port"]))
+        mtu, ipv6 = _native.path_mtu(spine.host, spine.port)
     except (ValueError, _native.EngineError) as exc:
         raise RequestError(f"job '{name}': no route to the spine {spine_where}: {exc}") from None
     fits = int(_native.payload_for_mtu(mtu, ipv6))
@@ -275,23 +275,24 @@ def _rack_job(srv: Any, sess: Any, msg: Dict[str, Any]) -> Dict[str, Any]:
                            f"aggregator's path MTU {mtu} toward the spine {spine_where} "
                            f"({fits} B would); start the spine with --payload-bytes {fits}")
     key = secrets.randbits(32) or 1
+    with srv.lock:
+        srv.room_for_admitted(name)  # a rack's part is admitted whole: --max-jobs counts it
     try:
         index = agg.add_job(size, key, payload)
     except Exception as exc:
-        raise RequestError(f"job '{name}' (rack {spine.get('rank')}) refused: {exc}") from None
+        raise RequestError(f"job '{name}' (rack {spine.rank}) refused: {exc}") from None
     try:
         probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         try:
-            probe.connect((str(spine["host"]), int(spine["port"])))
+            probe.connect((spine.host, spine.port))
             local = probe.getsockname()[0]
         finally:
             probe.close()
         agg.set_job_tree(index, members, dict(
-            spine_host=str(spine["host"]), spine_port=int(spine["port"]),
-            spine_threads=int(spine["threads"]), job_index=int(spine["job_index"]),
-            rank=int(spine["rank"]), key=int(spine["key"]), local_host=local,
+            spine_host=spine.host, spine_port=spine.port, spine_threads=spine.threads,
+            job_index=spine.job_index, rank=spine.rank, key=spine.key, local_host=local,
             rto_floor_us=int(settings.rto_floor_ms * 1000), drop_rate=float(settings.drop_rate)))
-        sources = dict(msg.get("sources") or {})
+        sources = msg.sources
         for r in members:  # each member's data address, as it registered at the spine
             host, port = data_address.parse(sources.get(str(r)), f"job '{name}' (rank {r})")
             agg.bind_rank(index, r, host, port)
@@ -303,13 +304,15 @@ def _rack_job(srv: Any, sess: Any, msg: Dict[str, Any]) -> Dict[str, Any]:
     with srv.lock:
         label = name if name not in srv.jobs else f"{name}#{index}"
         srv.jobs[label] = record
+        srv.admitted[id(record)] = record
     sess.state.setdefault("rack_jobs", []).append((label, record))
-    log.info("job '%s': rack %s of %s, ranks %s, index %d, uplink to %s", name, spine["rank"],
-             spine.get("racks", "?"), _short(members), index, spine_where)
+    log.info("job '%s': rack %s of %s, ranks %s, index %d, uplink to %s", name, spine.rank,
+             spine.racks, _short(members), index, spine_where)
     group, group_port = agg.group(index)
-    return {"job_index": index, "key": key, "slots": int(agg.job_counters(index)["slots"]),
-            "data_port": agg.port, "source": local,
-            "threads": agg.threads, "group": group, "group_port": group_port}
+    return messages.RackJobReply(job_index=index, key=key,
+                                 slots=int(agg.job_counters(index)["slots"]),
+                                 data_port=agg.port, source=local, threads=agg.threads,
+                                 group=group, group_port=group_port)
 
 
 def _rack_disconnect(srv: Any, sess: Any) -> None:
@@ -317,6 +320,7 @@ def _rack_disconnect(srv: Any, sess: Any) -> None:
         with srv.lock:
             if srv.jobs.get(label) is record:
                 del srv.jobs[label]
+            srv.admitted.pop(id(record), None)
         try:
             srv.aggregator.remove_job(record.index)
         except Exception:  # already gone
@@ -329,6 +333,6 @@ def _disconnect(srv: Any, sess: Any) -> None:
     _rack_disconnect(srv, sess)
 
 
-register_handler("rack_grant", _rack_grant)
-register_handler("rack_job", _rack_job)
+register_handler(messages.RackGrant, _rack_grant)
+register_handler(messages.RackJob, _rack_job)
 register_disconnect_hook(_disconnect)

@@ -9,30 +9,25 @@ of the results it will send (the worker's expected PSN). An RC queue pair also
 sends its first PSN (``psn``), where the aggregator's responder starts."""
 from __future__ import annotations
 
-from typing import Any, Dict
+from typing import Any
 
+from netreduce.protocol.messages import VerbsConnect, VerbsConnectReply
 from netreduce.switch.commands import RequestError, register_handler
 
-_FIELDS = ("ip", "qpn", "ring_va", "ring_rkey", "ring_entries", "ring_stride")
 
-
-def verbs_connect(srv: Any, sess: Any, msg: Dict[str, Any]) -> Dict[str, Any]:
+def verbs_connect(srv: Any, sess: Any, msg: VerbsConnect) -> VerbsConnectReply:
     job = sess.record
     if job is None:
         raise RequestError("'verbs_connect' before 'register' on this connection")
-    missing = [f for f in _FIELDS if f not in msg]
-    if missing:
-        raise RequestError(f"job '{job.name}' rank {sess.rank}: verbs_connect lacks {missing}")
     attach = getattr(srv.aggregator, "attach_verbs_peer", None)
     if attach is None:
         raise RequestError(f"job '{job.name}' rank {sess.rank}: this aggregator has no verbs support")
     try:
-        psn = attach(job.index, sess.rank, str(msg["ip"]), int(msg["qpn"]), int(msg["ring_va"]),
-                     int(msg["ring_rkey"]), int(msg["ring_entries"]), int(msg["ring_stride"]),
-                     rc=bool(msg.get("rc", False)), worker_psn=int(msg.get("psn", 0)))
+        psn = attach(job.index, sess.rank, msg.ip, msg.qpn, msg.ring_va, msg.ring_rkey,
+                     msg.ring_entries, msg.ring_stride, rc=msg.rc, worker_psn=msg.psn)
     except (ValueError, RuntimeError) as exc:
         raise RequestError(f"job '{job.name}' rank {sess.rank}: verbs queue pair refused: {exc}") from None
-    return {"qpn": (job.index << 12) | sess.rank, "psn": int(psn)}
+    return VerbsConnectReply(qpn=(job.index << 12) | sess.rank, psn=int(psn))
 
 
-register_handler("verbs_connect", verbs_connect)
+register_handler(VerbsConnect, verbs_connect)

@@ -38,7 +38,8 @@ from netreduce.worker import timeline as tl
 from netreduce.worker import unmatched
 from netreduce.worker.fusion_buffer import FusionBuffer
 from netreduce.worker.handle import Handle, Tensor
-from netreduce.worker.negotiation import NegotiationClient, ResponseCache, sig_of
+from netreduce.protocol.messages import Failure, NegotiateReply, TensorRequest
+from netreduce.worker.negotiation import NegotiationClient, ResponseCache
 from netreduce.worker.response_cache import ROUND_SEQ, Agreement
 
 log = logging.getLogger("netreduce")
@@ -58,12 +59,13 @@ def _naming(exc: NetReduceError, prefix: str) -> NetReduceError:
 _AUTO_NAME = re.compile(r"^(\w+)\.noname\.(\d+)(?:\.|$)")  # api._auto_name's names
 
 
-def _zero_tensor(name: str, req: Dict[str, Any]) -> Tensor:
+def _zero_tensor(name: str, req: TensorRequest) -> Tensor:
     """A joined rank's stand-in for a tensor the others submitted: zeros of the same
     dtype and shape (its own handle, which nobody waits on)."""
-    sig = sig_of(req)
-    output = np.zeros(sig[2], dtype=np.uint16 if sig[1] == "bfloat16" else np.dtype(sig[1]))
-    op = ReduceOp(sig[3]) if sig[3] else None
+    sig = req.signature()
+    output = np.zeros(sig.shape, dtype=np.uint16 if sig.dtype == "bfloat16"
+                      else np.dtype(sig.dtype))
+    op = ReduceOp(sig.op) if sig.op else None
     t = Tensor(name, sig, False, op, output, output, Handle([output], False))
     t.t_sent = t.t_submit  # never negotiated by this rank: no wait to show
     return t
@@ -212,59 +214,57 @@ class Communicator:
             if self.timeline:
                 self.timeline.span(t.name, "negotiate", t.t_submit, now)
 
-    def _on_reply(self, reply: Dict[str, Any]) -> None:
+    def _on_reply(self, reply: NegotiateReply) -> None:
         now = tl.now_us()
-        for entry in reply.get("e", []):
-            self.neg.next_seq = entry["seq"] + 1
+        for entry in reply.entries:
+            self.neg.next_seq = entry.seq + 1
             with self._lock:
                 # Tensors this rank never submitted because it has joined (Horovod's
                 # join): the entry says what they are, and this rank sends zeros.
-                zeros = {z["n"]: z for z in entry.get("z", ()) if z}
-                if "a" in entry:
-                    sigs = {n: self._inflight[n].sig for n in entry["a"] if n in self._inflight}
-                    sigs.update({n: sig_of(zeros[n]) for n in entry["a"]
+                zeros = {z.name: z for z in entry.zeros if z is not None}
+                if entry.assign:
+                    sigs = {n: self._inflight[n].sig for n in entry.assign if n in self._inflight}
+                    sigs.update({n: zeros[n].signature() for n in entry.assign
                                  if n not in sigs and n in zeros})
-                    self.cache.learn({n: i for n, i in entry["a"].items() if n in sigs}, sigs)
+                    self.cache.learn({n: i for n, i in entry.assign.items() if n in sigs}, sigs)
                 group = []
-                for i, ref in enumerate(entry["t"]):
-                    z = entry["z"][i] if "z" in entry else 0
-                    name = z["n"] if z else self.cache.resolve(ref)
+                for i, ref in enumerate(entry.tensors):
+                    z = entry.zeros[i] if entry.zeros else None
+                    name = z.name if z is not None else self.cache.resolve(ref)
                     t = self._inflight.get(name)
-                    if t is None and (z or "err" in entry):
+                    if t is None and (z is not None or entry.error):
                         self._skip_auto_name(name)
-                    if t is None and z and "err" not in entry:
+                    if t is None and z is not None and not entry.error:
                         t = _zero_tensor(name, z)
                     group.append(t)
                 if None in group:
-                    if self._failure is not None or "err" in entry:
+                    if self._failure is not None or entry.error:
                         # failed locally meanwhile; or an error for tensors that only
                         # the other ranks submitted while this rank was joined
                         continue
-                    raise NetReduceError(f"coordinator log entry {entry['seq']} names a tensor "
+                    raise NetReduceError(f"coordinator log entry {entry.seq} names a tensor "
                                          "this rank never submitted (protocol bug)")
                 for t in group:  # under the lock: _fail must see them as negotiated
-                    t.seq = entry["seq"]
-                if "last" in entry:
-                    group[0].output[...] = entry["last"]  # join(): the rank that joined last
+                    t.seq = entry.seq
+                if entry.last >= 0:
+                    group[0].output[...] = entry.last  # join(): the rank that joined last
             for t in group:
                 if self.timeline:
                     self.timeline.span(t.name, "wait_for_ranks", t.t_sent, now)
-            if "err" in entry:
-                self._complete(group, NegotiationError(entry["err"]))
+            if entry.error:
+                self._complete(group, NegotiationError(entry.error))
             else:
-                self._exec_q.put((entry["seq"], group))
-        for stall in reply.get("s", []):
-            self._missing[stall["n"]] = list(stall["missing"])
+                self._exec_q.put((entry.seq, group))
+        for stall in reply.stalls:
+            self._missing[stall.name] = list(stall.missing)
             if self.stall_s > self._stall_req_s:
                 continue  # reported early for the timeout's error; not a warning yet
             log.warning("netreduce rank %d: tensor '%s' has waited %.0f s for rank(s) %s, which "
                         "have not submitted it (stalled ranks, or a name only some ranks use)",
-                        self.rank, stall["n"], stall.get("age", self.stall_s),
-                        ", ".join(map(str, stall["missing"])))
-        if reply.get("f"):
-            f = reply["f"]
-            self._fail(RankFailedError(f["msg"], int(f.get("rank", -1))), f.get("after"),
-                       abort=True)
+                        self.rank, stall.name, stall.age or self.stall_s,
+                        ", ".join(map(str, stall.missing)))
+        if reply.failure is not None:
+            self._fail_from(reply.failure)
         elif self._failure is not None:
             self._fail(self._failure, self._fail_after, abort=False)  # caught up yet?
 
@@ -299,10 +299,12 @@ class Communicator:
                     f"watch connection to {self.address[0]}:{self.address[1]} failed: {exc}"),
                     None, abort=True)
             return
-        f = reply.get("f")
-        if f and not self._stopping:
-            self._fail(RankFailedError(f["msg"], int(f.get("rank", -1))), f.get("after"),
-                       abort=True)
+        if reply.failure is not None and not self._stopping:
+            self._fail_from(reply.failure)
+
+    def _fail_from(self, f: Failure) -> None:
+        """The coordinator reported the job failed."""
+        self._fail(RankFailedError(f.message, f.rank), f.after, abort=True)
 
     def _fail(self, error: NetReduceError, after: Optional[int], abort: bool) -> None:
         """Record the first failure; fail what can no longer complete.
@@ -431,10 +433,10 @@ class Communicator:
         total = sum(counts)
         t0 = tl.now_us()
         if len(group) == 1 and storage == first.output.dtype and \
-                (first.kind == "broadcast" or first.sig[4] == 1.0):
+                (first.kind == "broadcast" or first.sig.prescale == 1.0):
             # One tensor in its own dtype: reduce straight into the output, no copies.
             out = first.output
-            contributes = first.kind != "broadcast" or self.rank == first.sig[6]
+            contributes = first.kind != "broadcast" or self.rank == first.sig.root
             if not contributes:
                 out.fill(0)  # a broadcast's non-root sends zeros: the sum is the root's data
             src = first.array if contributes else out
@@ -469,20 +471,20 @@ class Communicator:
         """dst (wire-typed, flat or the output itself) = this rank's contribution."""
         flat_dst = dst.reshape(-1)
         if t.kind == "broadcast":
-            if self.rank == t.sig[6]:
+            if self.rank == t.sig.root:
                 if dst is not t.array:
                     np.copyto(flat_dst, t.array.reshape(-1), casting="unsafe")
             else:
                 flat_dst.fill(0)  # non-roots contribute zeros: the sum is the root's data
             return
-        if dst is t.array and t.sig[4] == 1.0:
+        if dst is t.array and t.sig.prescale == 1.0:
             return
-        scale_into(flat_dst, t.array.reshape(-1), t.sig[4], t.dtype, WIRE_DTYPE[t.dtype])
+        scale_into(flat_dst, t.array.reshape(-1), t.sig.prescale, t.dtype, WIRE_DTYPE[t.dtype])
 
     def _copy_out(self, t: Tensor, src: np.ndarray) -> None:
         factor = 1.0
         if t.kind == "allreduce":
-            factor = t.sig[5] / self.size if t.op is ReduceOp.Average else t.sig[5]
+            factor = t.sig.postscale / self.size if t.op is ReduceOp.Average else t.sig.postscale
         if src is t.output and factor == 1.0:
             return
         scale_into(t.output.reshape(-1), src.reshape(-1), factor, t.dtype, WIRE_DTYPE[t.dtype])

@@ -16,9 +16,9 @@ import numpy as np
 from netreduce import _native, config
 from netreduce.algorithms.base import check_reduction
 from netreduce.errors import AdmissionError, ControlPlaneError, DataPlaneError
-from netreduce.protocol import auth, data_address
+from netreduce.protocol import auth, data_address, messages
 from netreduce.protocol.address import format_address, resolve
-from netreduce.protocol.client import ControlClient
+from netreduce.protocol.client import ControlConnection
 from netreduce.protocol.socket_buffers import receive_buffer_note
 from netreduce.worker import rack, verbs_transport
 
@@ -50,24 +50,18 @@ def _warn_receive_buffer(engine: Any, where: str) -> None:
         log.warning("%s", note)
 
 
-def _epoch() -> Dict[str, int]:
-    """An elastic job's membership epoch, named at admission (switch/epochs.py)."""
-    epoch = config.get("NETREDUCE_EPOCH")
-    return {"epoch": epoch} if epoch else {}
-
-
 def _translate(exc: Exception, where: str) -> Exception:
     if isinstance(exc, ValueError):
         return exc
     return DataPlaneError(f"{where}: {exc}")
 
 
-def _fanout(grant: Dict[str, Any]) -> str:
+def _fanout(grant: messages.RegisterReply) -> str:
     """The aggregator's --fanout as the grant tells it (the engine's ``fanout``): a
     group the rank may leave out is ``auto``'s."""
-    if not grant.get("group"):
+    if not grant.group:
         return "unicast"
-    return "auto" if grant.get("group_optional") else "multicast"
+    return "auto" if grant.group_optional else "multicast"
 
 
 class Request:
@@ -141,45 +135,44 @@ class Connection:
             raise AdmissionError(f"{self._where()}: no data socket toward "
                                  f"{format_address(self.rack or self.address)}: {exc}") from None
         try:
-            self._control = ControlClient(self.address, timeout=timeout)
+            self._control = ControlConnection(self.address, timeout=timeout)
         except ControlPlaneError as exc:  # unreachable, or TLS refused: say whose connection
             self._data_socket.close()
             raise ControlPlaneError(f"{self._where()}: {exc}") from None
         try:
             # NETREDUCE_JOB_SECRET: proved on a challenge, never sent (protocol/auth.py).
-            proof = auth.prove(self._control.call, auth.job_secret(), job, rank)
+            proof = auth.prove_on(self._control, auth.job_secret(), job, rank)
             # What this host's UDP socket holds of a burst of results: the job's window
             # is held to the smallest rank's (protocol/socket_buffers.py).
             buffer, coalesced = (0, True) if self._verbs is not None else _probe_receive_buffer(
                 str(config.get("NETREDUCE_UDP_OFFLOAD")))
-            grant = self._control.call("register", job=job, rank=rank, size=size,
-                                       mtu=self.path_mtu, ipv6=ipv6, host=socket.gethostname(),
-                                       await_payload=True, deterministic=bool(deterministic),
-                                       window=int(window), receive_buffer=buffer,
-                                       receive_coalesced=coalesced,
-                                       data_address=data_address.address_of(self._data_socket),
-                                       **({"rack": format_address(self.rack)} if self.rack else {}),
-                                       # --fanout segment keeps a verbs rank's job on unicast
-                                       **({"verbs": True} if self._verbs is not None else {}),
-                                       **_epoch(), **proof)
+            grant = self._control.request(messages.Register(
+                job=job, rank=rank, size=size, mtu=self.path_mtu, ipv6=ipv6,
+                host=socket.gethostname(), await_payload=True, deterministic=bool(deterministic),
+                window=int(window), receive_buffer=buffer, receive_coalesced=coalesced,
+                data_address=data_address.address_of(self._data_socket),
+                rack=format_address(self.rack) if self.rack else "",
+                # --fanout segment keeps a verbs rank's job on unicast
+                verbs=self._verbs is not None,
+                epoch=int(config.get("NETREDUCE_EPOCH") or 0), auth=proof))
         except ControlPlaneError as exc:
             self._control.close()
             self._data_socket.close()
             raise AdmissionError(str(exc)) from None
-        self._grant = grant
-        self.job_index = int(grant["job_index"])
-        self.key = int(grant["key"])
-        self.slots = int(grant["slots"])
-        self.window_fit = int(grant.get("window_fit", 0))  # 0: all slots, or NETREDUCE_WINDOW
+        self._grant: messages.RegisterReply = grant
+        self.job_index = grant.job_index
+        self.key = grant.key
+        self.slots = grant.slots
+        self.window_fit = grant.window_fit  # 0: all slots, or NETREDUCE_WINDOW
         self.window = 0  # the engine's, once it starts
-        self.data_port = int(grant["data_port"])
-        self.threads = int(grant["threads"])
-        self.payload_bytes = int(grant.get("payload_bytes", 0))  # 0: not fixed yet
-        self.payload_reason = str(grant.get("payload_reason", ""))
+        self.data_port = grant.data_port
+        self.threads = grant.threads
+        self.payload_bytes = grant.payload_bytes  # 0: not fixed yet
+        self.payload_reason = grant.payload_reason
         # Slots fold contributions in rank order (NETREDUCE_DETERMINISTIC, agreed at admission).
-        self.deterministic = bool(grant.get("deterministic", False))
-        self._missing: list = list(grant.get("missing", []))  # the first few (MISSING_SHOWN)
-        self._missing_count = int(grant.get("missing_count", len(self._missing)))
+        self.deterministic = grant.deterministic
+        self._missing: list = list(grant.missing)  # the first few (MISSING_SHOWN)
+        self._missing_count = grant.missing_count
         self._start_error: Optional[Exception] = None
         self._started = threading.Event()
         if self.payload_bytes:  # the last rank to register (or a job of one)
@@ -213,8 +206,7 @@ class Connection:
             self._engine = _native.Engine(
                 host, self.data_port, self.threads, self.job, self.job_index,
                 self.rank, self.size, self.key, self.slots, self.payload_bytes,
-                group=str(grant.get("group", "")), group_port=int(grant.get("group_port", 0)),
-                fanout=_fanout(grant),
+                group=grant.group, group_port=grant.group_port, fanout=_fanout(grant),
                 transport=transport, data_fd=self._data_socket.detach(), **args)
         except Exception as exc:
             raise _translate(exc, self._where()) from None
@@ -224,7 +216,7 @@ class Connection:
         note = getattr(self._engine, "group_note", "")
         if note:  # --fanout auto: results come by unicast instead, at no loss of time
             log.info("%s: not joining the job's multicast group %s (%s); its results come "
-                     "by unicast", self._where(), grant.get("group"), note)
+                     "by unicast", self._where(), grant.group, note)
         if self._closed:  # close() came while it started: release it too
             self._engine = None
         elif self._aborted is not None:
@@ -235,17 +227,18 @@ class Connection:
         registered and the payload is fixed, then start the engine."""
         try:
             while not self.payload_bytes and not self._closed:
-                reply = self._control.call("payload", wait=1.0, timeout=15.0)
-                self._missing = list(reply.get("missing", []))
-                self._missing_count = int(reply.get("missing_count", len(self._missing)))
-                self.payload_reason = str(reply.get("payload_reason", ""))
-                self.payload_bytes = int(reply["payload_bytes"])
+                reply = self._control.request(messages.Payload(wait=1.0), timeout=15.0)
+                self._missing = list(reply.missing)
+                self._missing_count = reply.missing_count
+                self.payload_reason = reply.payload_reason
+                self.payload_bytes = reply.payload_bytes
                 if self.payload_bytes:  # the job's slots follow its payload
-                    self.slots = int(reply.get("slots", self.slots))
-                    self.window_fit = int(reply.get("window_fit", 0))
-                    if "group" in reply:  # --fanout segment decides it with the payload
-                        self._grant = dict(self._grant, **{k: reply[k] for k in (
-                            "group", "group_port", "group_optional") if k in reply})
+                    self.slots = reply.slots if reply.slots is not None else self.slots
+                    self.window_fit = reply.window_fit or 0
+                    if reply.group is not None:  # --fanout segment decides it with the payload
+                        g = self._grant
+                        g.group, g.group_port, g.group_optional = \
+                            reply.group, reply.group_port or 0, bool(reply.group_optional)
             if not self._closed:
                 self._start_engine()
         except Exception as exc:  # handed to the first operation
@@ -328,12 +321,12 @@ class Connection:
     def control_socket(self) -> socket.socket:
         """The control connection's socket, for watching (never reading): the
         aggregator closing it means it stopped or died (netreduce/worker/failover.py)."""
-        return self._control._sock
+        return self._control.sock
 
     def counters(self) -> Dict[str, Any]:
         """The aggregator's counters (global and per job)."""
         self._live()
-        return self._control.call("counters")
+        return messages.to_builtins(self._control.request(messages.Counters()))
 
     def close(self) -> None:
         """Release the engine and this rank's place in the job; closing twice is
@@ -345,7 +338,7 @@ class Connection:
         del engine
         self._data_socket.close()  # unless the engine took it over (detached: a no-op)
         try:
-            self._control.call("release", timeout=2.0)
+            self._control.request(messages.Release(), timeout=2.0)
         except ControlPlaneError:
             pass
         self._control.close()

@@ -105,8 +105,8 @@ class Tensor:
 
     @property
     def kind(self) -> str:
-        return self.sig[0]
+        return self.sig.kind
 
     @property
     def dtype(self) -> str:
-        return self.sig[1]
+        return self.sig.dtype

@@ -17,9 +17,9 @@ import logging
 from typing import Any, Dict
 
 from netreduce.errors import NetReduceError
-from netreduce.protocol import auth
+from netreduce.protocol import auth, messages
 from netreduce.protocol.address import format_address
-from netreduce.protocol.client import ControlClient
+from netreduce.protocol.client import ControlConnection
 from netreduce.worker.rendezvous import rendezvous_address
 
 log = logging.getLogger("netreduce")
@@ -33,9 +33,9 @@ def query(knobs: Dict[str, Any], job: str, secret: str, timeout: float = 2.0) ->
         return {"error": str(exc)}
     out: Dict[str, Any] = {"rendezvous": format_address(address)}
     try:
-        with ControlClient(address, timeout=timeout) as client:
-            proof = auth.prove(client.call, secret, job, -1)
-            out.update(client.call("job_status", job=job, rank=-1, **proof)["status"])
+        with ControlConnection(address, timeout=timeout) as client:
+            proof = auth.prove_on(client, secret, job, -1)
+            out.update(client.request(messages.JobStatus(job=job, rank=-1, auth=proof)).status)
     except NetReduceError as exc:
         out["error"] = f"no answer from job '{job}' at its rendezvous: {exc}"
     return out
@@ -79,8 +79,8 @@ def report_fell_back(cand: Any, reason_text: str, job: str, to: str) -> None:
     reason = refusal_reason(reason_text)
     for address in cand.addresses:
         try:
-            with ControlClient(tuple(address), timeout=1.0) as client:
-                client.call("fell_back", reason=reason, to=to, timeout=1.0)
+            with ControlConnection(tuple(address), timeout=1.0) as client:
+                client.request(messages.FellBack(reason=reason, to=to), timeout=1.0)
         except NetReduceError as exc:  # unreachable, or an older daemon
             log.debug("netreduce: job '%s': %s did not take the fell-back report: %s", job,
                       format_address(tuple(address)), exc)

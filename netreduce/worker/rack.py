@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, Optional, Tuple
 
 from netreduce.errors import AdmissionError, ControlPlaneError
+from netreduce.protocol import messages
 from netreduce.protocol.address import format_address, parse_address, resolve
 
 
@@ -34,16 +35,16 @@ def join(conn: Any) -> str:
     # Every rank asks the moment the payload is fixed, so half the timeout is ample;
     # the other half lets the rank's first operation report the spine's answer.
     try:
-        reply = conn._control.call("rack_grant", rack=format_address(conn.rack),
-                                   wait=conn.timeout / 2, timeout=conn.timeout + 15.0)
+        reply = conn._control.request(messages.RackGrant(rack=format_address(conn.rack),
+                                                         wait=conn.timeout / 2),
+                                      timeout=conn.timeout + 15.0)
     except ControlPlaneError as exc:
         raise AdmissionError(f"{conn._where()}: {exc}") from None
-    conn.job_index = int(reply["job_index"])
-    conn.key = int(reply["key"])
-    conn.slots = int(reply["slots"])
-    conn.data_port = int(reply["data_port"])
-    conn.threads = int(reply["threads"])
-    conn.rack_index, conn.racks = int(reply["rack"]), int(reply["racks"])
-    conn._grant = dict(conn._grant, group=reply.get("group", ""),
-                       group_port=int(reply.get("group_port", 0)))
-    return str(reply["data_host"])
+    conn.job_index = reply.job_index
+    conn.key = reply.key
+    conn.slots = reply.slots
+    conn.data_port = reply.data_port
+    conn.threads = reply.threads
+    conn.rack_index, conn.racks = reply.rack, reply.racks
+    conn._grant.group, conn._grant.group_port = reply.group, reply.group_port
+    return reply.data_host

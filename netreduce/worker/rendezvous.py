@@ -14,9 +14,9 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from netreduce import config
 from netreduce.errors import ControlPlaneError, NetReduceError
-from netreduce.protocol import auth
+from netreduce.protocol import auth, messages
 from netreduce.protocol.address import format_address, parse_address
-from netreduce.protocol.client import ControlClient
+from netreduce.protocol.client import ControlConnection
 
 WATCH_WAIT_S = 1.0  # one long-poll; the client asks again
 
@@ -46,15 +46,15 @@ class Rendezvous:
         self.timeout = timeout
         self._ident = {"job": job, "rank": rank, "size": size}
         self._calls = self._open(connect_for)
-        self._watch: Optional[ControlClient] = None
+        self._watch: Optional[ControlConnection] = None
 
-    def _open(self, connect_for: float) -> ControlClient:
+    def _open(self, connect_for: float) -> ControlConnection:
         """A proven connection; rank 0 may still be starting its server, so retry
         reaching it for ``connect_for`` seconds."""
         deadline = time.monotonic() + connect_for
         while True:
             try:
-                client = ControlClient(self.address, timeout=self.timeout)
+                client = ControlConnection(self.address, timeout=self.timeout)
                 break
             except ControlPlaneError as exc:
                 if time.monotonic() >= deadline:
@@ -63,38 +63,40 @@ class Rendezvous:
                         f"rendezvous at {format_address(self.address)} (rank 0 serves it; "
                         f"NETREDUCE_RENDEZVOUS): {exc}") from None
                 time.sleep(0.1)
-        self._proof = auth.prove(client.call, auth.job_secret(), self.job,
-                                 self.rank)
-        client.call("rv_request", gen=-1, **self._ident, **self._proof)  # binds; no request
+        self._bind(client)
         return client
+
+    def _bind(self, client: ControlConnection) -> None:
+        """Prove the job's secret on ``client``: an rv_request of no generation."""
+        proof = auth.prove_on(client, auth.job_secret(), self.job, self.rank)
+        client.request(messages.RvRequest(gen=-1, auth=proof, **self._ident))
 
     @property
     def local_ip(self) -> str:
         """This host's address on the route to rank 0: where the others reach us."""
-        return self._calls._sock.getsockname()[0]
+        return self._calls.sock.getsockname()[0]
 
     def gather(self, key: str, value: Any, wait: Optional[float] = None) -> List[Any]:
         wait = self.timeout if wait is None else wait
         try:
-            reply = self._calls.call("rv_gather", timeout=wait + 5.0, key=key, value=value,
-                                     wait=wait, **self._ident)
+            reply = self._calls.request(messages.RvGather(key=key, value=value, wait=wait,
+                                                          **self._ident), timeout=wait + 5.0)
         except ControlPlaneError as exc:
             raise NetReduceError(f"rank {self.rank}: the job's rendezvous at "
                                  f"{format_address(self.address)} failed: {exc}") from None
-        return list(reply["values"])
+        return list(reply.values)
 
     def request(self, gen: int, reason: str) -> None:
-        self._calls.call("rv_request", gen=gen, reason=reason, **self._ident)
+        self._calls.request(messages.RvRequest(gen=gen, reason=reason, **self._ident))
 
     def watch(self, gen: int) -> Dict[str, Any]:
         """The failover request for generation >= ``gen``, or {} after a second."""
         if self._watch is None:
-            self._watch = ControlClient(self.address, timeout=self.timeout)
-            proof = auth.prove(self._watch.call, auth.job_secret(),
-                               self.job, self.rank)
-            self._watch.call("rv_request", gen=-1, **self._ident, **proof)
-        return self._watch.call("rv_watch", gen=gen, wait=WATCH_WAIT_S,
-                                timeout=WATCH_WAIT_S + self.timeout, **self._ident)
+            self._watch = ControlConnection(self.address, timeout=self.timeout)
+            self._bind(self._watch)
+        reply = self._watch.request(messages.RvWatch(gen=gen, wait=WATCH_WAIT_S, **self._ident),
+                                    timeout=WATCH_WAIT_S + self.timeout)
+        return {} if reply.gen < 0 else messages.to_builtins(reply)
 
     def close(self) -> None:
         self._calls.close()

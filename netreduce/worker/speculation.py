@@ -123,7 +123,7 @@ class Speculation:
     def _arm(self, ids: Tuple[int, ...], tensors: List[Any]) -> None:
         self.ids = ids
         self.sigs = tuple(t.sig for t in tensors)
-        counts = [int(np.prod(t.sig[2], dtype=np.int64)) if t.sig[2] else 1 for t in tensors]
+        counts = [int(np.prod(t.sig.shape, dtype=np.int64)) if t.sig.shape else 1 for t in tensors]
         self.spans = FusionBuffer.offsets(counts)
         storage = STORAGE[WIRE_DTYPE[tensors[0].dtype]]
         size = len(ids) + 1 + sum(counts)
@@ -131,14 +131,14 @@ class Speculation:
             self.buf = np.empty(size, dtype=storage)
         data = self.buf[len(ids) + 1:]
         self.views = [data[a:b] for a, b in self.spans]  # each tensor's place
-        self.shaped = [v.reshape(t.sig[2]) for v, t in zip(self.views, tensors)]
+        self.shaped = [v.reshape(t.sig.shape) for v, t in zip(self.views, tensors)]
         self.votes = self.buf[:len(ids) + 1]
         size_ = self.ag.comm.size
         self.full = [size_] * len(ids)
         self.idset = frozenset(ids)
-        self.plain_in = [WIRE_DTYPE[t.dtype] == t.dtype and t.sig[4] == 1.0 for t in tensors]
+        self.plain_in = [WIRE_DTYPE[t.dtype] == t.dtype and t.sig.prescale == 1.0 for t in tensors]
         self.out_factor = [
-            (t.sig[5] / size_ if t.op is ReduceOp.Average else t.sig[5])
+            (t.sig.postscale / size_ if t.op is ReduceOp.Average else t.sig.postscale)
             if t.dtype in ("float32", "float64") else None for t in tensors]
 
     def run(self, held: bool, by_user: bool = False) -> Optional[bool]:
@@ -152,7 +152,7 @@ class Speculation:
         mine: List[Any] = []
         now = time.monotonic()
         with comm._lock, ag.lock:
-            joined = any(t.sig[0] == "join" and t.seq < 0 for t in comm._inflight.values())
+            joined = any(t.sig.kind == "join" and t.seq < 0 for t in comm._inflight.values())
             other = held or ag.leaving or joined or bool(ag.invalidate) or \
                 not ag.pending.keys() <= self.idset
             for i, sig in zip(ids, self.sigs):

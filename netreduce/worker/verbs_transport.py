@@ -13,6 +13,7 @@ from typing import Any, Callable, Optional
 
 from netreduce import _native, config
 from netreduce.errors import AdmissionError, ControlPlaneError, DataPlaneError
+from netreduce.protocol import messages
 
 log = logging.getLogger("netreduce.verbs")
 
@@ -46,11 +47,12 @@ class VerbsChoice:
             t = _native.VerbsTransport(self.aggregator_ip, conn.payload_bytes, window, device,
                                        rc=config.get("NETREDUCE_VERBS_QP") == "rc")
             info = t.info()
-            reply = conn._control.call(
-                "verbs_connect", ip=info["ip"], qpn=info["qpn"], ring_va=info["ring_va"],
-                ring_rkey=info["ring_rkey"], ring_entries=info["ring_entries"],
-                ring_stride=info["ring_stride"], rc=info["rc"], psn=info["psn"])
-            t.connect(int(reply["qpn"]), int(reply["psn"]))
+            reply = conn._control.request(messages.VerbsConnect(
+                ip=str(info["ip"]), qpn=int(info["qpn"]), ring_va=int(info["ring_va"]),
+                ring_rkey=int(info["ring_rkey"]), ring_entries=int(info["ring_entries"]),
+                ring_stride=int(info["ring_stride"]), rc=bool(info["rc"]),
+                psn=int(info["psn"])))
+            t.connect(reply.qpn, reply.psn)
         except (ValueError, _native.EngineError, ControlPlaneError) as exc:
             if self.mode == "auto":
                 log.warning("%s: verbs transport unavailable (%s); using UDP", conn._where(), exc)

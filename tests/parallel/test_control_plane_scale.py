@@ -11,6 +11,7 @@ import json
 import uuid
 
 from netreduce.switch import spawn
+from tests.raw_wire import greet_async
 
 RANKS = 200
 
@@ -26,7 +27,7 @@ async def _call(reader, writer, msg):
 
 
 def _req(step):
-    return {"n": f"g{step}", "k": "allreduce", "d": "float32", "s": [8], "o": "sum"}
+    return {"name": f"g{step}", "kind": "allreduce", "dtype": "float32", "shape": [8], "op": "sum"}
 
 
 async def _job(address, job, steps, pid, die=None):
@@ -35,6 +36,7 @@ async def _job(address, job, steps, pid, die=None):
 
     async def rank(r):
         reader, writer = await asyncio.open_connection(*address)
+        await greet_async(reader, writer)
         hello = await _call(reader, writer, {"cmd": "negotiate_hello", "role": "all", "job": job,
                                              "rank": r, "size": RANKS, "timeout": 60})
         assert hello["ok"], hello
@@ -53,14 +55,14 @@ async def _job(address, job, steps, pid, die=None):
             while True:
                 reply = json.loads(await reader.readline())
                 assert reply["ok"], reply
-                if reply.get("f"):
+                if reply.get("failure"):
                     writer.close()
-                    return reply["f"]
-                if reply["e"]:
+                    return reply["failure"]
+                if reply["entries"]:
                     break
                 writer.write((json.dumps(dict(poll, reqs=[], id=2 * step + 1)) + "\n").encode())
-            seq = reply["e"][-1]["seq"] + 1
-            seen.extend(e["t"] for e in reply["e"])
+            seq = reply["entries"][-1]["seq"] + 1
+            seen.extend(e["tensors"] for e in reply["entries"])
         await _call(reader, writer, {"cmd": "negotiate_bye", "done": seq - 1})
         writer.close()
         return seen
@@ -92,7 +94,7 @@ def test_a_dead_rank_among_two_hundred_is_named_to_the_others():
         results, _ = asyncio.run(_job(proc.address, "die-" + uuid.uuid4().hex[:6], 3,
                                       proc.proc.pid, die=137))
         failures = [r for i, r in enumerate(results) if i != 137]
-        assert all(isinstance(f, dict) and "rank 137 disconnected" in f["msg"]
+        assert all(isinstance(f, dict) and "rank 137 disconnected" in f["message"]
                    for f in failures), failures[:3]
     finally:
         proc.stop()

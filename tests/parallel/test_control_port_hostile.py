@@ -18,6 +18,7 @@ from netreduce.worker import dataplane
 from netreduce.protocol.client import ControlClient
 from netreduce.switch import spawn
 from tests.parallel.ranks import run_ranks
+from tests.raw_wire import connect, greet
 
 FLOOD = 10_000
 IDLE_S = 2.0  # --handshake-timeout of the daemon under test
@@ -73,11 +74,23 @@ MALFORMED = [
 
 
 def test_malformed_requests_are_answered_and_the_connection_lives_on(daemon):
-    with socket.create_connection(daemon.address, timeout=10) as s:
+    with connect(daemon.address) as s:
         for line in MALFORMED:
             reply = _ask(s, line)
             assert reply["ok"] is False and reply["error"], (line[:60], reply)
+            # refusals name the field, never the binding's internals (pybind11's text)
+            assert "incompatible function arguments" not in reply["error"], reply
         assert _ask(s, b'{"cmd":"ping"}\n') == {"ok": True}
+
+
+def test_a_refusal_names_the_command_and_the_field(daemon):
+    with connect(daemon.address) as s:
+        reply = _ask(s, b'{"cmd":"register","job":"x","rank":0,"size":1e308}\n')
+        assert reply == {"ok": False, "error": "malformed 'register' request: Expected `int`, "
+                                               "got `float` - at `$.size`"}, reply
+        reply = _ask(s, b'{"cmd":"register","id":7,"job":"x","rank":0,"size":2,"mtu":-1}\n')
+        assert reply["id"] == 7 and "at `$.mtu`" in reply["error"], reply
+        assert "unknown command 'nope'" in _ask(s, b'{"cmd":"nope"}\n')["error"]
 
 
 def test_a_100_mb_line_is_refused_without_reading_it_into_memory(daemon):
@@ -112,7 +125,7 @@ def test_a_100_mb_line_is_refused_without_reading_it_into_memory(daemon):
 
 def test_idle_and_half_open_connections_are_closed(daemon):
     idle = socket.create_connection(daemon.address, timeout=IDLE_S * 10)
-    half = socket.create_connection(daemon.address, timeout=IDLE_S * 10)
+    half = greet(socket.create_connection(daemon.address, timeout=IDLE_S * 10))
     half.sendall(b'{"cmd":"ping"')  # no newline, and no more from this side
     half.shutdown(socket.SHUT_WR)
     reply = half.recv(65536)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 import os
-import select
 import subprocess
 import sys
 import time
@@ -38,13 +37,15 @@ def _start(*flags: str) -> Tuple[subprocess.Popen, Tuple[str, int], str]:
     deadline = time.monotonic() + 30
     assert proc.stdout is not None
     while address is None and time.monotonic() < deadline and proc.poll() is None:
-        if select.select([proc.stdout], [], [], 0.5)[0]:
-            line = proc.stdout.readline()
-            if line.startswith(METRICS_PREFIX):
-                url = line[len(METRICS_PREFIX):].strip()
-            elif line.startswith(READY_PREFIX):
-                host, _, port = line[len(READY_PREFIX):].split()[0].rpartition(":")
-                address = (host, int(port))
+        # No select(): when both lines came in one read, readline() holds the ready
+        # line in its buffer, where select() no longer sees it (a 30 s wait for
+        # nothing). A daemon that exits ends the read (""), pytest-timeout a hung one.
+        line = proc.stdout.readline()
+        if line.startswith(METRICS_PREFIX):
+            url = line[len(METRICS_PREFIX):].strip()
+        elif line.startswith(READY_PREFIX):
+            host, _, port = line[len(READY_PREFIX):].split()[0].rpartition(":")
+            address = (host, int(port))
     if address is None or url is None:
         terminate(proc)
         pytest.fail(f"netreduce-switch did not start (exit {proc.returncode}): {cmd}")

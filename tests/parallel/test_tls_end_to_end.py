@@ -38,7 +38,7 @@ if os.environ.get("PROBE_RENDEZVOUS") and r == 0:
     # A client without TLS at rank 0's rendezvous: a TLS server answers no JSON line.
     host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]) + 1
     with socket.create_connection((host, port), timeout=5) as s:
-        s.sendall(b'{"cmd":"challenge"}\n')
+        s.sendall(b'{"cmd":"hello","version":2}\n{"cmd":"challenge"}\n')
         s.settimeout(5)
         try:
             plain = s.recv(4096).decode(errors="replace")

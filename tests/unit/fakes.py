@@ -1,14 +1,14 @@
 """Stand-ins for the lead's control server and native data plane, so the communicator
 runs end to end in one process (ranks as threads) without netreduce._native.
 
-FakeControlServer speaks the same JSON lines and calls the same handler signature
+FakeControlServer speaks the same protocol (netreduce/protocol/messages.py: the
+version exchange, typed requests and replies) and calls the same handler signature
 (srv, sess, msg) and disconnect hook (srv, sess) as netreduce/switch/server.py.
 FakeFabric pairs the k-th all-reduce of every rank of a job and checks they have
 the same length, op and dtype — exactly the invariant negotiation must guarantee.
 """
 from __future__ import annotations
 
-import json
 import socket
 import socketserver
 import threading
@@ -16,7 +16,9 @@ from typing import Any, Dict, List, Optional
 
 import numpy as np
 
+from netreduce.protocol import messages
 from netreduce.switch import coordinator as coord
+from netreduce.switch.dispatch import greet
 from netreduce.switch.waits import resolve
 from netreduce.errors import DataPlaneError
 
@@ -26,6 +28,8 @@ class _Session:
         self.state: Dict[str, Any] = {}
         self.job = None
         self.rank = None
+        self.version = None
+        self.peer = "127.0.0.1:0"
 
 
 class FakeControlServer:
@@ -40,28 +44,39 @@ class FakeControlServer:
                 sess = _Session()
                 out = threading.Lock()
 
-                def answer(msg: Dict[str, Any]) -> None:
-                    fn = coord.HANDLERS.get(msg.get("cmd"))
-                    try:
-                        if fn is None:
-                            raise coord.RequestError(f"unknown command {msg.get('cmd')!r}")
-                        reply = {"ok": True, **resolve(fn(fake, sess, msg))}
-                    except coord.RequestError as exc:
-                        reply = {"ok": False, "error": str(exc)}
-                    if "id" in msg:
-                        reply["id"] = msg["id"]
+                def write(line: bytes) -> None:
                     try:
                         with out:
-                            self.wfile.write((json.dumps(reply) + "\n").encode())
+                            self.wfile.write(line)
                             self.wfile.flush()
                     except (ConnectionError, OSError, ValueError):
                         pass
 
+                def answer(msg: Any) -> None:
+                    fn = coord.HANDLERS.get(type(msg))
+                    try:
+                        if fn is None:
+                            raise coord.RequestError(f"'{messages.command(msg)}' is not served")
+                        line = messages.encode_reply(resolve(fn(fake, sess, msg)), msg.id)
+                    except coord.RequestError as exc:
+                        line = messages.encode_error(str(exc), msg.id)
+                    write(line)
+
                 try:
                     for line in self.rfile:
-                        msg = json.loads(line)
+                        try:
+                            msg = messages.decode_request(line)
+                        except messages.ProtocolError as exc:
+                            write(messages.encode_error(str(exc), exc.rid))
+                            continue
+                        if isinstance(msg, messages.Hello) or sess.version is None:
+                            reply, agreed = greet(sess, msg)
+                            write(reply)
+                            if not agreed:
+                                return
+                            continue
                         fake.requests += 1
-                        if "id" in msg:  # answered whenever it can be, like the real server
+                        if msg.id is not None:  # answered whenever it can be, like the real server
                             threading.Thread(target=answer, args=(msg,), daemon=True).start()
                         else:
                             answer(msg)

@@ -21,16 +21,16 @@ class Sess:
 
 def _bind(guard, job, rank, secret):
     s = Sess()
-    nonce = guard.challenge(s)["nonce"]
-    guard.admit(s, job, rank, {"auth": auth.job_proof(secret, job, rank, nonce)} if secret else {})
+    nonce = guard.challenge(s).nonce
+    guard.admit(s, job, rank, auth.job_proof(secret, job, rank, nonce) if secret else None)
     return s
 
 
 def test_same_secret_same_key_other_job_or_secret_other_key():
-    a = auth.job_proof("k", "job", 0, "00" * 32)["pub"]
-    assert a == auth.job_proof("k", "job", 1, "11" * 32)["pub"]
-    assert a != auth.job_proof("k", "job2", 0, "00" * 32)["pub"]
-    assert a != auth.job_proof("k2", "job", 0, "00" * 32)["pub"]
+    a = auth.job_proof("k", "job", 0, "00" * 32).pub
+    assert a == auth.job_proof("k", "job", 1, "11" * 32).pub
+    assert a != auth.job_proof("k", "job2", 0, "00" * 32).pub
+    assert a != auth.job_proof("k2", "job", 0, "00" * 32).pub
 
 
 def test_verifier_is_the_first_connections_and_dies_with_the_last():
@@ -50,16 +50,16 @@ def test_verifier_is_the_first_connections_and_dies_with_the_last():
 def test_a_proof_is_good_for_its_nonce_job_and_rank_only():
     g = auth.Guard()
     s = Sess()
-    nonce = g.challenge(s)["nonce"]
+    nonce = g.challenge(s).nonce
     proof = auth.job_proof("k", "j", 0, nonce)
     for job, rank in (("other", 0), ("j", 1)):
         s2 = Sess()
         s2.state["nonce"] = bytes.fromhex(nonce)
         with pytest.raises(auth.AuthError, match="does not verify"):
-            g.admit(s2, job, rank, {"auth": proof})
-    g.admit(s, "j", 0, {"auth": proof})
+            g.admit(s2, job, rank, proof)
+    g.admit(s, "j", 0, proof)
     with pytest.raises(auth.AuthError, match="challenge"):  # the nonce was used up
-        g.admit(Sess(), "j", 0, {"auth": proof})
+        g.admit(Sess(), "j", 0, proof)
 
 
 def test_require_secret_and_operator():
@@ -67,11 +67,11 @@ def test_require_secret_and_operator():
     with pytest.raises(auth.AuthError, match="requires a job secret"):
         _bind(g, "open", 0, "")
     s = Sess()
-    nonce = g.challenge(s)["nonce"]
+    nonce = g.challenge(s).nonce
     with pytest.raises(auth.AuthError, match="wrong operator secret"):
-        g.operator(s, {"operator": auth.operator_proof(b"x" * 16, nonce)})
-    nonce = g.challenge(s)["nonce"]
-    assert g.operator(s, {"operator": auth.operator_proof(b"o" * 16, nonce)})
+        g.operator(s, auth.operator_proof(b"x" * 16, nonce))
+    nonce = g.challenge(s).nonce
+    assert g.operator(s, auth.operator_proof(b"o" * 16, nonce))
     assert g.may_read(s, "anything")
 
 

@@ -9,6 +9,7 @@ import pytest
 
 import netreduce as nr
 from netreduce import api
+from netreduce.protocol import messages
 from netreduce.worker import context
 from netreduce.errors import NegotiationError, RankFailedError, ShutdownError
 
@@ -419,7 +420,7 @@ def test_silent_aggregator_fails_within_the_timeout(ranks, monkeypatch):
     def fn(r):
         nr.allreduce(np.ones(2, np.float32), name="fine")
         # from now on the aggregator accepts requests and never answers them
-        for cmd in ("negotiate", "negotiate_submit"):
+        for cmd in (messages.Negotiate, messages.NegotiateSubmit):
             monkeypatch.setitem(coord.HANDLERS, cmd,
                                 lambda *a, real=coord.HANDLERS[cmd]: release.wait(30) and real(*a))
         t0 = time.monotonic()
@@ -442,7 +443,7 @@ def test_last_barrier_survives_a_fast_peer_shutdown(ranks, monkeypatch):
     real = Communicator._on_reply
 
     def late_reply(self, reply):
-        if self.rank == 1 and reply.get("e"):
+        if self.rank == 1 and reply.entries:
             time.sleep(0.3)  # let the watch deliver rank 0's departure first
         return real(self, reply)
     monkeypatch.setattr(Communicator, "_on_reply", late_reply)

@@ -16,6 +16,7 @@ import weakref
 
 from netreduce.switch import coordinator
 from netreduce.switch.server import ControlServer
+from tests.raw_wire import connect
 
 
 def _line(sock: socket.socket, msg: dict) -> None:
@@ -32,7 +33,7 @@ def _reply(sock: socket.socket) -> dict:
 
 
 def _hello(srv: ControlServer, job: str, rank: int) -> socket.socket:
-    s = socket.create_connection(srv.server_address, timeout=10)
+    s = connect(srv.server_address)
     _line(s, {"cmd": "negotiate_hello", "job": job, "rank": rank, "size": 2,
               "role": "poll", "timeout": 600})
     return s
@@ -50,7 +51,7 @@ def _gone(srv: ControlServer, ref: weakref.ref, within: float) -> bool:
     while time.monotonic() < deadline:
         # The loop thread's last selector key names the last connection it served
         # until the next event: serve another one, then look.
-        with socket.create_connection(srv.server_address, timeout=10) as s:
+        with connect(srv.server_address) as s:
             _line(s, {"cmd": "ping"})
             assert _reply(s)["ok"]
         time.sleep(0.05)

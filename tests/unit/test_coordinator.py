@@ -4,17 +4,23 @@ import time
 
 import pytest
 
+from netreduce.protocol import messages
 from netreduce.switch import coordinator as coord
 from netreduce.switch.waits import resolve
 
 
-def _blocking(handler):
-    """A handler that may return a Wait (switch/waits.py), resolved on this thread."""
-    return lambda *a, **k: resolve(handler(*a, **k))
+def _blocking(handler, cmd):
+    """A handler called as the server calls it (the request decoded into its type,
+    a Wait resolved on this thread); its reply as plain values, as on the wire."""
+    return lambda srv, sess, fields: messages.to_builtins(
+        resolve(handler(srv, sess, messages.build(cmd, **fields))))
 
 
-hello_, negotiate_, watch_ = (_blocking(coord.handle_hello), _blocking(coord.handle_negotiate),
-                              _blocking(coord.handle_watch))
+hello_, negotiate_, watch_ = (_blocking(coord.handle_hello, "negotiate_hello"),
+                              _blocking(coord.handle_negotiate, "negotiate"),
+                              _blocking(coord.handle_watch, "negotiate_watch"))
+submit_ = _blocking(coord.handle_submit, "negotiate_submit")
+bye_ = _blocking(coord.handle_bye, "negotiate_bye")
 
 
 class Srv:
@@ -26,10 +32,10 @@ class Sess:
         self.state = {}
 
 
-def req(name, shape=(4,), dtype="float32", kind="allreduce", op="sum", root=-1, **extra):
-    r = {"n": name, "k": kind, "d": dtype, "s": list(shape), "o": op, "r": root}
-    r.update(extra)
-    return r
+def req(name, shape=(4,), dtype="float32", kind="allreduce", op="sum", root=-1, pre=1.0,
+        post=1.0):
+    return {"name": name, "kind": kind, "dtype": dtype, "shape": list(shape), "op": op,
+            "root": root, "prescale": pre, "postscale": post}
 
 
 @pytest.fixture
@@ -60,37 +66,37 @@ def neg(srv, sess, reqs=(), ack=0, wait_ms=0, stall_s=60.0):
 
 def test_one_order_for_any_submission_order(job):
     srv, s, _ = job
-    assert neg(srv, s[0], [req("a"), req("b"), req("c", dtype="float64")])["e"] == []
+    assert neg(srv, s[0], [req("a"), req("b"), req("c", dtype="float64")])["entries"] == []
     reply = neg(srv, s[1], [req("c", dtype="float64"), req("b"), req("a")])
     # readiness order is rank 1's order; same-dtype tensors fuse in that order
-    groups = [e["t"] for e in reply["e"]]
-    names = {v: k for k, v in reply["e"][0].get("a", {}).items()}
-    for e in reply["e"][1:]:
-        names.update({v: k for k, v in e.get("a", {}).items()})
+    groups = [e["tensors"] for e in reply["entries"]]
+    names = {v: k for k, v in reply["entries"][0].get("assign", {}).items()}
+    for e in reply["entries"][1:]:
+        names.update({v: k for k, v in e.get("assign", {}).items()})
     assert [[names[x] for x in g] for g in groups] == [["c"], ["b", "a"]]
-    assert [e["seq"] for e in reply["e"]] == [0, 1]
+    assert [e["seq"] for e in reply["entries"]] == [0, 1]
     # rank 0 reads the very same entries
-    assert neg(srv, s[0], ack=0)["e"] == reply["e"]
+    assert neg(srv, s[0], ack=0)["entries"] == reply["entries"]
 
 
 def test_cached_ids_replace_requests(job):
     srv, s, _ = job
     neg(srv, s[0], [req("w")])
-    first = neg(srv, s[1], [req("w")])["e"][0]
-    wid = first["a"]["w"]
+    first = neg(srv, s[1], [req("w")])["entries"][0]
+    wid = first["assign"]["w"]
     neg(srv, s[0], [wid], ack=1)
-    again = neg(srv, s[1], [wid], ack=1)["e"]
-    assert again == [{"t": [wid], "seq": 1}]  # no assignment, no name: a few bytes
+    again = neg(srv, s[1], [wid], ack=1)["entries"]
+    assert again == [{"tensors": [wid], "seq": 1}]  # no assignment, no name: a few bytes
 
 
 def test_shape_mismatch_is_reported_with_values_and_ranks(job):
     srv, s, _ = job
     neg(srv, s[0], [req("x", shape=(2, 3))])
-    entry = neg(srv, s[1], [req("x", shape=(3,))])["e"][0]
-    assert entry["err"].startswith(
+    entry = neg(srv, s[1], [req("x", shape=(3,))])["entries"][0]
+    assert entry["error"].startswith(
         "Mismatched allreduce tensor shapes: One rank sent a tensor of shape [2, 3], "
         "but another rank sent a tensor of shape [3].")
-    assert "Tensor 'x': rank 0 sent [2, 3]; rank 1 sent [3]." in entry["err"]
+    assert "Tensor 'x': rank 0 sent [2, 3]; rank 1 sent [3]." in entry["error"]
 
 
 @pytest.mark.parametrize("a,b,expected", [
@@ -111,7 +117,7 @@ def test_shape_mismatch_is_reported_with_values_and_ranks(job):
 def test_every_mismatch_kind(job, a, b, expected):
     srv, s, _ = job
     neg(srv, s[0], [a])
-    err = neg(srv, s[1], [b])["e"][0]["err"]
+    err = neg(srv, s[1], [b])["entries"][0]["error"]
     # Horovod's sentence, then the tensor and which rank sent what
     assert err.startswith(expected + " Tensor 'x': rank 0 sent "), err
     assert "; rank 1 sent " in err and err.endswith("."), err
@@ -122,8 +128,8 @@ def test_stall_report_names_missing_ranks(job):
     neg(srv, s[0], [req("lonely")])
     time.sleep(0.06)
     reply = neg(srv, s[0], ack=0, stall_s=0.05)
-    assert reply["s"][0]["n"] == "lonely" and reply["s"][0]["missing"] == [1]
-    assert "s" not in neg(srv, s[0], stall_s=0.05)  # warned once
+    assert reply["stalls"][0]["name"] == "lonely" and reply["stalls"][0]["missing"] == [1]
+    assert not neg(srv, s[0], stall_s=0.05)["stalls"]  # warned once
 
 
 def test_long_poll_wakes_when_the_last_rank_submits(job):
@@ -134,9 +140,9 @@ def test_long_poll_wakes_when_the_last_rank_submits(job):
     t0 = time.monotonic()
     t.start()
     time.sleep(0.05)
-    coord.handle_submit(srv, sub[1], {"reqs": [req("a")]})
+    submit_(srv, sub[1], {"reqs": [req("a")]})
     t.join(5)
-    assert got["e"] and time.monotonic() - t0 < 2
+    assert got["entries"] and time.monotonic() - t0 < 2
 
 
 def test_disconnect_fails_the_job_naming_the_rank(job):
@@ -144,17 +150,17 @@ def test_disconnect_fails_the_job_naming_the_rank(job):
     neg(srv, s[0], [req("a")])
     coord.on_disconnect(srv, s[1])
     reply = neg(srv, s[0])
-    assert reply["f"]["rank"] == 1 and "rank 1 disconnected" in reply["f"]["msg"]
-    assert reply["f"]["after"] is None
+    assert reply["failure"]["rank"] == 1 and "rank 1 disconnected" in reply["failure"]["message"]
+    assert reply["failure"].get("after") is None
 
 
 def test_bye_lets_entries_it_executed_finish(job):
     srv, s, sub = job
     neg(srv, s[0], [req("a")])
     neg(srv, s[1], [req("a")])  # seq 0 in the log, executed by rank 1
-    coord.handle_bye(srv, sub[1], {"done": 0})
-    f = neg(srv, s[0])["f"]
-    assert f["after"] == 0 and "rank 1 called shutdown()" in f["msg"]
+    bye_(srv, sub[1], {"done": 0})
+    f = neg(srv, s[0])["failure"]
+    assert f["after"] == 0 and "rank 1 called shutdown()" in f["message"]
 
 
 def test_job_is_forgotten_when_everyone_left(job):
@@ -188,43 +194,44 @@ def test_log_is_trimmed_once_everyone_read_it(job):
 
 # --- join (Horovod's uneven inputs) ------------------------------------------------------
 def join_req():
-    return {"n": "__join__", "k": "join", "d": "int64", "s": [1], "o": "", "c": 0}
+    return {"name": "__join__", "kind": "join", "dtype": "int64", "shape": [1], "op": "",
+            "cacheable": False}
 
 
 def test_joined_rank_counts_as_submitting_and_gets_the_signature(job):
     srv, s, _ = job
-    assert neg(srv, s[0], [join_req()])["e"] == []
+    assert neg(srv, s[0], [join_req()])["entries"] == []
     reply = neg(srv, s[1], [req("a", shape=(2, 3), op="average"), req("b", dtype="int32")])
-    entries = reply["e"]
+    entries = reply["entries"]
     # both tensors ready without rank 0; rank 0 learns from "z" what to send zeros for
     assert len(entries) == 2
-    zs = [z for e in entries for z in e["z"]]
-    assert {(z["n"], z["d"], tuple(z["s"]), z["o"]) for z in zs} == \
+    zs = [z for e in entries for z in e["zeros"]]
+    assert {(z["name"], z["dtype"], tuple(z["shape"]), z["op"]) for z in zs} == \
         {("a", "float32", (2, 3), "average"), ("b", "int32", (4,), "sum")}
-    assert neg(srv, s[0], ack=0)["e"] == entries  # the same log for the joined rank
+    assert neg(srv, s[0], ack=0)["entries"] == entries  # the same log for the joined rank
     # rank 1 joins last: the join entry names it, and the join state resets
-    last = neg(srv, s[1], [join_req()], ack=2)["e"]
-    assert last == [{"t": ["__join__"], "last": 1, "seq": 2}]
+    last = neg(srv, s[1], [join_req()], ack=2)["entries"]
+    assert last == [{"tensors": ["__join__"], "last": 1, "seq": 2}]
     state = coord._jobs(srv)["j"]
     assert state.join_ranks == set()
     neg(srv, s[0], [req("c")], ack=3)
-    assert "z" not in neg(srv, s[1], [req("c")], ack=3)["e"][0]  # normal again
+    assert "zeros" not in neg(srv, s[1], [req("c")], ack=3)["entries"][0]  # normal again
 
 
 def test_join_releases_what_only_waited_for_the_joining_rank(job):
     srv, s, _ = job
     neg(srv, s[1], [req("x"), req("y")])
     neg(srv, s[0], [req("x")])  # x ready; y waits for rank 0
-    entries = neg(srv, s[0], [join_req()], ack=1)["e"]
-    assert entries[-1]["z"][0]["n"] == "y"  # y released by rank 0's join, before the join
+    entries = neg(srv, s[0], [join_req()], ack=1)["entries"]
+    assert entries[-1]["zeros"][0]["name"] == "y"  # y released by rank 0's join, before the join
 
 
 def test_broadcast_and_allgather_fail_while_a_rank_is_joined(job):
     srv, s, _ = job
     neg(srv, s[0], [join_req()])
     entries = neg(srv, s[1], [req("bc", kind="broadcast", root=1),
-                              req("ag", kind="allgather")])["e"]
-    errs = {e["t"][0]: e["err"] for e in entries}
+                              req("ag", kind="allgather")])["entries"]
+    errs = {e["tensors"][0]: e["error"] for e in entries}
     assert errs["bc"].startswith("Broadcast is not supported with Join at this time.")
     assert errs["ag"].startswith("Allgather is not supported with Join at this time.")
     assert "rank(s) 0 have joined" in errs["bc"]
@@ -234,4 +241,4 @@ def test_joined_rank_is_not_reported_as_stalled(job):
     srv, s, _ = job
     neg(srv, s[0], [join_req()])
     time.sleep(0.06)
-    assert "s" not in neg(srv, s[0], stall_s=0.05)
+    assert not neg(srv, s[0], stall_s=0.05)["stalls"]

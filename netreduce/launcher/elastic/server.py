@@ -99,10 +99,10 @@ class DriverServer:
                 raise BadRequest("a request is a JSON object")
             cmd = msg.get("cmd")
             if cmd == "challenge":
-                return dict(self.guard.challenge(sess), ok=True)
+                return {"nonce": self.guard.challenge(sess).nonce, "ok": True}
             if cmd == "hello":
                 worker = str(msg["worker"])
-                self.guard.admit(sess, str(msg.get("job")), WORKER_RANK, msg)
+                self.guard.admit(sess, str(msg.get("job")), WORKER_RANK, msg.get("auth"))
                 if str(msg.get("job")) != self.job:
                     raise BadRequest(f"this driver runs job '{self.job}', not '{msg.get('job')}'")
                 sess.worker = worker
