@@ -28,9 +28,7 @@ from netreduce.protocol import messages
 from netreduce.protocol import data_address
 from netreduce.protocol.address import family_of, format_address, parse_address, unmap
 from netreduce.protocol.auth import AuthError, Guard
-from netreduce.protocol.socket_buffers import (DAEMON_SHARE, rank_share, size_words,
-                                             slots_that_fit)
-from netreduce.switch import dispatch, epochs, fanout, pending
+from netreduce.switch import dispatch, epochs, fanout, pending, window
 from netreduce.switch import verbs  # noqa: F401  registers verbs_connect, a built-in to every server
 from netreduce.switch.commands import (DISCONNECT_HOOKS, HANDLERS, INLINE, JOB_FAILURE_HOOKS,
                                        RequestError)
@@ -302,7 +300,7 @@ class ControlServer:
                     f"job '{name}': rank {rank} has NETREDUCE_DETERMINISTIC={mine}, but rank "
                     f"{job.deterministic_by} admitted the job with NETREDUCE_DETERMINISTIC="
                     f"{theirs}; set it the same on every rank")
-            self._agree_window(job, name, rank, msg)
+            window.agree(job, name, rank, msg)
             if rank in job.ranks:
                 raise RequestError(
                     f"job '{name}': rank {rank} is already registered (from {job.ranks[rank].peer})")
@@ -335,7 +333,7 @@ class ControlServer:
                 if self.pending_jobs.pop(id(job), None) is not None:
                     self.admitted[id(job)] = job  # what --max-jobs counts
                 job.payload_final = True
-                self._fit_window(job)
+                window.fit(self.aggregator, job)
                 self.payload_topic.notify()
                 log.info("job '%s': %s", name, job.payload_reason)
             elif msg.await_payload:
@@ -414,57 +412,6 @@ class ControlServer:
                 "one address: a route or rule that sends UDP and TCP out of different "
                 "addresses defeats that)")
         return ip, port
-
-    @staticmethod
-    def _agree_window(job: "JobRecord", name: str, rank: int, msg: messages.Register) -> None:
-        """Every rank of a job must use the same NETREDUCE_WINDOW (chunk c goes to slot
-        c mod window): refuse the rank whose window differs from the first one's."""
-        window = msg.window
-        if window is None:  # a client that does not say (raw tests)
-            return
-        if window < 0:
-            raise RequestError(f"job '{name}': rank {rank}: NETREDUCE_WINDOW={window} is "
-                               f"negative (0 = all the slots the aggregator grants)")
-        if job.window is None:
-            job.window, job.window_by = window, rank
-        elif window != job.window:
-            raise RequestError(
-                f"job '{name}': rank {rank} has NETREDUCE_WINDOW={window}, but rank "
-                f"{job.window_by} has NETREDUCE_WINDOW={job.window}; a chunk's slot follows "
-                f"the window, so set it the same on every rank (0 = all the slots)")
-
-    def _fit_window(self, job: "JobRecord") -> None:
-        """With the payload final: the window every rank of the job runs with when
-        none set NETREDUCE_WINDOW, so that a burst of results fits the smallest
-        receive buffer a rank reported, and every rank's window at once this daemon's
-        data ports (protocol/socket_buffers.py). Lock held."""
-        if job.window:
-            return
-        slots = int(self.aggregator.job_counters(job.index)["slots"])
-        bounds = []  # (slots, why, log level): a capped rank is the operator's to fix
-        for coalesced, (buffer, rank) in job.receive_buffers.items():
-            share = rank_share(coalesced, job.payload_bytes)
-            bounds.append((slots_that_fit(buffer, job.payload_bytes, share), logging.WARNING,
-                           f"rank {rank}'s UDP receive buffer holds {size_words(buffer / 2)} "
-                           f"(net.core.rmem_max caps it without CAP_NET_ADMIN; raise it on "
-                           f"that host for the full window)"))
-        own = self._receive_buffer()
-        if own:  # slots are spread over the data threads, one socket each
-            share = own * int(self.aggregator.threads) // job.size
-            bounds.append((slots_that_fit(share, job.payload_bytes, DAEMON_SHARE), logging.INFO,
-                           f"this daemon's data ports hold {size_words(own / 2)} each, "
-                           f"shared by {job.size} ranks' windows"))
-        fits = [b for b in bounds if 0 < b[0] < slots]
-        if fits:
-            fit, level, why = min(fits)
-            job.window_fit = fit
-            log.log(level, "job '%s': window %d of %d slots: %s", job.name, fit, slots, why)
-
-    def _receive_buffer(self) -> int:
-        """The smallest data socket's SO_RCVBUF (read back); 0 when unknown."""
-        if not hasattr(self.aggregator, "transport_info"):
-            return 0
-        return int(self.aggregator.transport_info().get("receive_buffer_bytes", 0))
 
     def room_for_admitted(self, name: str) -> None:
         pending.room_for_admitted(self, name)
