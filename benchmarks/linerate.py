@@ -213,6 +213,7 @@ def cost_point(tb, args, mtu: int, variant: str, env_extra: Dict[str, str]) -> d
         "retransmits": sum(r["stats"].get("retransmits", 0) + r["stats"].get("fast_retransmits", 0)
                            + r["stats"].get("timeout_probes", 0) for r in recs),
         "packets_sent": sum(r["stats"].get("packets_sent", 0) for r in recs),
+        "rank_stats": [r["stats"] for r in recs],  # each rank's engine counters over the run
         "loadavg": os.getloadavg(),
     }
     print(f"  [{variant} MTU {mtu} N={args.np} T={args.threads}] payload {rec['payload_bytes']} B  "
