@@ -81,7 +81,8 @@ class Engine::Message {
   engine_run::SlotTrack* Match(const wire::Header& h);
   void HeldNotice(const wire::Header& h);
   void LateResult(const wire::Header& h);
-  void Complete(engine_run::SlotTrack& t, bool repeat_seen);
+  void Complete(engine_run::SlotTrack& t, bool repeat_seen, bool in_lane_order);
+  bool InLaneOrder(const Transport& sock) const;
   void GroupHeard(int64_t at, uint64_t n);
   void UnicastResult(const Transport& sock, const engine_run::SlotTrack& t, int64_t at);
 

@@ -88,10 +88,21 @@ void Engine::Message::LateResult(const wire::Header& h) {
   }
 }
 
+// Whether results from `sock` come in lane order. With a group that reaches this rank,
+// the group's stream does; a unicast result is then out of band (a copy the rank's
+// contribution asked for, one marked repeat seen, the answer to a resend), drained
+// before the group's backlog, and must not mark the group's results still in the
+// socket as overtaken (that took them for lost: needless resends, which drew more
+// out-of-band answers).
+bool Engine::Message::InLaneOrder(const Transport& sock) const {
+  return !e_.group_ || &sock == e_.group_.get() || !e_.group_watch_.Fresh(rx_now_);
+}
+
 // The result of `t` is in place: sample the round trip, give chunks it overtook their
-// reorder deadline, move the slot on. `repeat_seen`: the aggregator had this rank's
-// contribution before a repeat of it arrived (kExtRepeatSeen).
-void Engine::Message::Complete(SlotTrack& t, bool repeat_seen) {
+// reorder deadline (only for a result of the lane's ordered stream), move the slot
+// on. `repeat_seen`: the aggregator had this rank's contribution before a repeat of it
+// arrived (kExtRepeatSeen).
+void Engine::Message::Complete(SlotTrack& t, bool repeat_seen, bool in_lane_order) {
   e_.packets_received_++;
   const int64_t t_now = rx_now_;
   const size_t lane = t.lane;
@@ -137,7 +148,7 @@ void Engine::Message::Complete(SlotTrack& t, bool repeat_seen) {
   const uint32_t mine = uint32_t(&t - slots_.data());
   size_t pos = 0;  // t's place in its lane: usually the front (results in order)
   while (order[pos] != mine) ++pos;
-  for (size_t k = 0; k < pos; ++k) {  // older chunks of the lane: overtaken
+  for (size_t k = 0; in_lane_order && k < pos; ++k) {  // older chunks of the lane: overtaken
     SlotTrack& o = slots_[order[k]];
     if (o.early || o.last_send_us > t.last_send_us) continue;
     // A held chunk too: its round held this rank's contribution, and a later round of
@@ -157,7 +168,7 @@ void Engine::Message::Complete(SlotTrack& t, bool repeat_seen) {
   // Only for the lane's last outstanding chunk: any other is covered when a later one
   // is answered, and a gap deadline on every chunk of a long window misfired whenever
   // the loaded host descheduled the aggregator for a few gaps.
-  if (expected != nullptr && later == 1 && !expected->early && !expected->held) {
+  if (in_lane_order && expected != nullptr && later == 1 && !expected->early && !expected->held) {
     expected->early = true;
     expected->deadline_us = std::min(expected->deadline_us,
                                      std::max(t_now + e_.GapTimeout(), expected->last_send_us + e_.min_rtt_us_));
@@ -233,7 +244,7 @@ Status Engine::Message::DrainZeroCopy(Transport& sock) {
       NR_RETURN_IF_ERROR(sock.RecvScatter(iov, 3, &got_len));
       if (own) CombineInto(req_.dtype, req_.op, req_.dst + at, req_.src + at, into, h.length / esize_);
       UnicastResult(sock, *t, rx_now_);
-      Complete(*t, h.repeat_seen);
+      Complete(*t, h.repeat_seen, InLaneOrder(sock));
     } else {
       iovec iov = {storage, kRecvBufBytes};
       NR_RETURN_IF_ERROR(sock.RecvScatter(&iov, 1, &got_len));
@@ -294,7 +305,7 @@ Status Engine::Message::DrainBatch(Transport& sock) {
         PrefetchForWrite(req_.dst + FirstOf(ahead) * esize_, ElemsOf(ahead) * esize_);
       }
     }
-    Complete(*t, h.repeat_seen);
+    Complete(*t, h.repeat_seen, InLaneOrder(sock));
   }
   if (stream_ && got > 0) StreamFence();
   return Status::Ok();
