@@ -4,10 +4,10 @@ The editable install the suite otherwise runs maps whole folders, so it hides a
 package or data file that setup.py forgets to ship (netreduce.tensorflow.keras was
 one). ``install(base)`` builds the wheel once per test session from a copy of the
 checkout's files (git's list: tracked and not ignored), installs it with
-``--no-deps`` into a venv that sees the system site-packages (numpy, TensorFlow,
-torch come from there), and returns how to run its Python so that nothing of the
-source tree can shadow it: from a directory outside the checkout, with a copy of
-tests/ as the only thing on PYTHONPATH.
+``--no-deps`` into a venv that sees what the suite's own Python sees (numpy,
+TensorFlow, torch come from there: ``make_venv``), and returns how to run its Python
+so that nothing of the source tree can shadow it: from a directory outside the
+checkout, with a copy of tests/ as the only thing on PYTHONPATH.
 
 The native extension is not compiled a second time: setup.py packages the one the
 editable install built (NETREDUCE_PREBUILT_NATIVE), so the wheel costs seconds.
@@ -17,6 +17,7 @@ from __future__ import annotations
 import glob
 import os
 import shutil
+import site
 import subprocess
 import sys
 import threading
@@ -74,6 +75,28 @@ def _env(extra_path: str) -> Dict[str, str]:
     return env
 
 
+def _purelib(python: str) -> str:
+    return subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          env=_env(""), stdout=subprocess.PIPE, text=True, check=True).stdout.strip()
+
+
+def make_venv(venv: Path) -> str:
+    """A venv (no pip of its own) that sees the packages this interpreter sees; its
+    Python's path. ``--system-site-packages`` alone gives it the *base* interpreter's:
+    run from inside a virtualenv (the README's command from a fresh ``python3 -m
+    venv``, a pyenv, conda or uv Python), that misses whatever was installed into the
+    virtualenv itself (TensorFlow, by scripts/install.sh). So a .pth file adds this
+    interpreter's site directories after the venv's own (site.addsitedir: their .pth
+    files too), and what the venv installs itself still comes first."""
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip",
+                    str(venv)], check=True)
+    python = str(venv / "bin" / "python")
+    outer = [d for d in site.getsitepackages() if os.path.isdir(d)]
+    with open(os.path.join(_purelib(python), "_netreduce_outer_site.pth"), "w") as f:
+        f.write("import site; " + "; ".join(f"site.addsitedir({d!r})" for d in outer) + "\n")
+    return python
+
+
 def install(base: Path) -> Installed:
     """The installed wheel (built and installed under ``base`` the first time)."""
     with _lock:
@@ -91,9 +114,7 @@ def install(base: Path) -> Installed:
                         "--no-build-isolation", "-w", str(wheels), str(src)], env=build_env,
                        check=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         wheel = next(wheels.glob("netreduce-*.whl"))
-        subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip",
-                        str(venv)], check=True)
-        python = str(venv / "bin" / "python")
+        python = make_venv(venv)
         # the system's pip, installing into the venv (sys.prefix is the venv's)
         subprocess.run([python, "-m", "pip", "install", "-q", "--no-deps", "--no-index",
                         str(wheel)], env=_env(""), check=True, stdout=subprocess.PIPE,
@@ -101,11 +122,8 @@ def install(base: Path) -> Installed:
         home.mkdir()
         shutil.copytree(ROOT / "tests", home / "tests",
                         ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-        site = subprocess.run(
-            [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-            env=_env(""), cwd=str(home), stdout=subprocess.PIPE, text=True,
-            check=True).stdout.strip()
-        installed = Installed(python=python, bin_dir=str(venv / "bin"), site=site, cwd=str(home),
+        installed = Installed(python=python, bin_dir=str(venv / "bin"), site=_purelib(python),
+                              cwd=str(home),
                               env=_env(str(home)), tests=str(home / "tests"))
         _installed[key] = installed
         return installed
