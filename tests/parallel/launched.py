@@ -1,10 +1,14 @@
 """For test files that run on every rank at once: they only make sense under a
-launcher, and tests/parallel/test_torch_launch.py starts them under netreduce-run."""
+launcher, and each is started under netreduce-run by one launching test, which its
+skip reason names (tests/unit/test_launched_reasons.py holds each file to it)."""
 import pytest
 
 from netreduce.environment import discover
 
 LAUNCHED = discover().size > 1
-only_when_launched = pytest.mark.skipif(
-    not LAUNCHED, reason="multi-rank test: run by tests/parallel/test_torch_launch.py "
-                         "under netreduce-run")
+
+
+def only_when_launched_by(launcher: str):
+    """Skip unless under a launcher, saying which test file starts this one."""
+    return pytest.mark.skipif(
+        not LAUNCHED, reason=f"multi-rank test: run by {launcher} under netreduce-run")

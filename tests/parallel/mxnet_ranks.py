@@ -14,9 +14,9 @@ import pytest
 
 mx = pytest.importorskip("mxnet")
 
-from tests.parallel.launched import LAUNCHED, only_when_launched  # noqa: E402
+from tests.parallel.launched import LAUNCHED, only_when_launched_by  # noqa: E402
 
-pytestmark = only_when_launched
+pytestmark = only_when_launched_by("tests/parallel/test_mxnet.py")
 
 if LAUNCHED:
     import netreduce.mxnet as hvd

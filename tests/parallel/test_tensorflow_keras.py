@@ -12,9 +12,9 @@ import pytest
 tf = pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
 
-from tests.parallel.launched import LAUNCHED, only_when_launched  # noqa: E402
+from tests.parallel.launched import LAUNCHED, only_when_launched_by  # noqa: E402
 
-pytestmark = only_when_launched
+pytestmark = only_when_launched_by("tests/parallel/test_tensorflow_launch.py")
 
 if LAUNCHED:
     import netreduce.tensorflow as nrtf

@@ -17,10 +17,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from netreduce.environment import discover  # noqa: E402
-from tests.parallel.launched import LAUNCHED  # noqa: E402
+from tests.parallel.launched import LAUNCHED, only_when_launched_by  # noqa: E402
 
-launched = pytest.mark.skipif(not LAUNCHED, reason="multi-rank test: run by "
-                              "tests/parallel/test_torch_launch.py under netreduce-run")
+launched = only_when_launched_by("tests/parallel/test_torch_launch.py")
 
 if LAUNCHED:
     import netreduce.torch as hvd

@@ -10,9 +10,9 @@ torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
 
 from netreduce.environment import discover  # noqa: E402
-from tests.parallel.launched import LAUNCHED, only_when_launched  # noqa: E402
+from tests.parallel.launched import LAUNCHED, only_when_launched_by  # noqa: E402
 
-pytestmark = only_when_launched
+pytestmark = only_when_launched_by("tests/parallel/test_torch_launch.py")
 
 if LAUNCHED:
     import netreduce.torch as nrt

@@ -6,9 +6,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from tests.parallel.launched import LAUNCHED, only_when_launched  # noqa: E402
+from tests.parallel.launched import LAUNCHED, only_when_launched_by  # noqa: E402
 
-pytestmark = only_when_launched
+pytestmark = only_when_launched_by("tests/parallel/test_torch_launch.py")
 
 if LAUNCHED:
     import netreduce.torch as hvd

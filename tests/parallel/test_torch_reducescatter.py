@@ -11,7 +11,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from tests.parallel.launched import LAUNCHED, only_when_launched  # noqa: E402
+from tests.parallel.launched import LAUNCHED, only_when_launched_by  # noqa: E402
 
 if LAUNCHED:
     import netreduce.torch as hvd
@@ -250,7 +250,7 @@ def test_reducescatter_owner_delivery_sends_each_rank_its_shard(ranks):
 # every test above the owner-delivery one runs on the ranks of a launched job
 for _name, _fn in list(globals().items()):
     if _name.startswith("test_") and "owner_delivery" not in _name:
-        globals()[_name] = only_when_launched(_fn)
+        globals()[_name] = only_when_launched_by("tests/parallel/test_torch_launch.py")(_fn)
 
 
 # --- side by side with Horovod 0.28.1 ------------------------------------------------------
