@@ -14,14 +14,46 @@ the loss fell and that every rank holds exactly the same weights, and exits non-
 otherwise.
 """
 import argparse
+import contextlib
 import hashlib
+import os
+import re
 import sys
+import tempfile
 
-import keras
-import numpy as np
 
-import netreduce.tensorflow as nrtf
-import netreduce.tensorflow.keras as hvd  # <- was: import horovod.tensorflow.keras as hvd
+@contextlib.contextmanager
+def tensorflow_start_up_quieted():
+    """TensorFlow's C++ side logs its start-up to stderr at INFO and WARNING (oneDNN,
+    CPU features, dataset notes): most of an example's output, none of it news.
+    TF_CPP_MIN_LOG_LEVEL=2 quiets those from here on; the oneDNN notice at import
+    ignores it, so stderr is caught during the import and all but TensorFlow's own
+    INFO/WARNING lines passed on. Set TF_CPP_MIN_LOG_LEVEL yourself to see them."""
+    if "TF_CPP_MIN_LOG_LEVEL" in os.environ:
+        yield
+        return
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as caught:
+        os.dup2(caught.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            caught.seek(0)
+            for line in caught.read().decode(errors="replace").splitlines(keepends=True):
+                if not re.match(r"[IW]\d{4} |WARNING: All log messages before absl::", line):
+                    sys.stderr.write(line)
+
+
+with tensorflow_start_up_quieted():
+    import keras
+    import numpy as np
+
+    import netreduce.tensorflow as nrtf
+    import netreduce.tensorflow.keras as hvd  # <- was: import horovod.tensorflow.keras as hvd
 
 
 def make_data(samples: int, seed: int = 0):
