@@ -2,6 +2,7 @@
 extension ``netreduce._native`` (C++17, pybind11, -O3, no -march=native: the SIMD
 reduction kernels pick their instruction set at run time)."""
 import glob
+import json
 import os
 import shutil
 import subprocess
@@ -9,10 +10,6 @@ import sys
 
 from pybind11.setup_helpers import ParallelCompile, Pybind11Extension, build_ext
 from setuptools import find_packages, setup
-
-# Compile the native sources on every core (35 files: a cold build takes about 50 s
-# on 2 cores, 85 s of CPU). NPY_NUM_BUILD_JOBS=<n> sets how many.
-ParallelCompile("NPY_NUM_BUILD_JOBS", default=0).install()
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -101,6 +98,53 @@ def _say_what_is_left_out():
         print(f"netreduce: building without {m}", file=sys.stderr)
 
 
+def native_config(sources=None):
+    """What a build of the extension compiles in, as found on this machine: the
+    optional libraries (verbs, AF_XDP, the CRC-32's), its sources, macros and
+    libraries. Recorded beside the build's objects (config_changed)."""
+    return {"verbs": HAVE_VERBS, "xdp": HAVE_XDP, "crc32": CRC32[0] if CRC32 else "zlib",
+            "sources": sorted(sources if sources is not None else native_sources()),
+            "folders": INCLUDE_DIRS + LIBRARY_DIRS,  # pkg-config's, for the libraries found
+            "python": sys.version.split()[0]}
+
+
+def config_changed(stamp, config):
+    """None when ``stamp`` (a JSON file) records ``config``; otherwise what changed, in
+    words, and ``stamp`` now records ``config``. setuptools rebuilds an extension only
+    when a source is newer than it: installing libibverbs-dev (or libxdp, ISA-L)
+    between two ``pip install .`` changes what the sources compile to, not their
+    dates, so the build in build/ was reused and the new transport silently left out."""
+    try:
+        with open(stamp) as f:
+            before = json.load(f)
+    except (OSError, ValueError):
+        before = None
+    if before == config:
+        return None
+    if before is None:
+        why = "no record of what the native objects in build/ were compiled with"
+    else:
+        names = {"verbs": "the verbs transport (libibverbs-dev)",
+                 "xdp": "the AF_XDP transport (libxdp-dev, libbpf-dev, clang)",
+                 "crc32": "the ICRC's CRC-32 library", "sources": "the native sources",
+                 "python": "the Python version", "folders": "the libraries' folders"}
+        changes = []
+        for key in sorted(set(before) | set(config)):
+            if before.get(key) != config.get(key):
+                old, new = before.get(key), config.get(key)
+                if isinstance(new, bool):
+                    changes.append(f"{names.get(key, key)} {'found' if new else 'gone'}")
+                elif key in ("sources", "folders"):
+                    changes.append(names[key] + " changed")
+                else:
+                    changes.append(f"{names.get(key, key)}: {old} -> {new}")
+        why = "since the last build, " + "; ".join(changes)
+    os.makedirs(os.path.dirname(stamp) or ".", exist_ok=True)
+    with open(stamp, "w") as f:
+        json.dump(config, f, indent=1)
+    return why
+
+
 def native_sources():
     found = glob.glob(os.path.join("native", "**", "*.cc"), recursive=True)
     if not HAVE_VERBS:
@@ -134,6 +178,18 @@ class BuildExt(build_ext):
 
     def build_extensions(self):
         _say_what_is_left_out()
+        stamp = os.path.join(self.build_temp, "netreduce_native_config.json")
+        why = config_changed(stamp, native_config())
+        target = self.get_ext_fullpath("netreduce._native")
+        built = os.path.exists(target)
+        if why and built and not self.force:  # (a first build compiles everything anyway)
+            print(f"netreduce: {why}: compiling every native source again", file=sys.stderr)
+            self.force = True  # build_ext rebuilds the extension, not only newer sources
+        inputs = [f for e in self.extensions for f in list(e.sources) + list(e.depends)]
+        if self.force or not built or any(os.path.getmtime(f) > os.path.getmtime(target)
+                                          for f in inputs if os.path.exists(f)):
+            print(f"netreduce: compiling the native module ({len(native_sources())} C++ "
+                  "files; about a minute on 2 cores)", file=sys.stderr)
         if HAVE_XDP:
             out_dir = os.path.join(self.build_temp, "xdp")
             os.makedirs(out_dir, exist_ok=True)
@@ -183,44 +239,53 @@ ext = Pybind11Extension(
     depends=[XDP_SOURCE, os.path.join("native", "transport", "xdp", "xdp_steer_abi.h")],
 )
 
-setup(
-    name="netreduce",
-    version="0.1.0",
-    description="In-network aggregation all-reduce for distributed deep-learning training",
-    python_requires=">=3.9",
-    packages=find_packages(include=["netreduce", "netreduce.*"]) + ADAPTER_PACKAGES,
-    package_dir={name: path for name, path in FRAMEWORKS.items() if name in ADAPTERS},
-    package_data={"netreduce": ["_native.pyi", "py.typed"],
-                  **{n: files for n, files in ADAPTER_DATA.items() if n in ADAPTERS}},
-    ext_modules=[ext],
-    cmdclass={"build_ext": BuildExt},
-    # prometheus_client: netreduce-switch --metrics-port (pure Python, no dependencies).
-    # msgspec: the control protocol's schema (netreduce/protocol/messages.py)
-    install_requires=["numpy>=1.21", "prometheus_client>=0.20", "cryptography>=3.1",
-                      "msgspec>=0.18"],
-    extras_require={
-        # import-linter: the layer contracts (pyproject.toml, scripts/check_imports.py)
-        # cryptography (a core dependency too): the TLS tests make a throwaway CA with it.
-        "test": ["pytest>=7", "hypothesis>=6", "pytest-timeout", "import-linter>=2.13",
-                 "cryptography>=3.1"],
-        "torch": ["torch"],
-        # TensorFlow and MXNet cannot share numpy (>=1.26 vs <1.24): scripts/env_*.sh
-        # give each its own environment; these extras are what a user installs.
-        "tensorflow": ["tensorflow-cpu>=2.16"],
-        "mxnet": ["mxnet==1.9.1", "numpy<1.24"],
-        "bench": ["matplotlib", "mpi4py"],
-        # Ray Train's TorchTrainer (netreduce.torch.ray_train) and RayExecutor
-        "ray": ["ray[train]>=2.40"],
-        # netreduce.planner (GRID-style routing: the LP is solved by scipy's HiGHS)
-        "planner": ["scipy>=1.9", "pyyaml"],
-    },
-    entry_points={
-        "console_scripts": [
-            "netreduce-switch=netreduce.switch:main",
-            "netreduce-run=netreduce.launcher:main",
-            "netreduce-testbed=netreduce.testbed.cli:main",
-            "netreduce=netreduce.cli:main",
-        ]
-    },
-    zip_safe=False,
-)
+
+def main():
+    # Compile the native sources on every core (35 files: a cold build takes about 50 s
+    # on 2 cores, 85 s of CPU). NPY_NUM_BUILD_JOBS=<n> sets how many.
+    ParallelCompile("NPY_NUM_BUILD_JOBS", default=0).install()
+    setup(
+        name="netreduce",
+        version="0.1.0",
+        description="In-network aggregation all-reduce for distributed deep-learning training",
+        python_requires=">=3.9",
+        packages=find_packages(include=["netreduce", "netreduce.*"]) + ADAPTER_PACKAGES,
+        package_dir={name: path for name, path in FRAMEWORKS.items() if name in ADAPTERS},
+        package_data={"netreduce": ["_native.pyi", "py.typed"],
+                      **{n: files for n, files in ADAPTER_DATA.items() if n in ADAPTERS}},
+        ext_modules=[ext],
+        cmdclass={"build_ext": BuildExt},
+        # prometheus_client: netreduce-switch --metrics-port (pure Python, no dependencies).
+        # msgspec: the control protocol's schema (netreduce/protocol/messages.py)
+        install_requires=["numpy>=1.21", "prometheus_client>=0.20", "cryptography>=3.1",
+                          "msgspec>=0.18"],
+        extras_require={
+            # import-linter: the layer contracts (pyproject.toml, scripts/check_imports.py)
+            # cryptography (a core dependency too): the TLS tests make a throwaway CA with it.
+            "test": ["pytest>=7", "hypothesis>=6", "pytest-timeout", "import-linter>=2.13",
+                     "cryptography>=3.1"],
+            "torch": ["torch"],
+            # TensorFlow and MXNet cannot share numpy (>=1.26 vs <1.24): scripts/env_*.sh
+            # give each its own environment; these extras are what a user installs.
+            "tensorflow": ["tensorflow-cpu>=2.16"],
+            "mxnet": ["mxnet==1.9.1", "numpy<1.24"],
+            "bench": ["matplotlib", "mpi4py"],
+            # Ray Train's TorchTrainer (netreduce.torch.ray_train) and RayExecutor
+            "ray": ["ray[train]>=2.40"],
+            # netreduce.planner (GRID-style routing: the LP is solved by scipy's HiGHS)
+            "planner": ["scipy>=1.9", "pyyaml"],
+        },
+        entry_points={
+            "console_scripts": [
+                "netreduce-switch=netreduce.switch:main",
+                "netreduce-run=netreduce.launcher:main",
+                "netreduce-testbed=netreduce.testbed.cli:main",
+                "netreduce=netreduce.cli:main",
+            ]
+        },
+        zip_safe=False,
+    )
+
+
+if __name__ == "__main__":  # (tests/unit/test_build_config.py imports the functions above)
+    main()
