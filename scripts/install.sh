@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Install netreduce and what its examples (main) or its test suite (test) need,
-# on a fresh Debian machine. Idempotent: what is there already is skipped.
+# on a fresh Debian machine. Idempotent: what is there already is skipped. The
+# README's "What the install commands install" lists all of it (kept in step by
+# tests/unit/test_install_script.py); each step says what it does before it starts.
 #   bash scripts/install.sh main    # the package + PyTorch (CPU)
-#   bash scripts/install.sh test    # + test tools, tshark, Open MPI, nftables, iproute2
+#   bash scripts/install.sh test    # + the test suite's tools, peers and frameworks
 set -euo pipefail
 what=${1:-main}
 cd "$(dirname "$0")/.."
+say() { echo "install.sh: $*"; }
 
 apt_pkgs=()
 need() { command -v "$1" >/dev/null 2>&1 || apt_pkgs+=("$2"); }
@@ -51,7 +54,7 @@ need xdp-loader xdp-tools
 [ -e /usr/include/infiniband/verbs.h ] || apt_pkgs+=(libibverbs-dev)
 if [ ${#apt_pkgs[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    echo "install.sh: apt-get install ${apt_pkgs[*]}"
+    say "apt-get install ${apt_pkgs[*]} (Debian packages; a minute or more)"
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq && apt-get install -y -qq "${apt_pkgs[@]}" >/dev/null
   else
@@ -60,10 +63,13 @@ if [ ${#apt_pkgs[@]} -gt 0 ]; then
 fi
 
 py=${PYTHON:-python3}
+into=$($py -c 'import sys; print(sys.prefix)')
 # torch is pinned: the CPU wheel for 2.13.0; a looser pin pulls a multi-GB CUDA build.
+say "pip install torch 2.13.0 (CPU), pybind11, setuptools, wheel into $into (a large download the first time)"
 $py -m pip install -q "torch==2.13.0" "pybind11>=2.12" "setuptools>=64" wheel
 extras=torch
 [ "$what" = test ] && extras="torch,test,bench,planner"
+say "pip install -e .[$extras]: netreduce's dependencies, then its native module (about a minute to compile on 2 cores)"
 $py -m pip install -q --no-build-isolation -e ".[$extras]"
 
 if [ "$what" = test ]; then
@@ -71,20 +77,25 @@ if [ "$what" = test ]; then
   # fail here, not as a hang or a skip, if the test extra did not bring them.
   $py -c "import pytest_timeout, cryptography.x509"
   # The control-port fuzz harness (fuzz/control_fuzzer.py)
-  $py -c "import atheris" 2>/dev/null || $py -m pip install -q atheris
+  $py -c "import atheris" 2>/dev/null || { say "pip install atheris"; $py -m pip install -q atheris; }
   # Ray Train for tests/parallel/test_ray.py (pinned: 2.60 adds only its own
   # packages beside torch 2.13 and TensorFlow, upgrading none of theirs)
-  $py -c "import ray.train.torch" 2>/dev/null || $py -m pip install -q "ray[train]==2.60.0"
+  $py -c "import ray.train.torch" 2>/dev/null || \
+    { say "pip install ray[train] 2.60.0"; $py -m pip install -q "ray[train]==2.60.0"; }
   # torchvision's models for Horovod's elastic example (tests/parallel/test_elastic_examples.py)
   # and the elastic benchmark: 0.28.0 is the release for torch 2.13, --no-deps so that it
   # cannot replace the CPU torch (its wheel is the CUDA build: docs/elastic.md says how
   # its models still load on CPU)
-  $py -m pip show -q torchvision >/dev/null 2>&1 || $py -m pip install -q --no-deps "torchvision==0.28.0" pillow
+  $py -m pip show -q torchvision >/dev/null 2>&1 || \
+    { say "pip install torchvision 0.28.0 (--no-deps), pillow"; \
+      $py -m pip install -q --no-deps "torchvision==0.28.0" pillow; }
   # The peers the tests compare against, and one environment per framework group
   # that cannot share this one's numpy (each script caches what it builds under
   # ~/.cache/netreduce and is a no-op when its environment is already complete).
   for env_script in scripts/env_*.sh; do
     [ -e "$env_script" ] || continue
+    say "$env_script (says what it installs; a no-op when it is there)"
     PYTHON=$py bash "$env_script"
   done
 fi
+say "done ($what); \`netreduce info\` says what the native module was built with"
