@@ -14,6 +14,9 @@ from netreduce.switch.commands import HANDLERS, RequestError, register_handler
 from netreduce.switch.waits import resolve
 
 log = logging.getLogger("netreduce.switch")
+# What a handler raises on values it cannot use (an unknown dtype's KeyError, an
+# overflow, the binding's TypeError): a refusal of the request, not the daemon's bug.
+UNUSABLE = (KeyError, IndexError, TypeError, ValueError, ArithmeticError, RecursionError)
 
 
 def greet(sess: Any, msg: messages.Request) -> "tuple[bytes, bool]":
@@ -60,6 +63,13 @@ def reply_line(msg: messages.Request, result: Optional[messages.Reply],
     if isinstance(error, (RequestError, ProtocolError)):
         return messages.encode_error(str(error), msg.id)
     cmd = messages.command(msg)
+    if isinstance(error, UNUSABLE):
+        # Values the schema let through but a handler (or the binding) could not use,
+        # e.g. a dtype no tensor has: hostile or broken input, refused by its kind only
+        # (the text may be the binding's) and logged quietly (a stranger could flood).
+        log.debug("control request '%s' refused: %r", cmd, msg, exc_info=error)
+        return messages.encode_error(f"malformed '{cmd}' request: the aggregator cannot use "
+                                     f"its values ({type(error).__name__})", msg.id)
     log.error("control request '%s' failed: %r", cmd, msg, exc_info=error)
     return messages.encode_error(f"the aggregator could not serve '{cmd}': an internal error "
                                  "(logged by the aggregator)", msg.id)
