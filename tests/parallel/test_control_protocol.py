@@ -19,7 +19,7 @@ import uuid
 
 import pytest
 
-from netreduce.errors import AdmissionError
+from netreduce.errors import AdmissionError, ControlPlaneError
 from netreduce.protocol import messages
 from netreduce.protocol.address import parse_address
 from netreduce.protocol.client import ControlConnection
@@ -122,6 +122,18 @@ def test_a_plaintext_rank_against_a_tls_aggregator_is_told_to_set_the_ca(tmp_pat
     text = str(info.value)
     assert f"the aggregator at 127.0.0.1:{d.address[1]} speaks TLS: set NETREDUCE_TLS_CA" in text, \
         text
+
+
+def test_a_tls_rank_against_a_plaintext_aggregator_is_refused_at_once(daemon, tmp_path,
+                                                                     monkeypatch):
+    _, _, ca = make_ca(tmp_path, "ca")
+    monkeypatch.setenv("NETREDUCE_TLS_CA", str(ca))  # TLS to the aggregators it was given
+    monkeypatch.setenv("NETREDUCE_SWITCH", f"127.0.0.1:{daemon.address[1]}")
+    with pytest.raises(ControlPlaneError) as info:
+        dataplane.connect(daemon.address, _job(), 0, 1, timeout=60.0)
+    text = str(info.value)
+    # closed at its ClientHello, not left waiting for a line end until a timeout
+    assert "TLS handshake failed" in text and "timed out" not in text, text
 
 
 RANK = r"""
