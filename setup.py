@@ -270,6 +270,8 @@ def main():
             "tensorflow": ["tensorflow-cpu>=2.16"],
             "mxnet": ["mxnet==1.9.1", "numpy<1.24"],
             "bench": ["matplotlib", "mpi4py"],
+            # scripts/lint.py (pinned: a new release brings new findings; bump on purpose)
+            "lint": ["ruff==0.17.6", "mypy==2.4.1"],
             # Ray Train's TorchTrainer (netreduce.torch.ray_train) and RayExecutor
             "ray": ["ray[train]>=2.40"],
             # netreduce.planner (GRID-style routing: the LP is solved by scipy's HiGHS)

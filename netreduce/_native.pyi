@@ -159,7 +159,8 @@ def compute_icrc_for(src: str, dst: str, src_port: int, dst_port: int,
 HAVE_VERBS: bool
 
 
-def probe_verbs(aggregator: str, device: str = ...) -> Dict[str, Any]: ...  # device, gid_index, ip, mtu_bytes, max_payload
+# device, gid_index, ip, mtu_bytes, max_payload
+def probe_verbs(aggregator: str, device: str = ...) -> Dict[str, Any]: ...
 
 
 class VerbsTransport:

@@ -72,7 +72,7 @@ def as_op(op) -> ReduceOp:
     else:
         raise InvalidTypeError(f"op must be a netreduce.ReduceOp, its name or Horovod's integer "
                         f"value, got {type(op).__name__}")
-    result.wire  # raises UnsupportedError (a NotImplementedError) for Adasum
+    result.wire  # noqa: B018  raises UnsupportedError (a NotImplementedError) for Adasum
     return result
 
 

@@ -32,6 +32,9 @@ if [ "$what" = test ]; then
   need clang++ clang
   ls /usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a >/dev/null 2>&1 || \
     apt_pkgs+=(libclang-rt-dev)
+  # scripts/lint.py: the native code's format and bug-pattern checks (native/.clang-*)
+  need clang-format clang-format
+  need clang-tidy clang-tidy
 fi
 # What setup.py compiles in where it finds it (each left out otherwise, and `netreduce
 # info` says so): the build itself needs only a C++17 compiler, Python's headers and zlib.
@@ -68,7 +71,7 @@ into=$($py -c 'import sys; print(sys.prefix)')
 say "pip install torch 2.13.0 (CPU), pybind11, setuptools, wheel into $into (a large download the first time)"
 $py -m pip install -q "torch==2.13.0" "pybind11>=2.12" "setuptools>=64" wheel
 extras=torch
-[ "$what" = test ] && extras="torch,test,bench,planner"
+[ "$what" = test ] && extras="torch,test,bench,planner,lint"
 say "pip install -e .[$extras]: netreduce's dependencies, then its native module (about a minute to compile on 2 cores)"
 $py -m pip install -q --no-build-isolation -e ".[$extras]"
 

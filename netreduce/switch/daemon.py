@@ -13,7 +13,7 @@ import socket
 import ssl
 import sys
 import threading
-from typing import Optional, Sequence, Tuple
+from typing import Any, Optional, Sequence, Tuple
 
 from netreduce import config
 from netreduce._version import __version__
@@ -169,7 +169,7 @@ def _loopback(host: str) -> bool:
         infos = socket.getaddrinfo(host, None)
     except OSError:
         return False
-    addrs = {ipaddress.ip_address(ai[4][0].split("%")[0]) for ai in infos}
+    addrs = {ipaddress.ip_address(str(ai[4][0]).split("%")[0]) for ai in infos}
     return bool(addrs) and all(a.is_loopback or (getattr(a, "ipv4_mapped", None) or a).is_loopback
                                for a in addrs)
 
@@ -196,7 +196,7 @@ def default_slots(payload_bytes: Optional[int], max_payload: int) -> int:
                           DEFAULT_INFLIGHT_SLOTS * max_payload // payload_bytes))
 
 
-def _start_aggregator(native, args) -> Tuple[object, int]:
+def _start_aggregator(native: Any, args: argparse.Namespace) -> Tuple[Any, int]:
     """Start the native aggregator; with --port 0 find a port free for TCP and UDP."""
     attempts = 20 if args.port == 0 else 1
     last: Optional[Exception] = None

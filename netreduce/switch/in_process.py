@@ -11,7 +11,7 @@ rank's aggregates its range of every buffer (netreduce/algorithms/host_fallback.
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import Any, Optional
 
 from netreduce import _native
 from netreduce.errors import NetReduceError
@@ -55,7 +55,9 @@ class LocalAggregator:
                     pass
         else:
             raise NetReduceError(f"cannot start this rank's aggregator on {host}:{port}: {last}")
-        self.aggregator, self.server, self.port = agg, srv, chosen
+        self.aggregator, self.port = agg, chosen
+        self.server: Optional[ControlServer] = srv
+        self.published: Optional[Published] = None
         self._thread = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.1},
                                         name="netreduce-local-aggregator", daemon=True)
         self._thread.start()

@@ -67,6 +67,7 @@ Status PathMtu(const std::string& host, uint16_t port, int* mtu, bool* ipv6) {
   int fd = socket(family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return IoError(Errno("socket"));
   const int level = v6 ? IPPROTO_IPV6 : IPPROTO_IP;
+  // NOLINTNEXTLINE(bugprone-branch-clone): both are 2 on Linux, named for each family
   int pmtu = v6 ? IPV6_PMTUDISC_DO : IP_PMTUDISC_DO;
   setsockopt(fd, level, v6 ? IPV6_MTU_DISCOVER : IP_MTU_DISCOVER, &pmtu, sizeof(pmtu));
   sockaddr_storage sa{};
