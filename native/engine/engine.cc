@@ -110,4 +110,17 @@ Engine::Message::Message(Engine& e, Request& req)
   rs_.sendq.clear();
 }
 
+void Engine::Message::Finish() {
+  rs_.clean = true;
+  // The reorder window narrows again after kReorderQuietMessages messages in which no
+  // resend proved needless by a second result (engine_timing::kMaxReorderSteps).
+  if (e_.late_seen_) {
+    e_.reorder_quiet_ = 0;
+  } else if (++e_.reorder_quiet_ >= kReorderQuietMessages) {
+    e_.reorder_steps_ = 1;
+    e_.reorder_quiet_ = 0;
+  }
+  e_.late_seen_ = false;
+}
+
 }  // namespace netreduce

@@ -154,6 +154,12 @@ class Engine {
   void SampleGap(double sample_us);
   int64_t GapTimeout() const;
   uint32_t next_msg_ = 0;
+  // RACK-style reorder window steps (engine_timing::kMaxReorderSteps) and the messages
+  // since the last resend proven needless by a second result.
+  uint32_t reorder_steps_ = 1;
+  uint32_t reorder_quiet_ = 0;
+  bool late_seen_ = false;  // this message saw such a resend
+  int64_t reorder_step_us_ = 0;  // when the window last widened
   std::mt19937_64 rng_;
 
   std::mutex mu_;

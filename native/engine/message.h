@@ -43,7 +43,7 @@ class Engine::Message {
   Status Drain(Transport& sock);
   Status SweepTimers();
   // Every chunk answered: every slot idle again (RunState::clean).
-  void Finish() { rs_.clean = true; }
+  void Finish();
 
  private:
   // Who a chunk's result goes to (owner delivery, reduce-scatter): the message's

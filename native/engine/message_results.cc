@@ -85,6 +85,12 @@ void Engine::Message::LateResult(const wire::Header& h) {
     if (r.head) e_.SampleRtt(double(r.sample_us));
     r.sample_us = -1;
     e_.spurious_retransmits_++;
+    // One step per round trip: a burst of late results is one piece of evidence.
+    if (rx_now_ - e_.reorder_step_us_ >= int64_t(e_.srtt_us_)) {
+      e_.reorder_steps_ = std::min(e_.reorder_steps_ + 1, kMaxReorderSteps);
+      e_.reorder_step_us_ = rx_now_;
+    }
+    e_.late_seen_ = true;
   }
 }
 
@@ -143,7 +149,8 @@ void Engine::Message::Complete(SlotTrack& t, bool repeat_seen, bool in_lane_orde
   // Overtaken: only chunks of t's lane, sent no later than t was last sent (a chunk
   // resent since had its own chance). Next expected: the lane's oldest chunk after t,
   // once it has been out for the least round trip seen.
-  const int64_t reorder_us = std::max<int64_t>(kReorderFloorUs, int64_t(e_.srtt_us_ / 4));
+  const int64_t reorder_us =
+      std::max<int64_t>(kReorderFloorUs, int64_t(e_.srtt_us_ / 4 * e_.reorder_steps_));
   std::deque<uint32_t>& order = rs_.lane_order[lane];
   const uint32_t mine = uint32_t(&t - slots_.data());
   size_t pos = 0;  // t's place in its lane: usually the front (results in order)

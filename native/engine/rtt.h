@@ -18,6 +18,13 @@ inline int64_t NowUs() {
 constexpr int64_t kMaxRtoUs = 1000000;
 constexpr int64_t kInitialRtoUs = 5000;  // before the first round-trip sample
 constexpr int64_t kReorderFloorUs = 50;  // least reorder window of an overtaken chunk
+// The reorder window of an overtaken chunk is srtt/4 times a step count (RACK's
+// reo_wnd_steps, RFC 8985 6.2): each resend proven needless by a second result (the
+// original's result was only late: reordering, or a descheduled sender on a loaded
+// host) widens it by a step, up to kMaxReorderSteps; kReorderQuietMessages messages
+// without one narrow it back to a single step.
+constexpr uint32_t kMaxReorderSteps = 8;
+constexpr uint32_t kReorderQuietMessages = 16;
 // A held chunk's probe interval (engine.cc, held notices), doubling up to the cap: it
 // waits for other ranks, and only its result, once sent, can be lost.
 constexpr int64_t kHeldProbeUs = kMaxRtoUs;
