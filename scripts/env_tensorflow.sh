@@ -11,4 +11,9 @@ if $py -c "import tensorflow, keras" >/dev/null 2>&1; then
 fi
 echo "env_tensorflow.sh: pip install tensorflow-cpu 2.21 into $($py -c 'import sys; print(sys.prefix)')"
 $py -m pip install -q "tensorflow-cpu==2.21.*"
-$py -c "import tensorflow, keras" >/dev/null
+# Imports, checked: TensorFlow's C++ start-up log (oneDNN, CPU features) is shown only
+# when the import fails.
+if ! out=$($py -c "import tensorflow, keras" 2>&1); then
+  echo "$out" >&2
+  exit 1
+fi
