@@ -26,13 +26,15 @@ import tempfile
 def tensorflow_start_up_quieted():
     """TensorFlow's C++ side logs its start-up to stderr at INFO and WARNING (oneDNN,
     CPU features, dataset notes): most of an example's output, none of it news.
-    TF_CPP_MIN_LOG_LEVEL=2 quiets those from here on; the oneDNN notice at import
-    ignores it, so stderr is caught during the import and all but TensorFlow's own
-    INFO/WARNING lines passed on. Set TF_CPP_MIN_LOG_LEVEL yourself to see them."""
-    if "TF_CPP_MIN_LOG_LEVEL" in os.environ:
+    TF_CPP_MIN_LOG_LEVEL (2 unless set: errors only) quiets those from here on; the
+    oneDNN notice at import ignores it, so stderr is caught during the import and
+    passed on but for TensorFlow's lines below that level. TF_CPP_MIN_LOG_LEVEL=0
+    shows them all."""
+    level = int(os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2") or 0)
+    if level <= 0:
         yield
         return
-    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    below = "I" if level == 1 else "IW"
     sys.stderr.flush()
     saved = os.dup(2)
     with tempfile.TemporaryFile() as caught:
@@ -44,7 +46,8 @@ def tensorflow_start_up_quieted():
             os.close(saved)
             caught.seek(0)
             for line in caught.read().decode(errors="replace").splitlines(keepends=True):
-                if not re.match(r"[IW]\d{4} |WARNING: All log messages before absl::", line):
+                if not re.match(rf"[{below}]\d{{4}} |WARNING: All log messages before absl::",
+                                line):
                     sys.stderr.write(line)
 
 
