@@ -41,7 +41,12 @@ class _Netreduce:
         return {"packets_sent": st.get("packets_sent", 0),
                 "retransmits": st.get("retransmits", 0) + st.get("fast_retransmits", 0),
                 # the engine's sleeps (waits for results): wake-ups per all-reduce
-                "waits": st.get("waits", 0)}
+                "waits": st.get("waits", 0),
+                # which rule resent (docs/protocol.md), and how many proved needless
+                "fast_retransmits": st.get("fast_retransmits", 0),
+                "timeout_probes": st.get("timeout_probes", 0),
+                "spurious_retransmits": st.get("spurious_retransmits", 0),
+                "group_datagrams": st.get("group_datagrams", 0)}
 
     def close(self):
         try:
