@@ -278,7 +278,7 @@ def child_environment(**knobs: Any) -> Dict[str, str]:
 # Other launchers' variables that rank discovery understands (netreduce/environment.py).
 LAUNCHER_PREFIXES = ("OMPI_COMM_WORLD_", "PMIX_", "PMI_", "MPI_LOCAL", "SLURM_",
                      "HOROVOD_", "TORCHELASTIC_")
-LAUNCHER_NAMES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+LAUNCHER_NAMES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
                   "MASTER_ADDR", "MASTER_PORT")
 
 

@@ -22,8 +22,11 @@ from __future__ import annotations
 
 import atexit
 import datetime
+import json
+import os
 import socket
-from typing import Any, List
+import time
+from typing import Any, List, Tuple
 
 import torch
 import torch.distributed as dist
@@ -34,7 +37,7 @@ from netreduce import config, environment
 from netreduce.worker import process_sets as _ps
 from netreduce.protocol import auth
 from netreduce.protocol.address import format_address, parse_address
-from netreduce.errors import InvalidArgumentError, UnsupportedError
+from netreduce.errors import ControlPlaneError, InvalidArgumentError, UnsupportedError
 
 from . import mpi_ops, scatter_gather
 from .futures import completer, cuda_devices
@@ -289,14 +292,36 @@ for _collective in ("gather", "scatter", "send", "recv", "recv_anysource", "allg
 _embedded_switch = None
 
 
+def _process_start() -> float:
+    """When this process started (wall clock): its /proc entry's creation time, else
+    the import of this module."""
+    try:
+        return os.stat(f"/proc/{os.getpid()}").st_ctime
+    except OSError:
+        return _IMPORTED
+
+
+_IMPORTED = time.time()
+# How much older than this process the aggregator record of its own round may look:
+# clock skew between torchrun's nodes. A record of an earlier round is older by the
+# whole restart (workers stopped, a new rendezvous, workers started): seconds.
+RECORD_SKEW_S = 0.5
+
+
 def _ensure_aggregator(store: Any, rank: int, size: int) -> None:
     """Under a launcher that starts no aggregator (torchrun) and without
     NETREDUCE_SWITCH, rank 0 starts one and tells the others its address through
-    torch's own store, the rendezvous every rank already shares."""
+    torch's own store, the rendezvous every rank already shares.
+
+    torchrun --nnodes MIN:MAX restarts every worker at each membership change and
+    (sharing its TCPStore across rounds) hands the new workers the same store, keys
+    of the previous round included: so the record says when it was written and for
+    how many ranks, and the other ranks wait for one written by this round's rank 0
+    — after they started, for this world size — instead of dialing a gone aggregator."""
     global _embedded_switch
     if mpi_ops.is_initialized() or size == 1 or config.get("NETREDUCE_SWITCH"):
         return
-    key = "netreduce/switch"
+    key = "netreduce/aggregator"
     if rank == 0:
         from netreduce.switch import spawn_for_job
         single_host = environment.discover().local_size == size
@@ -312,15 +337,32 @@ def _ensure_aggregator(store: Any, rank: int, size: int) -> None:
         _embedded_switch = spawn_for_job(listen)
         atexit.register(_embedded_switch.stop)
         address = format_address((host, _embedded_switch.address[1]))
-        store.set(key + "/secret", secret)
-        store.set(key, address)
+        store.set(key, json.dumps({"address": address, "secret": secret, "size": size,
+                                   "written": time.time()}))
     else:
-        address = store.get(key).decode()
-        secret = store.get(key + "/secret").decode()
+        address, secret = _published(store, key, size)
     parse_address(address, what="the aggregator address in torch's store")
     # netreduce.init() reads the aggregator address and job secret from its configuration
     config.set_for_process("NETREDUCE_SWITCH", address)
     config.set_for_process("NETREDUCE_JOB_SECRET", secret)
+
+
+def _published(store: Any, key: str, size: int) -> Tuple[str, str]:
+    """The aggregator record this round's rank 0 wrote (see _ensure_aggregator)."""
+    started = _process_start() - RECORD_SKEW_S
+    deadline = time.monotonic() + float(config.get("NETREDUCE_START_TIMEOUT"))
+    while True:
+        record = json.loads(store.get(key).decode())  # waits for the first one
+        if record["written"] >= started and record["size"] == size:
+            return record["address"], record["secret"]
+        if time.monotonic() >= deadline:
+            raise ControlPlaneError(
+                f"rank of {size}: the aggregator record in torch's store was written at "
+                f"{record['written']:.3f} for {record['size']} ranks, before this process "
+                f"started ({started:.3f}); this round's rank 0 did not publish its aggregator "
+                "within NETREDUCE_START_TIMEOUT (or the nodes' clocks differ by more than "
+                f"{RECORD_SKEW_S} s: set NETREDUCE_SWITCH to an aggregator instead)")
+        time.sleep(0.1)
 
 
 def stop_embedded_aggregator() -> None:
@@ -332,11 +374,24 @@ def stop_embedded_aggregator() -> None:
         switch.stop()
 
 
+def _label_torchrun_node() -> None:
+    """Under torchrun, LOCAL_RANK/LOCAL_WORLD_SIZE number the ranks of one agent (a
+    node, GROUP_RANK): two agents on one machine are two nodes to torchrun, so they
+    are two hosts to netreduce's layout check too (NETREDUCE_HOST_LABEL; a label
+    only ever splits a machine, so one agent per machine changes nothing)."""
+    env = config.launcher_environment()
+    if config.get("NETREDUCE_HOST_LABEL") or not env.get("TORCHELASTIC_RUN_ID") or \
+            env.get("GROUP_RANK") is None:
+        return
+    config.set_for_process("NETREDUCE_HOST_LABEL", f"torchrun-node-{env['GROUP_RANK']}")
+
+
 def _create(opts, backend_options=None):
     """torch's extended creator API: it names the group's ranks in the job."""
     store, rank, size = opts.store, opts.group_rank, opts.group_size
     ranks = list(getattr(opts, "global_ranks_in_group", []) or [])
     if not ranks:  # the default group
+        _label_torchrun_node()
         _ensure_aggregator(store, rank, size)
     return ProcessGroupNetReduce(store, rank, size, opts.timeout, global_ranks=ranks)
 
