@@ -65,7 +65,10 @@ def worker_scale(args: argparse.Namespace) -> None:
 
     from netreduce.protocol import messages
     from netreduce.protocol.signature import Signature
-    from netreduce.worker.negotiation import ResponseCache
+    try:
+        from netreduce.worker.response_cache import ResponseCache
+    except ImportError:  # a checkout from before ResponseCache had its own file
+        from netreduce.worker.negotiation import ResponseCache  # type: ignore[no-redef]
     host, port = args.switch.rsplit(":", 1)
     sig = Signature("allreduce", "float32", (1024,), "sum")
 
@@ -188,7 +191,10 @@ def _rounds(args: argparse.Namespace, address: Any, ranks: range) -> List[float]
     import numpy as np
 
     from netreduce.worker import dataplane
-    from netreduce.worker.response_cache import HEADER
+    try:
+        from netreduce.worker.agreement import HEADER
+    except ImportError:  # a checkout from before Agreement had its own file
+        from netreduce.worker.response_cache import HEADER  # type: ignore[no-redef]
     with ThreadPoolExecutor(max_workers=args.count) as pool:
         conns = list(pool.map(lambda r: dataplane.connect(address, args.job + "-dp", r,
                                                           args.size, timeout=120.0), ranks))

@@ -34,7 +34,10 @@ def worker(args: argparse.Namespace) -> None:
 
     import netreduce as nr
     from netreduce.worker import communicator as cm
-    from netreduce.worker import response_cache as rc
+    try:
+        from netreduce.worker import agreement as rc
+    except ImportError:  # a checkout from before Agreement had its own file
+        from netreduce.worker import response_cache as rc
     events = []
     clock = time.perf_counter_ns
 

@@ -6,7 +6,7 @@ here: tensors that are ready together and travel with the same dtype and wire op
 reduced as one message. The data plane requires identical message sizes in
 identical order on all ranks, so the cut is a pure function of the ready list: the
 coordinator (netreduce/switch/coordinator.py) applies it to the negotiated log, the
-ranks' own agreement (netreduce/worker/response_cache.py) to the ids they agreed on.
+ranks' own agreement (netreduce/worker/agreement.py) to the ids they agreed on.
 Each rank's side — copying a group into one buffer and back — is
 netreduce/worker/fusion_buffer.py.
 """

@@ -1,6 +1,6 @@
 """A tensor's negotiation signature (kind, dtype, shape, op, scales, root): how the
 coordinator compares what ranks submitted, words a mismatch the way Horovod does,
-and keys fusion; netreduce/switch/coordinator.py and netreduce/worker/response_cache.py
+and keys fusion; netreduce/switch/coordinator.py and netreduce/worker/agreement.py
 use it."""
 from __future__ import annotations
 

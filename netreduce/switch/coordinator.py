@@ -13,7 +13,7 @@ the second. Per job it keeps
 * a response cache: a name that was negotiated before with the same signature gets a
   small integer id, and ranks send the id instead of the request. With
   ``agree`` (the job's first hello) ranks do not even send that: they agree on
-  cached tensors among themselves (netreduce/worker/response_cache.py) and come here only
+  cached tensors among themselves (netreduce/worker/agreement.py) and come here only
   for new, changed or stalled ones.
 
 Each rank holds one connection (role ``all``) carrying, by request id, its
@@ -114,7 +114,7 @@ class JobState:
         self.join_ranks: set = set()
         self.last_join = -1
         self.previous: Optional["JobState"] = None  # the run this one replaced
-        # Ranks agree on cached tensors among themselves (netreduce/worker/response_cache.py):
+        # Ranks agree on cached tensors among themselves (netreduce/worker/agreement.py):
         # fixed by the job's first hello, so that every rank runs the same rounds.
         self.agree = False
         self.epoch = 0  # an elastic job's membership epoch (switch/epochs.py); 0: none

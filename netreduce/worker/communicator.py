@@ -39,8 +39,9 @@ from netreduce.worker import unmatched
 from netreduce.worker.fusion_buffer import FusionBuffer
 from netreduce.worker.handle import Handle, Tensor
 from netreduce.protocol.messages import Failure, NegotiateReply, TensorRequest
-from netreduce.worker.negotiation import NegotiationClient, ResponseCache
-from netreduce.worker.response_cache import ROUND_SEQ, Agreement
+from netreduce.worker.negotiation import NegotiationClient
+from netreduce.worker.response_cache import ResponseCache
+from netreduce.worker.agreement import ROUND_SEQ, Agreement
 
 log = logging.getLogger("netreduce")
 # Seconds a transfer under way may still finish after a rank died without shutdown().
@@ -96,7 +97,7 @@ class Communicator:
                                   start_timeout=float(knobs["NETREDUCE_START_TIMEOUT"]),
                                   timeout=float(knobs["NETREDUCE_TIMEOUT"]),
                                   agree=bool(knobs.get("NETREDUCE_CACHE_AGREEMENT", True)))
-        # Steady state without the coordinator (netreduce/worker/response_cache.py), when the
+        # Steady state without the coordinator (netreduce/worker/agreement.py), when the
         # job agreed on it at hello (every rank must run the same rounds).
         self.agreement = (Agreement(self, self.neg.width, self.neg.threshold)
                           if getattr(self.neg, "agree", False) and size > 1 else None)
@@ -362,7 +363,7 @@ class Communicator:
     # --- executor thread ---------------------------------------------------------------
     def _execute_loop(self) -> None:
         if self.agreement is not None:
-            self.agreement.loop()  # rounds between the groups (response_cache.py)
+            self.agreement.loop()  # rounds between the groups (agreement.py)
             return
         while True:
             item = self._exec_q.get()

@@ -70,7 +70,7 @@ class Handle:
     def wait(self, timeout: Optional[float] = None) -> Any:
         self._event.waited = True  # a synchronous loop (Speculation reads it)
         if self._helper is not None and timeout is None and not self._event.is_set():
-            self._helper(self)  # runs a speculative step on this thread (response_cache.py)
+            self._helper(self)  # runs a speculative step on this thread (agreement.py)
         if not self._event.wait(timeout):
             raise OperationTimeoutError(
                 f"{tensor_names(self._names or ['?'])} still in flight after waiting "

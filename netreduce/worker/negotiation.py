@@ -1,6 +1,6 @@
-"""Rank side of negotiation: requests, the response cache, and the connection to
-the coordinator (netreduce/switch/coordinator.py has the protocol essay; the
-messages are netreduce/protocol/messages.py's).
+"""Rank side of negotiation: the connection to the coordinator
+(netreduce/switch/coordinator.py has the protocol essay; the messages are
+netreduce/protocol/messages.py's, the response cache netreduce/worker/response_cache.py's).
 
 One connection per rank (protocol/client.py) carries three kinds of request at
 once, each with an id: one outstanding ``negotiate`` — it submits what this rank
@@ -10,14 +10,14 @@ pipe with select(), so a submission made while the poll is out goes at once as a
 ``negotiate_submit``; and one ``negotiate_watch`` that the coordinator answers only
 when the job fails, so failures arrive even when no negotiation is outstanding.
 Tensors already in the response cache skip all of this in the steady state
-(netreduce/worker/response_cache.py).
+(netreduce/worker/agreement.py).
 """
 from __future__ import annotations
 
 import os
 import select
 import threading
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 from netreduce import config
 from netreduce.errors import ControlPlaneError
@@ -86,34 +86,6 @@ class Mailbox:
                 pass
 
 
-class ResponseCache:
-    """name <-> id as the coordinator assigned them. A name goes out as its id only
-    when this rank's signature equals the one the id was assigned for."""
-
-    def __init__(self) -> None:
-        self.id_of: Dict[str, Tuple[int, Sig]] = {}
-        self.name_of: Dict[int, str] = {}
-        self.hits = 0
-
-    def encode(self, name: str, sig: Sig, cacheable: bool) -> Any:
-        known = self.id_of.get(name)
-        if known is not None and known[1] == sig:
-            self.hits += 1
-            return known[0]
-        return TensorRequest.of(name, sig, cacheable)
-
-    def learn(self, assign: Dict[str, int], sigs: Dict[str, Sig]) -> None:
-        for name, new_id in assign.items():
-            old = self.id_of.get(name)
-            if old is not None:
-                self.name_of.pop(old[0], None)
-            self.id_of[name] = (new_id, sigs[name])
-            self.name_of[new_id] = name
-
-    def resolve(self, ref: Any) -> str:
-        return self.name_of[ref] if isinstance(ref, int) else ref
-
-
 class NegotiationClient:
     """One rank's connection to the coordinator, after the hello handshake (which
     returns once every rank of the job has joined, or fails naming the missing
@@ -143,7 +115,7 @@ class NegotiationClient:
             raise
         self.next_seq = reply.seq
         # The job's settings, from its first rank's hello: every rank runs the same
-        # agreement rounds (netreduce/worker/response_cache.py) over the same vector width.
+        # agreement rounds (netreduce/worker/agreement.py) over the same vector width.
         self.agree = reply.agree
         self.width = reply.capacity or capacity
         self.threshold = reply.threshold or threshold

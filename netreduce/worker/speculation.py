@@ -1,7 +1,7 @@
 """The vote folded into the data: a steady step in one data-plane message
 (docs/control_plane.md, "Speculation").
 
-A round (netreduce/worker/response_cache.py) costs one data-plane message before the agreed
+A round (netreduce/worker/agreement.py) costs one data-plane message before the agreed
 group's own message. In a steady training loop the round agrees on the same small
 group step after step, so once two consecutive agreements ran exactly the same one
 group G (same ids, in the same fused order), every rank makes its next message a

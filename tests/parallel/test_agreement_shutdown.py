@@ -1,5 +1,5 @@
 """A rank that shuts down while the others run cache-agreement rounds
-(netreduce/worker/response_cache.py) says so in its last round: afterwards no rank is left
+(netreduce/worker/agreement.py) says so in its last round: afterwards no rank is left
 inside a round's all-reduce waiting for it. Without that, the staying rank's
 executor sat in the data plane until NETREDUCE_TIMEOUT, its shutdown's join gave
 up, and the interpreter's exit with that thread in native code aborted the
@@ -16,7 +16,7 @@ import sys, time
 import numpy as np
 import netreduce as nr
 from netreduce import api
-from netreduce.worker.response_cache import ROUND_SEQ
+from netreduce.worker.agreement import ROUND_SEQ
 nr.init()
 r = nr.rank()
 comm = api._communicator()

@@ -1,5 +1,5 @@
 """Failover in the steady state (issues 14/15): the ranks' agreement on cached
-tensors (rounds, speculative steps; netreduce/worker/response_cache.py) runs with failover
+tensors (rounds, speculative steps; netreduce/worker/agreement.py) runs with failover
 on, and the primary aggregator SIGKILLed while a job loops on cached tensors costs no
 step: every result bit-identical to numpy on every rank, the agreement used before
 and after the kill, the interrupted call an agreement message or an agreed group.

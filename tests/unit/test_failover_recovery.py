@@ -173,7 +173,7 @@ def test_a_rank_that_missed_the_last_results_gets_them_from_a_peer(in_place):
 
 
 def test_a_round_cut_short_decides_the_same_next_call_on_every_rank():
-    """The agreement's messages under failover (response_cache.py, speculation.py):
+    """The agreement's messages under failover (agreement.py, speculation.py):
     call m is a round, a MIN all-reduce whose result decides the next call (here its
     size, as a round decides which group runs next). Ranks 0 and 1 got the round's
     result and went on into the call it decided; rank 2 did not (half of it in

@@ -1,4 +1,4 @@
-"""The steady state without the coordinator (netreduce/worker/response_cache.py): ranks as
+"""The steady state without the coordinator (netreduce/worker/agreement.py): ranks as
 threads through the public API, on the fakes (the fake fabric checks that every
 rank issues the same data-plane messages in the same order, rounds included)."""
 import time

@@ -203,7 +203,7 @@ def test_shutdown_while_speculating_ends_cleanly(ranks):
 def test_an_idle_job_backs_off_and_resumes(ranks):
     """Every message finding every rank with nothing for QUIET_S doubles the idle
     pace (up to max(IDLE_S, stale_s)); the next step resets it and is exact."""
-    from netreduce.worker.response_cache import IDLE_S, QUIET_S
+    from netreduce.worker.agreement import IDLE_S, QUIET_S
 
     def fn(r):
         ag = context.thread.comm.agreement
@@ -222,9 +222,9 @@ def test_first_log_entry_batched_with_its_wake_still_runs(ranks, monkeypatch):
     """A slow executor takes the first submission's wake and its log entry in one
     batch, before the rounds start: the entry must count as received (v[0]), or no
     round ever runs it (a livelock seen under load)."""
-    from netreduce.worker import response_cache
+    from netreduce.worker import agreement
 
-    take = response_cache._take
+    take = agreement._take
 
     def slow_take(q, wait):
         if wait is None:                      # the plain executor, before the rounds
@@ -232,7 +232,7 @@ def test_first_log_entry_batched_with_its_wake_still_runs(ranks, monkeypatch):
             while q.qsize() < 2 and time.monotonic() < deadline:
                 time.sleep(0.001)
         return take(q, wait)
-    monkeypatch.setattr(response_cache, "_take", slow_take)
+    monkeypatch.setattr(agreement, "_take", slow_take)
 
     def fn(r):
         for step in range(3):

@@ -1,0 +1,424 @@
+"""The steady state without the coordinator: Horovod's response-cache agreement,
+run through netreduce's own data plane (docs/control_plane.md).
+
+Once the coordinator has negotiated a tensor, it carries a small integer id (the
+response cache, netreduce/worker/response_cache.py). A later submission of the same name with
+the same signature does not go to the coordinator: the ranks agree among themselves,
+with one tiny all-reduce through the aggregator (op MIN on an int32 vector) that the
+executor thread runs between data-plane messages — a *round*:
+
+    v[0]      log entries this rank has received from the coordinator (MIN: all have)
+    v[1]      1 = this rank has nothing in flight (MIN: 0 when any rank is busy)
+    v[2]      1 = this rank stays, 0 = it is shutting down (MIN: 0 when any rank leaves)
+    v[3 + i]  cache id i: 2 = submitted here, 1 = not (yet), 0 = invalidate it
+
+After a round every rank knows the same three things and acts on them in the same
+order: (1) the coordinator's log entries below v[0], in log order — they arrived
+asynchronously, so they wait for the round that proves every rank has them; (2) the
+ids that are 2 everywhere, fused by fusion.plan in id order; (3) the ids that are 0:
+banned, and every rank that holds one sends it to the coordinator instead, where the
+usual checks, stall reports and NETREDUCE_TIMEOUT errors (naming the tensor and the
+missing ranks) apply. A rank sends 0 for an id when its own signature for that name
+changed (the coordinator then reports the mismatch or assigns a new id: re-caching),
+when it has joined (Horovod's join needs the coordinator's zeros), and when a
+submission has waited ``stale_s`` without every rank agreeing. A banned id is
+allowed again once its tensor's coordinator entry has executed — the same point in
+every rank's sequence.
+
+Why the choice of path is the same on every rank: a name has one operation in
+flight at a time, its next submission comes after the previous one completed, and
+everything that decides the path (the id, learned before the previous execution;
+the bans, applied at a round or at an execution) is fixed by then on every rank.
+
+A rank with work starts a round at once (or after NETREDUCE_CYCLE_TIME when it
+wakes from an idle spell, to batch a burst); a rank with nothing joins rounds at
+``IDLE_S`` intervals, so that a rank waiting on a tensor that another rank never
+submits learns so within that (and ``stale_s`` later hands it to the coordinator,
+whose timeout error names the missing ranks). A job idle for ``QUIET_S`` (every
+message found every rank with nothing) backs off, doubling the pace up to
+max(IDLE_S, stale_s): 2 tiny all-reduces per second instead of 20 at the default
+timeout, and a missing rank is still seen within stale_s. Before a rank's first submission it runs no round: init()
+still uses the flat data plane for the host-layout exchange.
+
+A rank that shuts down says so in its last round (v[2] = 0): after that round every
+rank stops running rounds (its cached submissions go to the coordinator), so no rank
+is left inside a round's all-reduce waiting for one that has gone — an executor
+thread still in the data plane when the interpreter exits aborts the process.
+"""
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import time
+from typing import Any, Dict, List, Optional, Set, Tuple
+
+import numpy as np
+
+from netreduce.errors import NegotiationError, NetReduceError, tensor_names
+from netreduce.protocol import fusion
+from netreduce.protocol.signature import fusion_key, nbytes
+from netreduce.worker.speculation import Speculation
+
+WAKE = ("wake",)            # put on the executor's queue: new local work
+BITS_SEQ = -2               # Tensor.seq of a submission waiting in the agreement
+GROUP_SEQ = -1              # executing a group agreed by a round (no log position)
+ROUND_SEQ = 1 << 62         # executing a round: any failure aborts it
+INVALID, WAITING, READY = 0, 1, 2
+HEADER = 3
+MAX_WIDTH = 4096            # ids a round covers (int32 each); larger ids stay with the coordinator
+POLL_S = 0.01               # while speculating: the executor's look at submissions left to it
+IDLE_S = 0.05               # a rank with nothing follows others' rounds at this pace at most
+QUIET_S = 1.0               # ... and backs off once every rank has had nothing for this long
+NOTICE_GRACE_S = 2.0        # a failed round waits this long for the coordinator's reason
+
+
+class Agreement:
+    """One communicator's rounds. ``route`` runs on user threads (under the
+    communicator's lock), ``loop`` is the executor thread."""
+
+    ROUND_SEQ, GROUP_SEQ = ROUND_SEQ, GROUP_SEQ   # for netreduce/worker/speculation.py
+
+    def __init__(self, comm: Any, width: int, threshold: int) -> None:
+        self.comm = comm
+        self.width = max(0, min(int(width), MAX_WIDTH))
+        self.threshold = int(threshold)
+        self.stale_s = min(0.5, 0.05 * comm.timeout_s)
+        self.lock = threading.Lock()
+        self.pending: Dict[int, Any] = {}       # id -> Tensor submitted here, not agreed
+        self.since: Dict[int, float] = {}       # id -> when (monotonic)
+        self.invalidate: Set[int] = set()       # ids to send as 0 next round
+        self.banned: Set[int] = set()
+        self.armed = False
+        self.off: Optional[bool] = None         # decided at the first submission
+        self.leaving = False                    # this rank's shutdown: said in its next round
+        self.said_leaving = False               # ... and that round has run
+        self.spec = Speculation(self)           # steady steps in one message (speculation.py)
+        # One message at a time, from the executor or a waiting user thread (help):
+        # run_lock guards what follows and the speculation's state.
+        self.run_lock = threading.Lock()
+        self.held: List[Tuple[int, list]] = []  # log entries received, not yet agreed
+        self.received = 0                       # log entries received (v[0])
+        self.hot = False                        # the last message found a rank busy
+        self.last_message = time.monotonic()
+        self.gap = IDLE_S                       # the idle pace now (backs off when quiet)
+        self.quiet_since: Optional[float] = None
+        self.vec = np.empty(HEADER + self.width, dtype=np.int32)
+        self.rounds = 0                         # statistics (tests, benchmarks)
+        self.agreed = 0                         # tensors executed without the coordinator
+        self.fallbacks = 0                      # tensors sent back to the coordinator
+
+    # --- user threads -------------------------------------------------------------
+    def route(self, tensors: List[Any]) -> List[Any]:
+        """Take the submissions that every rank sends through the agreement; return
+        the rest (for the coordinator). Caller holds the communicator's lock."""
+        rest, took = [], False
+        cache = self.comm.cache
+        if self.off is None:
+            # Rounds and speculative messages are calls of comm.dp like any other: under
+            # failover (netreduce/worker/failover.py) an interrupted one completes on the next
+            # path with the same result on every rank (docs/failover.md, "Rounds").
+            self.off = False
+        if self.off:
+            return tensors
+        with self.lock:
+            self.armed = True
+            for t in tensors:
+                known = cache.id_of.get(t.name)
+                if known is None or t.kind == "join":
+                    rest.append(t)
+                    continue
+                i, sig = known
+                if sig != t.sig or i >= self.width or i in self.banned:
+                    if sig != t.sig and i < self.width:
+                        self.invalidate.add(i)  # the others may hold it here
+                    rest.append(t)
+                    continue
+                t.seq = BITS_SEQ
+                t.handle._helper = self.help
+                cache.hits += 1
+                self.pending[i] = t
+                self.since[i] = time.monotonic()
+                took = True
+        if rest or (took and not (self.spec.waited and self.spec.covered())):
+            # A submission that completes the speculative group, on a rank whose user
+            # waited for the last one, is left to the user's wait (help), or to the
+            # executor's poll if no wait comes: waking the executor costs more than
+            # the step (two threads of one process contending for one core).
+            self.comm._exec_q.put(WAKE)
+        return rest
+
+    # --- executor thread ------------------------------------------------------------
+    def loop(self) -> None:
+        comm, q = self.comm, self.comm._exec_q
+        stopping = False
+        while True:
+            if comm._failure is not None or not self.armed:
+                # The plain executor: entries as they come (after a failure, those up
+                # to ``after`` still run; the communicator's rules decide). Entries
+                # held for a round that will not come go first: their handles wait.
+                with self.run_lock:
+                    if comm._failure is not None:
+                        self._run_held(len(self.held))
+                if stopping:
+                    return
+                items = _take(q, None)
+                with self.run_lock:
+                    for item in items:
+                        if item is None:
+                            stopping = True
+                        elif item is not WAKE:
+                            # Counted here too: the first submission arms the rounds,
+                            # and its log entry may come in the same batch as its wake
+                            # (a slow executor); uncounted, no round would ever run it.
+                            self.held.append(item)
+                            self.received = max(self.received, item[0] + 1)
+                    if comm._failure is not None or not self.armed:
+                        self._run_held(len(self.held))
+                        if stopping:
+                            return
+                continue
+            # Read without run_lock (only this thread changes ``held``; the rest only
+            # sets how long to wait), so that a poll never delays a user's help.
+            local = bool(self.held or self.pending or self.invalidate)
+            if stopping and not self.held and self.said_leaving:
+                return
+            due = self.last_message + self.gap - time.monotonic()
+            # With work here: a message now. Without: follow the others' messages, at
+            # IDLE_S at most, so that a rank waiting for us learns within that that
+            # we have not submitted its tensor (and can fall back to the coordinator).
+            wait = 0.0 if local or stopping else max(0.0, due)
+            if self.spec.polling():
+                wait = min(wait, POLL_S)        # a submission left to a wait that never came
+            items = _take(q, wait)
+            if not local and not self.hot and items and comm.cycle_s > 0:
+                time.sleep(comm.cycle_s)        # woke from idle: let the burst arrive
+                items += _take(q, 0.0)
+            if not stopping and all(item is WAKE for item in items) and time.monotonic() - \
+                    self.last_message < self.gap and not (self.held or self.pending or self.invalidate):
+                continue                        # a poll, or work a user thread ran (help)
+            with self.run_lock:
+                for item in items:
+                    if item is None:
+                        stopping = self.leaving = True
+                    elif item is not WAKE:
+                        self.held.append(item)
+                        self.received = max(self.received, item[0] + 1)
+                if comm._failure is not None or not self.armed:
+                    continue
+                if not (self.held or self.pending or self.invalidate or stopping) and \
+                        time.monotonic() - self.last_message < self.gap:
+                    continue                    # a waiting user thread ran it meanwhile
+                self._message()
+
+    def help(self, handle: Any) -> None:
+        """Handle.wait on a user thread: while the next message is speculative and
+        this rank holds all of its group, run it here rather than wake the executor
+        and wait to be woken back (two thread hand-offs per step). The run lock
+        keeps one message at a time; either thread may issue it, the sequence of
+        messages is the same."""
+        comm, q, spec = self.comm, self.comm._exec_q, self.spec
+        while not handle._event.is_set() and spec.armed:
+            self.run_lock.acquire()             # the executor may be issuing one
+            try:
+                with q.mutex:                   # only wake-ups queued: they are ours
+                    idle = all(item is WAKE for item in q.queue)
+                    if idle:
+                        q.queue.clear()
+                with self.lock:
+                    mine = spec.ids is not None and all(i in self.pending for i in spec.ids)
+                if not (idle and mine and not self.held and comm._failure is None):
+                    break
+                self._message(by_user=True)
+            finally:
+                self.run_lock.release()
+        if not handle._event.is_set():
+            q.put(WAKE)                         # not (or no longer) ours: the executor's
+
+    def _message(self, by_user: bool = False) -> None:
+        """The next data-plane message of the agreement: a speculative one or a
+        round, as the previous message's result decided. Caller holds run_lock."""
+        comm = self.comm
+        self.last_message = time.monotonic()
+        if self.spec.armed:
+            # Held log entries wait for the round that follows (the speculation says
+            # ``other``, so it is not speculative again).
+            self.hot = True
+            idle = self.spec.idle
+            self.spec.run(bool(self.held), by_user)
+            self._pace(self.spec.idle > idle)
+            return
+        result = self._round(self.received,
+                             bool(self.held or self.pending or comm._inflight))
+        if result is None:
+            return                              # failed: the plain executor takes over
+        self.hot = result[1] == 0
+        self._pace(bool(result[1]))             # 1: no rank had anything in flight
+        agreed_seq = int(result[0])
+        ready = sum(1 for h in self.held if h[0] < agreed_seq)
+        self._run_held(ready, allow=True)
+        self._apply(result[HEADER:])
+        if result[2] == 0:
+            self._end()                         # a rank leaves: no more rounds, anywhere
+
+    def _pace(self, quiet: bool) -> None:
+        """The idle pace after a message: IDLE_S while anything happens; once every
+        message has found every rank with nothing for QUIET_S, doubled per message
+        up to max(IDLE_S, stale_s) (a rank waiting on us still learns within its
+        stale_s, and the coordinator's timeout is far beyond)."""
+        if not quiet:
+            self.quiet_since, self.gap = None, IDLE_S
+        elif self.quiet_since is None:
+            self.quiet_since = self.last_message
+        elif self.last_message - self.quiet_since > QUIET_S:
+            self.gap = min(2 * self.gap, max(IDLE_S, self.stale_s))
+
+    def _run_held(self, count: int, allow: bool = False) -> None:
+        """Run the first ``count`` log entries held (in log order, as received)."""
+        run, self.held = self.held[:count], self.held[count:]
+        for seq, group in run:
+            if allow:
+                self._allow(group)
+            self.comm._run_item(seq, group)
+
+    def _round(self, received: int, busy: bool) -> Optional[np.ndarray]:
+        comm, vec = self.comm, self.vec
+        now = time.monotonic()
+        with comm._lock, self.lock:
+            joined = any(t.kind == "join" and t.seq < 0 for t in comm._inflight.values())
+            vec[0] = received
+            vec[1] = 0 if busy else 1
+            vec[2] = 0 if self.leaving else 1
+            self.said_leaving = self.leaving
+            vec[HEADER:] = WAITING
+            for i in self.pending:
+                vec[HEADER + i] = INVALID if now - self.since[i] > self.stale_s else READY
+            for i in self.invalidate:
+                vec[HEADER + i] = INVALID
+            self.invalidate.clear()
+            if joined:
+                vec[HEADER:] = INVALID          # joined: the coordinator sends the zeros
+        with comm._lock:
+            if comm._failure is not None:
+                return None
+            comm._executing = ROUND_SEQ
+        try:
+            comm.dp.allreduce(vec, None, op="min")
+            self.rounds += 1
+            return vec.copy()
+        except Exception as exc:
+            self._message_failed(exc)
+            return None
+        finally:
+            with comm._lock:
+                comm._executing = None
+
+    def _message_failed(self, exc: Exception) -> None:
+        """A round or a speculative message raised: report it (the plain executor
+        takes over once comm._failure is set)."""
+        comm = self.comm
+        if not isinstance(exc, NetReduceError):  # a bug here must not leave users hanging
+            comm._report_local_failure(NetReduceError(
+                f"rank {comm.rank}: the agreement round failed: {exc!r}"))
+            return
+        # A peer's death often breaks the round (shared memory notices at once)
+        # just before the coordinator says who died and how: prefer its word.
+        deadline = time.monotonic() + NOTICE_GRACE_S
+        while comm._failure is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if comm._failure is None:
+            comm._report_local_failure(self._round_error(exc))
+
+    def _round_error(self, exc: NetReduceError) -> NetReduceError:
+        if getattr(self.comm.dp, "name", "") == "failover":
+            return exc  # its verdict: the aggregators that failed, why no path is left
+        with self.lock:
+            names = [t.name for t in self.pending.values()]
+        what = tensor_names(names) if names else "no cached tensor"
+        return NegotiationError(
+            f"rank {self.comm.rank} of job '{self.comm.job}': the ranks' agreement on cached "
+            f"tensors did not complete ({what} waiting here): {exc}; a rank that neither "
+            "submits nor leaves for NETREDUCE_TIMEOUT stops the job")
+
+    def _apply(self, marks: np.ndarray) -> None:
+        """Act on a round's result: bans, fallbacks, then the agreed groups."""
+        comm = self.comm
+        invalid = np.flatnonzero(marks == INVALID)
+        ready = np.flatnonzero(marks == READY)
+        moved, agreed = [], []
+        with comm._lock:
+            with self.lock:
+                for i in invalid.tolist():
+                    self.banned.add(i)
+                    t = self.pending.pop(i, None)
+                    self.since.pop(i, None)
+                    if t is not None:
+                        t.seq = -1
+                        moved.append(t)
+                for i in ready.tolist():
+                    agreed.append(self.pending.pop(i))
+                    self.since.pop(i, None)
+            if moved:
+                comm._new.extend(moved)
+        if moved:
+            self.fallbacks += len(moved)
+            os.write(comm._wake_w, b"x")
+        if not agreed:
+            return
+        ids = ready.tolist()
+        items = [(t.name, fusion_key(t.sig), nbytes(t.sig)) for t in agreed]
+        groups = [(tuple(ids[k] for k in g), [agreed[k] for k in g])
+                  for g in fusion.plan(items, self.threshold)]
+        self.spec.agreed(groups)
+        for _, tensors in groups:
+            for t in tensors:
+                t.seq = GROUP_SEQ
+            self.agreed += len(tensors)
+            comm._run_item(GROUP_SEQ, tensors)
+
+    def _end(self) -> None:
+        """A round said a rank is leaving: from here on every rank runs the plain
+        executor, and what waited for an agreement goes to the coordinator (which
+        fails it naming the rank that left, as without the agreement)."""
+        comm = self.comm
+        with comm._lock:
+            with self.lock:
+                self.off, self.armed = True, False
+                self.spec.disarm()
+                moved = list(self.pending.values())
+                self.pending.clear()
+                self.since.clear()
+                for t in moved:
+                    t.seq = -1
+            if moved:
+                comm._new.extend(moved)
+        if moved:
+            self.fallbacks += len(moved)
+            os.write(comm._wake_w, b"x")
+
+    def _allow(self, group: List[Any]) -> None:
+        """A coordinator entry runs at the same point everywhere: its ids may be agreed
+        on again (the next submission of the name comes after this execution)."""
+        cache = self.comm.cache
+        with self.lock:
+            for t in group:
+                known = cache.id_of.get(t.name) if t is not None else None
+                if known is not None and known[1] == t.sig:
+                    self.banned.discard(known[0])
+
+
+def _take(q: "queue.Queue[Any]", wait: Optional[float]) -> List[Any]:
+    """Everything on the queue; blocks up to ``wait`` (None: until one item) first."""
+    items = []
+    try:
+        if wait is None:
+            items.append(q.get())
+        elif wait > 0:
+            items.append(q.get(timeout=wait))
+    except queue.Empty:
+        pass
+    while True:
+        try:
+            items.append(q.get_nowait())
+        except queue.Empty:
+            return items
