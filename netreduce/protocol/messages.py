@@ -404,6 +404,57 @@ class NegotiateAbort(Request, tag="negotiate_abort"):
     reason: Annotated[str, Meta(max_length=1 << 16)] = "unknown error"
 
 
+# --- an elastic job's driver (netreduce/launcher/elastic/server.py) -------------------
+# The port of netreduce-run's elastic driver speaks this schema too (hello with the
+# version first, challenge, then these), with each worker as the client
+# (netreduce/worker/elastic_member.py). docs/elastic.md has the protocol.
+class ElasticBind(Request, tag="elastic_bind"):
+    """Bind the connection to worker HOST:SLOT of ``job``, proving the job's secret
+    (for rank -1: a worker has no fixed rank)."""
+    job: Name
+    worker: Name
+    auth: Optional[Auth] = None
+
+
+class ElasticJoin(Request, tag="elastic_join"):
+    """This worker's place in the first membership epoch after ``after`` (0: the
+    current one); answered once the driver has formed it."""
+    after: U32 = 0
+
+
+class ElasticJoinReply(Reply):
+    epoch: int = 0
+    rank: int = -1
+    size: int = 0
+    local_rank: int = -1
+    local_size: int = 0
+    cross_rank: int = -1
+    cross_size: int = 0
+    updates: int = 0                   # host updates the epoch reflects
+    removed: str = ""                  # why the epoch leaves this worker out (then no place)
+    stop: str = ""                     # why the driver stopped the job (then no place)
+
+
+class ElasticUpdates(Request, tag="elastic_updates"):
+    """Wait (at most ``wait`` s, 30 at most) for a host update past ``seen``."""
+    seen: U64 = 0
+    wait: Seconds = 0.0
+
+
+class ElasticUpdatesReply(Reply):
+    update: int = 0                    # the driver's latest host update
+    changes: List[Tuple[int, int]] = []  # (update, what: 1 removed, 2 added, 3 both)
+
+
+class ElasticStatus(Request, tag="elastic_status"):
+    """The current epoch, and whether it is ending (a worker checked in or failed)."""
+
+
+class ElasticStatusReply(Reply):
+    epoch: int = 0
+    breaking: bool = True
+
+
 # --- the table ------------------------------------------------------------------------
 # command -> (request type, reply type). The one list of what the control port speaks.
 COMMANDS: Dict[str, Tuple[Type[Request], Type[Reply]]] = {
@@ -428,6 +479,10 @@ COMMANDS: Dict[str, Tuple[Type[Request], Type[Reply]]] = {
     "negotiate_watch": (NegotiateWatch, WatchReply),
     "negotiate_bye": (NegotiateBye, Empty),
     "negotiate_abort": (NegotiateAbort, Empty),
+    "elastic_bind": (ElasticBind, Empty),
+    "elastic_join": (ElasticJoin, ElasticJoinReply),
+    "elastic_updates": (ElasticUpdates, ElasticUpdatesReply),
+    "elastic_status": (ElasticStatus, ElasticStatusReply),
 }
 REPLY_OF: Dict[Type[Request], Type[Reply]] = {req: rep for req, rep in COMMANDS.values()}
 AnyRequest = Union[tuple(req for req, _ in COMMANDS.values())]  # type: ignore[valid-type]

@@ -16,18 +16,17 @@ netreduce/elastic.py turns into HostsUpdatedInterrupt at a commit that all ranks
 """
 from __future__ import annotations
 
-import json
 import logging
-import socket
 import threading
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 from netreduce import config
 from netreduce.errors import (AdmissionError, ControlPlaneError, DataPlaneError, NetReduceError,
                               OperationTimeoutError, RankFailedError, ShutdownError)
-from netreduce.protocol import auth
+from netreduce.protocol import auth, messages
 from netreduce.protocol.address import format_address, parse_address
+from netreduce.protocol.client import ControlConnection
 
 log = logging.getLogger("netreduce")
 
@@ -51,44 +50,42 @@ class ElasticJobOver(NetReduceError):
 
 
 class _DriverConnection:
-    """One connection to the driver, bound to this worker by the job's proof."""
+    """One connection to the driver (the control protocol's schema and version
+    exchange: protocol/client.py), bound to this worker by the job's proof."""
 
     def __init__(self, address: Tuple[str, int], job: str, worker: str, secret: str,
-                 timeout: float) -> None:
-        self.where = f"elastic driver {format_address(address)}"
+                 timeout: Optional[float]) -> None:
+        self.address = format_address(address)
+        self.where = f"elastic driver {self.address} (worker {worker})"
         try:
-            self.sock = socket.create_connection(address, timeout=timeout)
-        except OSError as exc:
-            raise ControlPlaneError(f"{self.where} (worker {worker}): cannot connect: "
-                                    f"{exc}") from None
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.file = self.sock.makefile("rb")
-        self.call("hello", timeout=timeout, job=job, worker=worker,
-                  **auth.prove(lambda cmd, **f: self.call(cmd, timeout=timeout, **f),
-                               secret, job, WORKER_RANK))
+            # the driver is one of the job's own servers: TLS as they serve it
+            self.conn = ControlConnection(address, timeout=timeout, aggregator=False)
+            self.conn.request(messages.ElasticBind(
+                job=job, worker=worker, auth=auth.prove_on(self.conn, secret, job, WORKER_RANK)))
+        except ControlPlaneError as exc:
+            raise self._error(exc) from None
 
-    def call(self, cmd: str, timeout: Optional[float] = None, **fields: Any) -> Dict[str, Any]:
-        line = (json.dumps(dict(fields, cmd=cmd), separators=(",", ":")) + "\n").encode()
+    def request(self, msg: messages.Request, timeout: Optional[float]) -> Any:
+        """``msg``'s reply; ``timeout`` None waits as long as the driver takes."""
         try:
-            self.sock.settimeout(timeout)
-            self.sock.sendall(line)
-            reply = self.file.readline()
-        except OSError as exc:
-            raise ControlPlaneError(f"{self.where}: '{cmd}' failed: {exc}") from None
-        if not reply:
-            raise ControlPlaneError(f"{self.where} closed the connection during '{cmd}' "
-                                    "(did netreduce-run exit?)")
-        out = json.loads(reply)
-        if not out.pop("ok", False):
-            raise ControlPlaneError(f"{self.where}: {out.get('error', 'request refused')}")
-        return out
+            return self.conn.request(msg, timeout=timeout)
+        except ControlPlaneError as exc:
+            raise self._error(exc) from None
+
+    def _error(self, exc: ControlPlaneError) -> ControlPlaneError:
+        """``exc`` naming the driver (the connection's words name "the aggregator")."""
+        text = str(exc)
+        unreachable = f"cannot reach aggregator control port {self.address}: "
+        if text.startswith(unreachable):
+            why = text[len(unreachable):].split("; is netreduce-switch", 1)[0]
+            return ControlPlaneError(f"{self.where}: cannot connect: {why}; is netreduce-run "
+                                     "(the driver) still running?")
+        for said in (f"the aggregator at {self.address}", f"aggregator {self.address}"):
+            text = text.replace(said + ": ", "").replace(said, "it")
+        return ControlPlaneError(f"{self.where}: {text}")
 
     def close(self) -> None:
-        try:
-            self.file.close()
-            self.sock.close()
-        except OSError:
-            pass
+        self.conn.close()
 
 
 class Member:
@@ -98,7 +95,7 @@ class Member:
         self.address = parse_address(address, what="NETREDUCE_ELASTIC")
         self.worker, self.job = worker, job
         self.epoch = 0                  # the last epoch joined (0: none yet)
-        self.assignment: Dict[str, Any] = {}
+        self.assignment: Optional[messages.ElasticJoinReply] = None
         self.synced = 0                 # host updates the current epoch reflects
         self._lock = threading.Lock()
         self._changes: List[Tuple[int, int]] = []  # (update number, flags) seen by the watch
@@ -107,43 +104,44 @@ class Member:
         self._retry_same = False        # the next join() keeps the current epoch
         self._failing_since: Optional[float] = None
 
-    def _connect(self, timeout: float) -> _DriverConnection:
+    def _connect(self, timeout: Optional[float]) -> _DriverConnection:
         return _DriverConnection(self.address, self.job, self.worker, auth.job_secret(), timeout)
 
-    def join(self) -> Dict[str, Any]:
+    def join(self) -> messages.ElasticJoinReply:
         """This worker's place in the epoch after the last one it was in; sets the
         process's rank variables. RemovedFromJob, ElasticJobOver, ControlPlaneError."""
-        if self._retry_same and self.assignment:
+        if self._retry_same and self.assignment is not None:
             self._retry_same = False
             reply = self.assignment
         else:
-            reply = self._driver_call("join", timeout=None, after=self.epoch)
-        if reply.get("removed"):
-            raise RemovedFromJob(f"worker {self.worker} (rank {self.assignment.get('rank', '?')} "
-                                 f"of epoch {self.epoch}) is not in the job's next membership: "
-                                 f"{reply['removed']}")
-        if reply.get("stop"):
+            reply = self._driver_call(messages.ElasticJoin(after=self.epoch), timeout=None)
+        if reply.removed:
+            rank = self.assignment.rank if self.assignment is not None else "?"
+            raise RemovedFromJob(f"worker {self.worker} (rank {rank} of epoch {self.epoch}) is "
+                                 f"not in the job's next membership: {reply.removed}")
+        if reply.stop:
             raise ElasticJobOver(f"worker {self.worker}: the elastic driver stopped the job "
-                                 f"'{self.job}': {reply['stop']}")
-        self.epoch = int(reply["epoch"])
+                                 f"'{self.job}': {reply.stop}")
+        self.epoch = reply.epoch
         self.assignment = reply
         with self._lock:
-            self.synced = int(reply.get("updates", 0))
+            self.synced = reply.updates
             self._changes = [c for c in self._changes if c[0] > self.synced]
-        for knob, key in (("NETREDUCE_RANK", "rank"), ("NETREDUCE_SIZE", "size"),
-                          ("NETREDUCE_LOCAL_RANK", "local_rank"),
-                          ("NETREDUCE_LOCAL_SIZE", "local_size"), ("NETREDUCE_EPOCH", "epoch")):
-            config.set_for_process(knob, reply[key])
+        for knob, value in (("NETREDUCE_RANK", reply.rank), ("NETREDUCE_SIZE", reply.size),
+                            ("NETREDUCE_LOCAL_RANK", reply.local_rank),
+                            ("NETREDUCE_LOCAL_SIZE", reply.local_size),
+                            ("NETREDUCE_EPOCH", reply.epoch)):
+            config.set_for_process(knob, value)
         self._start_watch()
-        log.debug("worker %s: epoch %d, rank %d of %d", self.worker, self.epoch,
-                  reply["rank"], reply["size"])
+        log.debug("worker %s: epoch %d, rank %d of %d", self.worker, self.epoch, reply.rank,
+                  reply.size)
         return reply
 
-    def _driver_call(self, cmd: str, timeout: Optional[float], **fields: Any) -> Dict[str, Any]:
+    def _driver_call(self, msg: messages.Request, timeout: Optional[float]) -> Any:
         if self._join_conn is None:
-            self._join_conn = self._connect(float(config.get("NETREDUCE_TIMEOUT")))
+            self._join_conn = self._connect(None)
         try:
-            return self._join_conn.call(cmd, timeout=timeout, **fields)
+            return self._join_conn.request(msg, timeout=timeout)
         except ControlPlaneError:
             self._join_conn.close()
             self._join_conn = None
@@ -163,9 +161,9 @@ class Member:
             self._failing_since = now
         if now - self._failing_since > float(config.get("NETREDUCE_START_TIMEOUT")):
             raise exc
-        status = self._driver_call("status", timeout=float(config.get("NETREDUCE_TIMEOUT")))
-        self._retry_same = int(status.get("epoch", -1)) == self.epoch and \
-            not status.get("breaking", True)
+        status = self._driver_call(messages.ElasticStatus(),
+                                   timeout=float(config.get("NETREDUCE_TIMEOUT")))
+        self._retry_same = status.epoch == self.epoch and not status.breaking
         log.info("worker %s: start in epoch %d failed (%s); %s", self.worker, self.epoch, exc,
                  "trying again in the same epoch" if self._retry_same else
                  "asking for the next epoch")
@@ -205,8 +203,8 @@ class Member:
                     conn = self._connect(float(config.get("NETREDUCE_TIMEOUT")))
                 with self._lock:
                     seen = max([seen, self.synced] + [c[0] for c in self._changes])
-                reply = conn.call("updates", timeout=UPDATES_WAIT_S + 30, seen=seen,
-                                  wait=UPDATES_WAIT_S)
+                reply = conn.request(messages.ElasticUpdates(seen=seen, wait=UPDATES_WAIT_S),
+                                     timeout=UPDATES_WAIT_S + 30)
             except (ControlPlaneError, OSError, ValueError) as exc:
                 log.debug("worker %s: host-update watch: %s", self.worker, exc)
                 if conn is not None:
@@ -214,7 +212,7 @@ class Member:
                     conn = None
                 threading.Event().wait(RETRY_S)
                 continue
-            changes = [(int(n), int(f)) for n, f in reply.get("changes", [])]
+            changes = [(int(n), int(f)) for n, f in reply.changes]
             if changes:
                 with self._lock:
                     known = {c[0] for c in self._changes}

@@ -32,8 +32,10 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from netreduce.launcher.elastic.assignment import Slot, assign
 from netreduce.launcher.elastic.discovery import DiscoveryError, HostManager, Update
 from netreduce.launcher.elastic.membership import (FAILURE, READY, SUCCESS, Decision,
-                                                   Membership, decide, previous_hosts_check)
+                                                   Membership, decide, describe_exit,
+                                                   previous_hosts_check)
 from netreduce.launcher.elastic.server import BadRequest, DriverServer
+from netreduce.protocol import messages
 
 POLL_S = 0.05            # how often the main loop reaps workers
 DISCOVER_EVERY_S = 1.0   # Horovod's DISCOVER_HOSTS_FREQUENCY_SECS
@@ -56,15 +58,6 @@ class Settings:
 
 def _say(text: str) -> None:
     print(f"netreduce-run: {text}", file=sys.stderr, flush=True)
-
-
-def describe_exit(code: int) -> str:
-    if code < 0:
-        try:
-            return f"was killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"was killed by signal {-code}"
-    return f"exited with code {code}"
 
 
 class Driver:
@@ -95,32 +88,32 @@ class Driver:
         self.history: List[Dict[str, Any]] = []    # one record per epoch (tests, benchmarks)
         self.signals: List[int] = []
         self._stop = threading.Event()
-        self.server = DriverServer(host, job, secret, {"join": self.on_join,
-                                                       "updates": self.on_updates,
-                                                       "status": self.on_status})
+        self.server = DriverServer(host, job, secret, {
+            messages.ElasticJoin: self.on_join, messages.ElasticUpdates: self.on_updates,
+            messages.ElasticStatus: self.on_status})
         self.address = self.server.address
 
     # --- the workers' requests (server threads) -----------------------------------
-    def on_join(self, worker: str, msg: Dict[str, Any]) -> Dict[str, Any]:
-        after = int(msg.get("after", 0))
+    def on_join(self, worker: str, msg: messages.ElasticJoin) -> messages.ElasticJoinReply:
+        after = msg.after
         with self.cond:
             while True:
                 if self.outcome is not None:
-                    return {"stop": self.outcome.message or "the job is over"}
+                    return messages.ElasticJoinReply(stop=self.outcome.message or "the job is over")
                 cur = self.current
                 if cur is not None and cur.epoch > after:
                     if worker not in cur.slots:
-                        return {"removed": self._why_removed(worker, cur)}
+                        return messages.ElasticJoinReply(removed=self._why_removed(worker, cur))
                     if worker in cur.joined or not cur.breaking():
                         cur.joined.add(worker)
-                        return dict(cur.slots[worker].reply(), epoch=cur.epoch,
-                                    updates=cur.updates, job=self.job)
+                        return messages.ElasticJoinReply(epoch=cur.epoch, updates=cur.updates,
+                                                         **cur.slots[worker].reply())
                     # a new worker of an epoch that is ending already: straight on to the next
                     cur.record(worker, READY)
                     self.cond.notify_all()
                 elif cur is not None and cur.epoch == after:
                     if worker not in cur.slots:
-                        return {"removed": self._why_removed(worker, cur)}
+                        return messages.ElasticJoinReply(removed=self._why_removed(worker, cur))
                     if cur.states.get(worker) is None:
                         cur.record(worker, READY)
                         self.cond.notify_all()
@@ -137,24 +130,25 @@ class Driver:
             return f"host {host} is no longer discovered"
         return f"slot {worker} has no rank in {cur.describe()}"
 
-    def on_status(self, worker: str, msg: Dict[str, Any]) -> Dict[str, Any]:
+    def on_status(self, worker: str, msg: messages.ElasticStatus) -> messages.ElasticStatusReply:
         """The current epoch, and whether it is ending (a worker checked in or failed)."""
         with self.cond:
             cur = self.current
-            return {"epoch": cur.epoch if cur is not None else 0,
-                    "breaking": cur is None or self.forming_since is not None or cur.breaking()}
+            return messages.ElasticStatusReply(
+                epoch=cur.epoch if cur is not None else 0,
+                breaking=cur is None or self.forming_since is not None or cur.breaking())
 
-    def on_updates(self, worker: str, msg: Dict[str, Any]) -> Dict[str, Any]:
-        seen = int(msg.get("seen", 0))
-        deadline = time.monotonic() + max(0.0, min(float(msg.get("wait", 0.0)), UPDATES_WAIT_S))
+    def on_updates(self, worker: str, msg: messages.ElasticUpdates) -> messages.ElasticUpdatesReply:
+        deadline = time.monotonic() + max(0.0, min(msg.wait, UPDATES_WAIT_S))
         with self.cond:
-            while self.update_count <= seen and self.outcome is None:
+            while self.update_count <= msg.seen and self.outcome is None:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
                 self.cond.wait(left)
-            return {"update": self.update_count,
-                    "changes": [[n, f] for n, f in self.update_log if n > seen][-64:]}
+            return messages.ElasticUpdatesReply(
+                update=self.update_count,
+                changes=[(n, f) for n, f in self.update_log if n > msg.seen][-64:])
 
     # --- the main loop ------------------------------------------------------------
     def run(self) -> int:

@@ -15,6 +15,7 @@ code 0, else ``FAILURE``) — Horovod's worker-state barrier
 from __future__ import annotations
 
 import dataclasses
+import signal
 import time
 from typing import Dict, List, Optional, Tuple
 
@@ -79,6 +80,20 @@ class Membership:
                             for h in self.hosts()))
 
 
+def describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def exit_code(code: int) -> int:
+    """netreduce-run's exit code for a worker's: a signal's as a shell gives it (128 + n)."""
+    return code if code > 0 else 128 - code
+
+
 @dataclasses.dataclass(frozen=True)
 class Decision:
     kind: str          # "done", "failed" or "reset"
@@ -94,13 +109,14 @@ def decide(m: Membership, blacklist, is_blacklisted, resets: int,
     if m.count(SUCCESS):
         if failures:
             name, code = failures[0]
-            return Decision("failed", f"worker {name} (rank {m.slots[name].rank}) exited with "
-                                      f"code {code} while others finished", code or 1)
+            return Decision("failed", f"worker {name} (rank {m.slots[name].rank}) "
+                                      f"{describe_exit(code)} while others finished",
+                            exit_code(code))
         return Decision("done")
     if failures and len(failures) == m.size:
         name, code = failures[0]
         return Decision("failed", f"every worker of {m.describe()} failed; the first, {name}, "
-                                  f"with code {code}", code or 1)
+                                  f"{describe_exit(code)}", exit_code(code))
     for host in m.failed_hosts():
         blacklist(host)
     if all(is_blacklisted(h) for h in m.hosts()):
