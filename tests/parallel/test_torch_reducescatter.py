@@ -227,7 +227,9 @@ def test_reducescatter_owner_delivery_sends_each_rank_its_shard(ranks):
     import sys
     from netreduce.switch import spawn
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    switch = spawn(host="127.0.0.1", port=0)
+    # unicast: the daemon's default (--fanout segment) sends the all-reduce's results
+    # once to the job's multicast group on loopback, which would hide the N copies
+    switch = spawn(host="127.0.0.1", port=0, fanout="unicast")
     try:
         env = dict(os.environ, NETREDUCE_SWITCH=f"127.0.0.1:{switch.address[1]}",
                    NETREDUCE_ALGORITHM="flat", NETREDUCE_TIMEOUT="20", OMP_NUM_THREADS="1",

@@ -85,6 +85,12 @@ class SoftRoceBed:
                              text=True).stdout
         return sum(int(w.split()[1]) for w in out.split("counter")[1:] if "packets" in w.split()[0])
 
+    def tap_dropped(self) -> int:
+        """Packets the host dropped on their way into the guest: the tap's queue
+        overflows when QEMU (TCG, on a loaded host) reads it too slowly. They crossed
+        the bridge, so the capture has them, but the guest never saw them."""
+        return int(Path(f"/sys/class/net/{self.tap}/statistics/tx_dropped").read_text())
+
     def start_capture(self, path: Path) -> None:
         self.capture = subprocess.Popen(
             ["dumpcap", "-q", "-i", self.bridge, "-P", "-s", "0", "-f", "udp port 4791", "-w", str(path)],

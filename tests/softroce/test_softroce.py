@@ -74,6 +74,7 @@ def run(tmp_path_factory):
             for t in threads:
                 t.start()
             pcap = work / "roce.pcap"
+            tap_dropped = bed.tap_dropped()
             bed.start_capture(pcap)
             worker = REPO / "tests" / "softroce" / "guest_worker.py"
             script = f"""
@@ -100,6 +101,7 @@ exit $rc
             for t in threads:  # a guest that failed leaves the host ranks without a peer
                 t.join(300 if rc == 0 else 5)
             bed.stop_capture()
+            tap_dropped = bed.tap_dropped() - tap_dropped
             dropped = bed.dropped()
         finally:
             agg.stop()
@@ -109,7 +111,7 @@ exit $rc
     log = (rundir / "out.log").read_text() if (rundir / "out.log").exists() else ""
     console = (rundir / "console.log").read_text()[-3000:] if (rundir / "console.log").exists() else ""
     return dict(rc=rc, guest=guest, host=host_results, pcap=pcap, rundir=rundir, dropped=dropped,
-                bed=bed, log=log, console=console)
+                tap_dropped=tap_dropped, bed=bed, log=log, console=console)
 
 
 def _counters(path: Path) -> dict:
@@ -194,6 +196,10 @@ def test_guest_rdma_stack_accepted_every_result(run):
     received = after.get("rcvd_pkts", 0) - before.get("rcvd_pkts", 0)
     bed = run["bed"]
     to_guest = sum(1 for p in roce_pcap.read(run["pcap"]) if p.dst == bed.guest_ip)
-    assert received == to_guest, (received, to_guest, after)
+    # Every packet that reached the guest was taken by its RDMA stack: what the bridge
+    # carried to the guest, less what the host's tap dropped before QEMU read it (a
+    # loaded host's doing, repaired by the protocol like any loss; may include an ARP).
+    delivered = to_guest - run["tap_dropped"]
+    assert delivered <= received <= to_guest, (received, to_guest, run["tap_dropped"], after)
     dmesg = (run["rundir"] / "dmesg.txt").read_text()
     assert "ICRC" not in dmesg.upper().replace("RXE", ""), dmesg[-2000:]
