@@ -47,11 +47,10 @@ thread still in the data plane when the interpreter exits aborts the process.
 """
 from __future__ import annotations
 
-import os
 import queue
 import threading
 import time
-from typing import Any, Dict, List, Optional, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 import numpy as np
 
@@ -75,12 +74,13 @@ NOTICE_GRACE_S = 2.0        # a failed round waits this long for the coordinator
 
 class Agreement:
     """One communicator's rounds. ``route`` runs on user threads (under the
-    communicator's lock), ``loop`` is the executor thread."""
+    communicator's lock), ``loop`` is the executor thread, reading the executor's
+    queue ``q``. Of the communicator it uses only its interface for helpers
+    (communicator.py, "the state its helpers see"); its own lock comes after the
+    communicator's where both are held (route)."""
 
-    ROUND_SEQ, GROUP_SEQ = ROUND_SEQ, GROUP_SEQ   # for netreduce/worker/speculation.py
-
-    def __init__(self, comm: Any, width: int, threshold: int) -> None:
-        self.comm = comm
+    def __init__(self, comm: Any, q: "queue.Queue[Any]", width: int, threshold: int) -> None:
+        self.comm, self.q = comm, q
         self.width = max(0, min(int(width), MAX_WIDTH))
         self.threshold = int(threshold)
         self.stale_s = min(0.5, 0.05 * comm.timeout_s)
@@ -93,6 +93,7 @@ class Agreement:
         self.off: Optional[bool] = None         # decided at the first submission
         self.leaving = False                    # this rank's shutdown: said in its next round
         self.said_leaving = False               # ... and that round has run
+        self.joins: List[Any] = []              # this rank's join()s routed, not yet done
         self.spec = Speculation(self)           # steady steps in one message (speculation.py)
         # One message at a time, from the executor or a waiting user thread (help):
         # run_lock guards what follows and the speculation's state.
@@ -114,18 +115,20 @@ class Agreement:
         the rest (for the coordinator). Caller holds the communicator's lock."""
         rest, took = [], False
         cache = self.comm.cache
-        if self.off is None:
-            # Rounds and speculative messages are calls of comm.dp like any other: under
-            # failover (netreduce/worker/failover.py) an interrupted one completes on the next
-            # path with the same result on every rank (docs/failover.md, "Rounds").
-            self.off = False
-        if self.off:
-            return tensors
-        with self.lock:
+        with self.lock:  # off is set under it (_end): nothing is routed here after
+            if self.off is None:
+                # Rounds and speculative messages are calls of comm.dp like any other: under
+                # failover (netreduce/worker/failover.py) an interrupted one completes on the
+                # next path with the same result on every rank (docs/failover.md, "Rounds").
+                self.off = False
+            if self.off:
+                return tensors
             self.armed = True
             for t in tensors:
                 known = cache.id_of.get(t.name)
                 if known is None or t.kind == "join":
+                    if t.kind == "join":  # every id goes as 0 until its entry came (joined)
+                        self.joins.append(t)
                     rest.append(t)
                     continue
                 i, sig = known
@@ -145,35 +148,31 @@ class Agreement:
             # waited for the last one, is left to the user's wait (help), or to the
             # executor's poll if no wait comes: waking the executor costs more than
             # the step (two threads of one process contending for one core).
-            self.comm._exec_q.put(WAKE)
+            self.q.put(WAKE)
         return rest
 
     # --- executor thread ------------------------------------------------------------
     def loop(self) -> None:
-        comm, q = self.comm, self.comm._exec_q
+        comm, q = self.comm, self.q
         stopping = False
         while True:
-            if comm._failure is not None or not self.armed:
+            if comm.failure() is not None or not self.armed:
                 # The plain executor: entries as they come (after a failure, those up
                 # to ``after`` still run; the communicator's rules decide). Entries
                 # held for a round that will not come go first: their handles wait.
                 with self.run_lock:
-                    if comm._failure is not None:
+                    if comm.failure() is not None:
                         self._run_held(len(self.held))
                 if stopping:
                     return
                 items = _take(q, None)
                 with self.run_lock:
-                    for item in items:
-                        if item is None:
-                            stopping = True
-                        elif item is not WAKE:
-                            # Counted here too: the first submission arms the rounds,
-                            # and its log entry may come in the same batch as its wake
-                            # (a slow executor); uncounted, no round would ever run it.
-                            self.held.append(item)
-                            self.received = max(self.received, item[0] + 1)
-                    if comm._failure is not None or not self.armed:
+                    # Counted here too: the first submission arms the rounds, and its
+                    # log entry may come in the same batch as its wake (a slow
+                    # executor); uncounted, no round would ever run it.
+                    if self._hold(items):
+                        stopping = True
+                    if comm.failure() is not None or not self.armed:
                         self._run_held(len(self.held))
                         if stopping:
                             return
@@ -198,18 +197,27 @@ class Agreement:
                     self.last_message < self.gap and not (self.held or self.pending or self.invalidate):
                 continue                        # a poll, or work a user thread ran (help)
             with self.run_lock:
-                for item in items:
-                    if item is None:
-                        stopping = self.leaving = True
-                    elif item is not WAKE:
-                        self.held.append(item)
-                        self.received = max(self.received, item[0] + 1)
-                if comm._failure is not None or not self.armed:
+                if self._hold(items):
+                    stopping = self.leaving = True
+                if comm.failure() is not None or not self.armed:
                     continue
                 if not (self.held or self.pending or self.invalidate or stopping) and \
                         time.monotonic() - self.last_message < self.gap:
                     continue                    # a waiting user thread ran it meanwhile
                 self._message()
+
+    def _hold(self, items: List[Any]) -> bool:
+        """Hold the log entries among ``items`` (the executor's queue) for the round
+        that proves every rank has them, counted as received (v[0]); True when one
+        says the executor stops. Caller holds run_lock."""
+        stop = False
+        for item in items:
+            if item is None:
+                stop = True
+            elif item is not WAKE:
+                self.held.append(item)
+                self.received = max(self.received, item[0] + 1)
+        return stop
 
     def help(self, handle: Any) -> None:
         """Handle.wait on a user thread: while the next message is speculative and
@@ -217,7 +225,7 @@ class Agreement:
         and wait to be woken back (two thread hand-offs per step). The run lock
         keeps one message at a time; either thread may issue it, the sequence of
         messages is the same."""
-        comm, q, spec = self.comm, self.comm._exec_q, self.spec
+        comm, q, spec = self.comm, self.q, self.spec
         while not handle._event.is_set() and spec.armed:
             self.run_lock.acquire()             # the executor may be issuing one
             try:
@@ -227,7 +235,7 @@ class Agreement:
                         q.queue.clear()
                 with self.lock:
                     mine = spec.ids is not None and all(i in self.pending for i in spec.ids)
-                if not (idle and mine and not self.held and comm._failure is None):
+                if not (idle and mine and not self.held and comm.failure() is None):
                     break
                 self._message(by_user=True)
             finally:
@@ -249,7 +257,7 @@ class Agreement:
             self._pace(self.spec.idle > idle)
             return
         result = self._round(self.received,
-                             bool(self.held or self.pending or comm._inflight))
+                             bool(self.held or self.pending or comm.busy()))
         if result is None:
             return                              # failed: the plain executor takes over
         self.hot = result[1] == 0
@@ -279,13 +287,13 @@ class Agreement:
         for seq, group in run:
             if allow:
                 self._allow(group)
-            self.comm._run_item(seq, group)
+            self.comm.run_group(seq, group)
 
     def _round(self, received: int, busy: bool) -> Optional[np.ndarray]:
-        comm, vec = self.comm, self.vec
+        vec = self.vec
         now = time.monotonic()
-        with comm._lock, self.lock:
-            joined = any(t.kind == "join" and t.seq < 0 for t in comm._inflight.values())
+        with self.lock:
+            joined = self.joined()
             vec[0] = received
             vec[1] = 0 if busy else 1
             vec[2] = 0 if self.leaving else 1
@@ -298,36 +306,55 @@ class Agreement:
             self.invalidate.clear()
             if joined:
                 vec[HEADER:] = INVALID          # joined: the coordinator sends the zeros
-        with comm._lock:
-            if comm._failure is not None:
-                return None
-            comm._executing = ROUND_SEQ
+        if not self.issue(vec, "min"):
+            return None
+        self.rounds += 1
+        return vec.copy()
+
+    def joined(self) -> bool:
+        """Whether a join() of this rank still waits for its log entry: then every id
+        goes as 0 (the coordinator sends the zeros). Caller holds ``lock``."""
+        if not self.joins:
+            return False
+        self.joins = [t for t in self.joins if not t.handle.done()]
+        return any(t.seq < 0 for t in self.joins)
+
+    def issue(self, buf: np.ndarray, op: str, fill: Optional[Callable[..., None]] = None,
+             *args: Any) -> bool:
+        """One of the agreement's own data-plane messages (a round, a speculative
+        step), ``fill(*args)`` first writing this rank's part into ``buf``: from
+        before the fill to the end, a failure reported aborts the data plane under it.
+        False when the job had failed or the message did (reported here: the plain
+        executor takes over)."""
+        comm = self.comm
+        if not comm.begin_message():
+            return False
         try:
-            comm.dp.allreduce(vec, None, op="min")
-            self.rounds += 1
-            return vec.copy()
+            if fill is not None:
+                fill(*args)
+            comm.dp.allreduce(buf, None, op=op)
+            return True
         except Exception as exc:
             self._message_failed(exc)
-            return None
+            return False
         finally:
-            with comm._lock:
-                comm._executing = None
+            comm.end_message()
 
     def _message_failed(self, exc: Exception) -> None:
         """A round or a speculative message raised: report it (the plain executor
-        takes over once comm._failure is set)."""
+        takes over once the communicator has a failure)."""
         comm = self.comm
         if not isinstance(exc, NetReduceError):  # a bug here must not leave users hanging
-            comm._report_local_failure(NetReduceError(
+            comm.report_failure(NetReduceError(
                 f"rank {comm.rank}: the agreement round failed: {exc!r}"))
             return
         # A peer's death often breaks the round (shared memory notices at once)
         # just before the coordinator says who died and how: prefer its word.
         deadline = time.monotonic() + NOTICE_GRACE_S
-        while comm._failure is None and time.monotonic() < deadline:
+        while comm.failure() is None and time.monotonic() < deadline:
             time.sleep(0.01)
-        if comm._failure is None:
-            comm._report_local_failure(self._round_error(exc))
+        if comm.failure() is None:
+            comm.report_failure(self._round_error(exc))
 
     def _round_error(self, exc: NetReduceError) -> NetReduceError:
         if getattr(self.comm.dp, "name", "") == "failover":
@@ -342,27 +369,21 @@ class Agreement:
 
     def _apply(self, marks: np.ndarray) -> None:
         """Act on a round's result: bans, fallbacks, then the agreed groups."""
-        comm = self.comm
         invalid = np.flatnonzero(marks == INVALID)
         ready = np.flatnonzero(marks == READY)
         moved, agreed = [], []
-        with comm._lock:
-            with self.lock:
-                for i in invalid.tolist():
-                    self.banned.add(i)
-                    t = self.pending.pop(i, None)
-                    self.since.pop(i, None)
-                    if t is not None:
-                        t.seq = -1
-                        moved.append(t)
-                for i in ready.tolist():
-                    agreed.append(self.pending.pop(i))
-                    self.since.pop(i, None)
-            if moved:
-                comm._new.extend(moved)
+        with self.lock:
+            for i in invalid.tolist():
+                self.banned.add(i)
+                t = self.pending.pop(i, None)
+                self.since.pop(i, None)
+                if t is not None:
+                    moved.append(t)
+            for i in ready.tolist():
+                agreed.append(self.pending.pop(i))
+                self.since.pop(i, None)
         if moved:
-            self.fallbacks += len(moved)
-            os.write(comm._wake_w, b"x")
+            self._give_back(moved)
         if not agreed:
             return
         ids = ready.tolist()
@@ -371,30 +392,33 @@ class Agreement:
                   for g in fusion.plan(items, self.threshold)]
         self.spec.agreed(groups)
         for _, tensors in groups:
-            for t in tensors:
-                t.seq = GROUP_SEQ
-            self.agreed += len(tensors)
-            comm._run_item(GROUP_SEQ, tensors)
+            self.mark_agreed(tensors)
+            self.comm.run_group(GROUP_SEQ, tensors)
+
+    def mark_agreed(self, tensors: List[Any]) -> None:
+        """``tensors`` run as a group every rank agreed on (a round's, or a
+        speculative step's), at no position of the coordinator's log."""
+        for t in tensors:
+            t.seq = GROUP_SEQ
+        self.agreed += len(tensors)
 
     def _end(self) -> None:
         """A round said a rank is leaving: from here on every rank runs the plain
         executor, and what waited for an agreement goes to the coordinator (which
         fails it naming the rank that left, as without the agreement)."""
-        comm = self.comm
-        with comm._lock:
-            with self.lock:
-                self.off, self.armed = True, False
-                self.spec.disarm()
-                moved = list(self.pending.values())
-                self.pending.clear()
-                self.since.clear()
-                for t in moved:
-                    t.seq = -1
-            if moved:
-                comm._new.extend(moved)
+        with self.lock:
+            self.off, self.armed = True, False
+            self.spec.disarm()
+            moved = list(self.pending.values())
+            self.pending.clear()
+            self.since.clear()
         if moved:
-            self.fallbacks += len(moved)
-            os.write(comm._wake_w, b"x")
+            self._give_back(moved)
+
+    def _give_back(self, tensors: List[Any]) -> None:
+        """Submissions that wait for an agreement no longer: to the coordinator."""
+        self.fallbacks += len(tensors)
+        self.comm.renegotiate(tensors)
 
     def _allow(self, group: List[Any]) -> None:
         """A coordinator entry runs at the same point everywhere: its ids may be agreed

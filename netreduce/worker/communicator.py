@@ -97,10 +97,6 @@ class Communicator:
                                   start_timeout=float(knobs["NETREDUCE_START_TIMEOUT"]),
                                   timeout=float(knobs["NETREDUCE_TIMEOUT"]),
                                   agree=bool(knobs.get("NETREDUCE_CACHE_AGREEMENT", True)))
-        # Steady state without the coordinator (netreduce/worker/agreement.py), when the
-        # job agreed on it at hello (every rank must run the same rounds).
-        self.agreement = (Agreement(self, self.neg.width, self.neg.threshold)
-                          if getattr(self.neg, "agree", False) and size > 1 else None)
         self._lock = threading.Lock()
         self._inflight: Dict[str, Tensor] = {}
         self._new: List[Tensor] = []
@@ -112,6 +108,11 @@ class Communicator:
         self._poll_out = False
         self._wake_r, self._wake_w = os.pipe()
         self._exec_q: "queue.Queue[Optional[tuple]]" = queue.Queue()
+        # Steady state without the coordinator (netreduce/worker/agreement.py), when the
+        # job agreed on it at hello (every rank must run the same rounds); its loop is
+        # the executor's, over the executor's queue.
+        self.agreement = (Agreement(self, self._exec_q, self.neg.width, self.neg.threshold)
+                          if getattr(self.neg, "agree", False) and size > 1 else None)
         self.groups_executed = 0
         self.name_counters: Dict[str, int] = {}  # auto-generated tensor names
         self.topology: Any = None  # environment.Topology, set by netreduce.init()
@@ -253,7 +254,7 @@ class Communicator:
                 if self.timeline:
                     self.timeline.span(t.name, "wait_for_ranks", t.t_sent, now)
             if entry.error:
-                self._complete(group, NegotiationError(entry.error))
+                self.complete(group, NegotiationError(entry.error))
             else:
                 self._exec_q.put((entry.seq, group))
         for stall in reply.stalls:
@@ -280,14 +281,23 @@ class Communicator:
                 self.name_counters[kind] = n + 1
 
     # --- negotiation timeout (netreduce/worker/unmatched.py) -------------------------------
+    def _unmatched(self) -> List[Tensor]:
+        """Tensors that may reach the negotiation timeout (none once failed)."""
+        with self._lock:
+            if self._failure is not None:
+                return []
+            return unmatched.waiting(self._inflight.values(), self._last_reply_us)
+
     def _next_deadline(self) -> Optional[float]:
-        return unmatched.next_deadline(self)
+        return unmatched.next_deadline(self._unmatched(), self.timeout_s)
 
     def _expire_unmatched(self) -> bool:
-        error = unmatched.expired(self)
-        if error is None:
+        now_us = tl.now_us()
+        t = unmatched.expired(self._unmatched(), now_us, self.timeout_s)
+        if t is None:
             return False
-        self._report_local_failure(error)
+        self.report_failure(unmatched.error(t, self._missing.get(t.name), self.rank, self.job,
+                                            self.timeout_s))
         return True
 
     # --- failure ---------------------------------------------------------------------
@@ -326,7 +336,7 @@ class Communicator:
             running = self._executing
         if not caught_up:
             os.write(self._wake_w, b"x")  # the negotiation thread polls for the rest
-        self._complete(doomed, error)
+        self.complete(doomed, error)
         if (abort or running == ROUND_SEQ) and running is not None and \
                 (after is None or running > after):
             if after is None:
@@ -348,7 +358,7 @@ class Communicator:
         except Exception:  # already closed: nothing left to unblock
             pass
 
-    def _complete(self, tensors: List[Tensor], error: Optional[BaseException] = None) -> None:
+    def complete(self, tensors: List[Tensor], error: Optional[BaseException] = None) -> None:
         """Finish each tensor exactly once (failure paths may race with the executor);
         identity, not name, decides: the name may already belong to a resubmission."""
         finished = []
@@ -369,9 +379,9 @@ class Communicator:
             item = self._exec_q.get()
             if item is None:
                 return
-            self._run_item(*item)
+            self.run_group(*item)
 
-    def _run_item(self, seq: int, group: List[Tensor]) -> None:
+    def run_group(self, seq: int, group: List[Tensor]) -> None:
         """Execute one group: a log entry's (seq >= 0) or one agreed by a round (-1)."""
         with self._lock:
             failure, after = self._failure, self._fail_after
@@ -379,11 +389,11 @@ class Communicator:
             if runnable:
                 self._executing = seq
         if not runnable:
-            self._complete(group, failure)
+            self.complete(group, failure)
             return
         try:
             self._execute(group)
-            self._complete(group)
+            self.complete(group)
         except NetReduceError as exc:
             with self._lock:
                 remote = self._failure
@@ -392,24 +402,24 @@ class Communicator:
                 # aggregator / job / slot text that says where.
                 exc = _naming(exc, f"rank {self.rank}: reducing "
                                    f"{tensor_names([t.name for t in group])} failed")
-            self._complete(group, remote or exc)
+            self.complete(group, remote or exc)
             if remote is None:
-                self._report_local_failure(exc)
+                self.report_failure(exc)
         except Exception as exc:
             # The other ranks ran (or wait in) this message: we are out of step
             # with them from here on, so this is fatal for the job, not the group.
             log.exception("netreduce executor failed on %s", [t.name for t in group])
             error = NetReduceError(f"rank {self.rank} failed to reduce "
                                    f"{[t.name for t in group][:5]}: {exc!r}")
-            self._complete(group, error)
-            self._report_local_failure(error)
+            self.complete(group, error)
+            self.report_failure(error)
         finally:
             with self._lock:
                 self._executing = None
                 self._done_seq = max(self._done_seq, seq)
             self.groups_executed += 1
 
-    def _report_local_failure(self, exc: NetReduceError) -> None:
+    def report_failure(self, exc: NetReduceError) -> None:
         # Our data plane broke (timeout, aggregator gone): tell the others so that
         # they fail now rather than at their own timeout, then fail ourselves.
         try:
@@ -445,7 +455,7 @@ class Communicator:
             if total:
                 self.dp.allreduce(src, None if src is out else out, op=wire_op, dtype=dp_dtype)
             t2 = tl.now_us()
-            self._copy_out(first, out)
+            self.copy_out(first, out)
         else:
             if total * storage.itemsize <= self.fusion.capacity:
                 buf = self.fusion.view(storage, total)
@@ -453,13 +463,13 @@ class Communicator:
                 buf = np.empty(total, dtype=storage)
             spans = FusionBuffer.offsets(counts)
             for t, (a, b) in zip(group, spans):
-                self._copy_in(t, buf[a:b])
+                self.copy_in(t, buf[a:b])
             t1 = tl.now_us()
             if total:
                 self.dp.allreduce(buf, None, op=wire_op, dtype=dp_dtype)
             t2 = tl.now_us()
             for t, (a, b) in zip(group, spans):
-                self._copy_out(t, buf[a:b])
+                self.copy_out(t, buf[a:b])
         t3 = tl.now_us()
         if self.timeline:
             args = {"fused": len(group), "bytes": int(total * storage.itemsize)}
@@ -468,7 +478,7 @@ class Communicator:
                 self.timeline.span(t.name, "allreduce", t1, t2, args)
                 self.timeline.span(t.name, "copy_out", t2, t3, args)
 
-    def _copy_in(self, t: Tensor, dst: np.ndarray) -> None:
+    def copy_in(self, t: Tensor, dst: np.ndarray) -> None:
         """dst (wire-typed, flat or the output itself) = this rank's contribution."""
         flat_dst = dst.reshape(-1)
         if t.kind == "broadcast":
@@ -482,7 +492,7 @@ class Communicator:
             return
         scale_into(flat_dst, t.array.reshape(-1), t.sig.prescale, t.dtype, WIRE_DTYPE[t.dtype])
 
-    def _copy_out(self, t: Tensor, src: np.ndarray) -> None:
+    def copy_out(self, t: Tensor, src: np.ndarray) -> None:
         factor = 1.0
         if t.kind == "allreduce":
             factor = t.sig.postscale / self.size if t.op is ReduceOp.Average else t.sig.postscale
@@ -490,9 +500,48 @@ class Communicator:
             return
         scale_into(t.output.reshape(-1), src.reshape(-1), factor, t.dtype, WIRE_DTYPE[t.dtype])
 
-    # --- shutdown -------------------------------------------------------------------
+    # --- the state its helpers see (agreement.py, speculation.py) ---------------------
+    # They run the executor's messages between the groups (rounds, speculative steps)
+    # and hand tensors back; these methods are all they touch of the communicator's
+    # state (tests/unit/test_communicator_interface.py keeps it so).
     def failure(self) -> Optional[NetReduceError]:
+        """The job's first failure (None while it runs)."""
         return self._failure
+
+    def busy(self) -> bool:
+        """Whether any tensor of this rank is in flight (unlocked: a hint)."""
+        return bool(self._inflight)
+
+    def running(self) -> Optional[int]:
+        """The log entry the executor runs (ROUND_SEQ: an agreement's own message),
+        None between them."""
+        return self._executing
+
+    def begin_message(self) -> bool:
+        """The executor starts an agreement's own data-plane message: a failure from
+        here on aborts the data plane under it (_fail). False once the job failed."""
+        with self._lock:
+            if self._failure is not None:
+                return False
+            self._executing = ROUND_SEQ
+            return True
+
+    def end_message(self) -> None:
+        with self._lock:
+            self._executing = None
+
+    def renegotiate(self, tensors: List[Tensor]) -> None:
+        """Tensors an agreement gave up on go to the coordinator, as if just submitted
+        (the negotiation thread sends them); those a failure completed meanwhile stay
+        done."""
+        with self._lock:
+            for t in tensors:
+                if self._inflight.get(t.name) is t:
+                    t.seq = -1
+                    self._new.append(t)
+        os.write(self._wake_w, b"x")
+
+    # --- shutdown -------------------------------------------------------------------
 
     def shutdown(self, timeout: float = 30.0) -> None:
         """Stop negotiating, run the groups already agreed (the other ranks run them
@@ -504,7 +553,7 @@ class Communicator:
         with self._lock:
             doomed = [t for t in self._inflight.values() if t.seq < 0]
         for t in doomed:
-            self._complete([t], ShutdownError(
+            self.complete([t], ShutdownError(
                 f"netreduce was shut down on rank {self.rank} before every rank of job "
                 f"'{self.job}' submitted tensor '{t.name}'"))
         self._exec_q.put(None)

@@ -75,7 +75,7 @@ class Speculation:
         # per tensor of G, from its signature at arming (a step whose signature differs
         # is not G's): whether its contribution is a plain copy into its view, and the
         # factor its result is multiplied by when that is a plain float multiply
-        # (None: the communicator's general _copy_in/_copy_out, e.g. int8 or bfloat16)
+        # (None: the communicator's general copy_in/copy_out, e.g. int8 or bfloat16)
         self.plain_in: List[bool] = []
         self.out_factor: List[Optional[float]] = []
         self.shaped: List[np.ndarray] = []  # the views in each tensor's shape
@@ -87,6 +87,7 @@ class Speculation:
         self.idle = 0                                 # messages where no rank had anything
         self.last_hit = 0.0                           # monotonic
         self.waited = False     # the user was waiting for the last step (run() says why)
+        self.t0 = 0.0           # when the last message's part was written (timeline)
 
     @property
     def armed(self) -> bool:
@@ -148,11 +149,10 @@ class Speculation:
         ag, comm, ids = self.ag, self.ag.comm, self.ids
         assert ids is not None and self.buf is not None and self.votes is not None
         k = len(ids)
-        buf, votes = self.buf, self.votes
         mine: List[Any] = []
         now = time.monotonic()
-        with comm._lock, ag.lock:
-            joined = any(t.sig.kind == "join" and t.seq < 0 for t in comm._inflight.values())
+        with ag.lock:
+            joined = ag.joined()
             other = held or ag.leaving or joined or bool(ag.invalidate) or \
                 not ag.pending.keys() <= self.idset
             for i, sig in zip(ids, self.sigs):
@@ -160,36 +160,15 @@ class Speculation:
                 if t is not None and (now - ag.since[i] > ag.stale_s or t.sig != sig):
                     t, other = None, True   # the round that follows bans it
                 mine.append(t)
-            if comm._failure is not None:
-                return None
-            comm._executing = ag.ROUND_SEQ
-        try:
-            for j, (t, view) in enumerate(zip(mine, self.views)):
-                if t is None:
-                    votes[j] = 0
-                    view.fill(0)
-                else:
-                    votes[j] = 1
-                    if self.plain_in[j]:
-                        self.shaped[j][...] = t.array  # same dtype and shape: a copy
-                    else:
-                        comm._copy_in(t, view)
-            votes[k] = 1 if other else 0
-            t0 = tl.now_us() if comm.timeline else 0.0
-            comm.dp.allreduce(buf, None, op="sum")
-        except Exception as exc:
-            ag._message_failed(exc)
+        if not ag.issue(self.buf, "sum", self._fill, mine, other):
             return None
-        finally:
-            with comm._lock:
-                comm._executing = None
         ag.rounds += 1
-        sums = votes.tolist()
+        sums = self.votes.tolist()
         complete = sums[:k] == self.full
         if complete:
             for t, view, shaped, factor in zip(mine, self.views, self.shaped, self.out_factor):
                 if factor is None:
-                    comm._copy_out(t, view)
+                    comm.copy_out(t, view)
                 elif factor == 1.0:
                     t.output[...] = shaped    # the output has the tensor's dtype and shape
                 else:   # what scale_into does for a float tensor, without its dispatch
@@ -197,18 +176,16 @@ class Speculation:
             if comm.timeline:
                 t1 = tl.now_us()
                 for t in mine:
-                    comm.timeline.span(t.name, "allreduce", t0, t1,
+                    comm.timeline.span(t.name, "allreduce", self.t0, t1,
                                        {"fused": k, "speculative": 1})
             with ag.lock:
                 for i in ids:
                     ag.pending.pop(i, None)
                     ag.since.pop(i, None)
-            for t in mine:
-                t.seq = ag.GROUP_SEQ
-            ag.agreed += k
+            ag.mark_agreed(mine)
             self.hits += 1
             comm.groups_executed += 1
-            comm._complete(mine)
+            comm.complete(mine)
             self.last_hit = now  # (before the message: the 1 s window is coarse)
             # The user waited for this step when it ran it (help), or when its wait was
             # under way as the executor ran it (it lost the run lock to a poll): either
@@ -222,3 +199,21 @@ class Speculation:
         if not complete or sums[k] != 0:
             self.disarm()                     # a round next: it sees what we did not
         return complete
+
+    def _fill(self, mine: List[Any], other: bool) -> None:
+        """This rank's part of the message (Agreement.issue calls it): a vote and the
+        data per tensor of G it holds (``mine``), 0 and zeros for the others."""
+        votes, comm = self.votes, self.ag.comm
+        assert votes is not None
+        for j, (t, view) in enumerate(zip(mine, self.views)):
+            if t is None:
+                votes[j] = 0
+                view.fill(0)
+            else:
+                votes[j] = 1
+                if self.plain_in[j]:
+                    self.shaped[j][...] = t.array  # same dtype and shape: a copy
+                else:
+                    comm.copy_in(t, view)
+        votes[len(mine)] = 1 if other else 0
+        self.t0 = tl.now_us() if comm.timeline else 0.0

@@ -12,45 +12,42 @@ legitimately waits for the others to run out of data.
 from __future__ import annotations
 
 import time
-from typing import Any, List, Optional
+from typing import Any, Iterable, List, Optional
 
 from netreduce.errors import NegotiationError
-from netreduce.worker import timeline as tl
 
 
-def _waiting(comm: Any) -> List[Any]:
-    """Tensors without a log entry that may time out (caller holds comm._lock)."""
-    return [t for t in comm._inflight.values() if t.seq < 0 and t.kind != "join"
-            and comm._last_reply_us > t.t_sent > 0]
+def waiting(inflight: Iterable[Any], last_reply_us: float) -> List[Any]:
+    """Of the tensors in flight, those without a log entry that may time out: sent
+    before the aggregator last answered (``last_reply_us``), join() exempt. The
+    communicator calls it under its lock."""
+    return [t for t in inflight if t.seq < 0 and t.kind != "join"
+            and last_reply_us > t.t_sent > 0]
 
 
-def next_deadline(comm: Any) -> Optional[float]:
-    """Seconds until the oldest such tensor reaches NETREDUCE_TIMEOUT (None: none)."""
-    with comm._lock:
-        if comm._failure is not None:
-            return None
-        oldest = min((t.t_submit for t in _waiting(comm)), default=None)
+def next_deadline(waiting: List[Any], timeout_s: float) -> Optional[float]:
+    """Seconds until the oldest of ``waiting`` reaches NETREDUCE_TIMEOUT (None: none)."""
+    oldest = min((t.t_submit for t in waiting), default=None)
     if oldest is None:
         return None
-    return oldest / 1e6 + comm.timeout_s - time.time()
+    return oldest / 1e6 + timeout_s - time.time()
 
 
-def expired(comm: Any) -> Optional[NegotiationError]:
-    """The error for the oldest tensor past NETREDUCE_TIMEOUT, if there is one."""
-    now_us = tl.now_us()
-    with comm._lock:
-        if comm._failure is not None:
-            return None
-        late = [t for t in _waiting(comm) if now_us - t.t_submit >= comm.timeout_s * 1e6]
-    if not late:
-        return None
-    t = min(late, key=lambda x: x.t_submit)
-    missing = comm._missing.get(t.name)
+def expired(waiting: List[Any], now_us: float, timeout_s: float) -> Optional[Any]:
+    """The oldest of ``waiting`` past NETREDUCE_TIMEOUT at ``now_us``, if there is one."""
+    late = [t for t in waiting if now_us - t.t_submit >= timeout_s * 1e6]
+    return min(late, key=lambda x: x.t_submit) if late else None
+
+
+def error(t: Any, missing: Optional[List[int]], rank: int, job: str,
+          timeout_s: float) -> NegotiationError:
+    """The job-stopping error for tensor ``t``, naming the ranks that did not submit it
+    (``missing``: the aggregator's last stall report for it)."""
     who = (f"rank{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))}"
            if missing else "some ranks")
     kind = "allgather" if t.kind == "allgatherv" else t.kind
     return NegotiationError(
-        f"rank {comm.rank}: {kind} of tensor '{t.name}' was not submitted by {who} of "
-        f"job '{comm.job}' within NETREDUCE_TIMEOUT={comm.timeout_s:g} s (are they "
+        f"rank {rank}: {kind} of tensor '{t.name}' was not submitted by {who} of "
+        f"job '{job}' within NETREDUCE_TIMEOUT={timeout_s:g} s (are they "
         "waiting in a different collective? every rank must submit the same "
         "collectives and names); the job is stopped")

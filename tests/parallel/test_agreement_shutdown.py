@@ -36,11 +36,11 @@ deadline = time.monotonic() + 15
 while not comm.agreement.off and time.monotonic() < deadline:
     time.sleep(0.05)
 time.sleep(0.3)                              # several idle periods (IDLE_S) later
-state = (comm.agreement.off, comm._executing == ROUND_SEQ)
+state = (comm.agreement.off, comm.running() == ROUND_SEQ)
 print(f"rank 0 after rank 1 left: agreement off {state[0]}, in a round {state[1]}; "
-      f"failure {comm._failure!r}", flush=True)
+      f"failure {comm.failure()!r}", flush=True)
 # rounds over (a failure raised by rank 1's leaving is as good: no round follows it)
-assert (state[0] or comm._failure is not None) and not state[1], state
+assert (state[0] or comm.failure() is not None) and not state[1], state
 nr.shutdown()
 print("rank 0 done", flush=True)
 """

@@ -192,7 +192,7 @@ def test_shutdown_while_speculating_ends_cleanly(ranks):
         deadline = time.monotonic() + 10
         while not comm.agreement.off and time.monotonic() < deadline:
             time.sleep(0.01)
-        return comm.agreement.off, comm._failure
+        return comm.agreement.off, comm.failure()
     R = ranks(2)
     results = R.run(fn, shutdown=False)
     off, failure = results[0]
