@@ -230,11 +230,11 @@ class Agreement:
             self.run_lock.acquire()             # the executor may be issuing one
             try:
                 with q.mutex:                   # only wake-ups queued: they are ours
-                    idle = all(item is WAKE for item in q.queue)
+                    idle = not q.queue or all(item is WAKE for item in q.queue)
                     if idle:
                         q.queue.clear()
                 with self.lock:
-                    mine = spec.ids is not None and all(i in self.pending for i in spec.ids)
+                    mine = spec.ids is not None and spec.idset <= self.pending.keys()
                 if not (idle and mine and not self.held and comm.failure() is None):
                     break
                 self._message(by_user=True)
@@ -293,7 +293,7 @@ class Agreement:
         vec = self.vec
         now = time.monotonic()
         with self.lock:
-            joined = self.joined()
+            joined = bool(self.joins) and self.joined()
             vec[0] = received
             vec[1] = 0 if busy else 1
             vec[2] = 0 if self.leaving else 1
@@ -319,11 +319,10 @@ class Agreement:
         self.joins = [t for t in self.joins if not t.handle.done()]
         return any(t.seq < 0 for t in self.joins)
 
-    def issue(self, buf: np.ndarray, op: str, fill: Optional[Callable[..., None]] = None,
-             *args: Any) -> bool:
+    def issue(self, buf: np.ndarray, op: str, fill: Optional[Callable[[], None]] = None) -> bool:
         """One of the agreement's own data-plane messages (a round, a speculative
-        step), ``fill(*args)`` first writing this rank's part into ``buf``: from
-        before the fill to the end, a failure reported aborts the data plane under it.
+        step), ``fill()`` first writing this rank's part into ``buf``: from before
+        the fill to the end, a failure reported aborts the data plane under it.
         False when the job had failed or the message did (reported here: the plain
         executor takes over)."""
         comm = self.comm
@@ -331,7 +330,7 @@ class Agreement:
             return False
         try:
             if fill is not None:
-                fill(*args)
+                fill()
             comm.dp.allreduce(buf, None, op=op)
             return True
         except Exception as exc:

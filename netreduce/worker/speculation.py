@@ -87,7 +87,10 @@ class Speculation:
         self.idle = 0                                 # messages where no rank had anything
         self.last_hit = 0.0                           # monotonic
         self.waited = False     # the user was waiting for the last step (run() says why)
-        self.t0 = 0.0           # when the last message's part was written (timeline)
+        # the message being issued: G's tensors this rank holds (None: not), other
+        self.mine: List[Any] = []
+        self.other = False
+        self.t0 = 0.0           # when its part was written (timeline)
 
     @property
     def armed(self) -> bool:
@@ -99,8 +102,7 @@ class Speculation:
     def covered(self) -> bool:
         """Whether this rank holds all of G (read on user threads under the
         agreement's lock; a stale answer only delays a step to the next poll)."""
-        ids = self.ids
-        return ids is not None and all(i in self.ag.pending for i in ids)
+        return self.ids is not None and self.idset <= self.ag.pending.keys()
 
     def polling(self) -> bool:
         """Whether the executor looks every POLL_S for submissions that route left
@@ -152,7 +154,7 @@ class Speculation:
         mine: List[Any] = []
         now = time.monotonic()
         with ag.lock:
-            joined = ag.joined()
+            joined = bool(ag.joins) and ag.joined()
             other = held or ag.leaving or joined or bool(ag.invalidate) or \
                 not ag.pending.keys() <= self.idset
             for i, sig in zip(ids, self.sigs):
@@ -160,7 +162,8 @@ class Speculation:
                 if t is not None and (now - ag.since[i] > ag.stale_s or t.sig != sig):
                     t, other = None, True   # the round that follows bans it
                 mine.append(t)
-        if not ag.issue(self.buf, "sum", self._fill, mine, other):
+        self.mine, self.other = mine, other
+        if not ag.issue(self.buf, "sum", self._fill):
             return None
         ag.rounds += 1
         sums = self.votes.tolist()
@@ -200,10 +203,12 @@ class Speculation:
             self.disarm()                     # a round next: it sees what we did not
         return complete
 
-    def _fill(self, mine: List[Any], other: bool) -> None:
+    def _fill(self) -> None:
         """This rank's part of the message (Agreement.issue calls it): a vote and the
-        data per tensor of G it holds (``mine``), 0 and zeros for the others."""
-        votes, comm = self.votes, self.ag.comm
+        data per tensor of G it holds (``mine``), 0 and zeros for the others, and
+        ``other``."""
+        votes, comm, mine = self.votes, self.ag.comm, self.mine
+        self.mine = []          # held no longer than the message: the user's arrays
         assert votes is not None
         for j, (t, view) in enumerate(zip(mine, self.views)):
             if t is None:
@@ -215,5 +220,5 @@ class Speculation:
                     self.shaped[j][...] = t.array  # same dtype and shape: a copy
                 else:
                     comm.copy_in(t, view)
-        votes[len(mine)] = 1 if other else 0
+        votes[len(mine)] = 1 if self.other else 0
         self.t0 = tl.now_us() if comm.timeline else 0.0
