@@ -225,15 +225,22 @@ def worker_step(args: argparse.Namespace) -> None:
         nr.allreduce(x, name="sync")                    # then nothing else negotiates
     else:
         run = lambda: nr.allreduce(x, name="g", op=nr.Sum)  # noqa: E731
+    import resource
     for _ in range(args.warmup):
         run()
+    cpu0 = resource.getrusage(resource.RUSAGE_SELF)
     t = time.perf_counter()
     for _ in range(args.iters):
         run()
     per = (time.perf_counter() - t) / args.iters
+    cpu1 = resource.getrusage(resource.RUSAGE_SELF)
+    # the whole process (every thread) per all-reduce: steadier than the time when the
+    # machine is shared
+    cpu_us = ((cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime)) \
+        / args.iters * 1e6
     ag = nr.api._g.comm.agreement
     spec = getattr(ag, "spec", None)  # absent in checkouts before speculation
-    print(json.dumps({"rank": nr.rank(), "ms": per * 1e3,
+    print(json.dumps({"rank": nr.rank(), "ms": per * 1e3, "cpu_us": cpu_us,
                       "rounds": getattr(ag, "rounds", 0),
                       "speculative": getattr(spec, "hits", 0)}), flush=True)
     nr.shutdown()
@@ -433,7 +440,10 @@ VARIANTS = {  # name -> (code, env)
 }
 
 
-def _one_step_run(code_path: str, addr: str, env_extra: Dict[str, str], args) -> float:
+def _one_step_run(code_path: str, addr: str, env_extra: Dict[str, str], args,
+                  cpu: Any = None) -> float:
+    """The slowest rank's ms per all-reduce; ``cpu`` (a list) gets the ranks' summed
+    CPU µs per all-reduce."""
     job = uuid.uuid4().hex[:8]
     from netreduce.process import free_tcp_port
     rendezvous = f"127.0.0.1:{free_tcp_port()}"
@@ -450,11 +460,15 @@ def _one_step_run(code_path: str, addr: str, env_extra: Dict[str, str], args) ->
                "--iters", str(args.iters), "--warmup", str(args.warmup)]
         procs.append(subprocess.Popen(cmd + (["--raw"] if raw else []), env=env,
                                       stdout=subprocess.PIPE, text=True, cwd=code_path))
-    ms = []
+    ms, cpu_us = [], 0.0
     for p in procs:
         out, _ = p.communicate(timeout=600)
         lines = out.strip().splitlines()
-        ms.append(json.loads(lines[-1])["ms"] if p.returncode == 0 and lines else float("nan"))
+        last = json.loads(lines[-1]) if p.returncode == 0 and lines else {}
+        ms.append(last.get("ms", float("nan")))
+        cpu_us += last.get("cpu_us", float("nan"))
+    if cpu is not None:
+        cpu.append(cpu_us)
     return max(ms)
 
 
@@ -463,6 +477,7 @@ def drive_step(args: argparse.Namespace) -> None:
     names = [v for v in args.variants.split(",") if v != "before" or args.before]
     switches = {k: _spawn_switch(p) for k, p in paths.items() if p}
     results: Dict[str, List[float]] = {}
+    cpu: Dict[str, List[float]] = {}
     try:
         for _ in range(args.repeat):  # interleaved: every cell once per repeat
             for alg in args.algorithms.split(","):
@@ -472,8 +487,10 @@ def drive_step(args: argparse.Namespace) -> None:
                             continue
                         code, env = VARIANTS[name]
                         env = dict(env, NETREDUCE_ALGORITHM=alg, NETREDUCE_CYCLE_TIME=cycle)
-                        ms = _one_step_run(paths[code], switches[code][1], env, args)
-                        results.setdefault(f"{alg} cycle={cycle} {name}", []).append(ms)
+                        key = f"{alg} cycle={cycle} {name}"
+                        ms = _one_step_run(paths[code], switches[code][1], env, args,
+                                           cpu.setdefault(key, []))
+                        results.setdefault(key, []).append(ms)
     finally:
         for proc, _ in switches.values():
             proc.terminate()
@@ -493,10 +510,20 @@ def drive_step(args: argparse.Namespace) -> None:
             extra = [v - f for v, f in zip(vals, floor)]
             print(f"{f'{alg} {cycle} {name} - dataplane':40s} {statistics.median(extra):7.3f}  "
                   f"[{' '.join(f'{v:.3f}' for v in extra)}]")
+    print("# CPU µs per all-reduce, all ranks' processes summed (every thread), median [runs]")
+    for key, vals in cpu.items():
+        print(f"{key:40s} {statistics.median(vals):7.1f}  [{' '.join(f'{v:.1f}' for v in vals)}]")
+    for key, vals in cpu.items():  # the control cost of a step in CPU, per repeat
+        alg, cycle, name = key.split()
+        floor = cpu.get(f"{alg} cycle={first} dataplane")
+        if name in ("agreement", "before") and floor:
+            extra = [v - f for v, f in zip(vals, floor)]
+            print(f"{f'{alg} {cycle} {name} - dataplane':40s} {statistics.median(extra):7.1f}  "
+                  f"[{' '.join(f'{v:.1f}' for v in extra)}]")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"command": " ".join(sys.argv), "load": os.getloadavg(),
-                       "results": results}, f, indent=1)
+                       "results": results, "cpu_us": cpu}, f, indent=1)
 
 
 def main() -> None:
