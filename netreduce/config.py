@@ -219,6 +219,10 @@ declare("NETREDUCE_ELASTIC", str, "",
         "membership epoch, at start and after each reset; empty = a job of fixed size")
 declare("NETREDUCE_ELASTIC_WORKER", str, "",
         "this process's name at the elastic driver, HOST:SLOT (the driver sets it)")
+declare("NETREDUCE_ELASTIC_AHEAD", float, 120.0,
+        "seconds netreduce-run's elastic driver lets the job train on while the workers of "
+        "hosts discovery added start (their update is announced once they all wait at the "
+        "driver, or after this); 0 = announce at once and wait for them, as horovodrun does")
 declare("NETREDUCE_EPOCH", int, 0,
         "membership epoch of an elastic job, named at admission so that the aggregator "
         "moves the job to each new membership (init() sets it from the driver); 0 = none")

@@ -55,7 +55,9 @@ def test_horovods_elastic_pytorch_example_through_a_host_added_and_removed(tmp_p
     discover = tmp_path / "discover.sh"
     discover.write_text(f"#!/bin/sh\ncat {hosts}\n")
     discover.chmod(0o755)
-    env = dict(os.environ, OMP_NUM_THREADS="1",
+    # The driver announces the added host at once and the job waits for its worker at the
+    # next commit, as horovodrun does: else the short example could end before it is up.
+    env = dict(os.environ, OMP_NUM_THREADS="1", NETREDUCE_ELASTIC_AHEAD="0",
                PYTHONPATH=os.pathsep.join(p for p in (site, ROOT, os.environ.get("PYTHONPATH")) if p))
     log = open(tmp_path / "out.log", "w+")
     proc = subprocess.Popen(

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 from typing import Any, Dict, Sequence
 
+from netreduce import config
 from netreduce.errors import ConfigError
 from netreduce.launcher import hosts as hostlist
 from netreduce.launcher.elastic.discovery import (COOLDOWN_CEILING_S, COOLDOWN_FLOOR_S,
@@ -107,7 +108,8 @@ def settings_from(args: argparse.Namespace):
         raise ElasticUsageError(f"--reset-limit {limit} is negative")
     return Settings(np=np_, min_np=min_np, max_np=max_np, discovery=discovery,
                     elastic_timeout=float(DEFAULT_ELASTIC_TIMEOUT_S if timeout is None else timeout),
-                    reset_limit=limit, cooldown=cooldown, verbose=bool(getattr(args, "verbose", False)))
+                    reset_limit=limit, cooldown=cooldown, verbose=bool(getattr(args, "verbose", False)),
+                    ahead_s=float(config.get("NETREDUCE_ELASTIC_AHEAD")))
 
 
 def _fixed_hosts(args: argparse.Namespace) -> Dict[str, int]:

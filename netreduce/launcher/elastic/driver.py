@@ -54,6 +54,7 @@ class Settings:
     reset_limit: Optional[int] = None
     cooldown: Optional[Tuple[int, int]] = None
     verbose: bool = False
+    ahead_s: float = 120.0  # NETREDUCE_ELASTIC_AHEAD
 
 
 def _say(text: str) -> None:
@@ -84,6 +85,12 @@ class Driver:
         self.update_log: List[Tuple[int, int]] = []
         self.workers: Dict[str, Any] = {}          # live process per worker name
         self.removed: Dict[str, float] = {}        # live, but no member: since
+        # Workers started for hosts discovery added, before the epoch that takes them:
+        # name -> since. The host update is announced (deferred) once they all wait
+        # at the driver, so the job trains on while they start (Python, the framework).
+        self.ahead: Dict[str, float] = {}
+        self.arrived: set = set()
+        self.deferred = 0
         self.outcome: Optional[Decision] = None
         self.history: List[Dict[str, Any]] = []    # one record per epoch (tests, benchmarks)
         self.signals: List[int] = []
@@ -101,7 +108,11 @@ class Driver:
                 if self.outcome is not None:
                     return messages.ElasticJoinReply(stop=self.outcome.message or "the job is over")
                 cur = self.current
-                if cur is not None and cur.epoch > after:
+                if worker in self.ahead and (cur is None or worker not in cur.slots):
+                    if worker not in self.arrived:  # started ahead: it waits for its epoch
+                        self.arrived.add(worker)
+                        self.cond.notify_all()
+                elif cur is not None and cur.epoch > after:
                     if worker not in cur.slots:
                         return messages.ElasticJoinReply(removed=self._why_removed(worker, cur))
                     if worker in cur.joined or not cur.breaking():
@@ -179,6 +190,7 @@ class Driver:
                     elif self.current is not None and self.current.complete():
                         self._epoch_over()
                     self._stop_removed()
+                    self._announce_when_ready()
                     if self.outcome is None and self.forming_since is None:
                         self.cond.wait(POLL_S)
                 if self.forming_since is not None:
@@ -208,6 +220,15 @@ class Driver:
             del self.workers[name]
             with self.cond:
                 self.removed.pop(name, None)
+                if self.ahead.pop(name, None) is not None:  # died before its epoch
+                    self.arrived.discard(name)
+                    if code != 0:
+                        host = name.rpartition(":")[0]
+                        _say(f"worker {name}, started for the added host {host}, "
+                             f"{describe_exit(code)} before it joined")
+                        self._blacklist(host)
+                    self.cond.notify_all()
+                    continue
                 cur = self.current
                 if cur is None or name not in cur.slots or getattr(worker, "epoch", 0) > cur.epoch:
                     continue  # a removed worker leaving, as asked
@@ -248,6 +269,12 @@ class Driver:
         change = f" (was {previous.size})" if previous is not None else ""
         _say(f"elastic: {self.current.describe()}{change}")
         self.cond.notify_all()
+        for name in list(self.ahead):
+            if name in self.current.slots:  # its epoch: a member now
+                self.workers[name].epoch = self.epoch
+            del self.ahead[name]            # else it is told it has no place, and leaves
+        self.arrived.clear()
+        self.deferred = 0                   # this epoch takes the hosts as they are
         for slot in slots:
             if slot.name in self.workers and slot.name in self.removed:
                 self.workers.pop(slot.name).kill()  # a removed worker's slot, taken again
@@ -324,20 +351,54 @@ class Driver:
                     self.cond.notify_all()
 
     def _hosts_changed(self, res: Update) -> None:
-        """Count a host update if it changes the current epoch's ranks (lock held)."""
+        """A host update that changes the current epoch's ranks: announce it to the
+        workers, or — when it adds slots — start their workers first and announce it
+        once they are up (_announce_when_ready). Lock held."""
         cur = self.current
         if cur is None or self.forming_since is not None:
             return  # the epoch being formed takes the hosts as they are now
         if self.hosts.available_slots() >= self.settings.min_np:
-            next_slots = [(s.name, s.rank) for s in assign(self.hosts.available(),
-                                                           self.settings.max_np)]
+            upcoming = assign(self.hosts.available(), self.settings.max_np)
         else:
-            next_slots = []
-        if next_slots == sorted(((s.name, s.rank) for s in cur.slots.values()),
-                                key=lambda x: x[1]):
+            upcoming = []
+        if [(s.name, s.rank) for s in upcoming] == sorted(
+                ((s.name, s.rank) for s in cur.slots.values()), key=lambda x: x[1]):
             return
+        self.deferred |= int(res)
+        now = time.monotonic()
+        started = []
+        for slot in upcoming:
+            if slot.name in self.workers:
+                continue
+            try:
+                handle = self.start_worker(slot, self.epoch + 1)
+            except Exception as exc:  # spawn.LaunchError
+                _say(f"cannot start worker {slot.name}: {exc}")
+                continue
+            handle.epoch = 0  # no epoch yet
+            self.workers[slot.name] = handle
+            self.ahead[slot.name] = now
+            started.append(slot.name)
+        available = ", ".join(f"{h}:{n}" for h, n in self.hosts.available())
+        if started:
+            _say(f"elastic: hosts added ({available} available); starting {len(started)} "
+                 "worker(s) on them, the job trains on until they are up")
+        self._announce_when_ready()
+
+    def _announce_when_ready(self) -> None:
+        """Count the deferred host update once the workers started ahead wait at the
+        driver (or have had AHEAD_WAIT_S): every worker resets at its next commit. Lock held."""
+        if not self.deferred or self.forming_since is not None:
+            return
+        starting = [n for n in self.ahead if n not in self.arrived]
+        if starting and time.monotonic() - min(self.ahead[n] for n in starting) < \
+                self.settings.ahead_s:
+            return
+        res = Update(self.deferred)
+        self.deferred = 0
         self.update_count += 1
         self.update_log.append((self.update_count, int(res)))
+        self.cond.notify_all()  # the workers' updates polls
         what = {Update.added: "added", Update.removed: "removed"}.get(res, "added and removed")
         _say(f"elastic: hosts {what} ({', '.join(f'{h}:{n}' for h, n in self.hosts.available())}"
              f" available); the workers reset at their next commit")
