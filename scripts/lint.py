@@ -21,8 +21,8 @@ test installs them all). Exit status: 0 when every tool passed.
 
     python3 scripts/lint.py --baseline  # rewrite the three baselines to what the tree owes
 
---baseline is for the day the linters go into .ci/run over branches that landed
-meanwhile; a baseline that grows is a debt taken on: say so in the commit."""
+--baseline rewrites them after a change that owes more (or less); .ci/run runs the
+linters, so a baseline that grows is a debt taken on: say so in the commit."""
 from __future__ import annotations
 
 import argparse
