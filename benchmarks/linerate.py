@@ -130,6 +130,7 @@ def rank_main(cfg: dict) -> int:
     rec["payload_bytes"] = conn.payload_bytes
     rec["stats"] = {k: stats1.get(k, 0) - stats0.get(k, 0) for k in stats1
                     if isinstance(stats1.get(k), int)}
+    rec["stats_end"] = stats1  # gauges (srtt_us, rto_us) as they stand at the end
     print("RESULT " + json.dumps(rec), flush=True)
     conn.close()
     return 0 if ok else 1
@@ -214,6 +215,7 @@ def cost_point(tb, args, mtu: int, variant: str, env_extra: Dict[str, str]) -> d
                            + r["stats"].get("timeout_probes", 0) for r in recs),
         "packets_sent": sum(r["stats"].get("packets_sent", 0) for r in recs),
         "rank_stats": [r["stats"] for r in recs],  # each rank's engine counters over the run
+        "rank_stats_end": [r.get("stats_end", {}) for r in recs],
         "loadavg": os.getloadavg(),
     }
     print(f"  [{variant} MTU {mtu} N={args.np} T={args.threads}] payload {rec['payload_bytes']} B  "
