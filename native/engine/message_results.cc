@@ -82,9 +82,18 @@ void Engine::Message::LateResult(const wire::Header& h) {
   }
   Retried& r = e_.retried_[h.slot];
   if (r.sample_us >= 0 && h.msg_id == r.msg_id && h.psn == r.psn) {
+    e_.spurious_retransmits_++;
+    // A copy marked repeat seen, after the group's result completed the chunk (the
+    // group socket is drained first): proven needless as in Complete, and no sample
+    // and no wider reorder window -- the wait was the slot's (another rank's loss),
+    // not the path's.
+    if (h.repeat_seen) {
+      r.sample_us = -1;
+      e_.needless_by_repeat_++;
+      return;
+    }
     if (r.head) e_.SampleRtt(double(r.sample_us));
     r.sample_us = -1;
-    e_.spurious_retransmits_++;
     // One step per round trip: a burst of late results is one piece of evidence.
     if (rx_now_ - e_.reorder_step_us_ >= int64_t(e_.srtt_us_)) {
       e_.reorder_steps_ = std::min(e_.reorder_steps_ + 1, kMaxReorderSteps);
