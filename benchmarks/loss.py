@@ -106,7 +106,8 @@ def worker(rank: int, size: int, address: Tuple[str, int], job: str, n: int, see
                 wrong.append(f"all-reduce {i} ({count} x {dtype} {op}): first wrong element {bad}")
     keys = ("retransmits", "fast_retransmits", "spurious_retransmits", "dropped_by_knob",
             "packets_sent", "ignored_results", "timeout_probes", "srtt_us", "rto_us",
-            "tail_probes", "tail_copies", "repaired_chunks", "repair_wait_us", "needless_by_repeat")
+            "tail_probes", "tail_copies", "repaired_chunks", "repair_wait_us", "needless_by_repeat",
+            "overtaken_resends", "gap_resends")
     slow = np.argsort(times)[-3:][::-1]
     return {"rank": rank, "seconds": elapsed,
             "slowest_ms": [[int(i), round(float(times[i]) * 1e3, 1)] for i in slow], "digest": digest.hexdigest(), "wrong": wrong[:10],

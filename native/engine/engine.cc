@@ -65,8 +65,12 @@ Status Engine::Run(Request& req) {
       return Aborted(abort_reason_);
     }
     NR_RETURN_IF_ERROR(m.AwaitResults());
-    NR_RETURN_IF_ERROR(m.Drain(*sock_));
+    // The group's results first: they are the lanes' ordered stream, and a unicast
+    // result (a copy, the answer to a resend) handled ahead of the group's backlog
+    // would start its slot's next chunk ahead of the others' (message_results.cc,
+    // Complete).
     if (group_) NR_RETURN_IF_ERROR(m.Drain(*group_));
+    NR_RETURN_IF_ERROR(m.Drain(*sock_));
     NR_RETURN_IF_ERROR(m.SweepTimers());
   }
   m.Finish();

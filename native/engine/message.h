@@ -111,6 +111,7 @@ class Engine::Message {
   int64_t next_due_ = 0;
   int64_t last_sweep_rto_ = 0;
   std::vector<engine_run::SlotTrack*> probes_, held_probes_;  // the sweep's, per lane
+  uint64_t tx_ = 0;  // packets queued so far, in the order they leave (SlotTrack::last_tx)
   bool first_of_batch_ = true;  // the next result is the first of its receive batch
   int64_t rx_now_ = 0;          // when the results being handled were received
   uint8_t peek_[wire::kHeaderBytes];

@@ -17,6 +17,7 @@ using namespace engine_repair;
 using namespace engine_run;
 
 void Engine::Message::QueueSend(SlotTrack& t) {
+  t.last_tx = ++tx_;  // the send queue leaves in this order (Flush: one SendBatch)
   if (e_.cfg_.drop_rate > 0.0 && coin_(e_.rng_) < e_.cfg_.drop_rate) {
     e_.dropped_by_knob_++;
     return;
@@ -92,6 +93,7 @@ void Engine::Message::StartChunk(SlotTrack& t, int64_t c, int64_t now) {
   t.deadline_us = now + t.rto_us;
   t.retries = 0;
   t.early = false;
+  t.overtaken = false;
   t.held = false;
   t.pkt.iov[0] = {t.header, wire::kHeaderBytes};
   t.pkt.iov[1] = {const_cast<uint8_t*>(payload), h.length};
@@ -105,6 +107,7 @@ void Engine::Message::StartChunk(SlotTrack& t, int64_t c, int64_t now) {
   if (t.probe) t.early = true, t.deadline_us = now + TailProbeUs(e_.srtt_us_, kReorderFloorUs, t.rto_us);
   DueBy(t.deadline_us);
   QueueSend(t);
+  t.first_tx = t.last_tx;
   if (tail && CopyTail(h.length, e_.packets_sent_, e_.repaired_chunks_, e_.spurious_retransmits_)) {
     e_.tail_copies_++;
     QueueSend(t);

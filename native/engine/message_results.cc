@@ -61,7 +61,7 @@ void Engine::Message::HeldNotice(const wire::Header& h) {
     t.rto_us = kHeldProbeUs;  // from now on the held probe's interval
   }
   t.held = true;
-  t.early = t.probe = false;
+  t.early = t.probe = t.overtaken = false;
   t.deadline_us = rx_now_ + t.rto_us;
   lane_progress_[t.lane] = rx_now_;  // the path answers: no timeout probe yet
 }
@@ -105,10 +105,9 @@ void Engine::Message::LateResult(const wire::Header& h) {
 
 // Whether results from `sock` come in lane order. With a group that reaches this rank,
 // the group's stream does; a unicast result is then out of band (a copy the rank's
-// contribution asked for, one marked repeat seen, the answer to a resend), drained
-// before the group's backlog, and must not mark the group's results still in the
-// socket as overtaken (that took them for lost: needless resends, which drew more
-// out-of-band answers).
+// contribution asked for, one marked repeat seen, the answer to a resend), may come
+// ahead of results still in the group's socket, and must not mark them as overtaken
+// (that took them for lost: needless resends, which drew more out-of-band answers).
 bool Engine::Message::InLaneOrder(const Transport& sock) const {
   return !e_.group_ || &sock == e_.group_.get() || !e_.group_watch_.Fresh(rx_now_);
 }
@@ -155,9 +154,20 @@ void Engine::Message::Complete(SlotTrack& t, bool repeat_seen, bool in_lane_orde
     r.psn = uint32_t(t.seq & wire::kPsnMask);
     r.sample_us = t_now - t.first_send_us;
   }
-  // Overtaken: only chunks of t's lane, sent no later than t was last sent (a chunk
-  // resent since had its own chance). Next expected: the lane's oldest chunk after t,
-  // once it has been out for the least round trip seen.
+  // Overtaken (RACK, RFC 8985, by transmission order): only chunks of t's lane whose
+  // last transmission left before t's first. Not the microsecond of the send: every
+  // chunk one receive batch starts shares it, and results handled out of sequence
+  // order (a unicast result ahead of the group's backlog, loss) start their slots'
+  // next chunks out of sequence order too, an order the aggregator's later rounds
+  // then follow; an older chunk queued behind a newer one was taken for overtaken by
+  // it, and a pause of the aggregator between their results made it a resend. And
+  // not t's last transmission: t's result may answer its first (the group's result of
+  // a round its resend found complete), and taking the resend's place marked every
+  // chunk sent between the two -- a window's worth after a timeout probe. (Both made
+  // the bursts of thousands of needless resends under multicast: BENCHMARKS.md, issue
+  // 33.) A chunk resent since t's first transmission had its own chance. Next
+  // expected: the lane's oldest chunk after t, once it has been out for the least
+  // round trip seen.
   const int64_t reorder_us =
       std::max<int64_t>(kReorderFloorUs, int64_t(e_.srtt_us_ / 4 * e_.reorder_steps_));
   std::deque<uint32_t>& order = rs_.lane_order[lane];
@@ -166,14 +176,14 @@ void Engine::Message::Complete(SlotTrack& t, bool repeat_seen, bool in_lane_orde
   while (order[pos] != mine) ++pos;
   for (size_t k = 0; in_lane_order && k < pos; ++k) {  // older chunks of the lane: overtaken
     SlotTrack& o = slots_[order[k]];
-    if (o.early || o.last_send_us > t.last_send_us) continue;
+    if (o.early || o.last_tx > t.first_tx) continue;
     // A held chunk too: its round held this rank's contribution, and a later round of
     // the lane has completed, so its own result was most likely lost (or another
     // rank's contribution, which that rank repairs). It leaves the held state and is
     // repaired like any overtaken chunk -- the held probe asks for one chunk per lane a
     // second, and a burst of lost held results took minutes.
     if (o.held) o.held = false, o.rto_us = e_.Rto();
-    o.early = true;
+    o.early = o.overtaken = true;
     o.deadline_us = std::min(o.deadline_us, t_now + reorder_us);
     DueBy(o.deadline_us);
   }

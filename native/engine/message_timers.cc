@@ -66,7 +66,14 @@ Status Engine::Message::SweepTimers() {
       t.deadline_us = now + t.rto_us;
       DueBy(t.deadline_us);
       e_.fast_retransmits_++;
-      if (t.probe) e_.tail_probes_++, t.probe = false;
+      if (t.probe) {
+        e_.tail_probes_++;
+      } else if (t.overtaken) {
+        e_.overtaken_resends_++;
+      } else {
+        e_.gap_resends_++;
+      }
+      t.probe = t.overtaken = false;
       Resend(t, now);
     } else if (now - lane_progress_[l] >= rto && (probes_[l] == nullptr || t.seq < probes_[l]->seq)) {
       probes_[l] = &t;

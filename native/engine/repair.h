@@ -1,9 +1,10 @@
 // Loss recovery (docs/protocol.md, "Loss, reordering, duplication"). Every rank sends
 // in sequence order and an aggregator thread answers in arrival order, so within a
 // lane (the slots one data port serves) results come in sequence order:
-//  - Overtaken: a result for a later chunk of the lane means an earlier chunk, sent no
-//    later than it, is probably lost. It gets a short reorder deadline (srtt/4,
-//    RACK-style) and is resent then if still unanswered.
+//  - Overtaken: a result for a later chunk of the lane means an earlier chunk, last
+//    sent before it was first sent (the rank's send order), is probably lost. It gets
+//    a short reorder deadline (srtt/4, RACK-style) and is resent then if still
+//    unanswered (overtaken_resends).
 //  - Next expected: when only one chunk of the lane is left outstanding after a
 //    result, it gets a deadline of one inter-result gap (its own estimate, gap + 4
 //    gapvar, like RFC 6298's): the last chunk of a message, which nothing overtakes,

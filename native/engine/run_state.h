@@ -27,6 +27,11 @@ struct SlotTrack {
   uint64_t seq = 0;
   int64_t first_send_us = 0;
   int64_t last_send_us = 0;
+  // Its place in the engine's transmission order (Engine::Message::tx_): which of two
+  // chunks left first even when one receive batch started both in the same
+  // microsecond, as happens to every chunk a batch of results starts.
+  uint64_t last_tx = 0;
+  uint64_t first_tx = 0;  // ... and of its first transmission
   int64_t deadline_us = 0;
   int64_t rto_us = 0;
   uint32_t retries = 0;
@@ -35,6 +40,7 @@ struct SlotTrack {
   // (and the other ranks' lag), not also the wait behind its predecessors.
   bool head = false;
   bool probe = false;  // its early deadline is the tail probe (engine/repair.h)
+  bool overtaken = false;  // its early deadline: a later result of its lane came first
   // The aggregator said its round holds this contribution (a held notice): not lost,
   // waiting for other ranks. Only a lost result is left to repair: one probe per
   // kHeldProbeUs, no early deadlines, no round-trip sample from its result.
