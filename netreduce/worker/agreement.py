@@ -57,12 +57,14 @@ import numpy as np
 from netreduce.errors import NegotiationError, NetReduceError, tensor_names
 from netreduce.protocol import fusion
 from netreduce.protocol.signature import fusion_key, nbytes
+from netreduce.worker import timeline as tl
 from netreduce.worker.speculation import Speculation
 
 WAKE = ("wake",)            # put on the executor's queue: new local work
 BITS_SEQ = -2               # Tensor.seq of a submission waiting in the agreement
 GROUP_SEQ = -1              # executing a group agreed by a round (no log position)
 ROUND_SEQ = 1 << 62         # executing a round: any failure aborts it
+ROUND_ROW = "(agreement rounds)"  # the timeline's row of the rounds
 INVALID, WAITING, READY = 0, 1, 2
 HEADER = 3
 MAX_WIDTH = 4096            # ids a round covers (int32 each); larger ids stay with the coordinator
@@ -306,8 +308,12 @@ class Agreement:
             self.invalidate.clear()
             if joined:
                 vec[HEADER:] = INVALID          # joined: the coordinator sends the zeros
+        timeline = self.comm.timeline
+        t0 = tl.now_us() if timeline else 0.0
         if not self.issue(vec, "min"):
             return None
+        if timeline:
+            timeline.span(ROUND_ROW, "round", t0, tl.now_us())
         self.rounds += 1
         return vec.copy()
 

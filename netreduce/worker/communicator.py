@@ -474,6 +474,8 @@ class Communicator:
         if self.timeline:
             args = {"fused": len(group), "bytes": int(total * storage.itemsize)}
             for t in group:
+                if not t.t_sent:  # agreed by the ranks' rounds: never negotiated
+                    self.timeline.span(t.name, "queued", t.t_submit, t0)
                 self.timeline.span(t.name, "copy_in", t0, t1, args)
                 self.timeline.span(t.name, "allreduce", t1, t2, args)
                 self.timeline.span(t.name, "copy_out", t2, t3, args)

@@ -7,9 +7,14 @@ phase one complete ("X") event:
 
     negotiate       submitted -> request handed to the coordinator
     wait_for_ranks  request handed over -> every rank had submitted it (response)
+    queued          submitted -> its message starts, for a tensor the ranks agreed on
+                    among themselves (a cached one: netreduce/worker/agreement.py)
     copy_in         into the fusion buffer (with the prescale)
     allreduce       the data-plane all-reduce of the fused message
     copy_out        out of the fusion buffer (with postscale / average)
+
+and the ranks' agreement rounds (each a small data-plane message) have a row of
+their own, "(agreement rounds)", one "round" event each.
 
 Timestamps are wall-clock microseconds so that traces of different ranks line up.
 Load the file in chrome://tracing or ui.perfetto.dev.
@@ -21,7 +26,7 @@ import threading
 import time
 from typing import Any, Dict, Optional
 
-PHASES = ("negotiate", "wait_for_ranks", "copy_in", "allreduce", "copy_out")
+PHASES = ("negotiate", "wait_for_ranks", "queued", "copy_in", "allreduce", "copy_out", "round")
 
 
 def now_us() -> float:

@@ -371,9 +371,11 @@ def test_timeline_has_every_phase(ranks, tmp_path):
     ranks(2, NETREDUCE_TIMELINE=str(path)).run(fn)
     events = json.loads(path.read_text())
     phases = {e["name"] for e in events if e["ph"] == "X"}
-    assert phases == {"negotiate", "wait_for_ranks", "copy_in", "allreduce", "copy_out"}
+    # step 0 through the coordinator, step 1 agreed by the ranks' rounds (cached)
+    assert phases == {"negotiate", "wait_for_ranks", "queued", "round", "copy_in", "allreduce",
+                      "copy_out"}
     rows = {e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
-    assert rows == {"g.0", "g.1"}
+    assert rows == {"g.0", "g.1", "(agreement rounds)"}
     assert all(e["dur"] >= 0 and e["pid"] == 0 for e in events if e["ph"] == "X")
 
 
