@@ -1,0 +1,83 @@
+"""Loaded first by every rank benchmarks/overlap_step.py starts (this folder leads
+PYTHONPATH).
+
+1. torchvision 0.28's Linux wheel is the CUDA build: its compiled ops do not load
+   beside the CPU torch and its import fails on two op schemas; the models need none
+   of the ops, so declaring the schemas first lets it import
+   (tests/parallel/test_elastic_examples.py does the same).
+2. NRBENCH_PHASES=PATH: rank 0 records, per training step of an unmodified script,
+   when ``optimizer.zero_grad()`` was called, when ``loss.backward()`` started and
+   returned, and when the wrapped optimizer's own update (``torch.optim.SGD.step``,
+   which Horovod's DistributedOptimizer.step calls after waiting for the gradients)
+   started and returned; written to PATH as JSON at exit, in the clock of
+   NETREDUCE_TIMELINE (wall-clock microseconds), so the two line up.
+"""
+import os
+
+try:
+    import torchvision  # noqa: F401
+except RuntimeError:
+    import sys
+    for _name in [m for m in sys.modules if m.startswith("torchvision")]:
+        del sys.modules[_name]
+    import torch
+    _lib = torch.library.Library("torchvision", "FRAGMENT")
+    _lib.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+    _lib.define("qnms(Tensor qdets, Tensor qscores, float iou_threshold) -> Tensor")
+except ImportError:
+    pass
+
+
+def _probe(path: str) -> None:
+    import atexit
+    import functools
+    import json
+    import time
+
+    import torch
+
+    steps = []      # [zero_grad, backward start, backward end, update start, update end]
+    clock = time.time_ns
+
+    def stamp(index):
+        if steps and len(steps[-1]) == index:
+            steps[-1].append(clock() / 1000.0)
+
+    zero_grad = torch.optim.Optimizer.zero_grad
+    backward = torch.Tensor.backward
+    sgd_step = torch.optim.SGD.step
+
+    @functools.wraps(zero_grad)
+    def zero_grad_probe(self, *a, **k):
+        steps.append([clock() / 1000.0])
+        return zero_grad(self, *a, **k)
+
+    @functools.wraps(backward)
+    def backward_probe(self, *a, **k):
+        stamp(1)
+        try:
+            return backward(self, *a, **k)
+        finally:
+            stamp(2)
+
+    @functools.wraps(sgd_step)
+    def step_probe(self, *a, **k):
+        stamp(3)
+        try:
+            return sgd_step(self, *a, **k)
+        finally:
+            stamp(4)
+
+    torch.optim.Optimizer.zero_grad = zero_grad_probe
+    torch.Tensor.backward = backward_probe
+    torch.optim.SGD.step = step_probe
+
+    def write():
+        with open(path, "w") as f:
+            json.dump([s for s in steps if len(s) == 5], f)
+    atexit.register(write)
+
+
+if os.environ.get("NRBENCH_PHASES") and \
+        os.environ.get("RANK", os.environ.get("NETREDUCE_RANK", "0")) == "0":
+    _probe(os.environ["NRBENCH_PHASES"])

@@ -1,0 +1,316 @@
+#!/usr/bin/env python3
+"""Issue 33's first target, one command: training steps at the overlap bound.
+
+    # as root (the testbed): N=4 ranks one per host at 1 Gbit/s, Horovod's own
+    # examples/pytorch/pytorch_synthetic_benchmark.py (unmodified, vendored in
+    # tests/parallel/data), torchvision resnet18, batch 1; medians of 5 runs
+    python3 benchmarks/overlap_step.py torch --runs 5
+
+Every run starts each mode once, in an order rotated from run to run (paired
+alternation: a loaded machine slows a run's modes alike):
+
+    ddp-gloo   the script's loop on torch DDP over gloo (the peer)
+    nr-hvd     the script as it is on netreduce.torch (the Horovod API)
+    nr-ddp     the script's loop on torch DDP over the "netreduce" backend
+    compute    the same loop, the same 4 processes at once, no communication:
+               forward F, backward B and update U under the same CPU contention
+
+The script's ``import horovod.torch as hvd`` is answered by
+benchmarks/overlap_site/horovod/torch (NRBENCH_HVD says by what); the script itself
+is not touched. Rank 0 records when each step's zero_grad, backward and update ran
+(overlap_site/sitecustomize.py) and, for the netreduce modes, a NETREDUCE_TIMELINE,
+from which benchmarks/overlap_timeline.py says per step when each fusion buffer or
+DDP bucket was ready, when its transfer started and ended, and what the step waited
+for after backward.
+
+The bound of a step (issue 33): F + max(B, S/R) + U, S the model's gradient bytes,
+R the link rate, F/B/U from the compute mode of the same run; the target is each
+path's step <= 1.1 x bound and img/s >= 1.35 x ddp-gloo's (DDP on netreduce within
+3 % of the Horovod API). The record (benchmarks/results/issue33/overlap_torch_UTC.json)
+keeps every run, its load average and each mode's phases; the summary is medians
+with (min, max) of the per-run ratios.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from typing import Any, Dict, List, Optional
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+if ROOT not in sys.path:
+    sys.path.insert(1, ROOT)
+
+import allreduce_launch as launch  # noqa: E402  (free_port, worker_env, wait_all)
+import overlap_timeline  # noqa: E402
+
+SITE = os.path.join(HERE, "overlap_site")
+SCRIPT = os.path.join(ROOT, "tests", "parallel", "data", "pytorch_synthetic_benchmark.py")
+OUT = os.path.join(HERE, "results", "issue33")
+TORCH_MODES = ("ddp-gloo", "nr-hvd", "nr-ddp", "compute")
+WHO = {"ddp-gloo": "ddp:gloo", "nr-hvd": "netreduce", "nr-ddp": "ddp:netreduce", "compute": "none"}
+TOTAL = re.compile(r"Total img/sec on (\d+) \w+\(s\): ([0-9.]+) \+-([0-9.]+)")
+ITER = re.compile(r"Iter #\d+: ([0-9.]+) img/sec")
+
+
+def _utc() -> str:
+    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+
+
+def _commit() -> str:
+    try:
+        return subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True, timeout=10).stdout.strip()
+    except OSError:
+        return ""
+
+
+def _spread(vals: List[Optional[float]], digits: int = 4) -> Dict[str, float]:
+    vals = [v for v in vals if v is not None]
+    if not vals:
+        return {}
+    return {"median": round(statistics.median(vals), digits), "min": round(min(vals), digits),
+            "max": round(max(vals), digits), "n": len(vals)}
+
+
+def _median(vals: List[float]) -> Optional[float]:
+    return statistics.median(vals) if vals else None
+
+
+def _tail(path: str, lines: int = 6) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            text = [ln for ln in f.read().splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    return " | ".join(text[-lines:])[-800:]
+
+
+def gradient_bytes(model: str) -> int:
+    """S: the bytes of the model's parameters (float32), as the ranks build it."""
+    code = ("from torchvision import models; m = getattr(models, %r)(); "
+            "print(sum(p.numel() * p.element_size() for p in m.parameters() if p.requires_grad))"
+            % model)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([SITE, ROOT]))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=300)
+    if out.returncode != 0:
+        raise SystemExit(f"cannot build torchvision's {model}: {out.stderr.strip()[-400:]}")
+    return int(out.stdout.split()[-1])
+
+
+def phases(steps: List[List[float]]) -> Dict[str, float]:
+    """Median seconds of each part of rank 0's steps (sitecustomize's stamps):
+    forward (zero_grad to backward), backward, wait (backward's return to the
+    optimizer's own update: Horovod's synchronize), update, and the whole step
+    (one zero_grad to the next)."""
+    parts: Dict[str, List[float]] = {"forward": [], "backward": [], "wait": [], "update": [],
+                                     "step": []}
+    for i, (z, b0, b1, u0, u1) in enumerate(steps):
+        parts["forward"].append((b0 - z) / 1e6)
+        parts["backward"].append((b1 - b0) / 1e6)
+        parts["wait"].append((u0 - b1) / 1e6)
+        parts["update"].append((u1 - u0) / 1e6)
+        if i + 1 < len(steps):
+            parts["step"].append((steps[i + 1][0] - z) / 1e6)
+    return {k: round(statistics.median(v), 5) for k, v in parts.items() if v}
+
+
+def run_mode(tb, label: str, args: argparse.Namespace, tmp: str) -> Dict[str, Any]:
+    """One run of the script in mode ``label`` (MODE, or MODE@CODE: netreduce from
+    the checkout --code names CODE, for paired A/B runs of two versions): rank r in
+    testbed host r."""
+    n = args.np
+    mode, _, code = label.partition("@")
+    record: Dict[str, Any] = {"mode": label, "load": list(os.getloadavg())}
+    phase_path = os.path.join(tmp, "phases.json")
+    timeline_path = os.path.join(tmp, "timeline.json")
+    tree = dict(c.split("=", 1) for c in args.code)[code] if code else ROOT
+    env0 = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "NRBENCH_HVD": WHO[mode],
+            "NRBENCH_PHASES": phase_path, "GLOO_SOCKET_IFNAME": tb.ifname,
+            "PYTHONPATH": os.pathsep.join([SITE, tree])}
+    cleanup = []
+    if mode.startswith("nr-"):
+        sw = tb.spawn_switch(args=shlex.split(args.switch_args))
+        cleanup.append(sw.stop)
+        env0.update(NETREDUCE_SWITCH=f"{sw.address[0]}:{sw.address[1]}",
+                    NETREDUCE_JOB=f"overlap-{uuid.uuid4().hex[:8]}", NETREDUCE_SIZE=str(n),
+                    NETREDUCE_LOCAL_SIZE="1")
+        if args.timeline:
+            env0["NETREDUCE_TIMELINE"] = timeline_path
+        for item in args.nr_env:
+            key, _, value = item.partition("=")
+            env0[key] = value
+    if mode != "nr-hvd":
+        env0.update(MASTER_ADDR=tb.hosts[0].address, MASTER_PORT=str(launch.free_port()),
+                    WORLD_SIZE=str(n), LOCAL_WORLD_SIZE="1")
+    argv = [sys.executable, SCRIPT, "--model", args.model, "--batch-size", str(args.batch_size),
+            "--num-warmup-batches", str(args.warmup), "--num-batches-per-iter",
+            str(args.batches_per_iter), "--num-iters", str(args.iters), "--no-cuda"]
+    logs = [os.path.join(tmp, f"rank{r}.log") for r in range(n)]
+    procs = []
+    try:
+        for r in range(n):
+            env = launch.worker_env(dict(env0, RANK=str(r), LOCAL_RANK="0",
+                                         NETREDUCE_RANK=str(r), NETREDUCE_LOCAL_RANK="0"))
+            env["PYTHONPATH"] = env0["PYTHONPATH"]  # the site folder first
+            with open(logs[r], "w") as log:
+                procs.append(tb.popen(r, argv, env=env, cwd=tmp, stdout=log,
+                                      stderr=subprocess.STDOUT))
+        t0 = time.monotonic()
+        try:
+            launch.wait_all(procs, args.timeout, f"{label} N={n}")
+        except RuntimeError as exc:
+            return dict(record, error=f"{exc}: rank 0: {_tail(logs[0])}")
+        record["wall_s"] = round(time.monotonic() - t0, 2)
+    finally:
+        for fn in cleanup:
+            try:
+                fn()
+            except Exception:
+                pass
+    text = open(logs[0], errors="replace").read()
+    m = TOTAL.search(text)
+    if not m:
+        return dict(record, error=f"no total from rank 0: {_tail(logs[0])}")
+    record["img_per_s"] = float(m.group(2))
+    record["img_per_s_conf"] = float(m.group(3))
+    record["iters"] = [float(x) for x in ITER.findall(text)]
+    record["load"] += list(os.getloadavg())
+    try:
+        with open(phase_path) as f:
+            steps = json.load(f)
+    except (OSError, ValueError):
+        steps = []
+    timed = steps[-args.iters * args.batches_per_iter:]
+    if timed:
+        record["phases"] = phases(timed)
+    if args.timeline and os.path.exists(timeline_path) and timed:
+        record["timeline"] = overlap_timeline.analyse(timeline_path, timed)
+        if args.keep:
+            shutil.copy(timeline_path, os.path.join(args.keep, f"{label}_{_utc()}.timeline.json"))
+            with open(os.path.join(args.keep, f"{label}_{_utc()}.phases.json"), "w") as f:
+                json.dump(timed, f)
+    return record
+
+
+def bound(compute: Dict[str, Any], s_bytes: int, rate_bps: float) -> Optional[Dict[str, float]]:
+    ph = compute.get("phases")
+    if not ph:
+        return None
+    transfer = s_bytes * 8 / rate_bps
+    value = ph["forward"] + max(ph["backward"], transfer) + ph["update"]
+    return {"forward": ph["forward"], "backward": ph["backward"], "update": ph["update"],
+            "transfer": round(transfer, 5), "bound_s": round(value, 5)}
+
+
+def torch_target(args: argparse.Namespace) -> str:
+    from netreduce.testbed import Testbed
+    from netreduce.testbed.plan import parse_rate
+    modes = args.modes.split(",")
+    s_bytes = gradient_bytes(args.model)
+    rate = parse_rate(args.rate)
+    runs: List[Dict[str, Any]] = []
+    with Testbed(hosts=args.np, rate=args.rate, mtu=args.mtu, name=args.testbed_name,
+                 subnet=args.subnet, replace=True) as tb:
+        for i in range(args.runs):
+            order = modes[i % len(modes):] + modes[:i % len(modes)]
+            results: Dict[str, Any] = {}
+            for mode in order:
+                with tempfile.TemporaryDirectory(prefix=f"nroverlap-{mode}-") as tmp:
+                    results[mode] = run_mode(tb, mode, args, tmp)
+                r = results[mode]
+                ph = r.get("phases", {})
+                print(f"  run {i} {mode}: {r.get('img_per_s', r.get('error'))} img/s, step "
+                      f"{ph.get('step')} s (fwd {ph.get('forward')} bwd {ph.get('backward')} "
+                      f"wait {ph.get('wait')} upd {ph.get('update')}); load "
+                      f"{os.getloadavg()[0]:.1f}", flush=True)
+                if "timeline" in r:
+                    print(overlap_timeline.describe(r["timeline"], indent="      "), flush=True)
+            run = {"run": i, "order": order, "modes": results}
+            if "compute" in results:
+                run["bound"] = bound(results["compute"], s_bytes, rate)
+            gloo = results.get("ddp-gloo", {}).get("img_per_s")
+            for mode in [m for m in modes if m.startswith("nr-")]:
+                mine = results.get(mode, {})
+                if gloo and mine.get("img_per_s"):
+                    run[f"{mode}_vs_gloo"] = round(mine["img_per_s"] / gloo, 4)
+                if run.get("bound") and mine.get("phases", {}).get("step"):
+                    run[f"{mode}_step_vs_bound"] = round(mine["phases"]["step"]
+                                                         / run["bound"]["bound_s"], 4)
+            if results.get("nr-hvd", {}).get("img_per_s") and results.get("nr-ddp", {}).get("img_per_s"):
+                run["nr-ddp_vs_nr-hvd"] = round(results["nr-ddp"]["img_per_s"]
+                                                / results["nr-hvd"]["img_per_s"], 4)
+            runs.append(run)
+            print("  " + json.dumps({k: v for k, v in run.items() if k not in ("modes", "order")}),
+                  flush=True)
+    summary: Dict[str, Any] = {"S_bytes": s_bytes, "rate": args.rate, "model": args.model,
+                               "batch": args.batch_size, "ranks": args.np}
+    keys = sorted({k for r in runs for k in r if k.endswith(("_vs_gloo", "_vs_bound", "_vs_nr-hvd"))})
+    for key in keys:
+        summary[key] = _spread([r.get(key) for r in runs])
+    for mode in modes:
+        recs = [r["modes"][mode] for r in runs if mode in r["modes"]]
+        summary[mode] = {"img_per_s": _spread([x.get("img_per_s") for x in recs], 2)}
+        for part in ("forward", "backward", "wait", "update", "step"):
+            summary[mode][part + "_s"] = _spread([x.get("phases", {}).get(part) for x in recs])
+    summary["bound_s"] = _spread([(r.get("bound") or {}).get("bound_s") for r in runs])
+    summary["load_1min"] = _spread([x["load"][0] for r in runs for x in r["modes"].values()], 2)
+    os.makedirs(OUT, exist_ok=True)
+    path = args.out or os.path.join(OUT, f"overlap_torch_{_utc()}.json")
+    with open(path, "w") as f:
+        json.dump({"command": "python3 benchmarks/overlap_step.py " + " ".join(sys.argv[1:]),
+                   "commit": _commit(), "utc": _utc(), "summary": summary, "runs": runs}, f,
+                  indent=1)
+    print(json.dumps(summary, indent=1))
+    print(f"# wrote {path}")
+    return path
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("target", choices=("torch",))
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--modes", default=",".join(TORCH_MODES))
+    ap.add_argument("--np", type=int, default=4)
+    ap.add_argument("--rate", default="1gbit")
+    ap.add_argument("--mtu", type=int, default=9000)
+    ap.add_argument("--model", default="resnet18")
+    ap.add_argument("--batch-size", type=int, default=1)
+    ap.add_argument("--warmup", type=int, default=10, help="the script's --num-warmup-batches")
+    ap.add_argument("--batches-per-iter", type=int, default=10)
+    ap.add_argument("--iters", type=int, default=10, help="the script's --num-iters")
+    ap.add_argument("--timeline", action="store_true",
+                    help="netreduce modes: NETREDUCE_TIMELINE on rank 0, analysed per step")
+    ap.add_argument("--keep", default="", help="folder to keep the timelines and phases in")
+    ap.add_argument("--switch-args", default="")
+    ap.add_argument("--code", action="append", default=[], metavar="NAME=DIR",
+                    help="a netreduce checkout (built, netreduce/torch linked to "
+                    "frameworks/torch) that modes written MODE@NAME run")
+    ap.add_argument("--nr-env", action="append", default=[],
+                    help="KEY=VALUE for the netreduce modes' ranks (repeatable)")
+    ap.add_argument("--timeout", type=float, default=900)
+    ap.add_argument("--testbed-name", default="nrov")
+    ap.add_argument("--subnet", default="10.77.33.0/24")
+    ap.add_argument("--out", default="")
+    args = ap.parse_args(argv)
+    if args.keep:
+        os.makedirs(args.keep, exist_ok=True)
+    {"torch": torch_target}[args.target](args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
