@@ -26,7 +26,7 @@ import json
 import os
 import socket
 import time
-from typing import Any, List, Tuple
+from typing import Any, Dict, List, Tuple
 
 import torch
 import torch.distributed as dist
@@ -43,6 +43,10 @@ from . import mpi_ops, scatter_gather
 from .futures import completer, cuda_devices
 
 BACKEND_NAME = "netreduce"
+# Names a collective signature cycles through (ProcessGroupNetReduce._recurring): as
+# many of one signature may be in flight at once before the next waits.
+RECURRING = 4
+_GROUPS: Dict[tuple, int] = {}  # process groups made here per member list (their names' tag)
 
 
 def _core_op(op: Any, collective: str):
@@ -79,10 +83,36 @@ class ProcessGroupNetReduce(dist.ProcessGroup):
         self._rank, self._size = rank, size
         self._store = store
         self._timeout = timeout
-        # Collectives go without names: every rank issues them in the same order, which
-        # is the case of the core's automatic names (a per-kind call counter); those also
-        # stay out of the response cache, where one-off names would only evict the names
-        # that repeat every step (DDP hook buckets, Horovod-API tensor names).
+        # All-reduces and broadcasts are named by what they carry (the collective,
+        # dtype, element count, op or root) and by their call count for that
+        # signature, modulo RECURRING: every rank issues a group's collectives in the
+        # same order, so the names agree across ranks, and a training step's (DDP's
+        # buckets, its buffer broadcast) repeat step after step, so the response cache
+        # serves them (a round instead of a coordinator round trip). A name is reused
+        # only once its previous operation has completed here (_recurring waits).
+        members = tuple(global_ranks or ())
+        _GROUPS[members] = _GROUPS.get(members, -1) + 1
+        self._tag = f"torch.pg{_GROUPS[members]}"
+        self._calls: Dict[str, int] = {}
+        self._last: Dict[str, Any] = {}  # name -> the future of its latest operation
+
+    def _recurring(self, what: str, tensor: torch.Tensor) -> str:
+        """The name of the next ``what`` (e.g. "allreduce.sum") of ``tensor``."""
+        key = f"{what}.{str(tensor.dtype).replace('torch.', '')}.{tensor.numel()}"
+        n = self._calls.get(key, 0)
+        self._calls[key] = n + 1
+        name = f"{self._tag}.{key}.{n % RECURRING}"
+        previous = self._last.get(name)
+        if previous is not None and not previous.done():
+            previous.wait()   # RECURRING operations of one signature in flight
+        return name
+
+    def _named_work(self, names: List[str], handles: List[int], result: Any,
+                    tensors: List[torch.Tensor]):
+        future = completer.submit(handles, lambda _: result, cuda_devices(tensors))
+        for name in names:
+            self._last[name] = future
+        return _create_work_from_future(future)
 
     def _work(self, handles: List[int], result: Any, tensors: List[torch.Tensor]):
         return _create_work_from_future(
@@ -117,8 +147,9 @@ class ProcessGroupNetReduce(dist.ProcessGroup):
     # --- collectives ------------------------------------------------------------------
     def allreduce(self, tensors, opts=None):
         op = _core_op(opts if opts is not None else dist.ReduceOp.SUM, "allreduce")
-        handles = [mpi_ops.allreduce_async_(t, op=op) for t in tensors]
-        return self._work(handles, tensors, tensors)
+        names = [self._recurring(f"allreduce.{getattr(op, 'value', op)}", t) for t in tensors]
+        handles = [mpi_ops.allreduce_async_(t, op=op, name=n) for t, n in zip(tensors, names)]
+        return self._named_work(names, handles, tensors, tensors)
 
     def allreduce_coalesced(self, tensors, opts=None):
         op = _core_op(opts if opts is not None else dist.ReduceOp.SUM, "allreduce_coalesced")
@@ -128,13 +159,15 @@ class ProcessGroupNetReduce(dist.ProcessGroup):
     def reduce(self, tensors, opts=None):
         # Every rank ends with the result; torch only promises it on the root.
         op = _core_op(opts if opts is not None else dist.ReduceOp.SUM, "reduce")
-        handles = [mpi_ops.allreduce_async_(t, op=op) for t in tensors]
-        return self._work(handles, tensors, tensors)
+        names = [self._recurring(f"allreduce.{getattr(op, 'value', op)}", t) for t in tensors]
+        handles = [mpi_ops.allreduce_async_(t, op=op, name=n) for t, n in zip(tensors, names)]
+        return self._named_work(names, handles, tensors, tensors)
 
     def broadcast(self, tensors, opts=None):
         root = opts.rootRank if opts is not None else 0
-        handles = [mpi_ops.broadcast_async_(t, root) for t in tensors]
-        return self._work(handles, tensors, tensors)
+        names = [self._recurring(f"broadcast.{root}", t) for t in tensors]
+        handles = [mpi_ops.broadcast_async_(t, root, name=n) for t, n in zip(tensors, names)]
+        return self._named_work(names, handles, tensors, tensors)
 
     def _gather_into(self, flat_out: torch.Tensor, tensor: torch.Tensor) -> int:
         """Start an allgather of ``tensor`` into ``flat_out`` (size * numel elements):
