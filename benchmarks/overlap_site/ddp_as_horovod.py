@@ -10,7 +10,6 @@ from __future__ import annotations
 import functools
 import os
 
-import torch
 import torch.distributed as dist
 
 Average, Sum, Adasum = "Average", "Sum", "Adasum"
