@@ -293,7 +293,10 @@ def test_timeline(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     events = json.loads(path.read_text())
     phases = {e["name"] for e in events if e["ph"] == "X"}
-    assert phases == {"negotiate", "wait_for_ranks", "copy_in", "allreduce", "copy_out"}
+    # the first step through the coordinator (negotiate, wait_for_ranks); the cached
+    # steps after it agreed among the ranks (queued, and the agreement's round)
+    assert phases == {"negotiate", "wait_for_ranks", "queued", "round", "copy_in",
+                      "allreduce", "copy_out"}
     fused = [e for e in events if e["name"] == "allreduce"]
     assert fused and all(e["args"]["fused"] == 2 for e in fused)
 
