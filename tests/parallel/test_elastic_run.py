@@ -21,6 +21,16 @@ from tests.procs import ROOT
 WORKER = os.path.join(ROOT, "tests", "parallel", "elastic_worker.py")
 
 
+
+def worker_records(out: str) -> Dict[str, List[dict]]:
+    """Each worker's step log in OUT (its <host>_<slot>.jsonl lines), by worker."""
+    rows = {}
+    for path in glob.glob(os.path.join(out, "*.jsonl")):
+        with open(path) as f:
+            rows[os.path.basename(path)[:-6]] = [json.loads(line) for line in f if line.strip()]
+    return rows
+
+
 class Run:
     """netreduce-run with elastic flags, hosts from a file the test rewrites."""
 
@@ -48,11 +58,7 @@ class Run:
         os.replace(tmp, self.hosts_file)  # the driver never reads half a file
 
     def records(self) -> Dict[str, List[dict]]:
-        out = {}
-        for path in glob.glob(str(self.out / "*.jsonl")):
-            with open(path) as f:
-                out[os.path.basename(path)[:-6]] = [json.loads(line) for line in f if line.strip()]
-        return out
+        return worker_records(str(self.out))
 
     def steps(self) -> Dict[str, int]:
         return {w: max([r.get("step", 0) for r in recs] or [0]) for w, recs in self.records().items()}

@@ -9,7 +9,6 @@ are missing."""
 from __future__ import annotations
 
 import glob
-import json
 import os
 import signal
 import subprocess
@@ -19,6 +18,7 @@ import time
 import pytest
 
 from netreduce.testbed import sshd
+from tests.parallel.test_elastic_run import worker_records
 from tests.root.slurm_cluster import REASON, REPO, slurm_on_testbed
 
 REASON = REASON or sshd.why_unusable()
@@ -39,14 +39,6 @@ exec {python} -m netreduce.launcher -np 4 --min-np 2 --host-discovery-script {ou
 """
 
 
-def _records(out):
-    rows = {}
-    for path in glob.glob(os.path.join(out, "*.jsonl")):
-        with open(path) as f:
-            rows[os.path.basename(path)[:-6]] = [json.loads(line) for line in f if line.strip()]
-    return rows
-
-
 @pytest.mark.timeout(240)
 def test_a_nodes_tasks_killed_in_an_elastic_slurm_job(tmp_path):
     out = str(tmp_path)
@@ -60,7 +52,7 @@ def test_a_nodes_tasks_killed_in_an_elastic_slurm_job(tmp_path):
                                                  identity=ssh.identity, switch=cluster.switch),
                                    env, cwd=out)
         deadline = time.monotonic() + 150
-        while max((r.get("step", 0) for rs in _records(out).values() for r in rs), default=0) < 10:
+        while max((r.get("step", 0) for rs in worker_records(out).values() for r in rs), default=0) < 10:
             assert time.monotonic() < deadline, cluster.slurm.job_state(job, env)
             time.sleep(0.2)
         pids = subprocess.run(["ip", "netns", "pids", cluster.tb.hosts[1].netns],
@@ -74,7 +66,7 @@ def test_a_nodes_tasks_killed_in_an_elastic_slurm_job(tmp_path):
     log = open(glob.glob(os.path.join(out, "slurm-*.out"))[0]).read()
     assert state == "COMPLETED", log[-4000:]
     addresses = [n.address for n in cluster.tb.hosts]
-    finals = {w: rs[-1]["final"] for w, rs in _records(out).items() if rs and "final" in rs[-1]}
+    finals = {w: rs[-1]["final"] for w, rs in worker_records(out).items() if rs and "final" in rs[-1]}
     assert sorted(finals) == [f"{addresses[0]}_0", f"{addresses[0]}_1"], log[-4000:]
     assert len({f["w"] for f in finals.values()}) == 1
     sizes = finals[f"{addresses[0]}_0"]["sizes"]

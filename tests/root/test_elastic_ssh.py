@@ -6,8 +6,6 @@ h1 SIGKILLed (in h1's namespace): h1 is blacklisted and h0's two ranks finish al
 with identical parameters. Skipped, with the reason, when not root or sshd is missing."""
 from __future__ import annotations
 
-import glob
-import json
 import os
 import signal
 import subprocess
@@ -18,6 +16,7 @@ import pytest
 
 from netreduce.testbed import Testbed, why_unusable
 from netreduce.testbed import sshd
+from tests.parallel.test_elastic_run import worker_records
 from tests.root import scratch_testbed_name
 
 REASON = why_unusable() or sshd.why_unusable()
@@ -25,14 +24,6 @@ pytestmark = [pytest.mark.root, pytest.mark.skipif(REASON is not None, reason=RE
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 WORKER = os.path.join(REPO, "tests", "parallel", "elastic_worker.py")
-
-
-def _records(out):
-    rows = {}
-    for path in glob.glob(os.path.join(out, "*.jsonl")):
-        with open(path) as f:
-            rows[os.path.basename(path)[:-6]] = [json.loads(line) for line in f if line.strip()]
-    return rows
 
 
 @pytest.mark.timeout(180)
@@ -58,7 +49,7 @@ def test_a_hosts_ranks_killed_over_ssh(tmp_path):
             return log.read()
         try:
             deadline = time.monotonic() + 120
-            while max((r.get("step", 0) for rs in _records(out).values() for r in rs),
+            while max((r.get("step", 0) for rs in worker_records(out).values() for r in rs),
                       default=0) < 10:
                 assert proc.poll() is None and time.monotonic() < deadline, output()
                 time.sleep(0.1)
@@ -74,7 +65,7 @@ def test_a_hosts_ranks_killed_over_ssh(tmp_path):
                 proc.kill()
                 proc.wait()
             switch.stop()
-    finals = {w: rs[-1]["final"] for w, rs in _records(out).items() if rs and "final" in rs[-1]}
+    finals = {w: rs[-1]["final"] for w, rs in worker_records(out).items() if rs and "final" in rs[-1]}
     assert sorted(finals) == ["h0_0", "h0_1"], output()
     assert len({f["w"] for f in finals.values()}) == 1
     sizes = finals["h0_0"]["sizes"]
