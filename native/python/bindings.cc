@@ -6,6 +6,7 @@
 
 #include <unistd.h>
 
+#include <functional>
 #include <memory>
 
 #include "aggregator/aggregator.h"
@@ -139,6 +140,9 @@ py::dict HeaderToDict(const wire::Header& h) {
 }  // namespace
 
 void BindHierarchical(py::module_& m);  // hierarchical_bindings.cc
+Status VoteStepCall(py::buffer src, py::buffer buf, py::buffer out, double factor, uint32_t ranks,
+                    const std::function<Status(void*, size_t, DType)>& allreduce,
+                    int* outcome);  // vote_step_bindings.cc
 void BindVerbs(py::module_& m);         // verbs_bindings.cc
 void BindXdp(py::module_& m, PyObject* error, PyObject* refused);  // xdp_bindings.cc
 std::shared_ptr<Transport> TransportFromPy(const py::object& obj);  // verbs_bindings.cc
@@ -419,6 +423,15 @@ PYBIND11_MODULE(_native, m) {
       .def("allreduce", [](Engine& e, py::buffer src, py::buffer dst, int dtype, int op) {
              SubmitBuffers(e, src, dst, dtype, op)->Wait();
            }, py::arg("src"), py::arg("dst"), py::arg("dtype"), py::arg("op"))
+      // Speculation.run_lone's message in one call (native/algorithms/vote_step.h)
+      .def("vote_step", [](Engine& e, py::buffer src, py::buffer buf, py::buffer out, double factor,
+                           uint32_t ranks) {
+             int outcome = 0;
+             Throw(VoteStepCall(src, buf, out, factor, ranks, [&e](void* b, size_t n, DType dt) {
+               return Engine::Wait(*e.Submit(b, b, n, dt, Op::kSum));
+             }, &outcome));
+             return outcome;
+           }, py::arg("src"), py::arg("buf"), py::arg("out"), py::arg("factor"), py::arg("ranks"))
       .def("abort", &Engine::Abort, py::arg("reason"))
       .def("stats", &Engine::Stats)
       .def_property_readonly("aggregator_address", &Engine::AggregatorAddress)

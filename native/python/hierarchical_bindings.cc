@@ -5,9 +5,11 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <functional>
 #include <memory>
 
 #include "algorithms/hierarchical.h"
+#include "algorithms/vote_step.h"
 #include "engine/engine.h"
 #include "shm/segment.h"
 
@@ -48,6 +50,10 @@ struct PyHierarchical {
 };
 
 }  // namespace
+
+Status VoteStepCall(py::buffer src, py::buffer buf, py::buffer out, double factor, uint32_t ranks,
+                    const std::function<Status(void*, size_t, DType)>& allreduce,
+                    int* outcome);  // vote_step_bindings.cc
 
 void BindHierarchical(py::module_& m) {
   const char* names[4] = {"EngineError", "TimeoutError", "AbortedError", "RefusedError"};
@@ -110,6 +116,14 @@ void BindHierarchical(py::module_& m) {
              }
              ThrowStatus(st);
            }, py::arg("src"), py::arg("dst"), py::arg("dtype"), py::arg("op"))
+      .def("vote_step", [](PyHierarchical& p, py::buffer src, py::buffer buf, py::buffer out,
+                           double factor, uint32_t ranks) {
+             int outcome = 0;
+             ThrowStatus(VoteStepCall(src, buf, out, factor, ranks, [&p](void* b, size_t n, DType dt) {
+               return p.h->AllReduce(b, b, n, dt, Op::kSum);
+             }, &outcome));
+             return outcome;
+           }, py::arg("src"), py::arg("buf"), py::arg("out"), py::arg("factor"), py::arg("ranks"))
       .def("abort", [](PyHierarchical& p, const std::string& reason) { p.h->Abort(reason); },
            py::arg("reason"))
       .def("stats", [](PyHierarchical& p) { return p.h->Stats(); })

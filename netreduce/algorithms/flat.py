@@ -3,7 +3,7 @@ connection (netreduce.worker.dataplane.Connection) per rank. What netreduce did 
 hierarchical path; still the choice when every host runs one rank."""
 from __future__ import annotations
 
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -24,6 +24,12 @@ class Flat:
     def allreduce(self, src: np.ndarray, dst: Optional[np.ndarray] = None, op: str = "sum",
                   dtype: Optional[str] = None) -> np.ndarray:
         return self.connection.allreduce(src, dst, op=op, dtype=dtype)
+
+    @property
+    def vote_step(self) -> Optional[Callable[..., int]]:
+        """The connection's steady step in one native call (Speculation.run_lone),
+        where it has one."""
+        return getattr(self.connection, "vote_step", None)
 
     def reducescatter(self, src: np.ndarray, bounds: Sequence[Tuple[int, int]], op: str = "sum",
                       dtype: Optional[str] = None) -> None:

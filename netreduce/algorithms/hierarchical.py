@@ -109,6 +109,21 @@ class Hierarchical:
             raise DataPlaneError(f"{self._where}: {exc}") from None
         return dst
 
+    def vote_step(self, src: np.ndarray, buf: np.ndarray, out: np.ndarray, factor: float,
+                  ranks: int) -> int:
+        """A steady step's whole message in one native call (Speculation.run_lone,
+        native/algorithms/vote_step.h): 0 discarded, 1 complete, 2 complete with more
+        to say."""
+        native = self._live()
+        try:
+            with self._lock:
+                return native.vote_step(src, buf, out, factor, ranks)
+        except _native.EngineError as exc:
+            failed = native.failed_rank
+            if failed >= 0:
+                raise RankFailedError(f"{self._where}: {exc}", failed) from None
+            raise DataPlaneError(f"{self._where}: {exc}") from None
+
     def _live(self) -> Any:
         if self._native is None:
             raise DataPlaneError(f"{self._where}: this connection was closed")

@@ -300,6 +300,17 @@ class Connection:
         """Reduce ``src`` across ranks; the result lands in ``dst`` (or in place)."""
         return self.allreduce_async(src, dst, op, dtype).wait()
 
+    def vote_step(self, src: np.ndarray, buf: np.ndarray, out: np.ndarray, factor: float,
+                  ranks: int) -> int:
+        """A steady step's whole message in one native call (Speculation.run_lone,
+        native/algorithms/vote_step.h): 0 discarded, 1 complete, 2 complete with more
+        to say."""
+        engine = self._live()
+        try:
+            return int(engine.vote_step(src, buf, out, factor, ranks))
+        except _native.EngineError as exc:
+            raise _translate(exc, self._where()) from None
+
     def abort(self, reason: str) -> None:
         """Fail the pending and all later operations with DataPlaneError(reason)."""
         if self._closed:
