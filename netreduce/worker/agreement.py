@@ -47,6 +47,7 @@ thread still in the data plane when the interpreter exits aborts the process.
 """
 from __future__ import annotations
 
+import copy
 import queue
 import threading
 import time
@@ -58,6 +59,7 @@ from netreduce.errors import NegotiationError, NetReduceError, tensor_names
 from netreduce.protocol import fusion
 from netreduce.protocol.signature import fusion_key, nbytes
 from netreduce.worker import timeline as tl
+from netreduce.worker.handle import Handle, Tensor
 from netreduce.worker.speculation import Speculation
 
 WAKE = ("wake",)            # put on the executor's queue: new local work
@@ -96,6 +98,7 @@ class Agreement:
         self.leaving = False                    # this rank's shutdown: said in its next round
         self.said_leaving = False               # ... and that round has run
         self.joins: List[Any] = []              # this rank's join()s routed, not yet done
+        self.stepping: Optional[str] = None     # the name a steady call runs (steady)
         self.spec = Speculation(self)           # steady steps in one message (speculation.py)
         # One message at a time, from the executor or a waiting user thread (help):
         # run_lock guards what follows and the speculation's state.
@@ -231,10 +234,7 @@ class Agreement:
         while not handle._event.is_set() and spec.armed:
             self.run_lock.acquire()             # the executor may be issuing one
             try:
-                with q.mutex:                   # only wake-ups queued: they are ours
-                    idle = not q.queue or all(item is WAKE for item in q.queue)
-                    if idle:
-                        q.queue.clear()
+                idle = self._only_wakes()
                 with self.lock:
                     mine = spec.ids is not None and spec.idset <= self.pending.keys()
                 if not (idle and mine and not self.held and comm.failure() is None):
@@ -244,6 +244,75 @@ class Agreement:
                 self.run_lock.release()
         if not handle._event.is_set():
             q.put(WAKE)                         # not (or no longer) ours: the executor's
+
+    def _only_wakes(self) -> bool:
+        """Whether the executor's queue holds only wake-ups: then they are cleared,
+        for the caller (holding run_lock) runs the message they asked for."""
+        q = self.q
+        with q.mutex:
+            if any(item is not WAKE for item in q.queue):
+                return False
+            q.queue.clear()
+            return True
+
+    def steady(self, name: str, sig: Any, op: Any, array: np.ndarray, output: np.ndarray) -> bool:
+        """A synchronous all-reduce of ``name`` (signature ``sig``) in the steady state,
+        on the caller's thread in one call (netreduce/api.py): when the speculation is
+        armed on that lone tensor and nothing else waits here, the message is the one
+        its submission (route) and wait (help) would issue, without their Tensor,
+        Handle, queue and locks. True when ``output`` holds the result -- or, if not
+        every rank voted for it, once the round that follows ran it, as on the usual
+        path. False, with nothing done, when this is not that state: the caller takes
+        the usual path. A failure raises the job's error."""
+        spec, comm = self.spec, self.comm
+        if spec.lone != name or comm.timeline or not self.run_lock.acquire(blocking=False):
+            return False                        # (the executor is issuing a message)
+        try:
+            ids = spec.ids
+            if ids is None or spec.lone != name or spec.sigs[0] != sig or self.held:
+                return False
+            i = ids[0]
+            with self.lock:
+                known = comm.cache.id_of.get(name)
+                if self.off or self.pending or self.invalidate or self.joins or self.leaving \
+                        or known is None or known[0] != i or known[1] != sig or i in self.banned:
+                    return False
+            if not comm.claim(name):
+                return False
+            t = None
+            try:
+                if not self._only_wakes():
+                    return False
+                now = time.monotonic()
+                self.last_message, self.hot = now, True
+                comm.cache.hits += 1
+                self.stepping = name            # a failure's error names it
+                try:
+                    done = spec.run_lone(array, output, now)
+                finally:
+                    self.stepping = None
+                self._pace(False)
+                if done is None:                # failed (reported): the job's error
+                    failure = comm.failure()
+                    raise copy.copy(failure) if failure is not None else NetReduceError(
+                        f"rank {comm.rank}: the steady all-reduce of '{name}' failed")
+                if done:
+                    return True
+                # Not every rank voted for it: the submission waits for the round
+                # that follows, as route would have left it.
+                handle = Handle([output], False)
+                t = Tensor(name, sig, True, op, array, output, handle)
+                t.seq = BITS_SEQ
+                handle._helper = self.help
+            finally:
+                comm.unclaim(name, t)
+            with self.lock:
+                self.pending[i] = t
+                self.since[i] = now
+        finally:
+            self.run_lock.release()
+        handle.wait()
+        return True
 
     def _message(self, by_user: bool = False) -> None:
         """The next data-plane message of the agreement: a speculative one or a
@@ -325,19 +394,24 @@ class Agreement:
         self.joins = [t for t in self.joins if not t.handle.done()]
         return any(t.seq < 0 for t in self.joins)
 
-    def issue(self, buf: np.ndarray, op: str, fill: Optional[Callable[[], None]] = None) -> bool:
+    def issue(self, buf: np.ndarray, op: str, fill: Optional[Callable[[], None]] = None,
+              send: Optional[Callable[[], None]] = None) -> bool:
         """One of the agreement's own data-plane messages (a round, a speculative
-        step), ``fill()`` first writing this rank's part into ``buf``: from before
-        the fill to the end, a failure reported aborts the data plane under it.
-        False when the job had failed or the message did (reported here: the plain
-        executor takes over)."""
+        step), ``fill()`` first writing this rank's part into ``buf``, ``send()``
+        instead of the plain all-reduce of ``buf`` where given: from before the fill
+        to the end, a failure reported aborts the data plane under it. False when the
+        job had failed or the message did (reported here: the plain executor takes
+        over)."""
         comm = self.comm
         if not comm.begin_message():
             return False
         try:
             if fill is not None:
                 fill()
-            comm.dp.allreduce(buf, None, op=op)
+            if send is not None:
+                send()
+            else:
+                comm.dp.allreduce(buf, None, op=op)
             return True
         except Exception as exc:
             self._message_failed(exc)
@@ -366,6 +440,8 @@ class Agreement:
             return exc  # its verdict: the aggregators that failed, why no path is left
         with self.lock:
             names = [t.name for t in self.pending.values()]
+        if self.stepping is not None:
+            names.append(self.stepping)
         what = tensor_names(names) if names else "no cached tensor"
         return NegotiationError(
             f"rank {self.comm.rank} of job '{self.comm.job}': the ranks' agreement on cached "

@@ -60,6 +60,18 @@ def _naming(exc: NetReduceError, prefix: str) -> NetReduceError:
 _AUTO_NAME = re.compile(r"^(\w+)\.noname\.(\d+)(?:\.|$)")  # api._auto_name's names
 
 
+class _Claim:
+    """What ``_inflight`` holds for a name that a steady step runs on the caller's
+    thread without a Tensor (Communicator.claim): never negotiated (seq >= 0, so
+    neither a failure nor the negotiation timeout has anything of it to complete)."""
+    __slots__ = ()
+    seq = ROUND_SEQ
+    kind = "allreduce"
+
+
+_CLAIMED = _Claim()
+
+
 def _zero_tensor(name: str, req: TensorRequest) -> Tensor:
     """A joined rank's stand-in for a tensor the others submitted: zeros of the same
     dtype and shape (its own handle, which nobody waits on)."""
@@ -542,6 +554,33 @@ class Communicator:
                     t.seq = -1
                     self._new.append(t)
         os.write(self._wake_w, b"x")
+
+    def claim(self, name: str) -> bool:
+        """A steady step of ``name`` runs on the caller's thread with no Tensor
+        (Agreement.steady): ``name`` is in flight, so a second submission of it is
+        refused meanwhile, as for any other. False, claiming nothing, when the job
+        failed or stops or ``name`` is in flight already: the caller then takes the
+        usual path, which raises the reason."""
+        with self._lock:
+            if self._failure is not None or self._stopping or name in self._inflight:
+                return False
+            self._inflight[name] = _CLAIMED
+            return True
+
+    def unclaim(self, name: str, tensor: Optional[Tensor] = None) -> None:
+        """The claimed step of ``name`` is over; ``tensor``: what it became instead, a
+        submission still waiting (its message did not complete it). A failure
+        recorded meanwhile fails that one as it failed the others in flight."""
+        with self._lock:
+            if self._inflight.get(name) is not _CLAIMED:
+                return
+            if tensor is None:
+                del self._inflight[name]
+                return
+            self._inflight[name] = tensor
+            failure, after = self._failure, self._fail_after
+        if failure is not None:
+            self._fail(failure, after, abort=False)
 
     # --- shutdown -------------------------------------------------------------------
 

@@ -32,7 +32,7 @@ exactly (float32/float64/int32/int64) and its wire op is a sum.
 from __future__ import annotations
 
 import time
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -43,6 +43,7 @@ from netreduce.worker.fusion_buffer import FusionBuffer
 
 EXACT_WIRE = ("float32", "float64", "int32", "int64")  # a sum of N ones is exact
 MAX_BYTES = 64 << 10        # larger groups: the round is small next to the data
+FLOAT32_MAX = float(np.finfo(np.float32).max)
 SUM_OPS = (ReduceOp.Sum, ReduceOp.Average)
 
 
@@ -83,6 +84,7 @@ class Speculation:
         self.full: List[int] = []           # the votes of a complete step: N per id
         self.idset: frozenset = frozenset()  # G's ids
         self.hits = 0                                 # statistics (tests, benchmarks)
+        self.lone_hits = 0                            # ... of them in one call (run_lone)
         self.misses = 0
         self.idle = 0                                 # messages where no rank had anything
         self.last_hit = 0.0                           # monotonic
@@ -91,6 +93,17 @@ class Speculation:
         self.mine: List[Any] = []
         self.other = False
         self.t0 = 0.0           # when its part was written (timeline)
+        # G's lone tensor, when G is one tensor whose step can run in one call on the
+        # user's thread (Agreement.steady: its own dtype on the wire, no prescale, a
+        # float result); None otherwise
+        self.lone: Optional[str] = None
+        self.lone_in: Optional[np.ndarray] = None   # its data and output, during run_lone
+        self.lone_out: Optional[np.ndarray] = None
+        self.outcome = 0        # what the algorithm's vote_step said (run_lone)
+        # the algorithm whose vote_step (the whole message in one native call:
+        # native/algorithms/vote_step.h) run_lone uses, if it has one
+        self.step_dp: Any = None
+        self.step_fn: Optional[Callable[..., int]] = None
 
     @property
     def armed(self) -> bool:
@@ -98,6 +111,7 @@ class Speculation:
 
     def disarm(self) -> None:
         self.ids = None
+        self.lone = None
 
     def covered(self) -> bool:
         """Whether this rank holds all of G (read on user threads under the
@@ -143,6 +157,10 @@ class Speculation:
         self.out_factor = [
             (t.sig.postscale / size_ if t.op is ReduceOp.Average else t.sig.postscale)
             if t.dtype in ("float32", "float64") else None for t in tensors]
+        factor = self.out_factor[0]
+        # (a factor beyond float32's range would make numpy multiply in float64)
+        self.lone = tensors[0].name if len(tensors) == 1 and self.plain_in[0] and \
+            factor is not None and abs(factor) <= FLOAT32_MAX else None
 
     def run(self, held: bool, by_user: bool = False) -> Optional[bool]:
         """One speculative message. Returns True when G completed, False when the
@@ -202,6 +220,71 @@ class Speculation:
         if not complete or sums[k] != 0:
             self.disarm()                     # a round next: it sees what we did not
         return complete
+
+    def run_lone(self, array: np.ndarray, output: np.ndarray, now: float) -> Optional[bool]:
+        """run() for G's lone tensor, submitted here and nothing else (Agreement.steady
+        checked that, so this rank's part is a vote of 1, ``other`` 0 and ``array``),
+        on the caller's thread: True when ``output`` holds the result, False when the
+        sums were discarded (disarmed: a round next), None when the message failed
+        (reported)."""
+        ag = self.ag
+        assert self.buf is not None and self.votes is not None
+        dp = ag.comm.dp
+        if dp is not self.step_dp:              # (failover may change the path)
+            self.step_dp, self.step_fn = dp, getattr(dp, "vote_step", None)
+        self.lone_in, self.lone_out = array, output
+        # fill, message, votes, copy-out in one native call (arrays in the machine's
+        # byte order: numpy's builtin dtype objects)
+        if self.step_fn is not None and array.dtype is self.buf.dtype is output.dtype:
+            if not ag.issue(self.buf, "sum", send=self._send_lone):
+                self.lone_in = self.lone_out = None
+                return None
+            outcome, other = self.outcome, self.outcome == 2
+        else:
+            if not ag.issue(self.buf, "sum", self._fill_lone):
+                self.lone_in = self.lone_out = None
+                return None
+            votes = self.votes.tolist()
+            outcome = 1 if votes[0] == ag.comm.size else 0
+            other = votes[1] != 0
+            if outcome:
+                factor = self.out_factor[0]
+                assert factor is not None   # (a lone tensor's is: _arm)
+                if factor == 1.0:
+                    output[...] = self.shaped[0]
+                else:   # what scale_into does for a float tensor, without its dispatch
+                    np.multiply(self.shaped[0], factor, out=output)
+        self.lone_out = None
+        ag.rounds += 1
+        if not outcome:
+            self.misses += 1
+            self.disarm()
+            return False
+        ag.agreed += 1
+        ag.comm.groups_executed += 1
+        self.hits += 1
+        self.lone_hits += 1
+        self.last_hit = now
+        self.waited = True      # the user's own thread ran it: a synchronous loop
+        if other:
+            self.disarm()       # a round next: it sees what we did not
+        return True
+
+    def _send_lone(self) -> None:
+        """run_lone's message in one call of the algorithm (Agreement.issue calls it)."""
+        array, self.lone_in = self.lone_in, None
+        assert self.step_fn is not None
+        self.outcome = self.step_fn(array, self.buf, self.lone_out, self.out_factor[0],
+                                    self.ag.comm.size)
+
+    def _fill_lone(self) -> None:
+        """run_lone's part of the message (Agreement.issue calls it)."""
+        votes = self.votes
+        assert votes is not None
+        votes[0] = 1
+        votes[1] = 0
+        self.shaped[0][...] = self.lone_in
+        self.lone_in = None     # held no longer than the message: the user's array
 
     def _fill(self) -> None:
         """This rank's part of the message (Agreement.issue calls it): a vote and the
