@@ -109,11 +109,15 @@ class Hierarchical:
             raise DataPlaneError(f"{self._where}: {exc}") from None
         return dst
 
-    def vote_step(self, src: np.ndarray, buf: np.ndarray, out: np.ndarray, factor: float,
-                  ranks: int) -> int:
+    @property
+    def vote_step(self) -> Optional[Callable[..., int]]:
         """A steady step's whole message in one native call (Speculation.run_lone,
         native/algorithms/vote_step.h): 0 discarded, 1 complete, 2 complete with more
-        to say."""
+        to say. None with a native module built before it."""
+        return self._vote_step if hasattr(_native.Hierarchical, "vote_step") else None
+
+    def _vote_step(self, src: np.ndarray, buf: np.ndarray, out: np.ndarray, factor: float,
+                   ranks: int) -> int:
         native = self._live()
         try:
             with self._lock:

@@ -9,7 +9,7 @@ import functools
 import logging
 import socket
 import threading
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import numpy as np
 
@@ -300,11 +300,15 @@ class Connection:
         """Reduce ``src`` across ranks; the result lands in ``dst`` (or in place)."""
         return self.allreduce_async(src, dst, op, dtype).wait()
 
-    def vote_step(self, src: np.ndarray, buf: np.ndarray, out: np.ndarray, factor: float,
-                  ranks: int) -> int:
+    @property
+    def vote_step(self) -> Optional[Callable[..., int]]:
         """A steady step's whole message in one native call (Speculation.run_lone,
         native/algorithms/vote_step.h): 0 discarded, 1 complete, 2 complete with more
-        to say."""
+        to say. None with a native module built before it."""
+        return self._vote_step if hasattr(_native.Engine, "vote_step") else None
+
+    def _vote_step(self, src: np.ndarray, buf: np.ndarray, out: np.ndarray, factor: float,
+                   ranks: int) -> int:
         engine = self._live()
         try:
             return int(engine.vote_step(src, buf, out, factor, ranks))

@@ -56,3 +56,15 @@ def test_a_missing_vote_leaves_the_output_untouched(alone):
 def test_bad_buffers_are_refused(alone, src, buf, out, match):
     with pytest.raises(ValueError, match=match):
         alone.vote_step(src, buf, out, 1.0, 1)
+
+
+def test_a_native_module_built_before_it_leaves_the_python_path(monkeypatch):
+    """An algorithm offers vote_step only when its native module has it (a stale build
+    must not fail the steady steps: Speculation.run_lone falls back to Python)."""
+    from netreduce.algorithms.hierarchical import Hierarchical
+    from netreduce.worker.dataplane import Connection
+    h, conn = Hierarchical.__new__(Hierarchical), Connection.__new__(Connection)
+    assert callable(h.vote_step) and callable(conn.vote_step)
+    monkeypatch.delattr(_native.Hierarchical, "vote_step")
+    monkeypatch.delattr(_native.Engine, "vote_step")
+    assert h.vote_step is None and conn.vote_step is None
