@@ -88,6 +88,7 @@ class Hierarchical {
   HierarchicalConfig cfg_;
   uint32_t me_, size_, depth_;
   uint32_t serial_ = 0;  // last chunk serial used
+  bool oversubscribed_ = false;  // more local ranks than this process's CPUs (Start)
   shm::PeerWatch peers_;
   std::atomic<bool> aborted_{false};
   std::mutex abort_mu_;

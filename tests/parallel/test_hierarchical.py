@@ -126,6 +126,52 @@ def _native_rank(r, n, q_seg, q_out, victim):
         q_out.put((r, f"{type(exc).__name__}: {exc}", h.failed_rank if h is not None else -2))
 
 
+def _pinned_rank(r, n, q_seg, q_out):
+    import numpy as np
+
+    from netreduce import _native
+    try:
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # every rank on one CPU
+        if r == 0:
+            seg = _native.ShmSegment.create(n, 64 * 1024, 2)
+            for _ in range(n - 1):
+                q_seg.put((os.getpid(), seg.fd, seg.nonce))
+        else:
+            pid, fd, nonce = q_seg.get(timeout=30)
+            seg = _native.ShmSegment.attach(pid, fd, nonce, r)
+        h = _native.Hierarchical(seg, None, list(range(n)), "testhost", 10.0)
+        h.start(10.0)
+        bad = 0
+        for step in range(300):
+            a = np.arange(1024, dtype=np.float32) + (r + step)
+            h.allreduce(a, a, _native.DTYPES["float32"], _native.OPS["sum"])
+            want = n * np.arange(1024, dtype=np.float32) + sum(q + step for q in range(n))
+            bad += int(not np.array_equal(a, want))
+        q_out.put((r, bad, h.stats()["oversubscribed"]))
+    except Exception as exc:
+        q_out.put((r, f"{type(exc).__name__}: {exc}", -1))
+
+
+def test_more_local_ranks_than_cpus_yield_and_stay_exact():
+    # Three ranks pinned to one CPU: the waits spin by yielding the CPU (to the peer
+    # they wait for) instead of busy-waiting; every small all-reduce still exact.
+    import multiprocessing as mp
+    ctx = mp.get_context("fork")
+    n = 3
+    q_seg, q_out = ctx.Queue(), ctx.Queue()
+    procs = [ctx.Process(target=_pinned_rank, args=(r, n, q_seg, q_out)) for r in range(n)]
+    for p in procs:
+        p.start()
+    try:
+        got = sorted(q_out.get(timeout=60) for _ in range(n))
+    finally:
+        for p in procs:
+            p.join(10)
+            if p.is_alive():
+                p.kill()
+    assert got == [(r, 0, 1) for r in range(n)], got
+
+
 def test_native_stage_fails_fast_when_a_peer_dies_without_any_coordinator():
     # The shared-memory waits alone (no aggregator, no negotiation to report the
     # death): a SIGKILLed peer is seen through its pidfd, and a peer that failed
