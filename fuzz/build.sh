@@ -5,20 +5,29 @@
 #                            and dataplane_selftest (ASan + UBSan)
 # Override the compiler with CXX=clang++-NN, the parallelism with JOBS=N (all cores).
 #
-# Every source is compiled once, to an object in build/fuzz/obj, all at once
-# (JOBS), with libFuzzer's coverage instrumentation (-fsanitize=fuzzer-no-link);
-# the three programs link from those objects (the selftest without libFuzzer's
-# main: the sanitizer runtime has the coverage hooks' defaults). An object is
-# rebuilt when its source, any native or fuzz header, or this script is newer.
+# Every source is compiled once, all at once (JOBS), with libFuzzer's coverage
+# instrumentation (-fsanitize=fuzzer-no-link); the three programs link from those
+# objects (the selftest without libFuzzer's main: the sanitizer runtime has the
+# coverage hooks' defaults).
+#
+# Objects and programs are kept by content under NETREDUCE_CACHE (~/.cache/netreduce)
+# /fuzz: an object's key is its source, every native and fuzz header, this script, the
+# flags and the compiler's version; a program's key is its objects'. A fresh clone
+# (CI's) of sources built before compiles nothing (the build is ~1 min of 2 cores);
+# a changed source or header compiles what it changes. Least recently used entries
+# past FUZZ_CACHE_MB (default 1024) are deleted.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CXX=${CXX:-clang++}
 JOBS=${JOBS:-$(nproc 2>/dev/null || echo 2)}
 OUT=build/fuzz
-OBJ="$OUT/obj"
-mkdir -p "$OUT" "$OBJ"
+CACHE=${NETREDUCE_CACHE:-$HOME/.cache/netreduce}/fuzz
+mkdir -p "$OUT" "$CACHE"
 SAN="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
 FLAGS="-std=c++17 -g -O1 -Inative -fwrapv $SAN -fsanitize=fuzzer-no-link"
+# Debug info names sources relative to the checkout, so an object does not depend on
+# where the clone is (not part of the key, for the same reason).
+MAP="-fdebug-prefix-map=$PWD=."
 # every aggregator and engine source, so a new file there cannot leave these unlinked
 AGG_SRC="$(ls native/aggregator/*.cc) native/wire/roce.cc native/reduce/kernels.cc
          $(ls native/transport/udp/*.cc) native/transport/make_transport.cc"
@@ -29,40 +38,48 @@ SHIM=""
 if ! echo 'int main(){return __builtin_cpu_supports("f16c");}' | $CXX -x c++ -o /dev/null - 2>/dev/null; then
   SHIM="-include fuzz/clang_cpu_shim.h"
 fi
-obj_of() { echo "$OBJ/$(echo "$1" | tr / _ | sed 's/\.cc$/.o/')"; }
-export CXX FLAGS SHIM OBJ
-export -f obj_of
-stale=()
+sha() { sha256sum | cut -c1-40; }
+toolchain=$({ $CXX --version; echo "$FLAGS | $SHIM"; cat fuzz/build.sh; } | sha)
+headers=$(find native fuzz -name '*.h' -print0 | sort -z | xargs -0 sha256sum | sha)
+declare -A obj
+todo=()
 for src in $AGG_SRC $ENGINE_SRC $HARNESS_SRC; do
-  o=$(obj_of "$src")
-  if [ ! "$o" -nt "$src" ] || [ ! "$o" -nt fuzz/build.sh ] || \
-     [ -n "$(find native fuzz -name '*.h' -newer "$o" | head -1)" ]; then
-    stale+=("$src")
-  fi
+  o="$CACHE/$({ echo "$toolchain $headers $src"; cat "$src"; } | sha).o"
+  obj[$src]=$o
+  if [ -e "$o" ]; then touch "$o"; else todo+=("$src $o"); fi
 done
-if [ ${#stale[@]} -gt 0 ]; then
-  echo "compiling ${#stale[@]} sources with $JOBS jobs" >&2
+if [ ${#todo[@]} -gt 0 ]; then
+  echo "compiling ${#todo[@]} sources with $JOBS jobs" >&2
+  export CXX FLAGS MAP SHIM
   # shellcheck disable=SC2016
-  printf '%s\n' "${stale[@]}" | xargs -P "$JOBS" -I{} bash -c '
-    src={}; o=$(obj_of "$src")
-    extra=""; [ "$src" = native/reduce/kernels.cc ] && extra="$SHIM"
+  printf '%s\n' "${todo[@]}" | xargs -P "$JOBS" -L 1 bash -c '
+    src=$0 o=$1 extra=""
+    [ "$src" = native/reduce/kernels.cc ] && extra="$SHIM"
     # shellcheck disable=SC2086
-    $CXX $FLAGS $extra -c "$src" -o "$o.tmp" && mv "$o.tmp" "$o"'
+    $CXX $FLAGS $MAP $extra -c "$src" -o "$o.$$.tmp" && mv "$o.$$.tmp" "$o"'
 fi
-objs() { for s in "$@"; do obj_of "$s"; done; }
 link() {  # name, extra flags, sources...
-  local name=$1 extra=$2; shift 2
-  local os; os=$(objs "$@")
-  # shellcheck disable=SC2086
-  if [ -e "$OUT/$name" ] && [ -z "$(find $os -newer "$OUT/$name" | head -1)" ]; then
-    return  # up to date
+  local name=$1 extra=$2 s os=()
+  shift 2
+  for s in "$@"; do os+=("${obj[$s]}"); done
+  local bin
+  bin="$CACHE/$name-$(echo "$toolchain $extra ${os[*]}" | sha)"
+  if [ -e "$bin" ]; then
+    touch "$bin"
+  else
+    echo "linking $OUT/$name" >&2
+    # shellcheck disable=SC2086
+    $CXX $FLAGS $MAP $extra -o "$bin.$$.tmp" "${os[@]}" -lz -lpthread && mv "$bin.$$.tmp" "$bin"
   fi
-  echo "linking $OUT/$name" >&2
-  # shellcheck disable=SC2086
-  $CXX $FLAGS $extra -o "$OUT/$name" $os -lz -lpthread
+  cp -f "$bin" "$OUT/$name.tmp" && mv -f "$OUT/$name.tmp" "$OUT/$name"
 }
 link decode_fuzzer "-fsanitize=fuzzer" fuzz/decode_fuzzer.cc native/wire/roce.cc
 # shellcheck disable=SC2086
 link aggregator_fuzzer "-fsanitize=fuzzer" fuzz/aggregator_fuzzer.cc $AGG_SRC
 # shellcheck disable=SC2086
 link dataplane_selftest "" fuzz/dataplane_selftest.cc $AGG_SRC $ENGINE_SRC
+
+# The cache's least recently used entries past its size limit go (never this build's:
+# they were just touched).
+find "$CACHE" -type f -printf '%T@ %s %p\n' | sort -rn |
+  awk -v cap=$((${FUZZ_CACHE_MB:-1024} << 20)) '(sum += $2) > cap { print $3 }' | xargs -r rm -f
