@@ -7,11 +7,12 @@ Started on every rank by tests/parallel/test_tensorflow_launch.py (2 and 3 ranks
 import numpy as np
 import pytest
 
-tf = pytest.importorskip("tensorflow")
-
-from tests.parallel.launched import LAUNCHED, only_when_launched_by  # noqa: E402
+from tests.parallel.launched import LAUNCHED, only_when_launched_by, skip_module_unless_launched
 
 pytestmark = only_when_launched_by("tests/parallel/test_tensorflow_launch.py")
+skip_module_unless_launched(pytestmark)  # before TensorFlow's import
+
+tf = pytest.importorskip("tensorflow")
 
 if LAUNCHED:
     import netreduce.tensorflow as hvd
