@@ -1,6 +1,7 @@
 """The steady state without the coordinator (netreduce/worker/agreement.py): ranks as
 threads through the public API, on the fakes (the fake fabric checks that every
 rank issues the same data-plane messages in the same order, rounds included)."""
+import threading
 import time
 
 import numpy as np
@@ -72,15 +73,20 @@ def test_ranks_that_disagree_get_the_mismatch_error_not_a_hang(ranks):
 
 
 def test_cached_tensor_one_rank_never_submits_times_out_naming_it(ranks):
+    timed_out = threading.Event()
+
     def fn(r):
         _step(r, ["x"])
         _step(r, ["x"])
-        if r == 1:
-            time.sleep(6)                     # alive, idle, never submits 'x' again
+        if r == 1:  # alive, idle, never submits 'x' again, until rank 0 has timed out
+            assert timed_out.wait(30)
             return None
-        with pytest.raises(NegotiationError, match=r"tensor 'x' was not submitted by rank 1 "
-                                                   r"of job 'job' within NETREDUCE_TIMEOUT"):
-            _step(r, ["x"])
+        try:
+            with pytest.raises(NegotiationError, match=r"tensor 'x' was not submitted by rank 1 "
+                                                       r"of job 'job' within NETREDUCE_TIMEOUT"):
+                _step(r, ["x"])
+        finally:
+            timed_out.set()
         return True
     R = ranks(2, NETREDUCE_TIMEOUT=3)
     R.run(fn, shutdown=False)
