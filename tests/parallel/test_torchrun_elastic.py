@@ -78,7 +78,11 @@ def test_torchrun_nodes_leave_and_come_back(tmp_path):
             [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1:2",
              "--nproc-per-node", "2", "--rdzv-backend", "c10d",
              "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "elastic-test",
-             "--rdzv-conf", "is_host=false,last_call_timeout=3,join_timeout=120",
+             # a killed node leaves the rendezvous once it has missed keep_alive_max_attempt
+             # heartbeats: 5 of 1 s each, not torch's 3 of 5 s (the survivor's next round
+             # waits for that, then last_call_timeout)
+             "--rdzv-conf", "is_host=false,last_call_timeout=3,join_timeout=120,"
+                            "keep_alive_interval=1,keep_alive_max_attempt=5",
              "--max-restarts", "3", "--monitor-interval", "0.5", WORKER],
             env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         agents.append(proc)
