@@ -68,7 +68,10 @@ def test_tensorflow_suite(ranks, installed):
 
 @pytest.mark.slow
 @pytest.mark.skipif(discover().size > 1, reason="already running under a launcher")
-@pytest.mark.parametrize("ranks", [3])  # two orders among three ranks
+# Two ranks already hold the two orders (even ranks forwards, odd ranks backwards), which
+# is what a blocking kernel deadlocks on; a third rank (forwards again) only adds a
+# TensorFlow start (the odd world is the suite's, above).
+@pytest.mark.parametrize("ranks", [2])
 def test_collectives_never_wait_for_an_inter_op_thread(ranks, installed):
     """tests/parallel/tf_order_worker.py: independent collectives issued in an order
     that differs by rank, more of them than TensorFlow has inter-op threads (one),
