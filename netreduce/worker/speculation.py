@@ -28,6 +28,11 @@ exactly as it joins rounds, so stale_s, bans, the coordinator fallback and its
 NETREDUCE_TIMEOUT errors work as without speculation (after one failed
 speculation). Votes are exact because G's wire dtype holds every count up to N
 exactly (float32/float64/int32/int64) and its wire op is a sum.
+
+A G of one float tensor whose synchronous call finds nothing else here runs its
+step in one call on the user's thread (Agreement.steady, run_lone): the same
+message, built without a Tensor or Handle, through the algorithm's native vote_step
+where it has one.
 """
 from __future__ import annotations
 
