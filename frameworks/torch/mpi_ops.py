@@ -241,6 +241,22 @@ def _allreduce_async(tensor: torch.Tensor, name: Optional[str], op: Any, prescal
     return _core_handle(inner, buf.write_back if inplace else buf.to_tensor)
 
 
+def _allreduce_now(tensor: torch.Tensor, name: Optional[str], op: Any, prescale_factor: float,
+                   postscale_factor: float, inplace: bool) -> torch.Tensor:
+    """A synchronous all-reduce: a named one goes through the core's synchronous call,
+    which runs a steady-state step in one call on this thread (netreduce/api.py
+    _steady, docs/control_plane.md "One call per steady step") and otherwise submits
+    and waits as the asynchronous call does; no handle is registered."""
+    if name is None:
+        return synchronize(_allreduce_async(tensor, name, op, prescale_factor,
+                                            postscale_factor, inplace))
+    buf = _Buf(tensor, "allreduce_" if inplace else "allreduce", name, _REDUCIBLE)
+    call = _nr.allreduce_ if inplace else _nr.allreduce
+    result = call(buf.array, op=op, name=name, **_scales(prescale_factor, postscale_factor),
+                  **buf.kwargs)
+    return buf.write_back(result) if inplace else buf.to_tensor(result)
+
+
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                     postscale_factor=1.0, process_set=global_process_set) -> int:
     """Start an all-reduce into a new tensor; returns a handle for poll/synchronize."""
@@ -264,8 +280,7 @@ class HorovodAllreduce(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, name, op, prescale_factor, postscale_factor):
         ctx.op, ctx.scales = op, (prescale_factor, postscale_factor)
-        return synchronize(_allreduce_async(tensor, name, op, prescale_factor,
-                                            postscale_factor, inplace=False))
+        return _allreduce_now(tensor, name, op, prescale_factor, postscale_factor, inplace=False)
 
     @staticmethod
     def backward(ctx, grad_output):
@@ -287,8 +302,9 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                postscale_factor=1.0, process_set=global_process_set):
     """All-reduce ``tensor`` in place and return it."""
-    return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor,
-                                        postscale_factor, process_set))
+    _check_process_set(process_set)
+    op = handle_average_backwards_compatibility(op, average)
+    return _allreduce_now(tensor, name, op, prescale_factor, postscale_factor, inplace=True)
 
 
 # --- grouped allreduce -----------------------------------------------------------------
