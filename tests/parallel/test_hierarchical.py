@@ -98,6 +98,19 @@ def test_flat_knob_keeps_the_flat_path(switch):
     assert all(r["returncode"] == 0 and "failure" not in r for r in results), results
 
 
+def _shared_segment(r, n, q_seg):
+    """Rank 0 creates the host's shared-memory segment and hands it to the other n - 1
+    ranks through ``q_seg``; every rank returns its handle on it."""
+    from netreduce import _native
+    if r == 0:
+        seg = _native.ShmSegment.create(n, 64 * 1024, 2)
+        for _ in range(n - 1):
+            q_seg.put((os.getpid(), seg.fd, seg.nonce))
+        return seg
+    pid, fd, nonce = q_seg.get(timeout=30)
+    return _native.ShmSegment.attach(pid, fd, nonce, r)
+
+
 def _native_rank(r, n, q_seg, q_out, victim):
     import signal
 
@@ -106,13 +119,7 @@ def _native_rank(r, n, q_seg, q_out, victim):
     from netreduce import _native
     h = None
     try:
-        if r == 0:
-            seg = _native.ShmSegment.create(n, 64 * 1024, 2)
-            for _ in range(n - 1):
-                q_seg.put((os.getpid(), seg.fd, seg.nonce))
-        else:
-            pid, fd, nonce = q_seg.get(timeout=30)
-            seg = _native.ShmSegment.attach(pid, fd, nonce, r)
+        seg = _shared_segment(r, n, q_seg)
         h = _native.Hierarchical(seg, None, [10 + i for i in range(n)], "testhost", 10.0)
         h.start(10.0)
         a = np.full(1 << 20, r, dtype=np.float32)
@@ -132,13 +139,7 @@ def _pinned_rank(r, n, q_seg, q_out):
     from netreduce import _native
     try:
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # every rank on one CPU
-        if r == 0:
-            seg = _native.ShmSegment.create(n, 64 * 1024, 2)
-            for _ in range(n - 1):
-                q_seg.put((os.getpid(), seg.fd, seg.nonce))
-        else:
-            pid, fd, nonce = q_seg.get(timeout=30)
-            seg = _native.ShmSegment.attach(pid, fd, nonce, r)
+        seg = _shared_segment(r, n, q_seg)
         h = _native.Hierarchical(seg, None, list(range(n)), "testhost", 10.0)
         h.start(10.0)
         bad = 0
