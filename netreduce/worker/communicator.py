@@ -30,12 +30,12 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from netreduce.algorithms.scatter_gather import run as run_scatter_gather
 from netreduce.errors import (ControlPlaneError, InvalidArgumentError, NegotiationError,
                               NetReduceError, RankFailedError, ShutdownError, tensor_names)
-from netreduce.ops import STORAGE, WIRE_DTYPE, ReduceOp, scale_into
+from netreduce.ops import ReduceOp
 from netreduce.worker import timeline as tl
 from netreduce.worker import unmatched
+from netreduce.worker import group_message
 from netreduce.worker.fusion_buffer import FusionBuffer
 from netreduce.worker.handle import Handle, Tensor
 from netreduce.protocol.messages import Failure, NegotiateReply, TensorRequest
@@ -404,7 +404,7 @@ class Communicator:
             self.complete(group, failure)
             return
         try:
-            self._execute(group)
+            group_message.run(self, group)
             self.complete(group)
         except NetReduceError as exc:
             with self._lock:
@@ -439,80 +439,6 @@ class Communicator:
         except NetReduceError:
             pass
         self._fail(exc, None, abort=False)
-
-    def _execute(self, group: List[Tensor]) -> None:
-        first = group[0]
-        if first.kind in ("barrier", "join"):
-            return
-        if first.kind in ("allgatherv", "reducescatter"):
-            run_scatter_gather(self, group)
-            return
-        wire = WIRE_DTYPE[first.dtype]
-        storage = STORAGE[wire]
-        wire_op = "sum" if first.kind == "broadcast" or first.op is ReduceOp.Average \
-            else first.op.wire
-        dp_dtype = "bfloat16" if wire == "bfloat16" else None
-        counts = [t.output.size for t in group]
-        total = sum(counts)
-        t0 = tl.now_us()
-        if len(group) == 1 and storage == first.output.dtype and \
-                (first.kind == "broadcast" or first.sig.prescale == 1.0):
-            # One tensor in its own dtype: reduce straight into the output, no copies.
-            out = first.output
-            contributes = first.kind != "broadcast" or self.rank == first.sig.root
-            if not contributes:
-                out.fill(0)  # a broadcast's non-root sends zeros: the sum is the root's data
-            src = first.array if contributes else out
-            t1 = tl.now_us()
-            if total:
-                self.dp.allreduce(src, None if src is out else out, op=wire_op, dtype=dp_dtype)
-            t2 = tl.now_us()
-            self.copy_out(first, out)
-        else:
-            if total * storage.itemsize <= self.fusion.capacity:
-                buf = self.fusion.view(storage, total)
-            else:  # lone tensor bigger than the fusion buffer, carried in a wider type
-                buf = np.empty(total, dtype=storage)
-            spans = FusionBuffer.offsets(counts)
-            for t, (a, b) in zip(group, spans):
-                self.copy_in(t, buf[a:b])
-            t1 = tl.now_us()
-            if total:
-                self.dp.allreduce(buf, None, op=wire_op, dtype=dp_dtype)
-            t2 = tl.now_us()
-            for t, (a, b) in zip(group, spans):
-                self.copy_out(t, buf[a:b])
-        t3 = tl.now_us()
-        if self.timeline:
-            args = {"fused": len(group), "bytes": int(total * storage.itemsize)}
-            for t in group:
-                if not t.t_sent:  # agreed by the ranks' rounds: never negotiated
-                    self.timeline.span(t.name, "queued", t.t_submit, t0)
-                self.timeline.span(t.name, "copy_in", t0, t1, args)
-                self.timeline.span(t.name, "allreduce", t1, t2, args)
-                self.timeline.span(t.name, "copy_out", t2, t3, args)
-
-    def copy_in(self, t: Tensor, dst: np.ndarray) -> None:
-        """dst (wire-typed, flat or the output itself) = this rank's contribution."""
-        flat_dst = dst.reshape(-1)
-        if t.kind == "broadcast":
-            if self.rank == t.sig.root:
-                if dst is not t.array:
-                    np.copyto(flat_dst, t.array.reshape(-1), casting="unsafe")
-            else:
-                flat_dst.fill(0)  # non-roots contribute zeros: the sum is the root's data
-            return
-        if dst is t.array and t.sig.prescale == 1.0:
-            return
-        scale_into(flat_dst, t.array.reshape(-1), t.sig.prescale, t.dtype, WIRE_DTYPE[t.dtype])
-
-    def copy_out(self, t: Tensor, src: np.ndarray) -> None:
-        factor = 1.0
-        if t.kind == "allreduce":
-            factor = t.sig.postscale / self.size if t.op is ReduceOp.Average else t.sig.postscale
-        if src is t.output and factor == 1.0:
-            return
-        scale_into(t.output.reshape(-1), src.reshape(-1), factor, t.dtype, WIRE_DTYPE[t.dtype])
 
     # --- the state its helpers see (agreement.py, speculation.py) ---------------------
     # They run the executor's messages between the groups (rounds, speculative steps)

@@ -10,6 +10,7 @@ import numpy as np
 
 from netreduce.errors import OperationTimeoutError, tensor_names
 from netreduce.ops import ReduceOp
+from netreduce.protocol.signature import Signature
 from netreduce.worker import timeline as tl
 from netreduce.worker.done_flag import DoneFlag
 
@@ -93,7 +94,7 @@ class Tensor:
     __slots__ = ("name", "sig", "cacheable", "op", "array", "output", "handle",
                  "t_submit", "t_sent", "seq", "index")
 
-    def __init__(self, name: str, sig: tuple, cacheable: bool, op: Optional[ReduceOp],
+    def __init__(self, name: str, sig: Signature, cacheable: bool, op: Optional[ReduceOp],
                  array: Optional[np.ndarray], output: Optional[np.ndarray], handle: Handle):
         self.name, self.sig, self.cacheable, self.op = name, sig, cacheable, op
         self.array, self.output, self.handle = array, output, handle

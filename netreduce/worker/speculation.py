@@ -43,6 +43,7 @@ import numpy as np
 
 from netreduce.ops import STORAGE, WIRE_DTYPE, ReduceOp
 from netreduce.protocol.signature import nbytes
+from netreduce.worker import group_message
 from netreduce.worker import timeline as tl
 from netreduce.worker.fusion_buffer import FusionBuffer
 
@@ -81,7 +82,7 @@ class Speculation:
         # per tensor of G, from its signature at arming (a step whose signature differs
         # is not G's): whether its contribution is a plain copy into its view, and the
         # factor its result is multiplied by when that is a plain float multiply
-        # (None: the communicator's general copy_in/copy_out, e.g. int8 or bfloat16)
+        # (None: the general copy_in/copy_out (group_message.py), e.g. int8 or bfloat16)
         self.plain_in: List[bool] = []
         self.out_factor: List[Optional[float]] = []
         self.shaped: List[np.ndarray] = []  # the views in each tensor's shape
@@ -194,7 +195,7 @@ class Speculation:
         if complete:
             for t, view, shaped, factor in zip(mine, self.views, self.shaped, self.out_factor):
                 if factor is None:
-                    comm.copy_out(t, view)
+                    group_message.copy_out(t, view, comm.size)
                 elif factor == 1.0:
                     t.output[...] = shaped    # the output has the tensor's dtype and shape
                 else:   # what scale_into does for a float tensor, without its dispatch
@@ -307,6 +308,6 @@ class Speculation:
                 if self.plain_in[j]:
                     self.shaped[j][...] = t.array  # same dtype and shape: a copy
                 else:
-                    comm.copy_in(t, view)
+                    group_message.copy_in(t, view, comm.rank)
         votes[len(mine)] = 1 if self.other else 0
         self.t0 = tl.now_us() if comm.timeline else 0.0
