@@ -9,7 +9,14 @@ import shutil
 import pytest
 
 
+_LEAKS = None
+
+
 def pytest_configure(config):
+    global _LEAKS
+    from tests.leaks import Watch
+
+    _LEAKS = Watch()
     config.addinivalue_line("markers", "root: needs root (network namespaces, nftables)")
     config.addinivalue_line("markers", "slow: takes more than a few seconds")
     config.addinivalue_line("markers", "softroce: boots a QEMU guest with Soft-RoCE (tests/softroce)")
@@ -41,3 +48,19 @@ def installed(tmp_path_factory):
     from tests.installed import install
 
     return install(tmp_path_factory.mktemp("installed"))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _orphaned_daemons(request):
+    """Notes any aggregator daemon orphaned by this module (tests/leaks.py)."""
+    yield
+    if _LEAKS is not None:
+        _LEAKS.after(request.module.__name__)
+
+
+def pytest_terminal_summary(terminalreporter):
+    lines = _LEAKS.left_running() if _LEAKS is not None else []
+    if lines:
+        terminalreporter.section("netreduce-switch daemons left running (killed now)")
+        for line in lines:
+            terminalreporter.write_line(line)
