@@ -72,6 +72,12 @@ say "pip install torch 2.13.0 (CPU), pybind11, setuptools, wheel into $into (a l
 $py -m pip install -q "torch==2.13.0" "pybind11>=2.12" "setuptools>=64" wheel
 extras=torch
 [ "$what" = test ] && extras="torch,test,bench,planner,lint"
+# Where ccache is installed (and no compiler was chosen), the native module goes through
+# it: a clean clone of sources compiled before (CI's, a second checkout) then builds in
+# seconds. CCACHE_BASEDIR makes the checkout's own paths relative, so clones share it.
+if command -v ccache >/dev/null 2>&1 && [ -z "${CC:-}${CXX:-}" ]; then
+  export CC="ccache gcc" CXX="ccache g++" CCACHE_BASEDIR="$PWD"
+fi
 say "pip install -e .[$extras]: netreduce's dependencies, then its native module (about a minute to compile on 2 cores)"
 $py -m pip install -q --no-build-isolation -e ".[$extras]"
 
