@@ -177,6 +177,10 @@ def worker_join(args: argparse.Namespace) -> None:
         "first": args.first, "count": args.count, "errors": errors[:10], "n_errors": len(errors),
         "times": t, "stats": {k: sum(st.get(k, 0) for st in stats) for k in keys},
         "max_retransmits": max((st.get("retransmits", 0) for st in stats), default=0),
+        # per rank: the engine's first round-trip sample as measured (before its cap;
+        # usually the held notice's), and its resends
+        "first_rtt_us": [st.get("first_rtt_us", 0) for st in stats],
+        "rank_retransmits": [st.get("retransmits", 0) for st in stats],
         "cpu_s": (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime)}),
         flush=True)
     sys.stdin.readline()  # the driver: every process has its results
@@ -408,6 +412,12 @@ def _join_once(args: argparse.Namespace, code: str) -> Dict[str, Any]:
         "resends": stats.get("retransmits", 0),
         "resends_per_rank": round(stats.get("retransmits", 0) / args.ranks, 3),
         "max_resends_one_rank": max(o["max_retransmits"] for o in outs),
+        "ranks_that_resent": sum(1 for o in outs for n in o.get("rank_retransmits", []) if n),
+        # the first answer's round trip per rank (a held notice for all but the last
+        # rank): what a timer before the first sample has to outwait (engines that
+        # report first_rtt_us only)
+        "first_rtt_ms": _percentiles([v / 1e3 for o in outs for v in o.get("first_rtt_us", [])
+                                      if v]),
         "engine": {k: stats[k] for k in ("fast_retransmits", "timeout_probes", "tail_probes",
                                          "held_notices", "held_probes", "spurious_retransmits",
                                          "packets_sent", "packets_received", "ignored_results")
@@ -418,6 +428,16 @@ def _join_once(args: argparse.Namespace, code: str) -> Dict[str, Any]:
         "commit": _commit(code), "code": code, "env": args.env,
         "switch_args": args.switch_args,
         "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+
+def _percentiles(vals: List[float]) -> Dict[str, float]:
+    if not vals:
+        return {}
+    vals = sorted(vals)
+    at = lambda q: round(vals[min(len(vals) - 1, int(q * len(vals)))], 2)  # noqa: E731
+    return {"p50": at(0.5), "p90": at(0.9), "p99": at(0.99), "max": round(vals[-1], 2),
+            "over_2.5ms": sum(v > 2.5 for v in vals), "over_25ms": sum(v > 25 for v in vals),
+            "n": len(vals)}
 
 
 def _threads(pid: int) -> int:

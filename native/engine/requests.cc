@@ -79,7 +79,8 @@ std::map<std::string, uint64_t> Engine::Stats() const {
           {"overtaken_resends", overtaken_resends_.load()},
           {"gap_resends", gap_resends_.load()},
           {"srtt_us", srtt_stat_us_.load()},
-          {"rto_us", rto_stat_us_.load()}};
+          {"rto_us", rto_stat_us_.load()},
+          {"first_rtt_us", first_rtt_stat_us_.load()}};
 }
 
 void Engine::ThreadMain() {

@@ -10,11 +10,12 @@ namespace netreduce {
 using namespace engine_timing;
 
 void Engine::SampleRtt(double sample_us) {
-  // One sample moves the estimate at most to 4 srtt (kInitialRtoUs before the first):
+  // One sample moves the estimate at most to 4 srtt (kFirstSampleCapUs the first):
   // a round trip that waited for a rank still starting up, or one descheduled on a
   // loaded host, would otherwise set the timeout to the 1 s cap for dozens of chunks.
   // A longer path is still learnt, by a factor of about 1.4 per sample.
-  sample_us = std::min(sample_us, srtt_us_ == 0.0 ? double(kInitialRtoUs) : 4.0 * srtt_us_);
+  if (srtt_us_ == 0.0) first_rtt_stat_us_ = uint64_t(sample_us);  // as measured (Stats)
+  sample_us = std::min(sample_us, srtt_us_ == 0.0 ? double(kFirstSampleCapUs) : 4.0 * srtt_us_);
   min_rtt_us_ = min_rtt_us_ == 0 ? int64_t(sample_us) : std::min(min_rtt_us_, int64_t(sample_us));
   if (srtt_us_ == 0.0) {
     srtt_us_ = sample_us;

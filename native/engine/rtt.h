@@ -16,7 +16,21 @@ inline int64_t NowUs() {
 }
 
 constexpr int64_t kMaxRtoUs = 1000000;
-constexpr int64_t kInitialRtoUs = 5000;  // before the first round-trip sample
+// The timeout before the first round-trip sample (a tail probe fires at half of it).
+// A job's first message is the one without a sample, and it asks for held notices
+// (docs/protocol.md, "Held notices"): what ends its wait is that notice, whose round
+// trip is the path's plus the scheduling of two busy hosts -- the aggregator's thread
+// and the rank's engine. With 1,000 rank threads on 2 shared cores that was 1-11 ms
+// for 90 % of the ranks and up to 25 ms (BENCHMARKS.md, issue 33, "1,000 ranks: the
+// first timeout"), and at 5 ms the tail probe (2.5 ms) resent 0.3-1.0 packets per rank
+// needlessly. 50 ms is still far below TCP's first 1 s (RFC 6298) and QUIC's 333 ms
+// initial RTT; a first contribution really lost is resent after 25 ms, not 2.5 ms,
+// once per engine (the first sample ends it).
+constexpr int64_t kInitialRtoUs = 50000;
+// The most the first sample may be (later ones: 4 srtt): a notice that answered a
+// resend overstates the round trip, and a first timeout of the 1 s cap made dozens of
+// chunks wait that long for a loss.
+constexpr int64_t kFirstSampleCapUs = 5000;
 constexpr int64_t kReorderFloorUs = 50;  // least reorder window of an overtaken chunk
 // The reorder window of an overtaken chunk is srtt/4 times a step count (RACK's
 // reo_wnd_steps, RFC 8985 6.2): each resend proven needless by a second result (the

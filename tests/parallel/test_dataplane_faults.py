@@ -274,12 +274,16 @@ def test_spurious_retransmissions_are_recognised():
     # for chunks it already has: proof that its resends were not needed, which the
     # engine counts and feeds into its round-trip estimate. 8 MB is ~120 chunks: the
     # message outlasts the window, so the second results arrive while it still runs.
+    # A first small all-reduce gives each engine its round-trip sample: the timeout is
+    # then the 20 ms floor, not the longer one of a job's first message.
     sw = spawn()
     try:
         job = "spurious-" + uuid.uuid4().hex[:6]
         conns = [dataplane.connect(sw.address, job, r, 2, timeout=20.0, retransmit_ms=20.0)
                  for r in range(2)]
         try:
+            for req in [c.allreduce_async(np.ones(16, np.float32)) for c in conns]:
+                req.wait()
             data = [np.arange(2_000_000, dtype=np.float32) * (r + 1) for r in range(2)]
             os.kill(sw.proc.pid, signal.SIGSTOP)
             try:

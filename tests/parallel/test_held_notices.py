@@ -163,6 +163,49 @@ def test_a_held_chunk_waits_without_resending_and_its_lost_result_is_probed_for(
         fake.close()
 
 
+class _SlowNotice(_Fake):
+    """A loaded host: the held notice for rank 0's first contribution leaves
+    ``delay_s`` after it came (the aggregator's thread and the rank's engine wait for
+    a core: at 1,000 rank threads on 2 cores, 2-25 ms), the result ``hold_s`` after
+    that; a resend is not answered (the round's answers are on their way)."""
+
+    def __init__(self, delay_s: float, hold_s: float) -> None:
+        self.delay_s, self.hold_s = delay_s, hold_s
+        self.answered = False
+        super().__init__()
+
+    def on_packet(self, h: dict, payload: bytes, peer) -> None:
+        if self.answered:
+            return
+        self.answered = True
+        time.sleep(self.delay_s)
+        self.notice(h, peer)
+        time.sleep(self.hold_s)
+        self.result(h, payload, peer)
+
+
+def test_a_first_contribution_whose_notice_is_slow_is_not_resent():
+    # Before its first sample the engine cannot tell a slow answer from a lost packet.
+    # A notice 5 ms late is a loaded host, not loss: with a 5 ms first timeout the
+    # tail probe (2.5 ms) resent 0.3-0.9 packets per rank at 1,000 ranks. The first
+    # timeout outwaits it; the notice's round trip is the first sample, capped (5 ms)
+    # so that a slow first answer does not set the later messages' timeouts.
+    fake = _SlowNotice(delay_s=0.005, hold_s=0.05)
+    try:
+        eng = _native.Engine("127.0.0.1", fake.port, 1, "fake", 1, 0, 2, 77, 8, 65464,
+                             window=0, retransmit_ms=0.5, timeout_s=10.0, drop_rate=0.0,
+                             udp_offload="auto", icrc_check="auto")
+        x = np.arange(16, dtype=np.int32)
+        out = np.zeros_like(x)
+        eng.allreduce(x, out, I32, 0)
+        np.testing.assert_array_equal(out, x + 100)
+        st = eng.stats()
+        assert st["held_notices"] == 1 and st["retransmits"] == 0, st
+        assert st["first_rtt_us"] >= 5000 and st["srtt_us"] == 5000, st
+    finally:
+        fake.close()
+
+
 def _late_rank(rank, size, address, job, held, late_s):
     """Ranks 0..size-2 start the job's first all-reduce at once; the last rank joins
     it only once every other one's contribution is held (and late_s more), as the
