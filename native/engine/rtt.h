@@ -21,11 +21,11 @@ constexpr int64_t kMaxRtoUs = 1000000;
 // (docs/protocol.md, "Held notices"): what ends its wait is that notice, whose round
 // trip is the path's plus the scheduling of two busy hosts -- the aggregator's thread
 // and the rank's engine. With 1,000 rank threads on 2 shared cores that was 1-11 ms
-// for 90 % of the ranks and up to 25 ms (BENCHMARKS.md, issue 33, "1,000 ranks: the
-// first timeout"), and at 5 ms the tail probe (2.5 ms) resent 0.3-1.0 packets per rank
-// needlessly. 50 ms is still far below TCP's first 1 s (RFC 6298) and QUIC's 333 ms
-// initial RTT; a first contribution really lost is resent after 25 ms, not 2.5 ms,
-// once per engine (the first sample ends it).
+// for 90 % of the ranks and up to 30 ms (BENCHMARKS.md, issue 33, "1,000 ranks: the
+// first timeout"), and at 5 ms the tail probe (2.5 ms) resent up to 1.0 packets per
+// rank needlessly (0.46 in the median). 50 ms is still far below TCP's first 1 s
+// (RFC 6298) and QUIC's 333 ms initial RTT; a first contribution really lost is
+// resent after 25 ms, not 2.5 ms, once per engine (the first sample ends it).
 constexpr int64_t kInitialRtoUs = 50000;
 // The most the first sample may be (later ones: 4 srtt): a notice that answered a
 // resend overstates the round trip, and a first timeout of the 1 s cap made dozens of
