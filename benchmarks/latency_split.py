@@ -12,6 +12,9 @@ prints one JSON line: medians and means of the three parts, the step, and rank 0
 per step (every thread). ``--pin``: rank r on CPU r mod the CPUs (what mpirun's
 --bind-to core does). ``--mode raw``: the algorithm alone (``dp.allreduce``);
 ``cprofile``: rank 0 under cProfile (its overhead included), top functions on stderr.
+``--api torch``: the step is ``hvd.allreduce`` of a 1024-element float32 tensor through
+netreduce.torch (Horovod's API) instead of ``nr.allreduce`` of the numpy array; the
+split then shows the adapter's Python before and after the engine.
 Auto algorithm only (one host: shared memory, native/algorithms/hierarchical.cc).
 """
 import argparse
@@ -34,7 +37,13 @@ def worker(a: argparse.Namespace) -> None:
     import numpy as np
 
     import netreduce as nr
-    nr.init()
+    if a.api == "torch":
+        import torch
+
+        import netreduce.torch as hvd
+        hvd.init()
+    else:
+        nr.init()
     comm = nr.api._g.comm
     ev: list = []
     clock = time.perf_counter_ns
@@ -64,6 +73,9 @@ def worker(a: argparse.Namespace) -> None:
     if a.mode == "raw":
         nr.allreduce(x, name="sync")
         fn = lambda: dp.allreduce(x, None, op="sum")  # noqa: E731
+    elif a.api == "torch":
+        t = torch.ones(1024)
+        fn = lambda: hvd.allreduce(t, name="g", op=hvd.Sum)  # noqa: E731
     else:
         fn = lambda: nr.allreduce(x, name="g", op=nr.Sum)  # noqa: E731
     for _ in range(a.warmup):
@@ -95,7 +107,8 @@ def worker(a: argparse.Namespace) -> None:
             pre.append((ev[j] - t0) / 1e3)
             eng.append((ev[j + 1] - ev[j]) / 1e3)
             post.append((t1 - ev[j + 1]) / 1e3)
-    out = {"code": a.code, "np": a.np, "mode": a.mode, "pin": a.pin, "load": os.getloadavg()[0],
+    out = {"code": a.code, "api": a.api, "np": int(os.environ["NETREDUCE_SIZE"]), "mode": a.mode,
+           "pin": a.pin, "load": os.getloadavg()[0],
            "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
            "cpu_us_per_step": round(cpu, 1), "wall_us_per_step": round(wall, 1),
            "step_median_us": round(statistics.median((b - t) / 1e3 for t, b in steps), 1),
@@ -122,7 +135,8 @@ def drive(a: argparse.Namespace) -> None:
     try:
         procs = [subprocess.Popen(
             [sys.executable, os.path.abspath(__file__), "--worker", "--mode", a.mode,
-             "--iters", str(a.iters), "--warmup", str(a.warmup), "--code", code]
+             "--iters", str(a.iters), "--warmup", str(a.warmup), "--code", code,
+             "--api", a.api]
             + (["--pin"] if a.pin else []), stdout=subprocess.PIPE, text=True, cwd=code,
             env=dict(os.environ, PYTHONPATH=code, NETREDUCE_RANK=str(r), NETREDUCE_SIZE=str(a.np),
                      NETREDUCE_LOCAL_RANK=str(r), NETREDUCE_LOCAL_SIZE=str(a.np),
@@ -146,6 +160,7 @@ def main() -> None:
     p.add_argument("--np", type=int, default=2)
     p.add_argument("--mode", default="split", choices=("split", "raw", "cprofile"))
     p.add_argument("--pin", action="store_true")
+    p.add_argument("--api", default="numpy", choices=("numpy", "torch"))
     p.add_argument("--iters", type=int, default=5000)
     p.add_argument("--warmup", type=int, default=300)
     p.add_argument("--json", default="", help="append the JSON line to this file")

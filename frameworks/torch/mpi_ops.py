@@ -8,7 +8,6 @@ copy because the data plane reads host memory.
 """
 from __future__ import annotations
 
-import functools
 import inspect
 import itertools
 import threading
@@ -112,38 +111,41 @@ def synchronize(handle: int) -> Any:
 class _Buf:
     """A tensor and the host numpy array that the core reads (and maybe writes)."""
 
-    __slots__ = ("tensor", "host", "array", "kwargs")
+    __slots__ = ("tensor", "host", "array", "kwargs", "cpu")
 
     def __init__(self, tensor: torch.Tensor, what: str, name: Optional[str],
                  allowed: Sequence[torch.dtype]):
         if not isinstance(tensor, torch.Tensor):
             raise InvalidArgumentError(f"{what}: expected a torch.Tensor, got {type(tensor).__name__}")
-        label = f"tensor {name!r}" if name else "tensor"
-        if tensor.dtype not in allowed:
+        # every call runs these checks: the error text is built only when one fails
+        dtype = tensor.dtype
+        if dtype not in allowed:
             names = ", ".join(str(d).replace("torch.", "") for d in allowed)
-            raise InvalidArgumentError(f"{what}: {label} has unsupported dtype "
-                             f"{str(tensor.dtype).replace('torch.', '')}; supported: {names}")
+            raise InvalidArgumentError(f"{what}: {_label(name)} has unsupported dtype "
+                             f"{str(dtype).replace('torch.', '')}; supported: {names}")
         if not tensor.is_contiguous():
-            raise InvalidArgumentError(f"{what}: {label} of shape {list(tensor.shape)} is not "
-                             "contiguous; pass tensor.contiguous()")
-        if tensor.device.type not in ("cpu", "cuda"):
-            raise InvalidArgumentError(f"{what}: {label} is on {tensor.device}; netreduce takes CPU "
-                             "or CUDA tensors")
+            raise InvalidArgumentError(f"{what}: {_label(name)} of shape {list(tensor.shape)} is "
+                             "not contiguous; pass tensor.contiguous()")
+        device = tensor.device.type
+        if device not in ("cpu", "cuda"):
+            raise InvalidArgumentError(f"{what}: {_label(name)} is on {tensor.device}; netreduce "
+                             "takes CPU or CUDA tensors")
         self.tensor = tensor
+        self.cpu = device == "cpu"
         host = tensor.detach()
-        if host.device.type == "cuda":
+        if not self.cpu:
             staged = torch.empty(host.shape, dtype=host.dtype, pin_memory=True)
             staged.copy_(host)  # synchronous: the data must be on the host before dispatch
             host = staged
-        self.kwargs: Dict[str, Any] = {}
-        if host.dtype == torch.bfloat16:
+        self.kwargs: Dict[str, Any] = _NO_KWARGS
+        if dtype == torch.bfloat16:
             if _CORE_BF16:
                 self.array = host.view(torch.uint16).numpy()
-                self.kwargs["dtype"] = "bfloat16"
+                self.kwargs = {"dtype": "bfloat16"}
             else:
                 host = host.float()
                 self.array = host.numpy()
-        elif host.dtype in _WIDEN:
+        elif dtype in _WIDEN:
             host = host.to(torch.int32)
             self.array = host.numpy()
         else:
@@ -153,7 +155,8 @@ class _Buf:
     def shares_host(self, result: np.ndarray) -> bool:
         # bounds only (np.shares_memory would solve exactly): the core either returns
         # the very array it reduced in place or a fresh one
-        return isinstance(result, np.ndarray) and np.may_share_memory(result, self.array)
+        return result is self.array or (isinstance(result, np.ndarray)
+                                         and np.may_share_memory(result, self.array))
 
     def to_tensor_shaped(self, result: np.ndarray) -> torch.Tensor:
         """Like to_tensor, keeping ``result``'s own shape (a reduce-scatter's shard)."""
@@ -167,20 +170,29 @@ class _Buf:
             out = out.view(torch.bfloat16)
         elif out.dtype != dtype:
             out = out.to(dtype)
-        out = out.reshape(self.tensor.shape if shape is None else shape)
-        if self.tensor.device.type != "cpu":
+        shape = self.tensor.shape if shape is None else shape
+        if out.shape != shape:  # a view costs ~3 µs; the core's result mostly has the shape
+            out = out.reshape(shape)
+        if not self.cpu:
             out = out.to(self.tensor.device)
         return out
 
     def write_back(self, result: np.ndarray) -> torch.Tensor:
         """Make the input tensor hold ``result`` (in-place ops); a no-op when the core
         already reduced in the tensor's own memory."""
-        if self.tensor.device.type == "cpu" and self.host.data_ptr() == self.tensor.data_ptr() \
+        if self.cpu and self.host.data_ptr() == self.tensor.data_ptr() \
                 and self.shares_host(result):
             return self.tensor
         with torch.no_grad():
             self.tensor.copy_(self.to_tensor(result))
         return self.tensor
+
+
+_NO_KWARGS: Dict[str, Any] = {}  # shared, never written: a _Buf without a dtype hint
+
+
+def _label(name: Optional[str]) -> str:
+    return f"tensor {name!r}" if name else "tensor"
 
 
 def _check_process_set(process_set: Any) -> None:
@@ -189,17 +201,8 @@ def _check_process_set(process_set: Any) -> None:
                          f"add_process_set()), got {type(process_set).__name__}")
 
 
-def _on_process_set(fn: Callable) -> Callable:
-    """Run ``fn``'s core calls on its ``process_set=`` argument's communicator."""
-    sig = inspect.signature(fn)
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        ps = sig.bind_partial(*args, **kwargs).arguments.get("process_set", global_process_set)
-        _check_process_set(ps)
-        with _ps.using(ps):
-            return fn(*args, **kwargs)
-    return wrapper
+# Runs a function's core calls on its ``process_set=`` argument's communicator.
+_on_process_set = _ps.on_process_set
 
 
 def _set_aware(cls):
@@ -295,7 +298,12 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
     _check_process_set(process_set)
     op = handle_average_backwards_compatibility(op, average)
     compressed, ctx = compression.compress(tensor)
-    reduced = HorovodAllreduce.apply(compressed, name, op, prescale_factor, postscale_factor)
+    if torch.is_grad_enabled() and isinstance(compressed, torch.Tensor) \
+            and compressed.requires_grad:
+        reduced = HorovodAllreduce.apply(compressed, name, op, prescale_factor, postscale_factor)
+    else:  # no gradient to carry: the Function's bookkeeping (~8 µs a call) buys nothing
+        reduced = _allreduce_now(compressed, name, op, prescale_factor, postscale_factor,
+                                 inplace=False)
     return compression.decompress(reduced, ctx)
 
 

@@ -211,12 +211,24 @@ def on_process_set(fn: Callable) -> Callable:
     """An adapter function whose core calls run on the communicator of its
     ``process_set=`` argument (default: the job). The adapters wrap their
     Horovod-signature collectives with it, so inside them api.size()/rank() are the
-    set's."""
-    sig = inspect.signature(fn)
+    set's.
+
+    The argument is found by its position, worked out once here: binding every call's
+    arguments (``Signature.bind_partial``) cost ~11 µs a call, more than a steady 4 KiB
+    all-reduce's own Python. The global set needs no switch (``using`` leaves the
+    thread's communicator as it is for it), so a call on it goes straight through."""
+    params = list(inspect.signature(fn).parameters.values())
+    names = [p.name for p in params]
+    at = names.index("process_set")
+    by_position = params[at].kind == params[at].POSITIONAL_OR_KEYWORD  # else keyword-only
+    default = params[at].default if params[at].default is not params[at].empty \
+        else global_process_set
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        ps = sig.bind_partial(*args, **kwargs).arguments.get("process_set", global_process_set)
+        ps = args[at] if by_position and len(args) > at else kwargs.get("process_set", default)
+        if ps is global_process_set:
+            return fn(*args, **kwargs)
         with using(check(ps)):
             return fn(*args, **kwargs)
     return wrapper
