@@ -25,6 +25,13 @@ class Flat:
                   dtype: Optional[str] = None) -> np.ndarray:
         return self.connection.allreduce(src, dst, op=op, dtype=dtype)
 
+    def allreduce_async(self, src: np.ndarray, dst: Optional[np.ndarray] = None,
+                        op: str = "sum", dtype: Optional[str] = None) -> Any:
+        """allreduce() handed to the engine, which runs its requests in the order
+        submitted; the request's wait() returns ``dst`` (agreed groups in flight,
+        netreduce/worker/pipeline.py)."""
+        return self.connection.allreduce_async(src, dst, op=op, dtype=dtype)
+
     @property
     def vote_step(self) -> Optional[Callable[..., int]]:
         """The connection's steady step in one native call (Speculation.run_lone),

@@ -60,6 +60,7 @@ from netreduce.protocol import fusion
 from netreduce.protocol.signature import fusion_key, nbytes
 from netreduce.worker import timeline as tl
 from netreduce.worker.handle import Handle, Tensor
+from netreduce.worker.pipeline import Pipeline
 from netreduce.worker.speculation import Speculation
 
 WAKE = ("wake",)            # put on the executor's queue: new local work
@@ -100,6 +101,9 @@ class Agreement:
         self.joins: List[Any] = []              # this rank's join()s routed, not yet done
         self.stepping: Optional[str] = None     # the name a steady call runs (steady)
         self.spec = Speculation(self)           # steady steps in one message (speculation.py)
+        # Agreed groups' messages in flight while this loop runs the next round
+        # (pipeline.py); only the executor submits, under run_lock.
+        self.pipeline = Pipeline(comm)
         # One message at a time, from the executor or a waiting user thread (help):
         # run_lock guards what follows and the speculation's state.
         self.run_lock = threading.Lock()
@@ -158,6 +162,12 @@ class Agreement:
 
     # --- executor thread ------------------------------------------------------------
     def loop(self) -> None:
+        try:
+            self._loop()
+        finally:
+            self.pipeline.close()               # what is in flight lands first
+
+    def _loop(self) -> None:
         comm, q = self.comm, self.q
         stopping = False
         while True:
@@ -474,7 +484,10 @@ class Agreement:
         self.spec.agreed(groups)
         for _, tensors in groups:
             self.mark_agreed(tensors)
-            self.comm.run_group(GROUP_SEQ, tensors)
+            if self.pipeline.takes(tensors):
+                self.pipeline.start(tensors)    # on the wire behind us; the next round now
+            else:
+                self.comm.run_group(GROUP_SEQ, tensors)
 
     def mark_agreed(self, tensors: List[Any]) -> None:
         """``tensors`` run as a group every rank agreed on (a round's, or a

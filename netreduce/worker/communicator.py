@@ -41,7 +41,7 @@ from netreduce.worker.handle import Handle, Tensor
 from netreduce.protocol.messages import Failure, NegotiateReply, TensorRequest
 from netreduce.worker.negotiation import NegotiationClient
 from netreduce.worker.response_cache import ResponseCache
-from netreduce.worker.agreement import ROUND_SEQ, Agreement
+from netreduce.worker.agreement import GROUP_SEQ, ROUND_SEQ, Agreement
 
 log = logging.getLogger("netreduce")
 # Seconds a transfer under way may still finish after a rank died without shutdown().
@@ -346,6 +346,8 @@ class Communicator:
             if caught_up:
                 self._new = []
             running = self._executing
+            if running is None and self._flying():
+                running = GROUP_SEQ  # agreed groups on the wire behind the executor
         if not caught_up:
             os.write(self._wake_w, b"x")  # the negotiation thread polls for the rest
         self.complete(doomed, error)
@@ -363,12 +365,17 @@ class Communicator:
 
     def _abort_if_running(self, seq: int, error: NetReduceError) -> None:
         with self._lock:
-            if self._executing != seq:
+            if self._executing != seq and not (seq == GROUP_SEQ and self._flying()):
                 return  # it finished meanwhile
         try:
             self.dp.abort(str(error))
         except Exception:  # already closed: nothing left to unblock
             pass
+
+    def _flying(self) -> bool:
+        """Whether agreed groups' messages are on the wire while the executor goes
+        on (worker/pipeline.py): a failure aborts them as it aborts a running group."""
+        return self.agreement is not None and self.agreement.pipeline.flying()
 
     def complete(self, tensors: List[Tensor], error: Optional[BaseException] = None) -> None:
         """Finish each tensor exactly once (failure paths may race with the executor);

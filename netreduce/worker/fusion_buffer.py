@@ -15,19 +15,28 @@ from netreduce.errors import InvalidArgumentError
 
 class FusionBuffer:
     """One contiguous byte buffer of ``capacity`` bytes, allocated on first use and
-    never again (``allocations`` counts that, and tests check it stays 1)."""
+    never again (``allocations`` counts that, and tests check it stays 1). With
+    ``grow``, no capacity: as large as the largest view asked for so far (the
+    pipeline's buffers, netreduce/worker/pipeline.py, hold only the small tensors of
+    a group)."""
 
     # Tensors are packed back to back in elements, with no alignment padding: the data
     # plane reduces one dense array of one dtype, and padding would be wire traffic.
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, grow: bool = False) -> None:
         self.capacity = int(capacity)
+        self.grow = grow
         self._raw: np.ndarray = np.empty(0, dtype=np.uint8)
         self.allocations = 0
 
     def view(self, dtype: np.dtype, count: int) -> np.ndarray:
         """A flat ``dtype`` view of the first ``count`` elements."""
         nbytes = count * np.dtype(dtype).itemsize
+        if self.grow:
+            if nbytes > self._raw.size:
+                self._raw = np.empty(nbytes, dtype=np.uint8)
+                self.allocations += 1
+            return self._raw[:nbytes].view(dtype)
         if nbytes > self.capacity:
             raise InvalidArgumentError(f"fusion group of {nbytes} bytes exceeds the fusion buffer "
                              f"({self.capacity} bytes)")
