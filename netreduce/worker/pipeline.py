@@ -129,8 +129,11 @@ class Pipeline:
         try:
             if fused:
                 counts = [t.output.size for t in fused]
-                slot = self._buffer()
-                buf = self.buffers[slot].view(storage, sum(counts))
+                if sum(counts) * storage.itemsize <= comm.fusion.capacity:
+                    slot = self._buffer()
+                    buf = self.buffers[slot].view(storage, sum(counts))
+                else:  # (a lone tensor carried in a wider type: not kept, as group_message)
+                    buf = np.empty(sum(counts), dtype=storage)
                 spans = FusionBuffer.offsets(counts)
                 for t, (a, b) in zip(fused, spans):
                     group_message.copy_in(t, buf[a:b], comm.rank)

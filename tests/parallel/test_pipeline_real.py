@@ -3,8 +3,8 @@ the real data plane: three ranks through the launcher and a real netreduce-switc
 backward-like bursts of tensors submitted a few at a time, so that rounds agree
 groups that go on the wire behind one another: large tensors reduced in place
 (float32 and float64, Sum and Average with a post-scale), a prescaled one and small
-ones fused in the pipeline's own buffer, an int32 group; a rank that lags in some
-steps. Every result exact and bit-identical on every rank."""
+ones fused in the pipeline's own buffer, an int32 group, a float16 tensor carried as
+float32 in a buffer beyond the fusion threshold's; a rank that lags in some steps. Every result exact and bit-identical on every rank."""
 import json
 
 import pytest
@@ -31,11 +31,13 @@ TENSORS = [("w4", 300_000, np.float32, nr.Average, 1.0, 1.0),
            ("d2", 40_000, np.float64, nr.Sum, 1.0, 1.0),
            ("w2", 100_000, np.float32, nr.Average, 1.0, 0.25),
            ("i1", 90_000, np.int32, nr.Sum, 1.0, 1.0),
+           ("h1", 300_000, np.float16, nr.Sum, 1.0, 1.0),
            ("b1", 77, np.float32, nr.Sum, 1.0, 1.0)]
 
 def data(rank, step, name, count, dtype):
     rng = np.random.default_rng(rank * 100_000 + step * 100 + len(name) * 7 + ord(name[0]))
-    return rng.integers(-1000, 1000, count).astype(dtype)
+    bound = 300 if dtype == np.float16 else 1000     # float16: sums exact
+    return rng.integers(-bound, bound, count).astype(dtype)
 
 def want(step, name, count, dtype, op, pre, post):
     parts = [data(q, step, name, count, dtype) for q in range(n)]
@@ -70,7 +72,8 @@ nr.shutdown()
 
 @pytest.mark.skipif(discover().size > 1, reason="starts its own job")
 def test_agreed_groups_in_flight_exact_on_the_real_data_plane():
-    proc = launch_script(SCRIPT, 3, NETREDUCE_TIMEOUT="20", NETREDUCE_ALGORITHM="flat")
+    proc = launch_script(SCRIPT, 3, NETREDUCE_TIMEOUT="20", NETREDUCE_ALGORITHM="flat",
+                         NETREDUCE_FUSION_THRESHOLD="1M")
     assert proc.returncode == 0, proc.stdout[-4000:]
     results = [json.loads(line.split("RESULT ", 1)[1]) for line in proc.stdout.splitlines()
                if "RESULT " in line]
