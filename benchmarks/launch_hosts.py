@@ -15,6 +15,10 @@ change hits all of them alike):
     mpirun netreduce      the same mpirun, ranks running the netreduce numpy program on
                           an aggregator started beforehand (not timed)
 
+A variant with " @base" appended (e.g. "netreduce-run numpy @base") runs the same
+command on the checkout at --baseline (its PYTHONPATH, its cwd; built in place): a
+paired A/B of a launcher change, alternated with the others in every round.
+
 Each rank records, on the machine's one clock, when its Python started, when init
 finished and when its first 4-element all-reduce returned; a run's launch time is
 the last rank's first all-reduce minus the launcher's start. horovodrun keeps its
@@ -88,6 +92,7 @@ def main() -> None:
     p.add_argument("--horovod-disable-cache", action="store_true")
     p.add_argument("--timeout", type=float, default=120.0)
     p.add_argument("--json", default="")
+    p.add_argument("--baseline", default="", help="checkout the '@base' variants run")
     args = p.parse_args()
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
 
@@ -136,12 +141,16 @@ def main() -> None:
             for run in range(args.runs):
                 for variant in variants:
                     out = tempfile.mkdtemp(prefix="nr-launch.")
-                    argv = ssh.client_argv(commands[variant] + [out])
+                    name, at_base = variant.removesuffix(" @base"), variant.endswith(" @base")
+                    argv = ssh.client_argv(commands[name] + [out])
+                    run_env = dict(env, **extra_env.get(name, {}))
+                    if at_base:
+                        run_env["PYTHONPATH"] = os.path.abspath(args.baseline)
                     load = os.getloadavg()[0]
                     t0 = time.time()
-                    proc = subprocess.run(argv, env=dict(env, **extra_env.get(variant, {})),
-                                          capture_output=True, text=True, timeout=args.timeout,
-                                          cwd=repo)
+                    proc = subprocess.run(argv, env=run_env, capture_output=True, text=True,
+                                          timeout=args.timeout,
+                                          cwd=os.path.abspath(args.baseline) if at_base else repo)
                     t_exit = time.time()
                     ranks = []
                     for r in range(4):

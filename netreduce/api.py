@@ -109,8 +109,13 @@ def _init() -> None:
             return
         dp = None
         try:
+            # The first connection waits for an aggregator that is still starting
+            # (netreduce-run starts it beside the ranks) up to NETREDUCE_START_TIMEOUT;
+            # an elastic worker's failed start goes back to its driver instead
+            # (elastic_member.failed_start: the epoch may have moved on).
+            reach_for = 0.0 if knobs["NETREDUCE_ELASTIC"] else float(knobs["NETREDUCE_START_TIMEOUT"])
             dp = connect(address, job=topo.job, rank=topo.rank, size=topo.size,
-                         **connect_settings(knobs))
+                         reach_for=reach_for, **connect_settings(knobs))
             comm = Communicator(rank=topo.rank, size=topo.size, job=topo.job, address=address,
                                 dataplane=dp, knobs=knobs)
             # Every rank has joined (the hello): exchange the host layout and choose the

@@ -34,10 +34,14 @@ from netreduce.launcher import spawn
 from netreduce.launcher.job import Job, stop
 from netreduce.process import free_tcp_port
 from netreduce.protocol import auth, tls
-from netreduce.protocol.address import format_address, parse_addresses
+from netreduce.errors import NetReduceError
+from netreduce.protocol.address import connect_address, format_address, parse_addresses
 from netreduce.switch import spawn_for_job
+from netreduce.switch.child import free_aggregator_port
+from netreduce.switch.settings import DEFAULTS as SWITCH_DEFAULTS
 
 DEFAULT_CONNECT_TIMEOUT_S = 30  # horovodrun's default --start-timeout
+DAEMON_START_S = 30.0  # for the embedded aggregator's ready line (switch/child.py's wait)
 
 
 def _elastic_module():
@@ -134,34 +138,53 @@ def _dial_back(name: str, ssh: spawn.SshOptions) -> str:
     return hostlist.route_source(addresses[0])
 
 
+def _threads(extra: Sequence[str]) -> int:
+    """--threads among the daemon's extra arguments (its default otherwise)."""
+    for i, arg in enumerate(extra[:-1]):
+        if arg == "--threads":
+            try:
+                return max(1, int(extra[i + 1]))
+            except ValueError:
+                break  # the daemon will say what is wrong with it
+    return int(SWITCH_DEFAULTS["threads"])
+
+
 def _embedded_aggregator(args: argparse.Namespace, remote: List[str], ssh: spawn.SshOptions,
-                         verbose: bool):
-    """Start the job's aggregator; returns (process, {host: address it dials},
-    address for this machine's ranks)."""
+                         verbose: bool, wait: bool = True):
+    """Start the job's aggregator on a port picked here. Returns (the process, {host:
+    address it dials}, address for this machine's ranks); the process is a
+    SwitchProcess that listens, or with ``wait=False`` a switch.child.Starting: the
+    static job starts its ranks beside it (their first connection is tried again
+    until it listens, up to NETREDUCE_START_TIMEOUT) and waits for its ready line
+    after starting them."""
     extra: List[str] = []
     for arg in args.switch_arg:
         extra += arg.split("=", 1) if arg.startswith("--") and "=" in arg else [arg]
     # The daemon serves TLS when the user's NETREDUCE_TLS_CERT says so; otherwise it is
     # plain and the ranks are told so (run()).
     tls_args = None if tls.job_server_files() else []
+    udp_ports = _threads(extra) + 1  # the data threads' ports and the multicast group's
     if not remote:
         # All ranks share this machine: one multicast result per slot beats N copies.
-        proc = spawn_for_job(fanout="multicast", tls_args=tls_args, extra_args=extra)
-        return proc, {}, f"{proc.address[0]}:{proc.address[1]}"
+        port = free_aggregator_port("127.0.0.1", udp_ports)
+        proc = spawn_for_job("127.0.0.1", port=port, wait=False, fanout="multicast",
+                             tls_args=tls_args, extra_args=extra)
+        return (proc.ready(DAEMON_START_S) if wait else proc), {}, f"127.0.0.1:{port}"
     dial = {name: _dial_back(name, ssh) for name in remote}
     sources = sorted(set(dial.values()))
     bind = sources[0] if len(sources) == 1 else ("::" if any(":" in s for s in sources) else "0.0.0.0")
     # Reachable from other hosts, so it admits only this job's secret holders; unicast
     # fan-out, as a multicast group would leave through whatever route 224/4 takes.
-    proc = spawn_for_job(bind, fanout="unicast", tls_args=tls_args, extra_args=extra)
-    port = proc.address[1]
+    port = free_aggregator_port(bind, udp_ports)
+    proc = spawn_for_job(bind, port=port, wait=False, fanout="unicast", tls_args=tls_args,
+                         extra_args=extra)
     per_host = {name: format_address((addr, port)) for name, addr in dial.items()}
-    here = format_address((proc.address[0], port))
+    here = format_address(connect_address((bind, port)))
     if verbose:
-        print(f"netreduce-run: aggregator listening on {format_address((bind, port))}; "
+        print(f"netreduce-run: aggregator starting on {format_address((bind, port))}; "
               + ", ".join(f"{h} dials {a}" for h, a in per_host.items()),
               file=sys.stderr, flush=True)
-    return proc, per_host, here
+    return (proc.ready(DAEMON_START_S) if wait else proc), per_host, here
 
 
 def rank_environment(base: Mapping[str, str], slot: hostlist.Slot, switch: str,
@@ -251,14 +274,18 @@ def _run_job(args: argparse.Namespace, command: List[str], address: str,
              connected: Dict[int, spawn.RankProcess], host_label: bool) -> int:
     """The aggregator, the ranks' environment and the job, once the remote ranks are
     connected."""
-    switch_proc = None
+    starting = switch_proc = None
     per_host: Dict[str, str] = {}
     if not address:
         try:
-            switch_proc, per_host, address = _embedded_aggregator(args, remote, ssh, args.verbose)
+            starting, per_host, address = _embedded_aggregator(args, remote, ssh, args.verbose,
+                                                               wait=False)
         except hostlist.HostsError as exc:
             print(f"netreduce-run: {exc}", file=sys.stderr)
             return 2
+        except NetReduceError as exc:
+            print(f"netreduce-run: cannot start the job's aggregator: {exc}", file=sys.stderr)
+            return 1
 
     job_name = args.job or config.get("NETREDUCE_JOB") or \
         f"run-{os.getpid()}-{secrets.token_hex(4)}"
@@ -307,12 +334,22 @@ def _run_job(args: argparse.Namespace, command: List[str], address: str,
         except spawn.LaunchError as exc:
             print(f"netreduce-run: {exc}", file=sys.stderr)
             return exc.code
+        if starting is not None:  # the ranks came up beside it; now it must listen
+            try:
+                switch_proc, starting = starting.ready(DAEMON_START_S), None
+            except NetReduceError as exc:  # ready() killed it
+                print(f"netreduce-run: the job's aggregator did not start: {exc}; stopping "
+                      "the ranks", file=sys.stderr, flush=True)
+                stop(job.ranks, signal.SIGTERM)
+                return 1
         return job.supervise(received)
     finally:
         if job is not None:
             job.finish()
         if switch_proc is not None:
             switch_proc.stop()
+        elif starting is not None:
+            starting.stop()
         for s, handler in old.items():
             signal.signal(s, handler)
 

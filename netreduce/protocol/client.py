@@ -37,7 +37,7 @@ class ControlConnection:
     """A persistent connection to a control port. Safe to share between threads."""
 
     def __init__(self, address: Address, timeout: Optional[float] = 30.0,
-                 aggregator: Optional[bool] = None) -> None:
+                 aggregator: Optional[bool] = None, reach_for: float = 0.0) -> None:
         self.address = (address[0], int(address[1]))
         self.where = format_address(self.address)
         self.timeout = timeout
@@ -50,7 +50,8 @@ class ControlConnection:
         self._buf = bytearray()
         # TLS when NETREDUCE_TLS_CA is set (protocol/tls.py): to an aggregator, and to
         # the job's own servers when they serve it; ``aggregator`` as in tls.connect.
-        self._sock = tls.connect(self.address, timeout, aggregator=aggregator)
+        # ``reach_for``: how long a refused connection is tried again (tls.connect).
+        self._sock = tls.connect(self.address, timeout, aggregator=aggregator, reach_for=reach_for)
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._greeted = False
         # The version exchange goes out at once, its answer is read with the first

@@ -21,13 +21,17 @@ ranks; data packets stay RoCEv2 over UDP (keyed, not encrypted)."""
 from __future__ import annotations
 
 import functools
+import logging
 import socket
 import ssl
+import time
 from typing import Dict, List, Optional, Set, Tuple
 
 from netreduce import config
 from netreduce.errors import ControlPlaneError
 from netreduce.protocol.address import format_address, parse_addresses
+
+log = logging.getLogger("netreduce")
 
 
 # What a launcher that does not pass its environment on (Ray's actors) must hand to
@@ -136,16 +140,21 @@ def _resolves_to(name: str, address: str) -> bool:
 
 
 def connect(address: Tuple[str, int], timeout: Optional[float],
-            aggregator: Optional[bool] = None) -> socket.socket:
+            aggregator: Optional[bool] = None, reach_for: float = 0.0) -> socket.socket:
     """A connected socket to the control port at ``address``: TLS (handshake done,
     certificate checked) when context_for() says so. Errors are ControlPlaneError
-    naming the aggregator and, for TLS, what did not verify."""
+    naming the aggregator and, for TLS, what did not verify. ``reach_for`` > 0: a
+    refused connection (nothing listens there yet) is tried again for that many
+    seconds (a rank's first connection: netreduce-run starts the ranks beside their
+    aggregator, not after it)."""
     where = format_address(address)
     try:
-        sock = socket.create_connection(address, timeout=timeout)
+        sock = _dial(address, timeout, reach_for)
     except OSError as exc:
-        raise ControlPlaneError(f"cannot reach aggregator control port {where}: {exc}; is "
-                                "netreduce-switch running there (NETREDUCE_SWITCH)?") from None
+        waited = f", still after {reach_for:g} s of retries (NETREDUCE_START_TIMEOUT)" \
+            if reach_for > 0 and isinstance(exc, ConnectionRefusedError) else ""
+        raise ControlPlaneError(f"cannot reach aggregator control port {where}: {exc}{waited}; "
+                                "is netreduce-switch running there (NETREDUCE_SWITCH)?") from None
     ctx = context_for(address, aggregator)
     if ctx is None:
         return sock
@@ -162,6 +171,37 @@ def connect(address: Tuple[str, int], timeout: Optional[float],
         sock.close()
         raise ControlPlaneError(f"aggregator {where}: TLS handshake failed ({exc}); does it "
                                 "serve its control port with --tls-cert?") from None
+
+
+RETRY_NOTE_S = 5.0  # a rank still dialling after this long says so, once
+
+
+def _dial(address: Tuple[str, int], timeout: Optional[float], reach_for: float) -> socket.socket:
+    """socket.create_connection, asked again (10 ms, doubling to 100 ms apart) while the
+    connection is refused, until ``reach_for`` seconds have passed."""
+    deadline = time.monotonic() + reach_for
+    noted, pause = False, 0.01
+    while True:
+        try:
+            sock = socket.create_connection(address, timeout=timeout)
+        except ConnectionRefusedError:
+            if time.monotonic() >= deadline:
+                raise
+        else:
+            if sock.getsockname() != sock.getpeername():
+                return sock
+            # A dial of a free local port in the ephemeral range can come back connected
+            # to itself (TCP simultaneous open): nobody listens there either. The next
+            # try leaves from another port, so the deadline waits for a real refusal.
+            sock.close()
+        now = time.monotonic()
+        if not noted and now >= deadline - reach_for + RETRY_NOTE_S:
+            noted = True
+            log.warning("netreduce: nothing listens on aggregator control port %s yet; "
+                        "asking again until %g s have passed (NETREDUCE_START_TIMEOUT)",
+                        format_address(address), reach_for)
+        time.sleep(min(pause, max(0.0, deadline - now)))
+        pause = min(2 * pause, 0.1)
 
 
 def speaks_tls(address: Tuple[str, int], timeout: float = 2.0) -> bool:

@@ -95,7 +95,8 @@ class Connection:
     def __init__(self, address: Tuple[str, int], job: str, rank: int, size: int, *,
                  timeout: Optional[float] = None, retransmit_ms: Optional[float] = None,
                  drop_rate: Optional[float] = None, window: Optional[int] = None,
-                 seed: int = 0, deterministic: Optional[bool] = None) -> None:
+                 seed: int = 0, deterministic: Optional[bool] = None,
+                 reach_for: float = 0.0) -> None:
         # Unset arguments take the NETREDUCE_* knobs (declared in netreduce.config).
         timeout = config.get("NETREDUCE_TIMEOUT") if timeout is None else timeout
         retransmit_ms = config.get("NETREDUCE_RETRANSMIT_MS") if retransmit_ms is None else retransmit_ms
@@ -135,7 +136,9 @@ class Connection:
             raise AdmissionError(f"{self._where()}: no data socket toward "
                                  f"{format_address(self.rack or self.address)}: {exc}") from None
         try:
-            self._control = ControlConnection(self.address, timeout=timeout)
+            # reach_for > 0 (a rank's first connection, api.init): the aggregator may
+            # not listen yet, so a refused connection is tried again (protocol/tls.py)
+            self._control = ControlConnection(self.address, timeout=timeout, reach_for=reach_for)
         except ControlPlaneError as exc:  # unreachable, or TLS refused: say whose connection
             self._data_socket.close()
             raise ControlPlaneError(f"{self._where()}: {exc}") from None
