@@ -9,10 +9,10 @@ namespace netreduce {
 SlotPool::SlotPool(uint32_t slots, uint32_t payload_bytes, uint32_t world_size)
     : slots_(slots),
       payload_bytes_(payload_bytes),
-      words_((world_size + 63) / 64),
+      words_(world_size > 64 ? (size_t(world_size) + 63) / 64 : 1),
       states_(size_t(slots) * 2),
-      bitmap_(size_t(slots) * 2 * words_, 0),
-      repeats_(size_t(slots) * 2 * words_, 0),
+      bitmap_(size_t(slots) * 2 * (words_ - 1), 0),
+      repeats_(size_t(slots) * 2 * (words_ - 1), 0),
       accum_bytes_(size_t(slots) * 2 * payload_bytes),
       accum_(nullptr) {
   // Anonymous pages read as zeros; RSS grows only as slots are used.
