@@ -34,6 +34,10 @@
 namespace netreduce {
 namespace {
 
+static_assert(SlotPool::kHeadroom == wire::kHeaderBytes, "a result's headers fit before its slot");
+static_assert(SlotPool::kTailroom >= wire::kIcrcBytes && SlotPool::kTailroom % 8 == 0,
+              "a full chunk's ICRC fits after its slot, the next slot stays aligned");
+
 // A receive batch spans about 512 KiB of datagrams, so that the kernel's copy and the
 // reduction that reads it back meet in L2 (measured: 8 x 64 KiB cut the aggregator's
 // CPU per all-reduce by about a quarter against 64 x 64 KiB); at most 128 datagrams.
@@ -148,7 +152,7 @@ void Aggregator::Loop(uint32_t thread_index) {
 
 void Aggregator::QueueResult(Job& job, const wire::Header& round, uint32_t rank,
                              const uint8_t* payload, uint16_t my_port, ResultBatch& out,
-                             const uint32_t* payload_crc) {
+                             const uint32_t* payload_crc, bool in_place) {
   // Owner delivery: every rank but the owner gets the header alone (DMA length 0),
   // which is all its engine needs to move the slot on.
   if (wire::OwnerDelivery(round.msg_id) && rank != wire::MsgOwner(round.msg_id)) {
@@ -157,7 +161,7 @@ void Aggregator::QueueResult(Job& job, const wire::Header& round, uint32_t rank,
     notice.pad = 0;
     return QueueResultPacket(job, notice, rank, payload, my_port, out);
   }
-  QueueResultPacket(job, round, rank, payload, my_port, out, payload_crc);
+  QueueResultPacket(job, round, rank, payload, my_port, out, payload_crc, in_place);
 }
 
 void Aggregator::QueueHeld(Job& job, const wire::Header& h, uint32_t rank, uint16_t my_port,
@@ -175,13 +179,15 @@ void Aggregator::QueueHeld(Job& job, const wire::Header& h, uint32_t rank, uint1
 void Aggregator::FanOut(Job& job, const wire::Header& round, const uint8_t* acc, uint16_t my_port,
                         ResultBatch& out) {
   if (job.group.ip != 0 && !wire::OwnerDelivery(round.msg_id)) {
-    if (!VerifiesGroup(cfg_.fanout)) return QueueResult(job, round, wire::kGroupRank, acc, my_port, out);
+    if (!VerifiesGroup(cfg_.fanout)) {
+      return QueueResult(job, round, wire::kGroupRank, acc, my_port, out, nullptr, true);
+    }
     // auto: while no member says the group reaches it (a routed network, IPv6 or
     // verbs ranks), one result in kGroupProbeEvery still goes to the group, so that a
     // member it does reach can say so; the rest go by unicast alone.
     const size_t copies = UnicastResults(job, round, acc, my_port, out, true);
     if (copies < job.members.size() || round.slot % kGroupProbeEvery == 0) {
-      QueueResult(job, round, wire::kGroupRank, acc, my_port, out);
+      QueueResult(job, round, wire::kGroupRank, acc, my_port, out, nullptr, true);
     }
     return;
   }
@@ -211,7 +217,9 @@ size_t Aggregator::UnicastResults(Job& job, const wire::Header& round, const uin
       have_crc = true;
     }
     h.repeat_seen = repeated;
-    QueueResult(job, h, r, acc, my_port, out, have_crc ? &crc : nullptr);
+    // The group's packet, if one follows, is built around the accumulator; else the first.
+    QueueResult(job, h, r, acc, my_port, out, have_crc ? &crc : nullptr,
+                !outside_group && sent == 0);
     ++sent;
   }
   if (outside_group && sent > 0) {
@@ -223,7 +231,7 @@ size_t Aggregator::UnicastResults(Job& job, const wire::Header& round, const uin
 
 void Aggregator::QueueResultPacket(Job& job, const wire::Header& round, uint32_t rank,
                                    const uint8_t* payload, uint16_t my_port, ResultBatch& out,
-                                   const uint32_t* payload_crc) {
+                                   const uint32_t* payload_crc, bool in_place) {
   if (out.full()) out.Flush();
   if (rank != wire::kGroupRank && job.verbs.Active(rank)) {
     return QueueVerbsResult(job, round, rank, payload, my_port, out);
@@ -237,8 +245,15 @@ void Aggregator::QueueResultPacket(Job& job, const wire::Header& round, uint32_t
   IpAddr local_ip;  // IPv4 or IPv6, as the rank's packets came
   job.ranks[group ? 0 : rank].full.Load(&to, &local_ip);
   if (group) to = job.group;
-  uint8_t* hdr = &out.headers[k * wire::kHeaderBytes];
-  uint8_t* trailer = &out.trailers[k * 8];
+  // In place: header, payload, pad and ICRC one contiguous datagram in the slot's
+  // memory, one iovec for the kernel's copy instead of three (the iovec walk cost the
+  // send ~40 % more kernel time per byte: BENCHMARKS.md, Line rate per core, 12-04).
+  // The bytes past the payload are the accumulator's own (a short chunk's) or its
+  // tailroom; nothing reads them before the slot's next round writes its data.
+  in_place = in_place && payload != nullptr && round.length > 0;
+  uint8_t* const slot_mem = const_cast<uint8_t*>(payload);
+  uint8_t* hdr = in_place ? slot_mem - wire::kHeaderBytes : &out.headers[k * wire::kHeaderBytes];
+  uint8_t* trailer = in_place ? slot_mem + round.length : &out.trailers[k * 8];
   wire::Header h = round;
   h.dest_qp = wire::MakeQpn(job.index, rank);
   h.result = true;
@@ -248,10 +263,15 @@ void Aggregator::QueueResultPacket(Job& job, const wire::Header& round, uint32_t
                      payload_crc);
   p.from_ip = local_ip.is_v4() ? local_ip.v4() : 0;
   if (!local_ip.is_v4()) p.from_ip6 = local_ip;
-  p.iov[0] = {hdr, wire::kHeaderBytes};
-  p.iov[1] = {const_cast<uint8_t*>(payload), h.length};
-  p.iov[2] = {trailer, size_t(h.pad) + wire::kIcrcBytes};
-  p.iovcnt = 3;
+  if (in_place) {
+    p.iov[0] = {hdr, wire::kHeaderBytes + h.length + h.pad + wire::kIcrcBytes};
+    p.iovcnt = 1;
+  } else {
+    p.iov[0] = {hdr, wire::kHeaderBytes};
+    p.iov[1] = {const_cast<uint8_t*>(payload), h.length};
+    p.iov[2] = {trailer, size_t(h.pad) + wire::kIcrcBytes};
+    p.iovcnt = 3;
+  }
   p.segmentable = true;
   p.icrc = !h.jumbo;
   const size_t bytes = wire::DatagramBytes(h.length);

@@ -214,15 +214,20 @@ class Aggregator {
                  ResultBatch& out);
   // `payload_crc`: wire::PayloadCrc of `payload`, computed once for a fan-out to every
   // rank (FanOut); null = computed with the packet's ICRC.
+  // `in_place`: `payload` is the round's accumulator and this is the one packet of the
+  // batch that may build itself around it (SlotPool::kHeadroom): a fan-out's group
+  // packet, or its first unicast one.
   void QueueResult(Job& job, const wire::Header& round, uint32_t rank, const uint8_t* payload,
-                   uint16_t my_port, ResultBatch& out, const uint32_t* payload_crc = nullptr);
+                   uint16_t my_port, ResultBatch& out, const uint32_t* payload_crc = nullptr,
+                   bool in_place = false);
   // A unicast result to each member, or (outside_group, --fanout auto) to each member
   // whose latest contribution did not say the group reaches it; returns how many.
   size_t UnicastResults(Job& job, const wire::Header& round, const uint8_t* acc,
                         uint16_t my_port, ResultBatch& out, bool outside_group);
   static constexpr uint32_t kGroupProbeEvery = 64;
   void QueueResultPacket(Job& job, const wire::Header& round, uint32_t rank, const uint8_t* payload,
-                         uint16_t my_port, ResultBatch& out, const uint32_t* payload_crc = nullptr);
+                         uint16_t my_port, ResultBatch& out, const uint32_t* payload_crc = nullptr,
+                         bool in_place = false);
   void QueueVerbsResult(Job& job, const wire::Header& round, uint32_t rank, const uint8_t* payload,
                         uint16_t my_port, ResultBatch& out);
   // RC verbs peers (verbs_rc.cc): their ACKs and requests before the slot path (true:

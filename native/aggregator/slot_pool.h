@@ -45,13 +45,23 @@ class SlotPool {
   SlotPool(const SlotPool&) = delete;
   SlotPool& operator=(const SlotPool&) = delete;
 
+  // Room around each accumulator for one result datagram built in place: its RoCE
+  // headers before (wire::kHeaderBytes) and its pad and ICRC after (at most 3 + 4 bytes
+  // past the payload, inside P for a short chunk), 8 in all to keep the next slot's
+  // accumulator 8-byte aligned. The kernel then copies header, payload and trailer as
+  // one iovec instead of three (aggregator.cc QueueResultPacket).
+  static constexpr size_t kHeadroom = 32;
+  static constexpr size_t kTailroom = 8;
+
   uint32_t slots() const { return slots_; }
   uint32_t payload_bytes() const { return payload_bytes_; }
+  // K x P x 2, what the memory limit counts; the mapping also holds the room above.
   size_t memory_bytes() const { return accum_bytes_; }
 
   SlotState& state(uint32_t slot, uint32_t shadow) { return states_[slot * 2 + shadow]; }
+  // P bytes, with kHeadroom writable bytes before and kTailroom after.
   uint8_t* accumulator(uint32_t slot, uint32_t shadow) {
-    return accum_ + (size_t(slot) * 2 + shadow) * payload_bytes_;
+    return accum_ + (size_t(slot) * 2 + shadow) * stride_ + kHeadroom;
   }
   // Worker bitmap of (slot, shadow): returns true if `rank` was not yet set, and sets it.
   bool TestAndSet(uint32_t slot, uint32_t shadow, uint32_t rank) {
@@ -98,6 +108,8 @@ class SlotPool {
   // the system the moment its pool is freed (a heap block could stay in a malloc
   // arena, and RSS would grow as jobs come and go: docs/operations.md).
   size_t accum_bytes_;
+  size_t stride_;     // kHeadroom + P + kTailroom
+  size_t map_bytes_;  // slots x 2 x stride_
   uint8_t* accum_;
 };
 
