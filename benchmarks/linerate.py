@@ -81,6 +81,13 @@ def thread_cpu(pid: int) -> Dict[str, float]:
         out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
         # user and system time apart: the data path's own code against the kernel's
         out[name + ":user"] = out.get(name + ":user", 0.0) + int(fields[11]) / tick
+        # how often the thread slept and was woken (each wake-up is a schedule and a poll)
+        try:
+            with open(f"/proc/{pid}/task/{tid}/status") as f:
+                sw = sum(int(ln.split()[1]) for ln in f if ln.startswith("voluntary_ctxt_switches"))
+            out[name + ":sleeps"] = out.get(name + ":sleeps", 0.0) + sw
+        except OSError:
+            pass
     return out
 
 
@@ -289,7 +296,8 @@ def probe_main(argv: List[str]) -> int:
         return 0
     host, port, dgram, seconds, gso = argv[1], int(argv[2]), int(argv[3]), float(argv[4]), argv[5] == "1"
     # pieces 3: each datagram handed over as header, payload and trailer (32, dgram - 36
-    # and 4 bytes), the iovec the data plane gives sendmmsg; 1: one buffer per send
+    # and 4 bytes), the iovec the data plane gives sendmmsg; 2: one iovec per datagram
+    # (the aggregator's results built in place); 1: one buffer per send
     pieces = int(argv[6]) if len(argv) > 6 else 1
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8 << 20)
@@ -302,6 +310,9 @@ def probe_main(argv: List[str]) -> int:
         for k in range(per):
             d = view[k * dgram:(k + 1) * dgram]
             bufs += [d[:32], d[32:dgram - 4], d[dgram - 4:]]
+    elif pieces == 2:
+        view = memoryview(data)
+        bufs = [view[k * dgram:(k + 1) * dgram] for k in range(per)]
     else:
         bufs = [data]
     cmsg = [(socket.SOL_UDP, UDP_SEGMENT, struct.pack("H", dgram))] if gso else []
@@ -335,7 +346,7 @@ def floor_point(tb, args, mtu: int, kind: str) -> dict:
     seconds = args.seconds
     if kind.startswith("probe"):
         gso = kind.startswith("probe-gso")
-        pieces = 3 if kind == "probe-gso-iov" else 1
+        pieces = {"probe-gso-iov": 3, "probe-gso-dgram": 2}.get(kind, 1)
         port = 5301
         recv = tb.popen(agg, [sys.executable, os.path.abspath(__file__), "--probe", "recv",
                               str(port), str(dgram), "1" if gso else "0"],
@@ -347,7 +358,8 @@ def floor_point(tb, args, mtu: int, kind: str) -> dict:
                       capture_output=True, text=True, timeout=seconds + 30)
         out, _ = recv.communicate(timeout=30)
         s, r = _result(send.stdout), _result(out)
-        rec = {"tool": "python udp" + (" gso/gro" if gso else "") + (" 3-piece iovec" if pieces == 3 else ""),
+        rec = {"tool": "python udp" + (" gso/gro" if gso else "")
+                       + {3: " 3-piece iovec", 2: " iovec per datagram"}.get(pieces, ""),
                "dgram": dgram, "sent_bytes": s["bytes"], "received_bytes": r["bytes"],
                "client_cpu_s": s["cpu_s"], "client_sys_s": s["sys_s"], "server_cpu_s": r["cpu_s"],
                "wall_s": s["wall_s"]}
@@ -444,8 +456,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                          "(e.g. gso:NETREDUCE_UDP_OFFLOAD=auto plain:NETREDUCE_UDP_OFFLOAD=off)")
     ap.add_argument("--repeats", type=int, default=1, help="rounds over the variants / tools")
     ap.add_argument("--tools", default="udp,tcp,probe,probe-gso",
-                    help="floor: udp (iperf3), tcp (iperf3), probe, probe-gso, probe-gso-iov "
-                         "(Python UDP; -iov: each datagram as the data plane's 3-piece iovec)")
+                    help="floor: udp (iperf3), tcp (iperf3), probe, probe-gso, probe-gso-iov, "
+                         "probe-gso-dgram (Python UDP; -iov: each datagram as the data plane's "
+                         "3-piece iovec; -dgram: one iovec per datagram)")
     ap.add_argument("--seconds", type=float, default=4.0, help="floor: seconds per tool")
     ap.add_argument("--testbed-name", default="lrc", help="testbed name (namespaces NAME-h0, ...)")
     ap.add_argument("--subnet", default="10.81.0.0/24", help="testbed subnet")
