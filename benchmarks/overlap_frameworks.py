@@ -1,0 +1,532 @@
+#!/usr/bin/env python3
+"""Issue 33's first target for Keras and MXNet: each netreduce path's training step
+against its overlap bound, beside the framework's own strategy, in one run.
+
+    # as root (the testbed): N=4 ranks one per host at 1 Gbit/s, MTU 9000
+    python3 benchmarks/overlap_frameworks.py keras --runs 5   # nr-hvd, tf-mwms, compute
+    python3 benchmarks/overlap_frameworks.py mxnet --runs 5   # nr-kv, dist_sync, compute
+
+The model is the one benchmarks/train_tensorflow.py and train_mxnet.py train (their
+``build_alexnet``: torchvision's AlexNet layout, 61.1 M parameters, S = 244.4 MB of
+float32 gradients, 95 % of it in the dense layers that backward reaches first),
+64x64 synthetic images, per-rank batch 8, SGD with momentum. Modes, each run all of
+them in an order rotated from run to run (paired alternation):
+
+    keras  nr-hvd     netreduce.tensorflow.keras.DistributedOptimizer, tf.function step
+           nr-strategy  netreduce.tensorflow.Strategy() (optional)
+           tf-mwms    MultiWorkerMirroredStrategy, CommunicationImplementation.RING
+    mxnet  nr-kv      gluon.Trainer(kvstore="netreduce")
+           nr-hvd     netreduce.mxnet.DistributedTrainer (optional)
+           dist_sync  gluon.Trainer(kvstore="dist_sync"), a ps-lite server per host
+    both   compute    the same 4 processes at once, no communication: forward F,
+                      backward B and update U, each timed on its own (synchronised)
+
+The bound of a step: F + max(B, S/R) + U (R the link rate), F/B/U from the compute
+mode of the same run; a path meets issue 33's target when its step <= 1.1 x bound.
+The step is the median of the timed steps' wall time on rank 0 (each step ends when
+its update has run: a tf.function call returns, MXNet's waitall). The netreduce modes
+write rank 0's NETREDUCE_TIMELINE; per step it gives when the gradients reached the
+core (first and last ``ready``), each fusion message's start and end, the link's idle
+time between messages, and the wait from the last message's end to the step's end.
+The record (benchmarks/results/issue33/overlap_{keras,mxnet}_UTC.json) keeps every
+run with its load average; the summary is medians with (min, max).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from typing import Any, Dict, List, Optional
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+OUT = os.path.join(HERE, "results", "issue33")
+MODES = {"keras": ("nr-hvd", "tf-mwms", "compute"), "mxnet": ("nr-kv", "dist_sync", "compute")}
+OPTIONAL = {"keras": ("nr-strategy",), "mxnet": ("nr-hvd",)}
+MWMS_PORT = 23456
+
+
+def _now_us() -> float:
+    return time.time_ns() / 1000.0  # the timeline's clock (netreduce/worker/timeline.py)
+
+
+def _med(vals: List[float]) -> float:
+    return statistics.median(vals)
+
+
+# --- workers (one per testbed host) ---------------------------------------------------------
+def keras_worker(args: argparse.Namespace) -> Dict[str, Any]:
+    import tensorflow as tf
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    tf.config.threading.set_inter_op_parallelism_threads(2)
+    mode, strategy, rank = args.mode, None, int(os.environ.get("NRBENCH_RANK", "0"))
+    barrier = lambda: None  # noqa: E731
+    if mode == "tf-mwms":  # before any other TensorFlow op
+        options = tf.distribute.experimental.CommunicationOptions(
+            implementation=tf.distribute.experimental.CommunicationImplementation.RING)
+        strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+        rank = strategy.cluster_resolver.task_id
+
+        def barrier():
+            strategy.reduce("SUM", strategy.run(lambda: tf.constant(1.0)), axis=None)
+    elif mode.startswith("nr-"):
+        import netreduce.tensorflow as nrtf
+        nrtf.init()
+        rank, barrier = nrtf.rank(), nrtf.barrier
+        strategy = nrtf.Strategy() if mode == "nr-strategy" else None
+    import contextlib
+
+    import keras
+    import numpy as np
+    from train_tensorflow import build_alexnet
+
+    keras.utils.set_random_seed(0)
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    with strategy.scope() if strategy is not None else contextlib.nullcontext():
+        model = build_alexnet()
+        optimizer = keras.optimizers.SGD(0.01, momentum=0.9)
+        if mode == "nr-hvd":
+            import netreduce.tensorflow.keras as hvd
+            optimizer = hvd.DistributedOptimizer(optimizer)
+        optimizer.build(model.trainable_variables)
+    rng = np.random.default_rng(rank)
+    x = tf.constant(rng.normal(size=(args.batch_size, 64, 64, 3)).astype("float32"))
+    y = tf.constant(rng.integers(0, 1000, args.batch_size))
+
+    def forward(x, y):
+        return loss_fn(y, model(x, training=True))
+
+    def grads_of(x, y):
+        with tf.GradientTape() as tape:
+            loss = forward(x, y)
+        return loss, tape.gradient(loss, model.trainable_variables)
+
+    def one_step(x, y):
+        loss, grads = grads_of(x, y)
+        optimizer.apply(grads, model.trainable_variables)
+        return loss
+
+    @tf.function
+    def train_step(x, y):
+        return one_step(x, y) if strategy is None else strategy.run(one_step, args=(x, y))
+
+    result: Dict[str, Any] = {"params": int(model.count_params()), "rank": rank}
+    if mode == "compute":  # F, B, U on their own: three functions, each call synchronous
+        fwd = tf.function(forward)
+        fwd_bwd = tf.function(lambda x, y: grads_of(x, y)[1])
+        for _ in range(args.warmup):
+            fwd(x, y), fwd_bwd(x, y), train_step(x, y)
+        t = {"f": [], "fb": [], "fbu": []}
+        for _ in range(args.steps):
+            for key, fn in (("f", fwd), ("fb", fwd_bwd), ("fbu", train_step)):
+                t0 = time.perf_counter()
+                out = fn(x, y)
+                (out[-1] if isinstance(out, list) else out).numpy()
+                t[key].append(time.perf_counter() - t0)
+        f, fb, fbu = _med(t["f"]), _med(t["fb"]), _med(t["fbu"])
+        return dict(result, forward=f, backward=fb - f, update=fbu - fb, step=fbu,
+                    samples=t)
+    for _ in range(args.warmup):
+        train_step(x, y)
+    barrier()
+    stamps = []
+    for _ in range(args.steps):
+        t0 = _now_us()
+        loss = train_step(x, y)
+        np.asarray(strategy.experimental_local_results(loss)[0] if strategy else loss)
+        stamps.append([t0, _now_us()])
+    barrier()
+    return dict(result, stamps=stamps)
+
+
+def mxnet_worker(args: argparse.Namespace) -> Dict[str, Any]:
+    import mxnet as mx
+    from mxnet import autograd, gluon
+    from train_mxnet import build_alexnet
+
+    mode = args.mode
+    opt = {"learning_rate": 0.01, "momentum": 0.9}
+    mx.random.seed(0)
+    net = build_alexnet()
+    net.initialize(mx.init.Xavier())
+    net.hybridize()
+    with autograd.record():  # train_mxnet.py: deferred init in training mode
+        net(mx.nd.zeros((1, 3, 64, 64)))
+    params = net.collect_params()
+    rank, barrier, step_batch = int(os.environ.get("NRBENCH_RANK", "0")), None, args.batch_size
+    if mode == "nr-hvd":
+        import netreduce.mxnet as hvd
+        hvd.init()
+        rank, barrier = hvd.rank(), hvd.barrier
+        trainer = hvd.DistributedTrainer(params, "sgd", opt)
+    elif mode == "compute":
+        trainer = gluon.Trainer(params, "sgd", opt, kvstore=None)
+    else:
+        if mode == "nr-kv":
+            import netreduce.mxnet as nrmx
+            kv, barrier = mx.kv.create("netreduce"), nrmx.barrier
+        else:
+            kv = mx.kv.create("dist_sync")
+            barrier = kv._barrier
+        rank = kv.rank
+        trainer = gluon.Trainer(params, "sgd", opt, kvstore=kv)
+        step_batch = args.batch_size * kv.num_workers  # both stores sum
+    rng = __import__("numpy").random.RandomState(rank)
+    x = mx.nd.array(rng.randn(args.batch_size, 3, 64, 64))
+    y = mx.nd.array(rng.randint(0, 1000, args.batch_size))
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+    n_params = sum(int(p.data().size) for p in params.values())
+    result: Dict[str, Any] = {"params": n_params, "rank": rank}
+
+    def step(t: Optional[Dict[str, List[float]]] = None) -> None:
+        t0 = time.perf_counter()
+        with autograd.record():
+            loss = loss_fn(net(x), y)
+        if t is not None:
+            loss.wait_to_read()
+            t1 = time.perf_counter()
+        loss.backward()
+        if t is not None:
+            mx.nd.waitall()
+            t2 = time.perf_counter()
+        trainer.step(step_batch)
+        mx.nd.waitall()
+        if t is not None:
+            t3 = time.perf_counter()
+            t["forward"].append(t1 - t0)
+            t["backward"].append(t2 - t1)
+            t["update"].append(t3 - t2)
+            t["step"].append(t3 - t0)
+
+    if barrier:
+        barrier()
+    for _ in range(args.warmup):
+        step()
+    if mode == "compute":
+        t: Dict[str, List[float]] = {"forward": [], "backward": [], "update": [], "step": []}
+        for _ in range(args.steps):
+            step(t)
+        return dict(result, samples=t, **{k: _med(v) for k, v in t.items()})
+    barrier()
+    stamps = []
+    for _ in range(args.steps):
+        t0 = _now_us()
+        step()
+        stamps.append([t0, _now_us()])
+    barrier()
+    return dict(result, stamps=stamps)
+
+
+def worker(args: argparse.Namespace) -> None:
+    ifname = os.environ.get("NRBENCH_IFNAME")
+    import common
+    wire0 = common.wire_counters(ifname)
+    cpu0 = common.self_cpu_seconds()
+    result = (keras_worker if args.target == "keras" else mxnet_worker)(args)
+    result["cpu_s"] = common.self_cpu_seconds() - cpu0
+    wire1 = common.wire_counters(ifname)
+    if wire0 and wire1:
+        result["wire_tx"] = wire1["tx"] - wire0["tx"]
+        result["wire_rx"] = wire1["rx"] - wire0["rx"]
+    if result.get("rank", 0) == 0:
+        print("RESULT " + json.dumps(result), flush=True)
+
+
+# --- driver (root, the testbed) -------------------------------------------------------------
+def _tail(path: str, lines: int = 6) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            text = [ln for ln in f.read().splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    return " | ".join(text[-lines:])[-600:]
+
+
+def _python(target: str) -> str:
+    if target == "mxnet":
+        from train_mxnet import venv_python
+        return venv_python()
+    return sys.executable
+
+
+def run_mode(tb, mode: str, args: argparse.Namespace, tmp: str) -> Dict[str, Any]:
+    import allreduce_launch as launch
+    import common
+    from train_mxnet import _wait_workers
+
+    n = args.np
+    record: Dict[str, Any] = {"mode": mode, "load": list(os.getloadavg())}
+    python = _python(args.target)
+    timeline = os.path.join(tmp, "timeline.json")
+    argv = [python, os.path.abspath(__file__), args.target, "--worker", "--mode", mode,
+            "--batch-size", str(args.batch_size), "--steps", str(args.steps),
+            "--warmup", str(args.warmup)]
+    base = {"OMP_NUM_THREADS": "1", "MXNET_CPU_WORKER_NTHREADS": "1", "PYTHONUNBUFFERED": "1",
+            "TF_CPP_MIN_LOG_LEVEL": "2", "NRBENCH_IFNAME": tb.ifname}
+    per_rank: List[Dict[str, str]] = [{"NRBENCH_RANK": str(r)} for r in range(n)]
+    cleanup, helpers = [], []
+    logs = [os.path.join(tmp, f"worker{r}.log") for r in range(n)]
+    try:
+        if mode.startswith("nr-"):
+            sw = tb.spawn_switch(args=shlex.split(args.switch_args))
+            cleanup.append(sw.stop)
+            base.update(NETREDUCE_SWITCH=f"{sw.address[0]}:{sw.address[1]}",
+                        NETREDUCE_JOB=f"ov{args.target}-{uuid.uuid4().hex[:8]}",
+                        NETREDUCE_SIZE=str(n), NETREDUCE_LOCAL_SIZE="1")
+            if args.timeline:
+                base["NETREDUCE_TIMELINE"] = timeline
+            for item in args.nr_env:
+                key, _, value = item.partition("=")
+                base[key] = value
+            for r in range(n):
+                per_rank[r].update(NETREDUCE_RANK=str(r), NETREDUCE_LOCAL_RANK="0")
+        elif mode == "tf-mwms":
+            cluster = {"worker": [f"{h.address}:{MWMS_PORT}" for h in tb.hosts]}
+            for r in range(n):
+                per_rank[r]["TF_CONFIG"] = json.dumps(
+                    {"cluster": cluster, "task": {"type": "worker", "index": r}})
+        elif mode == "dist_sync":  # as train_mxnet.py: scheduler on host 0, a server per host
+            base.update(DMLC_PS_ROOT_URI=tb.hosts[0].address,
+                        DMLC_PS_ROOT_PORT=str(launch.free_port()), DMLC_NUM_WORKER=str(n),
+                        DMLC_NUM_SERVER=str(n), DMLC_INTERFACE=tb.ifname)
+            roles = [("scheduler", tb.hosts[0])] + [("server", h) for h in tb.hosts]
+            for i, (role, node) in enumerate(roles):
+                env = launch.worker_env(dict(base, DMLC_ROLE=role, DMLC_NODE_HOST=node.address))
+                with open(os.path.join(tmp, f"{role}{i}.log"), "w") as log:
+                    helpers.append(tb.popen(node, [python, "-c", "import mxnet"], env=env,
+                                            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT))
+            for r in range(n):
+                per_rank[r].update(DMLC_ROLE="worker", DMLC_NODE_HOST=tb.hosts[r].address)
+        procs = []
+        for r in range(n):
+            env = launch.worker_env(dict(base, **per_rank[r]))
+            for proxy in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY",
+                          "grpc_proxy", "all_proxy", "ALL_PROXY"):
+                env.pop(proxy, None)
+            with open(logs[r], "w") as log:
+                procs.append(tb.popen(r, argv, env=env, cwd=ROOT, stdout=log,
+                                      stderr=subprocess.STDOUT))
+        t0 = time.monotonic()
+        try:
+            _wait_workers(procs, helpers, args.timeout, f"{mode} N={n}", tmp)
+        except RuntimeError as exc:
+            return dict(record, error=f"{exc}: worker 0: {_tail(logs[0])}")
+        record["wall_s"] = round(time.monotonic() - t0, 1)
+    finally:
+        for p in helpers:
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        common.run_cleanups(cleanup)
+    record["load"] += list(os.getloadavg())
+    for path in logs:  # ps-lite numbers its workers itself: any log may hold rank 0
+        for line in open(path, errors="replace"):
+            if line.startswith("RESULT "):
+                record.update(json.loads(line[7:]))
+                break
+    if "params" not in record:
+        return dict(record, error=f"no RESULT line: worker 0: {_tail(logs[0])}")
+    if "stamps" in record:
+        steps = [b - a for a, b in record["stamps"]]
+        record["step"] = round(_med(steps) / 1e6, 5)
+        record["step_min_max"] = [round(min(steps) / 1e6, 5), round(max(steps) / 1e6, 5)]
+        if args.timeline and os.path.exists(timeline):
+            record["timeline"] = waits(timeline, record["stamps"])
+            if args.keep:
+                import shutil
+                shutil.copy(timeline, os.path.join(args.keep, f"{args.target}_{mode}_"
+                                                   f"{time.strftime('%H%M%S')}.timeline.json"))
+    return record
+
+
+def waits(path: str, stamps: List[List[float]]) -> Dict[str, Any]:
+    """Per step, from rank 0's timeline (ms after the step started): when the core
+    got the first and the last gradient, each data message's ready/start/end, the
+    link's idle time between the first message's start and the last's end, and what
+    the step waited after the last message (the update, the framework's own work)."""
+    import overlap_timeline
+    msgs = [m for m in overlap_timeline.groups(overlap_timeline.load_events(path))
+            if not m.get("round")]
+    subs = [e["ts"] for e in overlap_timeline.load_events(path)
+            if e.get("ph") == "X" and e["name"] in ("negotiate", "queued")]  # submitted
+    per = []
+    for z, end in stamps:
+        mine = [m for m in msgs if z <= m["start"] < end]
+        ready = [s for s in subs if z <= s < end]
+        if not mine:
+            continue
+        busy = sum(m["end"] - m["start"] for m in mine)
+        span = mine[-1]["end"] - mine[0]["start"]
+        ms = lambda v: round((v - z) / 1e3, 1)  # noqa: E731
+        per.append({
+            "step_ms": round((end - z) / 1e3, 1),
+            "first_ready_ms": ms(min(ready)) if ready else None,
+            "last_ready_ms": ms(max(ready)) if ready else None,
+            "first_start_ms": ms(mine[0]["start"]), "last_end_ms": ms(mine[-1]["end"]),
+            "transfer_ms": round(busy / 1e3, 1), "idle_between_ms": round((span - busy) / 1e3, 1),
+            "after_last_ms": round((end - mine[-1]["end"]) / 1e3, 1),
+            "messages": [{"MB": round(m["bytes"] / 1e6, 2), "tensors": len(m["tensors"]),
+                          "ready": ms(max(m["submitted"])) if m["submitted"] else None,
+                          "start": ms(m["start"]), "end": ms(m["end"])} for m in mine]})
+    keys = [k for k in (per[0] if per else {}) if k.endswith("_ms")]
+    med = {k: round(_med([p[k] for p in per if p[k] is not None]), 1) for k in keys
+           if any(p[k] is not None for p in per)}
+    typical = min(per, key=lambda p: abs(p["step_ms"] - med["step_ms"])) if per else None
+    return {"median": med, "typical_step": typical, "steps": per}
+
+
+def describe(tl: Dict[str, Any], indent: str = "      ") -> str:
+    m, out = tl["median"], []
+    out.append(indent + "medians, ms after the step starts: gradients reach the core %s..%s; "
+               "messages %s..%s, transfer %s, link idle between them %s; step waits %s after "
+               "the last one (step %s)" % (
+                   m.get("first_ready_ms"), m.get("last_ready_ms"), m.get("first_start_ms"),
+                   m.get("last_end_ms"), m.get("transfer_ms"), m.get("idle_between_ms"),
+                   m.get("after_last_ms"), m.get("step_ms")))
+    for row in (tl.get("typical_step") or {}).get("messages", []):
+        out.append(indent + "  %7.2f MB in %2d tensor(s): ready %7s, sent %7.1f .. %7.1f" % (
+            row["MB"], row["tensors"], row["ready"], row["start"], row["end"]))
+    return "\n".join(out)
+
+
+def _spread(vals: List[Optional[float]], digits: int = 4) -> Dict[str, float]:
+    vals = [v for v in vals if v is not None]
+    if not vals:
+        return {}
+    return {"median": round(_med(vals), digits), "min": round(min(vals), digits),
+            "max": round(max(vals), digits), "n": len(vals)}
+
+
+def driver(args: argparse.Namespace) -> str:
+    from netreduce.testbed import Testbed, why_unusable
+    from netreduce.testbed.plan import parse_rate
+
+    reason = why_unusable()
+    if reason:
+        raise SystemExit(f"overlap_frameworks.py: {reason}")
+    modes = args.modes.split(",") if args.modes else list(MODES[args.target])
+    rate = parse_rate(args.rate)
+    runs: List[Dict[str, Any]] = []
+    path = ""
+    args.commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
+                                 capture_output=True, text=True).stdout.strip()  # at the start
+    with Testbed(hosts=args.np, rate=args.rate, mtu=args.mtu, name=args.testbed_name,
+                 subnet=args.subnet, replace=True) as tb:
+        for i in range(args.runs):
+            order = modes[i % len(modes):] + modes[:i % len(modes)]
+            res: Dict[str, Any] = {}
+            for mode in order:
+                with tempfile.TemporaryDirectory(prefix=f"nrovfw-{mode}-") as tmp:
+                    res[mode] = r = run_mode(tb, mode, args, tmp)
+                what = r.get("error") or (
+                    f"F {r['forward']:.3f} B {r['backward']:.3f} U {r['update']:.3f} s"
+                    if mode == "compute" else f"step {r['step']:.3f} s "
+                    f"({r['step_min_max'][0]:.3f}-{r['step_min_max'][1]:.3f})")
+                print(f"  run {i} {mode}: {what}; load {r['load'][0]:.1f}", flush=True)
+                if "timeline" in r:
+                    print(describe(r["timeline"]), flush=True)
+            run: Dict[str, Any] = {"run": i, "order": order, "modes": res}
+            comp = res.get("compute", {})
+            if "forward" in comp:
+                s_bytes = 4 * comp["params"]
+                transfer = s_bytes * 8 / rate
+                run["bound"] = {"forward": comp["forward"], "backward": comp["backward"],
+                                "update": comp["update"], "S_bytes": s_bytes,
+                                "transfer": round(transfer, 5),
+                                "bound_s": round(comp["forward"] + max(comp["backward"], transfer)
+                                                 + comp["update"], 5)}
+                for mode in modes:
+                    if res.get(mode, {}).get("step"):
+                        run[f"{mode}_step_vs_bound"] = round(res[mode]["step"]
+                                                             / run["bound"]["bound_s"], 4)
+            peer = next((m for m in modes if not m.startswith("nr-") and m != "compute"), None)
+            for mode in [m for m in modes if m.startswith("nr-")]:
+                if peer and res.get(mode, {}).get("step") and res.get(peer, {}).get("step"):
+                    run[f"{mode}_speedup_vs_{peer}"] = round(res[peer]["step"] / res[mode]["step"], 4)
+            runs.append(run)
+            print("  " + json.dumps({k: v for k, v in run.items() if k not in ("modes", "order")}),
+                  flush=True)
+            path = write(args, modes, runs, path)  # after every run: a cut-short run keeps its runs
+    print(json.dumps(json.load(open(path))["summary"], indent=1))
+    print(f"# wrote {path}")
+    return path
+
+
+def write(args: argparse.Namespace, modes: List[str], runs: List[Dict[str, Any]],
+          path: str) -> str:
+    summary: Dict[str, Any] = {"target": args.target, "rate": args.rate, "mtu": args.mtu,
+                               "ranks": args.np, "batch": args.batch_size, "model": "alexnet"}
+    for key in sorted({k for r in runs for k in r if "_vs_" in k}):
+        summary[key] = _spread([r.get(key) for r in runs])
+    for part in ("forward", "backward", "update", "transfer", "bound_s"):
+        summary[part] = _spread([(r.get("bound") or {}).get(part) for r in runs])
+    for mode in modes:
+        recs = [r["modes"][mode] for r in runs if mode in r["modes"]]
+        summary[mode] = {"step_s": _spread([x.get("step") for x in recs]),
+                         "cpu_s_rank0": _spread([x.get("cpu_s") for x in recs], 2),
+                         "wire_tx_per_step_MB": _spread(
+                             [x["wire_tx"] / (args.steps + args.warmup) / 1e6
+                              if x.get("wire_tx") else None for x in recs], 1)}
+        tls = [x["timeline"]["median"] for x in recs if x.get("timeline")]
+        if tls:
+            summary[mode]["timeline_ms"] = {k: _spread([t.get(k) for t in tls], 1)
+                                            for k in tls[0]}
+    summary["load_1min"] = _spread([x["load"][0] for r in runs for x in r["modes"].values()], 2)
+    os.makedirs(OUT, exist_ok=True)
+    path = path or args.out or os.path.join(
+        OUT, f"overlap_{args.target}_{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.json")
+    with open(path, "w") as f:
+        json.dump({"command": "python3 benchmarks/overlap_frameworks.py " + " ".join(sys.argv[1:]),
+                   "commit": args.commit, "summary": summary, "runs": runs}, f, indent=1)
+    return path
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("target", choices=sorted(MODES))
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--modes", default="", help="default: the target's netreduce path, its "
+                    "peer and compute; also nr-strategy (keras), nr-hvd (mxnet)")
+    ap.add_argument("--np", type=int, default=4)
+    ap.add_argument("--rate", default="1gbit")
+    ap.add_argument("--mtu", type=int, default=9000)
+    ap.add_argument("--batch-size", type=int, default=8, help="per rank")
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=5, help="timed steps per mode and run")
+    ap.add_argument("--no-timeline", dest="timeline", action="store_false",
+                    help="no NETREDUCE_TIMELINE on rank 0 of the netreduce modes")
+    ap.add_argument("--keep", default="", help="folder to keep the timelines in")
+    ap.add_argument("--switch-args", default="")
+    ap.add_argument("--nr-env", action="append", default=[], help="KEY=VALUE, netreduce modes")
+    ap.add_argument("--timeout", type=float, default=600, help="seconds per mode")
+    ap.add_argument("--testbed-name", default="nrovfw")
+    ap.add_argument("--subnet", default="10.77.34.0/24")
+    ap.add_argument("--out", default="")
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--mode", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.worker:
+        worker(args)
+        return 0
+    for mode in (args.modes.split(",") if args.modes else []):
+        if mode not in MODES[args.target] + OPTIONAL[args.target]:
+            ap.error(f"unknown mode {mode!r} for {args.target}")
+    if args.keep:
+        os.makedirs(args.keep, exist_ok=True)
+    driver(args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
