@@ -367,7 +367,7 @@ def waits(path: str, stamps: List[List[float]]) -> Dict[str, Any]:
             continue
         busy = sum(m["end"] - m["start"] for m in mine)
         span = mine[-1]["end"] - mine[0]["start"]
-        ms = lambda v: round((v - z) / 1e3, 1)  # noqa: E731
+        ms = lambda v, z=z: round((v - z) / 1e3, 1)  # noqa: E731
         per.append({
             "step_ms": round((end - z) / 1e3, 1),
             "first_ready_ms": ms(min(ready)) if ready else None,

@@ -4,7 +4,8 @@ backward-like bursts of tensors submitted a few at a time, so that rounds agree
 groups that go on the wire behind one another: large tensors reduced in place
 (float32 and float64, Sum and Average with a post-scale), a prescaled one and small
 ones fused in the pipeline's own buffer, an int32 group, a float16 tensor carried as
-float32 in a buffer beyond the fusion threshold's; a rank that lags in some steps. Every result exact and bit-identical on every rank."""
+float32 in a buffer beyond the fusion threshold's; a rank that lags in some steps.
+Every result exact and bit-identical on every rank."""
 import json
 
 import pytest
