@@ -5,6 +5,7 @@ the ranks whose contribution came twice (repeat seen), on both sides of rank 64.
 from __future__ import annotations
 
 import contextlib
+import time
 import uuid
 
 import numpy as np
@@ -20,6 +21,18 @@ TWICE = (3, 65)  # a rank in the slot's line and one beyond it send their chunk 
 
 def _packet(fields: dict, payload: bytes) -> bytes:  # jumbo: ICRC 0
     return _native.encode_header(dict(fields, jumbo=1)) + payload + b"\0" * 4
+
+
+def _counters_after(client, job: str, packets: int, limit_s: float = 10.0) -> dict:
+    """The job's counters once the aggregator has taken ``packets`` datagrams (they
+    were sent on UDP: the control port may answer before the data thread has read
+    them)."""
+    deadline = time.monotonic() + limit_s
+    while True:
+        c = client.call("counters")["jobs"][job]
+        if c["packets_in"] >= packets or time.monotonic() > deadline:
+            return c
+        time.sleep(0.01)
 
 
 def test_a_seventy_rank_round_adds_each_rank_once_and_marks_its_repeats(switch):
@@ -43,7 +56,7 @@ def test_a_seventy_rank_round_adds_each_rank_once_and_marks_its_repeats(switch):
             send(r)
         for r in TWICE:
             send(r)
-        c = clients[0].call("counters")["jobs"][job]
+        c = _counters_after(clients[0], job, N - 1 + len(TWICE))
         assert c["duplicates"] == 2 and c["slots_completed"] == 0, c
         send(N - 1)  # completes the round: every rank gets the result
         want = np.full(16, N * (N + 1) // 2, np.int32)
