@@ -126,6 +126,17 @@ def horovod_missing() -> Optional[str]:
     return None
 
 
+def log_tail(path: str, lines: int = 6, chars: int = 600) -> str:
+    """The last `lines` non-empty lines of a rank's log, joined on one line and cut to
+    the last `chars` characters: what a benchmark's error record quotes."""
+    try:
+        with open(path, errors="replace") as f:
+            text = [ln for ln in f.read().splitlines() if ln.strip()]
+    except OSError:
+        return "(no log)"
+    return " | ".join(text[-lines:])[-chars:]
+
+
 def run_cleanups(cleanup: List[Callable[[], object]]) -> None:
     """Undo a run's set-up, last step first; a failing step does not stop the rest."""
     for fn in reversed(cleanup):

@@ -67,36 +67,12 @@ def keras_worker(args: argparse.Namespace) -> Dict[str, Any]:
     import tensorflow as tf
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(2)
-    mode, strategy, rank = args.mode, None, int(os.environ.get("NRBENCH_RANK", "0"))
-    barrier = lambda: None  # noqa: E731
-    if mode == "tf-mwms":  # before any other TensorFlow op
-        options = tf.distribute.experimental.CommunicationOptions(
-            implementation=tf.distribute.experimental.CommunicationImplementation.RING)
-        strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
-        rank = strategy.cluster_resolver.task_id
-
-        def barrier():
-            strategy.reduce("SUM", strategy.run(lambda: tf.constant(1.0)), axis=None)
-    elif mode.startswith("nr-"):
-        import netreduce.tensorflow as nrtf
-        nrtf.init()
-        rank, barrier = nrtf.rank(), nrtf.barrier
-        strategy = nrtf.Strategy() if mode == "nr-strategy" else None
-    import contextlib
-
-    import keras
     import numpy as np
-    from train_tensorflow import build_alexnet
+    from train_tensorflow import build_model, start_mode
 
-    keras.utils.set_random_seed(0)
-    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    with strategy.scope() if strategy is not None else contextlib.nullcontext():
-        model = build_alexnet()
-        optimizer = keras.optimizers.SGD(0.01, momentum=0.9)
-        if mode == "nr-hvd":
-            import netreduce.tensorflow.keras as hvd
-            optimizer = hvd.DistributedOptimizer(optimizer)
-        optimizer.build(model.trainable_variables)
+    mode = args.mode
+    strategy, rank, _, barrier = start_mode(mode, int(os.environ.get("NRBENCH_RANK", "0")))
+    model, optimizer, loss_fn = build_model(mode, strategy)
     rng = np.random.default_rng(rank)
     x = tf.constant(rng.normal(size=(args.batch_size, 64, 64, 3)).astype("float32"))
     y = tf.constant(rng.integers(0, 1000, args.batch_size))
@@ -241,13 +217,6 @@ def worker(args: argparse.Namespace) -> None:
 
 
 # --- driver (root, the testbed) -------------------------------------------------------------
-def _tail(path: str, lines: int = 6) -> str:
-    try:
-        with open(path, errors="replace") as f:
-            text = [ln for ln in f.read().splitlines() if ln.strip()]
-    except OSError:
-        return ""
-    return " | ".join(text[-lines:])[-600:]
 
 
 def _python(target: str) -> str:
@@ -318,7 +287,7 @@ def run_mode(tb, mode: str, args: argparse.Namespace, tmp: str) -> Dict[str, Any
         try:
             _wait_workers(procs, helpers, args.timeout, f"{mode} N={n}", tmp)
         except RuntimeError as exc:
-            return dict(record, error=f"{exc}: worker 0: {_tail(logs[0])}")
+            return dict(record, error=f"{exc}: worker 0: {common.log_tail(logs[0])}")
         record["wall_s"] = round(time.monotonic() - t0, 1)
     finally:
         for p in helpers:
@@ -335,7 +304,7 @@ def run_mode(tb, mode: str, args: argparse.Namespace, tmp: str) -> Dict[str, Any
                 record.update(json.loads(line[7:]))
                 break
     if "params" not in record:
-        return dict(record, error=f"no RESULT line: worker 0: {_tail(logs[0])}")
+        return dict(record, error=f"no RESULT line: worker 0: {common.log_tail(logs[0])}")
     if "stamps" in record:
         steps = [b - a for a, b in record["stamps"]]
         record["step"] = round(_med(steps) / 1e6, 5)

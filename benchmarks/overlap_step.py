@@ -53,6 +53,7 @@ if ROOT not in sys.path:
     sys.path.insert(1, ROOT)
 
 import allreduce_launch as launch  # noqa: E402  (free_port, worker_env, wait_all)
+import common  # noqa: E402
 import overlap_timeline  # noqa: E402
 
 SITE = os.path.join(HERE, "overlap_site")
@@ -86,15 +87,6 @@ def _spread(vals: List[Optional[float]], digits: int = 4) -> Dict[str, float]:
 
 def _median(vals: List[float]) -> Optional[float]:
     return statistics.median(vals) if vals else None
-
-
-def _tail(path: str, lines: int = 6) -> str:
-    try:
-        with open(path, errors="replace") as f:
-            text = [ln for ln in f.read().splitlines() if ln.strip()]
-    except OSError:
-        return ""
-    return " | ".join(text[-lines:])[-800:]
 
 
 def gradient_bytes(model: str) -> int:
@@ -172,7 +164,7 @@ def run_mode(tb, label: str, args: argparse.Namespace, tmp: str) -> Dict[str, An
         try:
             launch.wait_all(procs, args.timeout, f"{label} N={n}")
         except RuntimeError as exc:
-            return dict(record, error=f"{exc}: rank 0: {_tail(logs[0])}")
+            return dict(record, error=f"{exc}: rank 0: {common.log_tail(logs[0], chars=800)}")
         record["wall_s"] = round(time.monotonic() - t0, 2)
     finally:
         for fn in cleanup:
@@ -183,7 +175,7 @@ def run_mode(tb, label: str, args: argparse.Namespace, tmp: str) -> Dict[str, An
     text = open(logs[0], errors="replace").read()
     m = TOTAL.search(text)
     if not m:
-        return dict(record, error=f"no total from rank 0: {_tail(logs[0])}")
+        return dict(record, error=f"no total from rank 0: {common.log_tail(logs[0], chars=800)}")
     record["img_per_s"] = float(m.group(2))
     record["img_per_s_conf"] = float(m.group(3))
     record["iters"] = [float(x) for x in ITER.findall(text)]

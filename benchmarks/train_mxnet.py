@@ -135,13 +135,6 @@ def worker(args: argparse.Namespace) -> None:
 
 
 # --- driver (main environment, root) --------------------------------------------------------
-def _tail(path: str) -> str:
-    try:
-        with open(path, errors="replace") as f:
-            lines = [ln for ln in f.read().splitlines() if ln.strip()]
-    except OSError:
-        return ""
-    return " | ".join(lines[-4:])[-400:]
 
 
 def _wait_workers(procs, helpers, timeout: float, what: str, logdir: str) -> None:
@@ -159,8 +152,9 @@ def _wait_workers(procs, helpers, timeout: float, what: str, logdir: str) -> Non
                 return
             dead = [i for i, h in enumerate(helpers) if h.poll() not in (None, 0)]
             if dead:
+                import common
                 logs = sorted(f for f in os.listdir(logdir) if not f.startswith("worker"))
-                why = " | ".join(_tail(os.path.join(logdir, f)) for f in logs)
+                why = " | ".join(common.log_tail(os.path.join(logdir, f), 4, 400) for f in logs)
                 raise RuntimeError(f"{what}: ps-lite process(es) {dead} died: {why[-300:]}")
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{what}: not finished within {timeout:.0f} s")
@@ -224,14 +218,14 @@ def run_one(tb, mode: str, args: argparse.Namespace) -> Dict:
         try:
             _wait_workers(procs, helpers, args.timeout, f"{mode} N={n}", tmp)
         except RuntimeError as exc:
-            return dict(record, error=f"{exc}: worker 0: {_tail(logs[0])}")
+            return dict(record, error=f"{exc}: worker 0: {common.log_tail(logs[0], 4, 400)}")
         record["wall_s"] = time.monotonic() - t0
         for path in logs:  # ps-lite numbers its workers itself: any log may hold rank 0
             with open(path, errors="replace") as f:
                 for line in f:
                     if "RESULT " in line:
                         return dict(record, **json.loads(line.split("RESULT ", 1)[1]))
-        return dict(record, error=f"no RESULT line: worker 0: {_tail(logs[0])}")
+        return dict(record, error=f"no RESULT line: worker 0: {common.log_tail(logs[0], 4, 400)}")
     finally:
         for p in helpers:
             try:

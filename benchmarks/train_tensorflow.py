@@ -58,27 +58,32 @@ def build_alexnet():
         L.Dropout(0.5), L.Dense(4096, activation="relu"), L.Dense(1000)])
 
 
-def worker(args: argparse.Namespace) -> None:
+def start_mode(mode: str, rank: int):
+    """Start the job's side of `mode` before any other TensorFlow op runs: tf-mwms's
+    MultiWorkerMirroredStrategy (RING), or netreduce.tensorflow for the nr-* modes.
+    Returns (strategy or None, rank, size, barrier); other modes run alone as `rank`."""
     import tensorflow as tf
-    tf.config.threading.set_intra_op_parallelism_threads(args.threads)
-    tf.config.threading.set_inter_op_parallelism_threads(2)
-    mode = args.mode
-    if mode == "tf-mwms":  # must exist before any other TensorFlow op runs
+    if mode == "tf-mwms":
         options = tf.distribute.experimental.CommunicationOptions(
             implementation=tf.distribute.experimental.CommunicationImplementation.RING)
         strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
-        rank, size = strategy.cluster_resolver.task_id, strategy.num_replicas_in_sync
 
         def barrier():  # a collective every worker must join
             strategy.reduce("SUM", strategy.run(lambda: tf.constant(1.0)), axis=None)
-    else:
+        return strategy, strategy.cluster_resolver.task_id, strategy.num_replicas_in_sync, barrier
+    if mode.startswith("nr-"):
         import netreduce.tensorflow as nrtf
         nrtf.init()
-        rank, size, barrier = nrtf.rank(), nrtf.size(), nrtf.barrier
         strategy = nrtf.Strategy() if mode == "nr-strategy" else None
-    import keras
-    import numpy as np
+        return strategy, nrtf.rank(), nrtf.size(), nrtf.barrier
+    return None, rank, 1, lambda: None
 
+
+def build_model(mode: str, strategy):
+    """AlexNet and momentum SGD with the same initial weights on every rank, built in the
+    strategy's scope; the optimizer is netreduce's DistributedOptimizer for nr-hvd.
+    Returns (model, optimizer, loss_fn)."""
+    import keras
     keras.utils.set_random_seed(0)  # the same initial weights on every rank
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     with strategy.scope() if strategy is not None else contextlib.nullcontext():
@@ -88,6 +93,18 @@ def worker(args: argparse.Namespace) -> None:
             import netreduce.tensorflow.keras as hvd
             optimizer = hvd.DistributedOptimizer(optimizer)
         optimizer.build(model.trainable_variables)
+    return model, optimizer, loss_fn
+
+
+def worker(args: argparse.Namespace) -> None:
+    import tensorflow as tf
+    tf.config.threading.set_intra_op_parallelism_threads(args.threads)
+    tf.config.threading.set_inter_op_parallelism_threads(2)
+    mode = args.mode
+    strategy, rank, size, barrier = start_mode(mode, rank=0)
+    import numpy as np
+
+    model, optimizer, loss_fn = build_model(mode, strategy)
     replicas = strategy.num_replicas_in_sync if strategy is not None else 1
     rng = np.random.default_rng(rank)
     images = tf.constant(rng.normal(size=(args.batch_size, 64, 64, 3)).astype("float32"))
@@ -143,12 +160,6 @@ def worker(args: argparse.Namespace) -> None:
 
 
 # --- driver (root, this environment) --------------------------------------------------------
-def _tail(path: str, lines: int = 6) -> str:
-    try:
-        with open(path, errors="replace") as f:
-            return " | ".join(f.read().strip().splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
 
 
 def run_one(tb, mode: str, args: argparse.Namespace) -> Dict:
@@ -196,13 +207,13 @@ def run_one(tb, mode: str, args: argparse.Namespace) -> Dict:
         except RuntimeError as exc:
             bad = [r for r, proc in enumerate(procs) if proc.returncode not in (None, 0)]
             first = bad[0] if bad else 0
-            return dict(record, error=f"{exc}: rank {first}: {_tail(logs[first], 12)}")
+            return dict(record, error=f"{exc}: rank {first}: {common.log_tail(logs[first], 12, 2000)}")
         record["wall_s"] = time.monotonic() - t0
         with open(logs[0], errors="replace") as f:
             for line in f:
                 if "RESULT " in line:
                     return dict(record, **json.loads(line.split("RESULT ", 1)[1]))
-        return dict(record, error=f"no RESULT from rank 0: {_tail(logs[0])}")
+        return dict(record, error=f"no RESULT from rank 0: {common.log_tail(logs[0])}")
     finally:
         common.run_cleanups(cleanup)
         shutil.rmtree(tmp, ignore_errors=True)

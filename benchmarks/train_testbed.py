@@ -33,15 +33,6 @@ TESTBED_OUT = os.path.join(HERE, "results", "train_testbed")
 BASELINES = ("ddp-gloo", "hvd-gloo")
 
 
-def _tail(path: str, lines: int = 4) -> str:
-    try:
-        with open(path, errors="replace") as f:
-            text = [ln for ln in f.read().splitlines() if ln.strip()]
-    except OSError:
-        return ""
-    return " | ".join(text[-lines:])[-400:]
-
-
 def _udp_socket_drops(tb) -> int:
     """UDP datagrams the kernel dropped for a full socket buffer, all namespaces."""
     total = 0
@@ -116,7 +107,7 @@ def run_one_testbed(tb, mode: str, model: str, n: int, args: argparse.Namespace)
         try:
             launch.wait_all(procs, args.timeout, f"{mode} {model} N={n}")
         except RuntimeError as exc:
-            return dict(record, error=f"{exc}: rank 0: {_tail(logs[0])}")
+            return dict(record, error=f"{exc}: rank 0: {common.log_tail(logs[0], 4, 400)}")
         record["wall_s"] = time.monotonic() - t0
         record["queue_drops"] = sum(tb.qdisc_drops().values()) - drops0
         record["socket_drops"] = _udp_socket_drops(tb) - sock0
@@ -130,7 +121,7 @@ def run_one_testbed(tb, mode: str, model: str, n: int, args: argparse.Namespace)
             for line in f:
                 if "RESULT " in line:
                     return dict(record, **json.loads(line.split("RESULT ", 1)[1]))
-        return dict(record, error=f"no RESULT from rank 0: {_tail(logs[0])}")
+        return dict(record, error=f"no RESULT from rank 0: {common.log_tail(logs[0], 4, 400)}")
     finally:
         common.run_cleanups(cleanup)
         shutil.rmtree(tmp, ignore_errors=True)

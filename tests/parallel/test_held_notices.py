@@ -184,26 +184,32 @@ class _SlowNotice(_Fake):
         self.result(h, payload, peer)
 
 
+def _one_allreduce(fake, n: int, mtu: int, udp_offload: str) -> dict:
+    """One int32 all-reduce of arange(n) by a job of one rank against `fake` (which adds
+    100 to every element), with 0.5 ms retransmit timers; closes the fake and returns
+    the engine's counters."""
+    try:
+        eng = _native.Engine("127.0.0.1", fake.port, 1, "fake", 1, 0, 2, 77, 8, mtu,
+                             window=0, retransmit_ms=0.5, timeout_s=10.0, drop_rate=0.0,
+                             udp_offload=udp_offload, icrc_check="auto")
+        x = np.arange(n, dtype=np.int32)
+        out = np.zeros_like(x)
+        eng.allreduce(x, out, I32, 0)
+        np.testing.assert_array_equal(out, x + 100)
+        return eng.stats()
+    finally:
+        fake.close()
+
+
 def test_a_first_contribution_whose_notice_is_slow_is_not_resent():
     # Before its first sample the engine cannot tell a slow answer from a lost packet.
     # A notice 5 ms late is a loaded host, not loss: with a 5 ms first timeout the
     # tail probe (2.5 ms) resent 0.3-0.9 packets per rank at 1,000 ranks. The first
     # timeout outwaits it; the notice's round trip is the first sample, capped (5 ms)
     # so that a slow first answer does not set the later messages' timeouts.
-    fake = _SlowNotice(delay_s=0.005, hold_s=0.05)
-    try:
-        eng = _native.Engine("127.0.0.1", fake.port, 1, "fake", 1, 0, 2, 77, 8, 65464,
-                             window=0, retransmit_ms=0.5, timeout_s=10.0, drop_rate=0.0,
-                             udp_offload="auto", icrc_check="auto")
-        x = np.arange(16, dtype=np.int32)
-        out = np.zeros_like(x)
-        eng.allreduce(x, out, I32, 0)
-        np.testing.assert_array_equal(out, x + 100)
-        st = eng.stats()
-        assert st["held_notices"] == 1 and st["retransmits"] == 0, st
-        assert st["first_rtt_us"] >= 5000 and st["srtt_us"] == 5000, st
-    finally:
-        fake.close()
+    st = _one_allreduce(_SlowNotice(delay_s=0.005, hold_s=0.05), 16, 65464, "auto")
+    assert st["held_notices"] == 1 and st["retransmits"] == 0, st
+    assert st["first_rtt_us"] >= 5000 and st["srtt_us"] == 5000, st
 
 
 def _late_rank(rank, size, address, job, held, late_s):
@@ -277,17 +283,7 @@ def test_a_held_chunk_whose_result_is_lost_is_repaired_when_a_later_result_overt
     # the held probe (1 s, then 2, 4, 8 s, one chunk per lane), which repaired a burst
     # of lost held results one by one: a 48 MB window lost thousands and timed out.
     fake = _LosesOneHeldResult(chunks=6)
-    try:
-        eng = _native.Engine("127.0.0.1", fake.port, 1, "fake", 1, 0, 2, 77, 8, 64,
-                             window=0, retransmit_ms=0.5, timeout_s=10.0, drop_rate=0.0,
-                             udp_offload="off", icrc_check="auto")
-        x = np.arange(96, dtype=np.int32)
-        out = np.zeros_like(x)
-        eng.allreduce(x, out, I32, 0)
-        np.testing.assert_array_equal(out, x + 100)
-        st = eng.stats()
-        assert st["held_notices"] == 6, st
-        assert st["held_probes"] == 0 and st["fast_retransmits"] >= 1, st
-        assert fake.resent[:1] == [0], fake.resent
-    finally:
-        fake.close()
+    st = _one_allreduce(fake, 96, 64, "off")
+    assert st["held_notices"] == 6, st
+    assert st["held_probes"] == 0 and st["fast_retransmits"] >= 1, st
+    assert fake.resent[:1] == [0], fake.resent
