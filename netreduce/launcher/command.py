@@ -7,7 +7,8 @@ horovodrun's flags — with an aggregator unless one is given.
     netreduce-run -np 4 --switch 10.0.0.5:4791 -- python train.py --lr 0.1
 
 Ranks are placed host by host (launcher/hosts.py); host names that resolve to this
-machine run as local processes, the others over ssh (launcher/spawn.py); every rank
+machine run as local processes, the others over one ssh connection per host
+(launcher/spawn.py, host_connection.py); every rank
 gets netreduce's, torch's and horovodrun's rank variables. Without --switch (or
 NETREDUCE_SWITCH) netreduce-run starts an aggregator: on 127.0.0.1 when every host is
 this machine, else on the address this machine reaches the remote hosts from (the
@@ -248,14 +249,15 @@ def run(argv: Optional[Sequence[str]] = None) -> int:
 
     output = spawn.Output(prefix=not args.no_prefix, output_dir=args.output_filename,
                           size=args.np, timestamp=args.prefix_timestamp)
-    # ssh to the remote hosts first: their handshakes and logins overlap with the
-    # aggregator's start; each keeper waits for its rank's description (Job).
-    connected: Dict[int, spawn.RankProcess] = {}
+    # ssh to the remote hosts first, one connection per host: their handshakes and
+    # logins overlap with the aggregator's start; each host's keeper waits for its
+    # ranks' descriptions (Job).
+    connected: Dict[int, spawn.RemoteRank] = {}
     try:
-        for slot in slots:
-            if not local[slot.host]:
-                connected[slot.rank] = spawn.connect(slot.rank, slot.host, output=output,
-                                                     ssh=ssh, verbose=args.verbose)
+        for h in remote:
+            conn = spawn.connect_host(h, [s.rank for s in slots if s.host == h], output=output,
+                                      ssh=ssh, verbose=args.verbose)
+            connected.update(conn.ranks)
     except spawn.LaunchError as exc:
         stop(list(connected.values()), signal.SIGKILL, grace_s=0.0)
         print(f"netreduce-run: {exc}", file=sys.stderr)
@@ -271,7 +273,7 @@ def run(argv: Optional[Sequence[str]] = None) -> int:
 def _run_job(args: argparse.Namespace, command: List[str], address: str,
              slots: List[hostlist.Slot], local: Dict[str, bool], remote: List[str],
              ssh: spawn.SshOptions, output: spawn.Output,
-             connected: Dict[int, spawn.RankProcess], host_label: bool) -> int:
+             connected: Dict[int, spawn.RemoteRank], host_label: bool) -> int:
     """The aggregator, the ranks' environment and the job, once the remote ranks are
     connected."""
     starting = switch_proc = None

@@ -3,8 +3,9 @@ exit 0, one fails, or netreduce-run is signalled.
 
 When a rank exits non-zero the others get SIGTERM, then SIGKILL after spawn.GRACE_S,
 and the job ends with that rank's code; SIGINT/SIGTERM sent to netreduce-run are
-forwarded the same way. A remote rank's SIGKILL also closes its ssh connection, and
-an ssh client that has not exited shortly after (an unreachable host) is killed here."""
+forwarded the same way. A remote rank's SIGKILL also stops it at its host's keeper,
+and a host's ssh client whose keeper has not reported its ranks shortly after (an
+unreachable host) is killed here."""
 from __future__ import annotations
 
 import signal
@@ -21,7 +22,7 @@ def exit_code(returncode: int) -> int:
     return returncode if returncode > 0 else 128 - returncode
 
 
-def stop(ranks: Sequence[spawn.RankProcess], first: int = signal.SIGTERM,
+def stop(ranks: Sequence[spawn.Rank], first: int = signal.SIGTERM,
          grace_s: float = spawn.GRACE_S, kill_wait_s: float = 2.0) -> None:
     """``first`` to every rank, SIGKILL to whatever is left after ``grace_s`` (and to
     the process groups of ranks already exited: their strays); returns when every
@@ -50,13 +51,13 @@ def stop(ranks: Sequence[spawn.RankProcess], first: int = signal.SIGTERM,
 class Job:
     """Start ``command`` on every slot; ``env_of(slot)`` gives a rank's environment,
     ``local[host]`` says whether its host is this machine, and ``connected`` holds the
-    remote ranks already connected (spawn.connect()), by rank."""
+    remote ranks already connected (spawn.connect_host()), by rank."""
 
     def __init__(self, command: Sequence[str], slots: Sequence[Slot],
                  env_of: Callable[[Slot], Mapping[str, str]], local: Mapping[str, bool],
                  output: spawn.Output, ssh: spawn.SshOptions, verbose: bool = False,
-                 connected: Optional[Mapping[int, spawn.RankProcess]] = None) -> None:
-        self.ranks: List[spawn.RankProcess] = []
+                 connected: Optional[Mapping[int, spawn.RemoteRank]] = None) -> None:
+        self.ranks: List[spawn.Rank] = []
         self.output = output
         connected = dict(connected or {})
         try:

@@ -3,9 +3,11 @@ with Debian's sshd in each host namespace (throwaway host and user keys), and
 `netreduce-run -np 4 -H h0:2,h1:2 -p 22 -i KEY ...` started from the root namespace,
 outside them. The ranks must run in their hosts' namespaces with horovodrun's
 variables, all-reduce exactly through the aggregator netreduce-run started on the
-bridge's address, and the job secret must show on no command line of any host. A
-failing remote rank stops the job; a SIGKILLed netreduce-run leaves nothing behind
-on the hosts. Skipped, with the reason, when not root or sshd is missing."""
+bridge's address, and the job secret must show on no command line of any host. Each
+host is one ssh connection and one keeper that forks the host's ranks (as mpirun's
+orted does), not one per rank. A failing remote rank stops the job, its neighbour on
+the same keeper included; a SIGKILLed netreduce-run leaves nothing behind on the
+hosts. Skipped, with the reason, when not root or sshd is missing."""
 from __future__ import annotations
 
 import json
@@ -17,6 +19,7 @@ import time
 
 import pytest
 
+from netreduce.launcher import spawn
 from netreduce.testbed import Testbed, why_unusable
 from netreduce.testbed import sshd
 from tests.root import scratch_testbed_name
@@ -41,7 +44,8 @@ names = ("HOROVOD_RANK HOROVOD_SIZE HOROVOD_LOCAL_RANK HOROVOD_LOCAL_SIZE HOROVO
          "NETREDUCE_SWITCH").split()
 facts = {k: os.environ.get(k) for k in names}
 facts.update(rank=r, size=n, local_rank=nr.local_rank(), local_size=nr.local_size(),
-             netns=os.stat("/proc/self/ns/net").st_ino, cwd=os.getcwd(), pid=os.getpid())
+             netns=os.stat("/proc/self/ns/net").st_ino, cwd=os.getcwd(), pid=os.getpid(),
+             ppid=os.getppid())
 open(os.path.join(d, f"ready.{r}"), "w").close()
 while not os.path.exists(os.path.join(d, "go")):
     time.sleep(0.02)
@@ -93,6 +97,24 @@ def _wait_files(d, names, timeout_s, proc):
         time.sleep(0.05)
 
 
+def _keepers() -> dict:
+    """{network namespace inode: [pid of each ssh-started keeper running in it]}: the
+    processes whose command line is the loader (`python -S -c LOADER`)."""
+    found: dict = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+            netns = os.stat(f"/proc/{name}/ns/net").st_ino
+        except OSError:
+            continue
+        if spawn.LOADER.encode() in argv and b"-S" in argv:
+            found.setdefault(netns, []).append(int(name))
+    return found
+
+
 def _alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -127,6 +149,7 @@ def test_ranks_across_ssh_hosts_reduce_exactly_and_hide_the_secret(hosts, tmp_pa
                                      capture_output=True, text=True, check=True).stdout
             assert "netreduce.launcher" in listing and " -S -c " in listing  # the job is there
             assert SECRET not in listing, [ln for ln in listing.splitlines() if SECRET in ln]
+        keepers = _keepers()
         (tmp_path / "go").touch()
         stdout, stderr = proc.communicate(timeout=60)
     finally:
@@ -152,6 +175,12 @@ def test_ranks_across_ssh_hosts_reduce_exactly_and_hide_the_secret(hosts, tmp_pa
         assert facts["NETREDUCE_SWITCH"].startswith(bridge + ":")  # dialled back by route
         assert facts["cwd"] == REPO
         assert (out / f"rank.{r}" / "stdout").read_text() == f"done {r}\n"
+    # One connection and one keeper per host, which forked both of the host's ranks.
+    for host in range(2):
+        assert len(keepers.get(netns[host], [])) == 1, (host, keepers, netns)
+        parents = {json.loads((tmp_path / f"facts.{r}.json").read_text())["ppid"]
+                   for r in (2 * host, 2 * host + 1)}
+        assert parents == set(keepers[netns[host]]), (host, parents, keepers)
 
 
 @pytest.mark.timeout(90)
