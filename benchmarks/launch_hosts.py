@@ -17,7 +17,8 @@ change hits all of them alike):
 
 A variant with " @base" appended (e.g. "netreduce-run numpy @base") runs the same
 command on the checkout at --baseline (its PYTHONPATH, its cwd; built in place): a
-paired A/B of a launcher change, alternated with the others in every round.
+paired A/B of a launcher change, alternated with the others in every round; the
+summary then gives each pair's difference (change - base).
 
 Each rank records, on the machine's one clock, when its Python started, when init
 finished and when its first 4-element all-reduce returned; a run's launch time is
@@ -185,9 +186,24 @@ def main() -> None:
                                 "max_s": vals[-1], "runs": len(vals)}
             print(f"{variant:22s} median {statistics.median(vals):.2f} s  "
                   f"[{' '.join(f'{v:.2f}' for v in vals)}]")
+    pairs = {}
+    for variant in variants:  # "X @base" against "X", run by run: change - base
+        base = variant + " @base"
+        if base not in variants:
+            continue
+        for key in ("first_allreduce_s", "python_started_s"):
+            at = {(r["variant"], r["run"]): r[key] for r in records if r["ok"]}
+            d = sorted(at[(variant, i)] - at[(base, i)] for i in range(args.runs)
+                       if (variant, i) in at and (base, i) in at)
+            if d:
+                pairs[f"{variant}: {key}"] = {"median_s": statistics.median(d), "min_s": d[0],
+                                              "max_s": d[-1], "faster": sum(x < 0 for x in d),
+                                              "pairs": len(d)}
+                print(f"{variant} - @base, {key}: median {statistics.median(d):+.2f} s "
+                      f"({d[0]:+.2f}..{d[-1]:+.2f}), faster in {sum(x < 0 for x in d)}/{len(d)}")
     if args.json:
         meta = {"benchmark": "launch_hosts", "when": utc_now(), "command": command_line(),
-                "machine": machine_description(), "summary": summary}
+                "machine": machine_description(), "summary": summary, "paired": pairs}
         with open(args.json, "w") as f:
             json.dump({"meta": meta, "records": records}, f, indent=1)
 
