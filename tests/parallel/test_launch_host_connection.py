@@ -100,3 +100,20 @@ def test_a_rank_that_cannot_start_leaves_its_host_neighbour_running(fake_ssh, ca
     assert "[0]<stderr>:netreduce-run: cannot start rank 0 on nodeX: /nonexistent/program" \
         in printed.err
     assert "[1]<stdout>:fine\n" in printed.out
+
+
+def test_a_failed_connection_fails_every_rank_of_the_host_with_ssh_code(tmp_path, monkeypatch,
+                                                                         capfd):
+    (tmp_path / "ssh").write_text("#!/bin/sh\necho 'ssh: connect to host nodeX port 22: "
+                                  "Connection refused' >&2\nexit 255\n")
+    (tmp_path / "ssh").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    out = spawn.Output(prefix=True, size=4)
+    conn = spawn.connect_host("nodeX", [2, 3], output=out)
+    ranks = [spawn.start(["true"], r, "nodeX", dict(os.environ), local=False, output=out,
+                         connected=conn.ranks[r]) for r in (2, 3)]
+    assert [r.wait(10) for r in ranks] == [255, 255]
+    out.close()
+    # ssh's message once, as the host's first rank's.
+    assert capfd.readouterr().err == \
+        "[2]<stderr>:ssh: connect to host nodeX port 22: Connection refused\n"
