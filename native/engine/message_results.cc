@@ -219,9 +219,13 @@ void Engine::Message::GroupHeard(int64_t at, uint64_t n) {
 // only if t's contribution said the group reached it (wire::kExtGroupSeen): the
 // aggregator sends a copy to a rank whose contribution lacks the bit, so such a copy
 // is expected -- and, drained before the group socket, it used to arrive "while the
-// group was silent" and cleared the bit under load, which brought more copies.
+// group was silent" and cleared the bit under load, which brought more copies. Nor
+// for an owner-delivered chunk: its result (or notice) always comes by unicast, and
+// taking it for evidence cleared the bit after every reduce-scatter longer than a
+// timeout, so the next all-reduce's first window came twice (group and copy).
 void Engine::Message::UnicastResult(const Transport& sock, const SlotTrack& t, int64_t at) {
-  if (e_.group_ && &sock != e_.group_.get() && (t.header[8] & wire::kExtGroupSeen) != 0) {
+  if (e_.group_ && &sock != e_.group_.get() && (t.header[8] & wire::kExtGroupSeen) != 0 &&
+      OwnerOf(t.chunk) < 0) {
     e_.group_watch_.UnicastResult(at, e_.Rto());
   }
 }

@@ -150,6 +150,43 @@ def test_owner_delivery_over_two_aggregators(ranks):
     assert first_bytes < 1.2 * payload, (first_bytes, rs_bytes, payload)  # one copy + headers
 
 
+def _group_after_owner_delivery(rank, size, address, job):
+    """Two all-reduces (the group heard: contributions say so), a quiet pause longer
+    than a timeout but shorter than GroupWatch's second, an owner-delivered message
+    (its results and notices come by unicast, by design), then an all-reduce: the
+    aggregator's unicast copies of that last all-reduce's results, and its duplicates."""
+    import time
+    with dataplane.connect(address, job, rank, size, timeout=20.0) as conn:
+        x = np.full(1 << 18, rank + 1, np.float32)  # 1 MiB: several chunks, one window
+        for _ in range(2):
+            conn.allreduce(x.copy())
+        time.sleep(0.3)
+        conn.allreduce_async(x.copy(), None, owner=0).wait()
+        before = conn.counters()["jobs"][job]
+        y = x.copy()
+        conn.allreduce(y)
+        assert (y == size * (size + 1) / 2).all()
+        after = conn.counters()["jobs"][job]
+        return {k: after[k] - before[k] for k in ("group_unicast_copies", "duplicates")}, \
+            conn.stats()
+
+
+def test_owner_delivery_results_are_no_sign_that_the_group_is_gone(switch):
+    """Owner delivery answers by unicast even where the job has a multicast group
+    (docs/protocol.md, "Reduce-scatter"), so its results say nothing of whether the
+    group reaches a rank. Taken for the sign that it no longer does (a result by
+    unicast while the group was silent for a timeout, engine/group_watch.h), they
+    cleared each rank's group bit after every reduce-scatter, and the next all-reduce's
+    first window came twice: by the group and by a unicast copy per rank."""
+    job = "own-" + uuid.uuid4().hex[:8]
+    results = run_ranks(_group_after_owner_delivery, 2, switch.address, job)
+    for diff, stats in results:
+        assert stats["group_datagrams"] > 0, stats  # the job has its group on loopback
+        # A copy goes only to a rank whose resend came while the slot waited (a
+        # duplicate); none for a group bit lost to owner delivery.
+        assert diff["group_unicast_copies"] <= diff["duplicates"], diff
+
+
 def _flat_ranks(rank, size, address, job, count):
     """Flat.reducescatter: the interleaved message for the stretches' whole chunks,
     per-owner messages for the rest; every dtype and op against numpy."""
