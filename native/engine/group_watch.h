@@ -6,9 +6,10 @@
 //  - Fresh: one came within the last second (an idle engine forgets: after a pause the
 //    first window of the next message gets copies until the group is heard again).
 //  - Gone: a result that a chunk was waiting for came by unicast while the group has
-//    been silent for a whole timeout. The aggregator sends no copies to a rank that
-//    says the group reaches it, so that result answered a resend: the group does not
-//    reach this rank (any more), and the bit clears at once rather than after a second.
+//    been silent for a whole timeout (not an owner-delivered one: those always come by
+//    unicast, docs/protocol.md "Reduce-scatter"). The aggregator sends no copies to a
+//    rank that says the group reaches it, so that result answered a resend: the group
+//    does not reach this rank (any more), and the bit clears at once, not after a second.
 #pragma once
 
 #include <cstdint>
