@@ -288,7 +288,12 @@ def test_spurious_retransmissions_are_recognised():
             os.kill(sw.proc.pid, signal.SIGSTOP)
             try:
                 reqs = [c.allreduce_async(a) for c, a in zip(conns, data)]
-                time.sleep(0.4)
+                # until both ranks resent at least twice (a loaded host may take a
+                # while to run their timers); bounded by the ranks' own 20 s timeout
+                deadline = time.monotonic() + 15.0
+                while time.monotonic() < deadline and \
+                        min(c.stats()["retransmits"] for c in conns) < 2:
+                    time.sleep(0.05)
             finally:
                 os.kill(sw.proc.pid, signal.SIGCONT)
             for req in reqs:
