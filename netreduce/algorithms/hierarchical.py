@@ -12,7 +12,6 @@ NetReduceErrors. With one host there is no sub-job and no network stage at all.
 from __future__ import annotations
 
 import logging
-import threading
 from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
@@ -20,7 +19,8 @@ import numpy as np
 from netreduce import _native
 from netreduce.algorithms.base import check_reduction
 from netreduce.algorithms.hosts import Layout
-from netreduce.errors import DataPlaneError, RankFailedError
+from netreduce.algorithms.serial import Serial
+from netreduce.errors import DataPlaneError, NetReduceError, RankFailedError
 
 log = logging.getLogger("netreduce")
 # Ring slots: the shared-memory stage of chunk k+1 overlaps the network of chunk k, and
@@ -36,15 +36,17 @@ def shard_job(job: str, local_rank: int) -> str:
 class Hierarchical:
     name = "hierarchical"
 
-    def __init__(self, flat: Any, layout: Layout, native: Any, shard: Optional[Any]) -> None:
+    def __init__(self, flat: Any, layout: Layout, native: Any, shard: Optional[Any],
+                 timeout: float = 60.0) -> None:
         self.flat = flat          # the flat connection: topology exchange, kept for the job's place
         self.layout = layout
         self._native = native
         self.shard = shard        # this local rank's sub-job connection (None on one host)
         # The native pipeline runs one call at a time (chunk serials must follow the
-        # same order on every local rank); the communicator has one executor thread,
-        # direct users may have more.
-        self._lock = threading.Lock()
+        # same order on every local rank): calls, submitted ones (allreduce_async)
+        # included, run in the order made; direct users may have several threads.
+        self._serial = Serial("netreduce-hierarchical")
+        self._timeout_s = timeout  # NETREDUCE_TIMEOUT: what a native call may last
         self._where = (f"rank {layout.rank} (local rank {layout.local_rank} of "
                        f"{layout.local_size} on host '{layout.labels[layout.host_index]}')")
 
@@ -92,22 +94,37 @@ class Hierarchical:
             if shard is not None:
                 shard.close()
             raise
-        return cls(flat, layout, native, shard)
+        return cls(flat, layout, native, shard, timeout)
 
     # -- the Algorithm interface ---------------------------------------------------
     def allreduce(self, src: np.ndarray, dst: Optional[np.ndarray] = None, op: str = "sum",
                   dtype: Optional[str] = None) -> np.ndarray:
         src, dst, name = check_reduction(src, dst, op, dtype, "netreduce")
         native = self._live()
+        return self._serial.call(lambda: self._reduce(native, src, dst, name, op))
+
+    def allreduce_async(self, src: np.ndarray, dst: Optional[np.ndarray] = None,
+                        op: str = "sum", dtype: Optional[str] = None) -> Any:
+        """allreduce() queued behind every call made before it and run on the
+        algorithm's own thread; the request's wait() returns ``dst`` or raises what
+        allreduce() would (agreed groups in flight, netreduce/worker/pipeline.py)."""
+        src, dst, name = check_reduction(src, dst, op, dtype, "netreduce")
+        native = self._live()
+        return self._serial.submit(lambda: self._reduce(native, src, dst, name, op))
+
+    def _reduce(self, native: Any, src: np.ndarray, dst: np.ndarray, name: str,
+                op: str) -> np.ndarray:
         try:
-            with self._lock:
-                native.allreduce(src, dst, _native.DTYPES[name], _native.OPS[op])
+            native.allreduce(src, dst, _native.DTYPES[name], _native.OPS[op])
         except _native.EngineError as exc:
-            failed = native.failed_rank
-            if failed >= 0:
-                raise RankFailedError(f"{self._where}: {exc}", failed) from None
-            raise DataPlaneError(f"{self._where}: {exc}") from None
+            raise self._error(native, exc) from None
         return dst
+
+    def _error(self, native: Any, exc: Exception) -> NetReduceError:
+        failed = native.failed_rank
+        if failed >= 0:
+            return RankFailedError(f"{self._where}: {exc}", failed)
+        return DataPlaneError(f"{self._where}: {exc}")
 
     @property
     def vote_step(self) -> Optional[Callable[..., int]]:
@@ -119,14 +136,13 @@ class Hierarchical:
     def _vote_step(self, src: np.ndarray, buf: np.ndarray, out: np.ndarray, factor: float,
                    ranks: int) -> int:
         native = self._live()
-        try:
-            with self._lock:
+
+        def step() -> int:
+            try:
                 return native.vote_step(src, buf, out, factor, ranks)
-        except _native.EngineError as exc:
-            failed = native.failed_rank
-            if failed >= 0:
-                raise RankFailedError(f"{self._where}: {exc}", failed) from None
-            raise DataPlaneError(f"{self._where}: {exc}") from None
+            except _native.EngineError as exc:
+                raise self._error(native, exc) from None
+        return self._serial.call(step)
 
     def _live(self) -> Any:
         if self._native is None:
@@ -147,6 +163,9 @@ class Hierarchical:
         return self.flat.counters()
 
     def close(self) -> None:
+        # Queued calls fail; a running one has NETREDUCE_TIMEOUT at most (bounded
+        # natively) before the segment and the shard's engine go away under it.
+        self._serial.close(f"{self._where}: this connection was closed", self._timeout_s)
         native, self._native = self._native, None
         del native  # unmaps the segment; the engine it used goes with the shard below
         if self.shard is not None:

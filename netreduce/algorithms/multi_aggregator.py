@@ -96,6 +96,22 @@ def _wait_all(requests: List[Any], errors: List[str]) -> None:
         raise DataPlaneError("; ".join(errors))
 
 
+class MultiRequest:
+    """An all-reduce's ranges in flight at their aggregators. A range that could not
+    be submitted is reported by wait(), after every submitted one is in (none may
+    still be writing into the caller's array when the caller sees the error)."""
+
+    def __init__(self, requests: List[Any], errors: List[str], result: np.ndarray) -> None:
+        self._requests, self._errors, self._result = requests, errors, result
+
+    def done(self) -> bool:
+        return all(r.done() for r in self._requests)
+
+    def wait(self) -> np.ndarray:
+        _wait_all(self._requests, self._errors)
+        return self._result
+
+
 class MultiAggregator:
     name = "multi-aggregator"
 
@@ -141,6 +157,14 @@ class MultiAggregator:
     # -- the Algorithm interface ---------------------------------------------------
     def allreduce(self, src: np.ndarray, dst: Optional[np.ndarray] = None, op: str = "sum",
                   dtype: Optional[str] = None) -> np.ndarray:
+        return self.allreduce_async(src, dst, op, dtype).wait()
+
+    def allreduce_async(self, src: np.ndarray, dst: Optional[np.ndarray] = None,
+                        op: str = "sum", dtype: Optional[str] = None) -> "MultiRequest":
+        """Every range submitted to its aggregator's engine (each runs its requests in
+        the order submitted) and returned at once; the request's wait() returns
+        ``dst`` once every range is in (agreed groups in flight,
+        netreduce/worker/pipeline.py)."""
         # Checked whole before any range is submitted: a bad argument is the caller's
         # InvalidArgumentError, not a range's failure folded into DataPlaneError below.
         src, dst, _ = check_reduction(src, dst, op, dtype, "the aggregator")
@@ -157,8 +181,7 @@ class MultiAggregator:
             except NetReduceError as exc:
                 errors.append(str(exc))
                 break  # the later ranges were never submitted: nothing more to wait for
-        _wait_all(requests, errors)
-        return dst
+        return MultiRequest(requests, errors, dst)
 
     def reducescatter(self, src: np.ndarray, bounds: Sequence[Tuple[int, int]], op: str = "sum",
                       dtype: Optional[str] = None) -> None:

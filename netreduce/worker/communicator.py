@@ -413,30 +413,38 @@ class Communicator:
         try:
             group_message.run(self, group)
             self.complete(group)
-        except NetReduceError as exc:
-            with self._lock:
-                remote = self._failure
-            if remote is None:
-                # Our own data plane failed: say which tensors, keeping the
-                # aggregator / job / slot text that says where.
-                exc = _naming(exc, f"rank {self.rank}: reducing "
-                                   f"{tensor_names([t.name for t in group])} failed")
-            self.complete(group, remote or exc)
-            if remote is None:
-                self.report_failure(exc)
         except Exception as exc:
-            # The other ranks ran (or wait in) this message: we are out of step
-            # with them from here on, so this is fatal for the job, not the group.
-            log.exception("netreduce executor failed on %s", [t.name for t in group])
-            error = NetReduceError(f"rank {self.rank} failed to reduce "
-                                   f"{[t.name for t in group][:5]}: {exc!r}")
-            self.complete(group, error)
-            self.report_failure(error)
+            self.fail_group(group, exc)
         finally:
             with self._lock:
                 self._executing = None
                 self._done_seq = max(self._done_seq, seq)
             self.groups_executed += 1
+
+    def fail_group(self, tensors: List[Tensor], exc: Exception) -> None:
+        """A group's data-plane message failed here (on the executor, or landing
+        behind it: worker/pipeline.py): complete ``tensors`` with the job's failure
+        if one came meanwhile (a peer's death: the cause, named by the coordinator),
+        else with this rank's own error naming the tensors, and report it."""
+        names = [t.name for t in tensors]
+        if not isinstance(exc, NetReduceError):
+            # A bug, not the data plane: the other ranks ran (or wait in) this message,
+            # so this rank is out of step with them from here on: fatal for the job.
+            log.error("netreduce failed to reduce %s", names, exc_info=exc)
+            error = NetReduceError(f"rank {self.rank} failed to reduce {names[:5]}: {exc!r}")
+            self.complete(tensors, error)
+            self.report_failure(error)
+            return
+        with self._lock:
+            remote = self._failure
+        if remote is not None:
+            self.complete(tensors, remote)
+            return
+        # Our own data plane failed: say which tensors, keeping the aggregator / job /
+        # slot text that says where.
+        error = _naming(exc, f"rank {self.rank}: reducing {tensor_names(names)} failed")
+        self.complete(tensors, error)
+        self.report_failure(error)
 
     def report_failure(self, exc: NetReduceError) -> None:
         # Our data plane broke (timeout, aggregator gone): tell the others so that

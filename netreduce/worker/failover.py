@@ -47,6 +47,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 
 from netreduce.algorithms.base import check_reduction
+from netreduce.algorithms.serial import Serial
 from netreduce.errors import DataPlaneError, NetReduceError
 from netreduce.worker import job_status
 
@@ -89,6 +90,10 @@ class Failover:
         self._bufs = [np.empty(0, np.uint8), np.empty(0, np.uint8)]
         self._nbytes = [0, 0]
         self._rx_start = 0
+        # One call on the path at a time, in the order made (the exactness argument
+        # above rests on it): a submitted call (allreduce_async) runs on the serial's
+        # thread, and a blocking call made meanwhile queues behind it.
+        self._serial = Serial("netreduce-failover-calls")
         self.history: List[Dict[str, Any]] = []  # one record per failover
         self.degraded = list(start_reasons)      # why the job did not start on the first path
         self._monitor = threading.Thread(target=self._monitor_loop, daemon=True,
@@ -105,6 +110,20 @@ class Failover:
     def allreduce(self, src: np.ndarray, dst: Optional[np.ndarray] = None, op: str = "sum",
                   dtype: Optional[str] = None) -> np.ndarray:
         src, dst, _ = check_reduction(src, dst, op, dtype, "netreduce")
+        return self._serial.call(lambda: self._call(src, dst, op, dtype))
+
+    def allreduce_async(self, src: np.ndarray, dst: Optional[np.ndarray] = None,
+                        op: str = "sum", dtype: Optional[str] = None) -> Any:
+        """allreduce() queued behind every call made before it, on failover's own
+        thread: the executor goes on while it is on the wire and through a failover
+        (netreduce/worker/pipeline.py); the request's wait() returns ``dst``."""
+        src, dst, _ = check_reduction(src, dst, op, dtype, "netreduce")
+        return self._serial.submit(lambda: self._call(src, dst, op, dtype))
+
+    def _call(self, src: np.ndarray, dst: np.ndarray, op: str, dtype: Optional[str]
+              ) -> np.ndarray:
+        """One call, completed on the current path or, through failovers, on the
+        next (the module's docstring says why exactly)."""
         with self._cond:
             c = self._done
             scratch = self._scratch(c, src)
@@ -212,7 +231,8 @@ class Failover:
             if self._failed is None:
                 self._failed = DataPlaneError(f"rank {self.rank}: this connection was closed")
             self._cond.notify_all()
-            path = self._path
+            path, reason = self._path, str(self._failed)
+        self._serial.close(reason, 0.0)  # a call still queued fails (one running: _failed)
         try:
             # Every rank closes before rank 0 stops the rendezvous it serves.
             self.rv.gather("closing", None, wait=min(self.timeout, 10.0))

@@ -14,9 +14,11 @@ MIN_BYTES of all-reduces:
   as one message each, straight from and into the user's arrays: no fusion copy;
   the rest is fused as before, in a buffer of the pipeline's own (the
   communicator's stays the executor's);
-* the messages are handed to the data plane (``allreduce_async``: the engine runs
-  its requests one at a time, in the order submitted) and the executor goes back to
-  its loop at once. Its next round is queued behind them in the engine: it completes
+* the messages are handed to the data plane (``allreduce_async``: every algorithm
+  runs its calls in the order made -- the engine its requests, several aggregators
+  each its range's, hierarchical and failover on a thread of their own,
+  netreduce/algorithms/serial.py) and the executor goes back to its loop at once.
+  Its next round is queued behind them: it completes
   as soon as the messages ahead are through and every rank has submitted it, so the
   skew is spent while the link is busy, and the next agreed group is queued before
   the link runs dry;
@@ -28,27 +30,24 @@ decided from their signatures (the same on every rank), and every submission is
 made by the executor, in the order of its rounds, before its next message.
 
 A failure: a message that fails completes its tensors with the error and reports it
-(as Communicator.run_group does); the messages behind it fail with it (the engine
-refuses work after a failure). While anything is in flight the communicator treats
+(Communicator.fail_group, as for a group on the executor); the messages behind it
+fail with it (the data plane refuses work after a failure; failover instead moves
+the call to the next path and completes it there). While anything is in flight the communicator treats
 the data plane as running an agreed group (``flying``): a rank's death aborts it.
 """
 from __future__ import annotations
 
 import collections
-import copy
-import logging
 import threading
 from typing import Any, Deque, List, Optional, Tuple
 
 import numpy as np
 
-from netreduce.errors import NetReduceError, tensor_names
 from netreduce.ops import STORAGE, WIRE_DTYPE, ReduceOp
 from netreduce.worker import group_message
 from netreduce.worker import timeline as tl
 from netreduce.worker.fusion_buffer import FusionBuffer
 
-log = logging.getLogger("netreduce")
 
 # A tensor at least this large goes as its own message, reduced in place: a message
 # costs a round trip at its tail (~0.1-0.3 ms on the testbed), two copies of 256 KiB
@@ -162,7 +161,7 @@ class Pipeline:
                     self.users[slot] -= 1
                     self.cond.notify_all()
             left = [t for f in flights if f.req is None for t in f.tensors] or group
-            self._failed(left, exc)
+            comm.fail_group(left, exc)
             return
         self.groups += 1
         self.messages += len(flights)
@@ -217,7 +216,7 @@ class Pipeline:
                 group_message.copy_out(f.tensors[0], f.tensors[0].output, comm.size)
             t3 = tl.now_us()
         except Exception as exc:
-            self._failed(f.tensors, exc)
+            comm.fail_group(f.tensors, exc)
             return
         if comm.timeline:
             # On the wire from when the message ahead landed (the engine runs one at
@@ -234,26 +233,6 @@ class Pipeline:
         if f.last:
             comm.groups_executed += 1
         comm.complete(f.tensors)
-
-    def _failed(self, tensors: List[Any], exc: Exception) -> None:
-        """What Communicator.run_group does with a failed group: the job's failure
-        if one came meanwhile, else this rank's own, named and reported."""
-        comm = self.comm
-        remote = comm.failure()
-        if isinstance(exc, NetReduceError):
-            error = exc
-            if remote is None:
-                error = copy.copy(exc)
-                error.args = (f"rank {comm.rank}: reducing "
-                              f"{tensor_names([t.name for t in tensors])} failed: {exc}",) + \
-                    tuple(exc.args[1:])
-        else:
-            log.error("netreduce pipeline failed on %s: %r", [t.name for t in tensors], exc)
-            error = NetReduceError(f"rank {comm.rank} failed to reduce "
-                                   f"{[t.name for t in tensors][:5]}: {exc!r}")
-        comm.complete(tensors, remote or error)
-        if remote is None:
-            comm.report_failure(error)
 
     def close(self) -> None:
         """Wait for every message in flight to land, then stop the landing thread

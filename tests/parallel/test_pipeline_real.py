@@ -65,7 +65,8 @@ for k in range(12):
         assert out.dtype == w.dtype and np.array_equal(out, w), (r, k, name)
         digest.update(out.tobytes())
 p = comm.agreement.pipeline
-print("RESULT " + json.dumps({"rank": r, "digest": digest.hexdigest(), "groups": p.groups,
+print("RESULT " + json.dumps({"rank": r, "algorithm": comm.dp.name,
+                              "digest": digest.hexdigest(), "groups": p.groups,
                               "direct": p.direct, "messages": p.messages}), flush=True)
 nr.shutdown()
 """

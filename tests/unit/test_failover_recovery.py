@@ -120,8 +120,12 @@ def rank_rv(shared: Rendezvous, rank: int):
                                  request=shared.request, watch=shared.watch, close=lambda: None)
 
 
-@pytest.mark.parametrize("in_place", [True, False])
-def test_a_rank_that_missed_the_last_results_gets_them_from_a_peer(in_place):
+@pytest.mark.parametrize("mode", ["in_place", "out", "submitted"])
+def test_a_rank_that_missed_the_last_results_gets_them_from_a_peer(mode):
+    """``submitted``: the calls go as the step pipeline hands them over
+    (allreduce_async, netreduce/worker/pipeline.py), several queued at once, every
+    third a blocking call made behind them (a round): they still run one at a time
+    in the order made, so the split and its recovery are the same."""
     m, calls = 4, 7
     ex, rv = Exchange(N), Rendezvous(N)
     cands = [Candidate("host", [("127.0.0.1", 1)] * N), Candidate("host", [("127.0.0.1", 2)] * N)]
@@ -142,9 +146,20 @@ def test_a_rank_that_missed_the_last_results_gets_them_from_a_peer(in_place):
 
     def run(r: int) -> None:
         try:
+            if mode == "submitted":
+                reqs: List[Any] = []
+                for c in range(calls):
+                    x = data(r, c)
+                    if c % 3 == 2:
+                        reqs.append(algos[r].allreduce(x).copy())
+                    else:
+                        reqs.append(algos[r].allreduce_async(x))
+                results[r].extend(q if isinstance(q, np.ndarray) else q.wait().copy()
+                                  for q in reqs)
+                return
             for c in range(calls):
                 x = data(r, c)
-                if in_place:
+                if mode == "in_place":
                     results[r].append(algos[r].allreduce(x).copy())
                 else:
                     out = np.empty_like(x)
