@@ -30,6 +30,14 @@ core (first and last ``ready``), each fusion message's start and end, the link's
 time between messages, and the wait from the last message's end to the step's end.
 The record (benchmarks/results/issue33/overlap_{keras,mxnet}_UTC.json) keeps every
 run with its load average; the summary is medians with (min, max).
+
+Paired A/B of two versions of the adapter: ``--code base=DIR`` and a mode ``MODE@base``
+run MODE with netreduce (and netreduce.mxnet) from checkout DIR, built in place, in
+the same rotation as the others (mxnet; the workers import the adapter from the
+checkout they are given, the one this script is in by default):
+
+    python3 benchmarks/overlap_frameworks.py mxnet --runs 5 --code base=/tmp/base \
+        --modes nr-kv,nr-kv@base,compute
 """
 from __future__ import annotations
 
@@ -123,7 +131,30 @@ def keras_worker(args: argparse.Namespace) -> Dict[str, Any]:
     return dict(result, stamps=stamps)
 
 
+def _adapter_from(tree: str) -> None:
+    """netreduce and netreduce.mxnet from checkout ``tree`` (built in place), whatever
+    checkout MXNet's venv has installed editable: only installing maps frameworks/mxnet
+    to netreduce.mxnet, so a finder first on sys.meta_path does it here."""
+    import importlib.util
+    sys.path.insert(0, tree)
+    adapter = os.path.join(tree, "frameworks", "mxnet")
+
+    class _Adapter:
+        @staticmethod
+        def find_spec(fullname, path=None, target=None):
+            if fullname != "netreduce.mxnet" and not fullname.startswith("netreduce.mxnet."):
+                return None
+            where = os.path.join(adapter, *fullname.split(".")[2:])
+            if os.path.isdir(where):
+                return importlib.util.spec_from_file_location(
+                    fullname, os.path.join(where, "__init__.py"),
+                    submodule_search_locations=[where])
+            return importlib.util.spec_from_file_location(fullname, where + ".py")
+    sys.meta_path.insert(0, _Adapter)
+
+
 def mxnet_worker(args: argparse.Namespace) -> Dict[str, Any]:
+    _adapter_from(os.environ.get("NRBENCH_TREE") or ROOT)
     import mxnet as mx
     from mxnet import autograd, gluon
     from train_mxnet import build_alexnet
@@ -226,20 +257,24 @@ def _python(target: str) -> str:
     return sys.executable
 
 
-def run_mode(tb, mode: str, args: argparse.Namespace, tmp: str) -> Dict[str, Any]:
+def run_mode(tb, label: str, args: argparse.Namespace, tmp: str) -> Dict[str, Any]:
+    """One run of mode ``label`` (MODE, or MODE@CODE: the adapter from the checkout
+    --code names CODE)."""
     import allreduce_launch as launch
     import common
-    from train_mxnet import _wait_workers
+    from train_mxnet import _wait_workers, start_ps_lite
 
     n = args.np
-    record: Dict[str, Any] = {"mode": mode, "load": list(os.getloadavg())}
+    mode, _, code = label.partition("@")
+    record: Dict[str, Any] = {"mode": label, "load": list(os.getloadavg())}
     python = _python(args.target)
     timeline = os.path.join(tmp, "timeline.json")
     argv = [python, os.path.abspath(__file__), args.target, "--worker", "--mode", mode,
             "--batch-size", str(args.batch_size), "--steps", str(args.steps),
             "--warmup", str(args.warmup)]
     base = {"OMP_NUM_THREADS": "1", "MXNET_CPU_WORKER_NTHREADS": "1", "PYTHONUNBUFFERED": "1",
-            "TF_CPP_MIN_LOG_LEVEL": "2", "NRBENCH_IFNAME": tb.ifname}
+            "TF_CPP_MIN_LOG_LEVEL": "2", "NRBENCH_IFNAME": tb.ifname,
+            "NRBENCH_TREE": dict(c.split("=", 1) for c in args.code)[code] if code else ROOT}
     per_rank: List[Dict[str, str]] = [{"NRBENCH_RANK": str(r)} for r in range(n)]
     cleanup, helpers = [], []
     logs = [os.path.join(tmp, f"worker{r}.log") for r in range(n)]
@@ -262,18 +297,8 @@ def run_mode(tb, mode: str, args: argparse.Namespace, tmp: str) -> Dict[str, Any
             for r in range(n):
                 per_rank[r]["TF_CONFIG"] = json.dumps(
                     {"cluster": cluster, "task": {"type": "worker", "index": r}})
-        elif mode == "dist_sync":  # as train_mxnet.py: scheduler on host 0, a server per host
-            base.update(DMLC_PS_ROOT_URI=tb.hosts[0].address,
-                        DMLC_PS_ROOT_PORT=str(launch.free_port()), DMLC_NUM_WORKER=str(n),
-                        DMLC_NUM_SERVER=str(n), DMLC_INTERFACE=tb.ifname)
-            roles = [("scheduler", tb.hosts[0])] + [("server", h) for h in tb.hosts]
-            for i, (role, node) in enumerate(roles):
-                env = launch.worker_env(dict(base, DMLC_ROLE=role, DMLC_NODE_HOST=node.address))
-                with open(os.path.join(tmp, f"{role}{i}.log"), "w") as log:
-                    helpers.append(tb.popen(node, [python, "-c", "import mxnet"], env=env,
-                                            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT))
-            for r in range(n):
-                per_rank[r].update(DMLC_ROLE="worker", DMLC_NODE_HOST=tb.hosts[r].address)
+        elif mode == "dist_sync":  # a scheduler on host 0, a server per host
+            helpers += start_ps_lite(tb, python, base, per_rank, list(tb.hosts), tmp)
         procs = []
         for r in range(n):
             env = launch.worker_env(dict(base, **per_rank[r]))
@@ -313,7 +338,7 @@ def run_mode(tb, mode: str, args: argparse.Namespace, tmp: str) -> Dict[str, Any
             record["timeline"] = waits(timeline, record["stamps"])
             if args.keep:
                 import shutil
-                shutil.copy(timeline, os.path.join(args.keep, f"{args.target}_{mode}_"
+                shutil.copy(timeline, os.path.join(args.keep, f"{args.target}_{label}_"
                                                    f"{time.strftime('%H%M%S')}.timeline.json"))
     return record
 
@@ -422,6 +447,10 @@ def driver(args: argparse.Namespace) -> str:
             for mode in [m for m in modes if m.startswith("nr-")]:
                 if peer and res.get(mode, {}).get("step") and res.get(peer, {}).get("step"):
                     run[f"{mode}_speedup_vs_{peer}"] = round(res[peer]["step"] / res[mode]["step"], 4)
+            for label in [m for m in modes if "@" in m]:  # A/B: MODE against MODE@CODE
+                mode = label.partition("@")[0]
+                if res.get(mode, {}).get("step") and res.get(label, {}).get("step"):
+                    run[f"{mode}_speedup_vs_{label}"] = round(res[label]["step"] / res[mode]["step"], 4)
             runs.append(run)
             print("  " + json.dumps({k: v for k, v in run.items() if k not in ("modes", "order")}),
                   flush=True)
@@ -482,15 +511,22 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--testbed-name", default="nrovfw")
     ap.add_argument("--subnet", default="10.77.34.0/24")
     ap.add_argument("--out", default="")
+    ap.add_argument("--code", action="append", default=[], metavar="NAME=DIR",
+                    help="a checkout (built in place) that modes MODE@NAME take the adapter "
+                    "from (mxnet)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--mode", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
         worker(args)
         return 0
-    for mode in (args.modes.split(",") if args.modes else []):
+    codes = dict(c.split("=", 1) for c in args.code)
+    for label in (args.modes.split(",") if args.modes else []):
+        mode, _, code = label.partition("@")
         if mode not in MODES[args.target] + OPTIONAL[args.target]:
             ap.error(f"unknown mode {mode!r} for {args.target}")
+        if code and (args.target != "mxnet" or code not in codes):
+            ap.error(f"{label}: MODE@NAME needs the mxnet target and --code NAME=DIR")
     if args.keep:
         os.makedirs(args.keep, exist_ok=True)
     driver(args)

@@ -166,6 +166,30 @@ def _wait_workers(procs, helpers, timeout: float, what: str, logdir: str) -> Non
             p.wait()
 
 
+def start_ps_lite(tb, python: str, base: Dict[str, str], per_rank: List[Dict[str, str]],
+                  servers: List, logdir: str) -> List[subprocess.Popen]:
+    """dist_sync's processes as MXNet's launcher (tools/launch.py -n N -s S) starts
+    them: a scheduler on host 0 and a server on each of ``servers`` (testbed nodes),
+    started now with the DMLC_* variables this adds to ``base``; ``per_rank[r]`` gets
+    worker r's role and address. `import mxnet` with DMLC_ROLE=scheduler/server runs
+    that role and exits when the workers finish. Returns the processes (logs in
+    ``logdir``)."""
+    import allreduce_launch as launch
+    base.update(DMLC_PS_ROOT_URI=tb.hosts[0].address, DMLC_PS_ROOT_PORT=str(launch.free_port()),
+                DMLC_NUM_WORKER=str(len(per_rank)), DMLC_NUM_SERVER=str(len(servers)),
+                DMLC_INTERFACE=tb.ifname)
+    helpers = []
+    roles = [("scheduler", tb.hosts[0])] + [("server", s) for s in servers]
+    for i, (role, node) in enumerate(roles):
+        env = launch.worker_env(dict(base, DMLC_ROLE=role, DMLC_NODE_HOST=node.address))
+        with open(os.path.join(logdir, f"{role}{i}.log"), "w") as log:
+            helpers.append(tb.popen(node, [python, "-c", "import mxnet"], env=env, cwd=ROOT,
+                                    stdout=log, stderr=subprocess.STDOUT))
+    for r, rank_env in enumerate(per_rank):
+        rank_env.update(DMLC_ROLE="worker", DMLC_NODE_HOST=tb.hosts[r].address)
+    return helpers
+
+
 def run_one(tb, mode: str, args: argparse.Namespace) -> Dict:
     sys.path.insert(0, HERE)
     import allreduce_launch as launch
@@ -195,19 +219,7 @@ def run_one(tb, mode: str, args: argparse.Namespace) -> Dict:
                 per_rank[r].update(NETREDUCE_RANK=str(r), NETREDUCE_LOCAL_RANK="0")
         else:
             servers = [tb.aggregator] if mode == "dist_sync-1srv" else list(tb.hosts)
-            base.update(DMLC_PS_ROOT_URI=tb.hosts[0].address,
-                        DMLC_PS_ROOT_PORT=str(launch.free_port()), DMLC_NUM_WORKER=str(n),
-                        DMLC_NUM_SERVER=str(len(servers)), DMLC_INTERFACE=tb.ifname)
-            # `import mxnet` with DMLC_ROLE=scheduler/server runs that role and exits
-            # when the workers finish (what tools/launch.py starts on each host).
-            roles = [("scheduler", tb.hosts[0])] + [("server", s) for s in servers]
-            for i, (role, node) in enumerate(roles):
-                env = launch.worker_env(dict(base, DMLC_ROLE=role, DMLC_NODE_HOST=node.address))
-                with open(os.path.join(tmp, f"{role}{i}.log"), "w") as log:
-                    helpers.append(tb.popen(node, [python, "-c", "import mxnet"], env=env,
-                                            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT))
-            for r in range(n):
-                per_rank[r].update(DMLC_ROLE="worker", DMLC_NODE_HOST=tb.hosts[r].address)
+            helpers += start_ps_lite(tb, python, base, per_rank, servers, tmp)
         procs = []
         for r in range(n):
             env = launch.worker_env(dict(base, **per_rank[r]))
