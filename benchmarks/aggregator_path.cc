@@ -6,16 +6,23 @@
 // One job of N ranks at payload P (the slots the daemon gives it: 2 MiB in flight),
 // --fanout segment with every rank seeing the group (one result packet per slot), a
 // message of S bytes of float32 sent as the ranks' engines do: chunk c goes to slot
-// c % K, shadow (c / K) % 2, PSN c. Contributions arrive in runs of 44 datagrams (one
-// GSO send, one GRO receive) per rank, rank r's runs `r` runs behind rank 0's, in
-// receive batches of ~512 KiB written into the same buffers each time, as the kernel
-// does. Built and run by benchmarks/aggregator_path.py against any checkout.
+// c % W, shadow (c / W) % 2, PSN c, where W is the window (the K slots unless one is
+// given). Contributions arrive in runs of 44 datagrams (one GSO send, one GRO receive)
+// per rank, rank r `r x lag` chunks behind rank 0 (lag one run unless given; a rank
+// leads the last by less than W, as the window allows), in receive batches of ~512 KiB
+// written into the same buffers each time, as the kernel does. The ranks' lag is what
+// decides whether a slot's accumulator is still in L2 when its next contribution comes.
+// Built and run by benchmarks/aggregator_path.py against any checkout.
+//
+//   aggregator_path N P BYTES REPEATS [WINDOW [LAG_CHUNKS | Fw]]   (Fw: rank 0 leads the
+//   last rank by F of the window)
 #include <time.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <tuple>
 #include <vector>
 
 #include "aggregator/aggregator.h"
@@ -45,24 +52,34 @@ int main(int argc, char** argv) {
     if (!agg.BindRank(idx, r, IpAddr::V4(0x0100007f), uint16_t(0x1000 + r), 1).ok()) return 2;
   }
   if (!agg.SetJobGroup(idx, true).ok()) return 2;
-  const uint32_t slots = agg.SlotsFor(payload);
+  const uint32_t pool = agg.SlotsFor(payload);
+  const uint32_t asked = argc > 5 ? uint32_t(atoi(argv[5])) : 0;
+  const uint32_t slots = asked == 0 || asked > pool ? pool : asked;  // the window, as the engine
   const size_t dgram = wire::DatagramBytes(payload);
   const uint32_t run = uint32_t(std::min<size_t>(wire::kMaxGsoSegments, 65507 / dgram));
+  // LAG_CHUNKS, or "Fw": rank 0 leads the last rank by F of the window.
+  size_t lag = run;
+  if (argc > 6 && argv[6][0] != 0 && argv[6][strlen(argv[6]) - 1] == 'w') {
+    lag = n > 1 ? size_t(atof(argv[6]) * slots / (n - 1)) : 0;
+  } else if (argc > 6) {
+    lag = size_t(atoll(argv[6]));
+  }
+  if (n > 1 && (n - 1) * lag >= slots) lag = (slots - 1) / (n - 1);  // the window's bound
   const size_t per_batch = std::max<size_t>(1, (512 * 1024 / (run * dgram))) * run;
   const size_t chunks = bytes / payload;
   std::vector<uint8_t> mem(per_batch * dgram + 64);
   uint8_t* base = mem.data() + 32;  // payloads on 64 bytes, as the daemon's buffers
   for (size_t i = 0; i < per_batch * dgram; ++i) base[i] = uint8_t(i * 7);
-  // The arrival order: (rank, chunk) pairs, runs of `run` chunks per rank, rank r
-  // `r` runs behind.
+  // The arrival order: (rank, chunk) pairs, runs of `run` chunks per rank; rank r's
+  // run starting at chunk c arrives at time c + r x lag (ties: lower rank first).
   std::vector<std::pair<uint32_t, uint32_t>> order;
-  const size_t runs = (chunks + run - 1) / run;
-  for (size_t k = 0; k < runs + n; ++k) {
-    for (uint32_t r = 0; r < n; ++r) {
-      if (k < r || k - r >= runs) continue;
-      const size_t first = (k - r) * run;
-      for (size_t c = first; c < std::min(chunks, first + run); ++c) order.emplace_back(r, uint32_t(c));
-    }
+  std::vector<std::tuple<size_t, uint32_t, size_t>> starts;  // (time, rank, first chunk)
+  for (uint32_t r = 0; r < n; ++r) {
+    for (size_t first = 0; first < chunks; first += run) starts.emplace_back(first + r * lag, r, first);
+  }
+  std::sort(starts.begin(), starts.end());
+  for (const auto& [t, r, first] : starts) {
+    for (size_t c = first; c < std::min(chunks, first + run); ++c) order.emplace_back(r, uint32_t(c));
   }
   ResultBatch out(nullptr);
   std::vector<InPacket> in(per_batch);
@@ -108,8 +125,8 @@ int main(int argc, char** argv) {
             (unsigned long)(c["packets_in"] - c["bytes_reduced"] / payload));
   }
   printf("{\"ns_per_contribution\": %.2f, \"GB_per_cpu_s\": %.4f, \"contributions\": %zu, "
-         "\"payload\": %u, \"ranks\": %u, \"slots\": %u}\n",
+         "\"payload\": %u, \"ranks\": %u, \"slots\": %u, \"window\": %u, \"lag_chunks\": %zu}\n",
          best * 1e9 / order.size(), double(order.size()) * payload / 1e9 / best, order.size(),
-         payload, n, slots);
+         payload, n, pool, slots, lag);
   return 0;
 }

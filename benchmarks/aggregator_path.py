@@ -57,26 +57,38 @@ def main() -> int:
     ap.add_argument("--payload", type=int, default=1432, help="P (1432 = MTU 1500)")
     ap.add_argument("--size", type=int, default=64 << 20, help="message bytes")
     ap.add_argument("--repeats", type=int, default=3, help="messages per run (best counts)")
+    ap.add_argument("--window", default="0",
+                    help="slots in use, comma-separated (each one a case of every tree); 0 = "
+                         "all the job's slots, as the daemon's default window")
+    ap.add_argument("--lag", default="",
+                    help="how far rank r trails rank 0: r x LAG chunks, or 'Fw' for rank 0 "
+                         "leading the last rank by F of the window; unset: one run (44 at 1432 B)")
     ap.add_argument("--build-dir", default=os.path.expanduser("~/.cache/netreduce/aggregator_path"))
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     os.makedirs(args.build_dir, exist_ok=True)
     trees = [t.split("=", 1) for t in args.tree]
     exes = {name: build(path, args.build_dir) for name, path in trees}
+    windows = [int(w) for w in args.window.split(",")]
+    # One case per tree and window; a case's name is the tree's, with /wW when several.
+    cases = [(name if len(windows) == 1 else f"{name}/w{w}", name, w)
+             for name, _ in trees for w in windows]
     runs = []
     for rnd in range(args.rounds):
-        for name, _ in trees:
+        for case, name, window in cases:
             load = os.getloadavg()[0]
-            p = subprocess.run([exes[name], str(args.ranks), str(args.payload), str(args.size),
-                                str(args.repeats)], capture_output=True, text=True, check=True)
-            rec = dict(json.loads(p.stdout), tree=name, round=rnd, load=load)
+            cmd = [exes[name], str(args.ranks), str(args.payload), str(args.size), str(args.repeats)]
+            if window or args.lag:
+                cmd += [str(window)] + ([args.lag] if args.lag else [])
+            p = subprocess.run(cmd, capture_output=True, text=True, check=True)
+            rec = dict(json.loads(p.stdout), tree=name, case=case, round=rnd, load=load)
             runs.append(rec)
-            print(f"  [{name}] {rec['ns_per_contribution']:.1f} ns per contribution, "
+            print(f"  [{case}] {rec['ns_per_contribution']:.1f} ns per contribution, "
                   f"{rec['GB_per_cpu_s']:.2f} GB/CPU-s, load {load:.1f}", flush=True)
     summary = {}
-    for name, _ in trees:
-        ns = [r["ns_per_contribution"] for r in runs if r["tree"] == name]
-        summary[name] = {"ns_per_contribution": {"median": round(statistics.median(ns), 2),
+    for case, _, _ in cases:
+        ns = [r["ns_per_contribution"] for r in runs if r["case"] == case]
+        summary[case] = {"ns_per_contribution": {"median": round(statistics.median(ns), 2),
                                                  "min": round(min(ns), 2), "max": round(max(ns), 2),
                                                  "n": len(ns)}}
     print(json.dumps(summary, indent=1))

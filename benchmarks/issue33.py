@@ -83,34 +83,53 @@ def _write(name: str, args: argparse.Namespace, summary: Dict[str, Any], runs: A
 
 
 # --- testbed: rank CPU and time against gloo -----------------------------------------
+def _windows(args: argparse.Namespace) -> List[Optional[int]]:
+    """--window: the NETREDUCE_WINDOW values to alternate (None: the default alone)."""
+    return [int(w) for w in args.window.split(",")] if args.window else [None]
+
+
+def _allreduce(args: argparse.Namespace, rate: str, mtu: int, impls: str,
+               window: Optional[int]) -> Dict[str, Any]:
+    with tempfile.NamedTemporaryFile(suffix=".json") as tmp:
+        _run([sys.executable, "benchmarks/allreduce.py", "--testbed", "--rate", rate,
+              "--np", "4", "--impls", impls, "--min-size", args.size,
+              "--max-size", args.size, "--min-iters", str(args.iters), "--mtu", str(mtu),
+              "--json", tmp.name]
+             + (["--switch-args", args.switch_args] if args.switch_args else [])
+             + (["--nr-window", str(window)] if window is not None else []), timeout=1800)
+        with open(tmp.name) as f:
+            return {r["impl"]: r for r in json.load(f)["records"]}
+
+
 def testbed(args: argparse.Namespace) -> str:
     runs: List[Dict[str, Any]] = []
     points = [(r, int(m)) for r in args.rates.split(",") for m in args.mtus.split(",")]
+    windows = _windows(args)
     for i in range(args.runs):
         for rate, mtu in points:  # every point once per run: the same load for all
-            with tempfile.NamedTemporaryFile(suffix=".json") as tmp:
-                load0 = os.getloadavg()
-                _run([sys.executable, "benchmarks/allreduce.py", "--testbed", "--rate", rate,
-                      "--np", "4", "--impls", "netreduce,gloo", "--min-size", args.size,
-                      "--max-size", args.size, "--min-iters", str(args.iters), "--mtu", str(mtu),
-                      "--json", tmp.name] + (["--switch-args", args.switch_args]
-                                             if args.switch_args else []), timeout=1800)
-                with open(tmp.name) as f:
-                    recs = {r["impl"]: r for r in json.load(f)["records"]}
-            nr, gl = recs["netreduce"], recs["gloo"]
-            runs.append({
-                "run": i, "rate": rate, "mtu": mtu, "load": list(load0) + list(os.getloadavg()),
-                "netreduce": nr, "gloo": gl,
-                "time_ratio": nr["time_s"] / gl["time_s"],
-                "cpu_ratio": nr["cpu_s_per_allreduce"] / gl["cpu_s_per_allreduce"]})
-            print(f"  run {i} {rate} MTU {mtu}: time {nr['time_s'] * 1e3:.1f} / "
-                  f"{gl['time_s'] * 1e3:.1f} ms = {runs[-1]['time_ratio']:.3f}; rank CPU "
-                  f"{nr['cpu_s_per_allreduce'] * 1e3:.1f} / {gl['cpu_s_per_allreduce'] * 1e3:.1f} "
-                  f"ms = {runs[-1]['cpu_ratio']:.3f}; load {os.getloadavg()[0]:.1f}", flush=True)
+            load0 = os.getloadavg()
+            # Several windows: netreduce once per window, in an order that turns each run
+            # (no window always first), gloo once beside them for the ratios.
+            turn = windows[i % len(windows):] + windows[:i % len(windows)]
+            recs = {w: _allreduce(args, rate, mtu, "netreduce,gloo" if k == 0 else "netreduce", w)
+                    for k, w in enumerate(turn)}
+            gl = recs[turn[0]]["gloo"]
+            for w in windows:
+                nr = recs[w]["netreduce"]
+                runs.append({
+                    "run": i, "rate": rate, "mtu": mtu, "window": w,
+                    "load": list(load0) + list(os.getloadavg()), "netreduce": nr, "gloo": gl,
+                    "time_ratio": nr["time_s"] / gl["time_s"],
+                    "cpu_ratio": nr["cpu_s_per_allreduce"] / gl["cpu_s_per_allreduce"]})
+                label = "" if w is None else f" window {w}"
+                print(f"  run {i} {rate} MTU {mtu}{label}: time {nr['time_s'] * 1e3:.1f} / "
+                      f"{gl['time_s'] * 1e3:.1f} ms = {runs[-1]['time_ratio']:.3f}; rank CPU "
+                      f"{nr['cpu_s_per_allreduce'] * 1e3:.1f} / {gl['cpu_s_per_allreduce'] * 1e3:.1f} "
+                      f"ms = {runs[-1]['cpu_ratio']:.3f}; load {os.getloadavg()[0]:.1f}", flush=True)
     summary = {}
-    for rate, mtu in points:
-        mine = [r for r in runs if r["rate"] == rate and r["mtu"] == mtu]
-        summary[f"{rate} mtu{mtu}"] = {
+    for (rate, mtu), w in [(p, w) for p in points for w in windows]:
+        mine = [r for r in runs if r["rate"] == rate and r["mtu"] == mtu and r["window"] == w]
+        summary[f"{rate} mtu{mtu}" + ("" if w is None else f" window{w}")] = {
             "time_ratio": _spread([r["time_ratio"] for r in mine]),
             "cpu_ratio": _spread([r["cpu_ratio"] for r in mine]),
             "netreduce_ms": _spread([r["netreduce"]["time_s"] * 1e3 for r in mine]),
@@ -124,20 +143,24 @@ def testbed(args: argparse.Namespace) -> str:
 
 # --- aggregator: GB per CPU-second of the whole daemon --------------------------------
 def aggregator(args: argparse.Namespace) -> str:
+    windows = _windows(args)  # several: linerate's variants, alternated within each run
+    variants = [] if windows == [None] else [f"window{w}:NETREDUCE_WINDOW={w}" for w in windows]
     with tempfile.NamedTemporaryFile(suffix=".json") as tmp:
         _run([sys.executable, "benchmarks/linerate.py", "cost", "--mtu", args.mtus, "--np", "4",
               "--size", args.size, "--iters", str(args.iters), "--repeats", str(args.runs),
-              "--json", tmp.name] + (["--switch-args", args.switch_args] if args.switch_args else []),
-             timeout=3600)
+              "--json", tmp.name] + (["--switch-args", args.switch_args] if args.switch_args else [])
+             + [a for v in variants for a in ("--variant", v)], timeout=3600)
         with open(tmp.name) as f:
             data = json.load(f)
     runs = data["records"] if isinstance(data, dict) else data
     summary = {}
-    for mtu in sorted({r["mtu"] for r in runs if "error" not in r}):
-        mine = [r for r in runs if r.get("mtu") == mtu and "error" not in r]
+    keys = sorted({(r["mtu"], r.get("variant", "default")) for r in runs if "error" not in r})
+    for mtu, variant in keys:
+        mine = [r for r in runs if r.get("mtu") == mtu and r.get("variant", "default") == variant
+                and "error" not in r]
         gbs = [r["aggregator_GB_per_cpu_s"] for r in mine]
         med = statistics.median(gbs)
-        summary[f"mtu{mtu}"] = {
+        summary[f"mtu{mtu}" + ("" if variant == "default" else f" {variant}")] = {
             "aggregator_GB_per_cpu_s": _spread(gbs),
             "cores_per_100gbit_port": round(12.5 / med, 2),
             "engine_cpu_s_per_GB": _spread([r["engine_cpu_s_per_GB"] for r in mine]),
@@ -181,6 +204,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--iters", type=int, default=5, help="timed all-reduces per run")
     ap.add_argument("--ranks", type=int, default=1000, help="join: ranks")
     ap.add_argument("--switch-args", default="", help="extra netreduce-switch flags (default none)")
+    ap.add_argument("--window", default="",
+                    help="testbed, aggregator: NETREDUCE_WINDOW values to alternate within each "
+                         "run, comma-separated (0 = all the slots), e.g. 0,256; unset: the default")
     ap.add_argument("--out", default="", help="record path (default results/issue33/TARGET_UTC.json)")
     args = ap.parse_args(argv)
     todo = ["testbed", "aggregator", "latency", "join"] if args.target == "all" else [args.target]
