@@ -3,7 +3,9 @@ unmodified on ``DistributedDataParallel`` (benchmarks/overlap_step.py: "the same
 loop on DDP"). ``hvd.init()`` starts the process group (env://) and makes every
 torchvision model constructor return its model wrapped in DDP with DDP's defaults;
 ``DistributedOptimizer`` is the optimizer itself (DDP averages in backward) and the
-broadcasts are DDP's own at construction. ``configure("none")``: no process group,
+broadcasts are DDP's own at construction. ``configure("ddp:netreduce:overlap")``: the
+same, and ``netreduce.torch.ddp_overlap(model)`` on each wrapped model (each gradient's
+all-reduce starts as backward produces it). ``configure("none")``: no process group,
 no wrapping — the loop's compute alone, for the overlap bound."""
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import torch.distributed as dist
 
 Average, Sum, Adasum = "Average", "Sum", "Adasum"
 _backend = "gloo"
+_overlap = False
 
 
 class Compression:
@@ -22,15 +25,21 @@ class Compression:
 
 
 def configure(who: str) -> None:
-    global _backend
-    _backend = who.split(":", 1)[1] if who.startswith("ddp:") else who
+    global _backend, _overlap
+    parts = who.split(":")
+    _backend = parts[1] if parts[0] == "ddp" else who
+    _overlap = parts[2:] == ["overlap"]
 
 
 def _wrap(constructor):
     @functools.wraps(constructor)
     def build(*args, **kwargs):
         from torch.nn.parallel import DistributedDataParallel
-        return DistributedDataParallel(constructor(*args, **kwargs))
+        model = DistributedDataParallel(constructor(*args, **kwargs))
+        if _overlap:
+            import netreduce.torch
+            netreduce.torch.ddp_overlap(model)
+        return model
     return build
 
 

@@ -34,6 +34,6 @@ from .optimizer import DistributedOptimizer  # noqa: F401
 from . import elastic  # noqa: F401  (hvd.elastic: TorchState, ElasticSampler, run)
 
 if _dist.is_available():  # torch builds without distributed support lack both seams
-    from .ddp_hook import allreduce_hook  # noqa: F401
+    from .ddp_hook import allreduce_hook, ddp_overlap  # noqa: F401
     from .process_group import ProcessGroupNetReduce, register as _register_backend  # noqa: F401
     _register_backend()

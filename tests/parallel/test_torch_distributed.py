@@ -297,3 +297,64 @@ def test_allreduce_hook_on_gloo_group():
     numel = sum(p.numel() for p in model.parameters())
     assert len(calls) >= 4 and sum(calls) == 4 * numel, calls
     dist.destroy_process_group(gloo)
+
+
+def test_ddp_overlap_starts_each_gradient_in_backward():
+    """netreduce.torch.ddp_overlap: a parameter's all-reduce starts as soon as backward
+    has its gradient, not when DDP's bucket is whole: with one bucket for the whole
+    model, the last layer's two all-reduces are under way when backward reaches the
+    first layer; several buckets give DDP's result exactly."""
+    rank, size = dist.get_rank(), dist.get_world_size()
+    model = _model()
+    ddp = DDP(copy.deepcopy(model))  # default caps: one bucket for this model
+    state = nrt.ddp_overlap(ddp)
+    seen = []
+    def watch(module, inputs, out):  # the gradient of the first layer's output: the
+        out.register_hook(lambda g: seen.append(len(state.started)))  # last layer's are done
+    ddp.module[0].register_forward_hook(watch)
+    _train(ddp, rank, 3, 0.1)
+    assert seen == [2, 2, 2], seen  # Linear(16, 4)'s weight and bias
+    assert not state.started
+    # from the third step on each .grad is its view in DDP's bucket (no copy back)
+    for i, p in enumerate(ddp.module.parameters()):
+        assert p.grad.data_ptr() == state.views[i].data_ptr(), i
+    _check(ddp, _reference(model, 3, size, 0.1))
+
+    several = DDP(copy.deepcopy(model), bucket_cap_mb=0.001)
+    nrt.ddp_overlap(several, "several")
+    _train(several, rank, 4, 0.1)
+    _check(several, _reference(model, 4, size, 0.1))
+
+
+def test_ddp_overlap_unused_parameters_and_no_sync():
+    """A parameter this rank's forward did not use (DDP's find_unused_parameters)
+    still meets the others' all-reduce of it, and no_sync() passes start none."""
+    rank, size = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(5)
+    trunk, heads = torch.nn.Linear(8, 8), torch.nn.ModuleList(
+        [torch.nn.Linear(8, 4), torch.nn.Linear(8, 4)])
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.trunk, self.heads = copy.deepcopy(trunk), copy.deepcopy(heads)
+
+        def forward(self, x, head):
+            return self.heads[head](torch.relu(self.trunk(x)))
+
+    ref = Net()
+    for r in range(size):  # rank r uses head r % 2, two micro-batches per step
+        for micro in range(2):
+            x, y = _batch(r, micro)
+            (torch.nn.functional.mse_loss(ref(x, r % 2), y) / size).backward()
+    ddp = DDP(Net(), find_unused_parameters=True, bucket_cap_mb=0.0001)
+    state = nrt.ddp_overlap(ddp, "unused")
+    with ddp.no_sync():
+        x, y = _batch(rank, 0)
+        torch.nn.functional.mse_loss(ddp(x, rank % 2), y).backward()
+    assert not state.started
+    x, y = _batch(rank, 1)
+    torch.nn.functional.mse_loss(ddp(x, rank % 2), y).backward()
+    assert not state.started
+    for p, q in zip(ddp.module.parameters(), ref.parameters()):
+        assert torch.allclose(p.grad, q.grad, atol=1e-6), (p.shape, p.grad, q.grad)

@@ -3,6 +3,7 @@
 
     netreduce        netreduce.torch itself (the Horovod API)
     ddp:BACKEND      torch DDP on BACKEND (gloo, netreduce) behind Horovod's names
+    ddp:netreduce:overlap  the same, with netreduce.torch.ddp_overlap(model)
     none             no communication at all: the same loop's compute alone
 """
 import os
