@@ -210,6 +210,30 @@ def bound(compute: Dict[str, Any], s_bytes: int, rate_bps: float) -> Optional[Di
             "transfer": round(transfer, 5), "bound_s": round(value, 5)}
 
 
+def write_record(path: str, args: argparse.Namespace, modes: List[str], runs: List[Dict[str, Any]],
+                 s_bytes: int) -> Dict[str, Any]:
+    """The record as it stands (rewritten after every run: a run stopped early keeps
+    the runs it finished); returns its summary."""
+    summary: Dict[str, Any] = {"S_bytes": s_bytes, "rate": args.rate, "model": args.model,
+                               "batch": args.batch_size, "ranks": args.np}
+    keys = sorted({k for r in runs for k in r if k.endswith(("_vs_gloo", "_vs_bound", "_vs_nr-hvd"))})
+    for key in keys:
+        summary[key] = _spread([r.get(key) for r in runs])
+    for mode in modes:
+        recs = [r["modes"][mode] for r in runs if mode in r["modes"]]
+        summary[mode] = {"img_per_s": _spread([x.get("img_per_s") for x in recs], 2)}
+        for part in ("forward", "backward", "wait", "update", "step"):
+            summary[mode][part + "_s"] = _spread([x.get("phases", {}).get(part) for x in recs])
+    summary["bound_s"] = _spread([(r.get("bound") or {}).get("bound_s") for r in runs])
+    summary["load_1min"] = _spread([x["load"][0] for r in runs for x in r["modes"].values()], 2)
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "w") as f:
+        json.dump({"command": "python3 benchmarks/overlap_step.py " + " ".join(sys.argv[1:]),
+                   "commit": _commit(), "utc": _utc(), "summary": summary, "runs": runs}, f,
+                  indent=1)
+    return summary
+
+
 def torch_target(args: argparse.Namespace) -> str:
     from netreduce.testbed import Testbed
     from netreduce.testbed.plan import parse_rate
@@ -217,6 +241,7 @@ def torch_target(args: argparse.Namespace) -> str:
     s_bytes = gradient_bytes(args.model)
     rate = parse_rate(args.rate)
     runs: List[Dict[str, Any]] = []
+    path = args.out or os.path.join(OUT, f"overlap_torch_{_utc()}.json")
     with Testbed(hosts=args.np, rate=args.rate, mtu=args.mtu, name=args.testbed_name,
                  subnet=args.subnet, replace=True) as tb:
         for i in range(args.runs):
@@ -260,24 +285,8 @@ def torch_target(args: argparse.Namespace) -> str:
             runs.append(run)
             print("  " + json.dumps({k: v for k, v in run.items() if k not in ("modes", "order")}),
                   flush=True)
-    summary: Dict[str, Any] = {"S_bytes": s_bytes, "rate": args.rate, "model": args.model,
-                               "batch": args.batch_size, "ranks": args.np}
-    keys = sorted({k for r in runs for k in r if k.endswith(("_vs_gloo", "_vs_bound", "_vs_nr-hvd"))})
-    for key in keys:
-        summary[key] = _spread([r.get(key) for r in runs])
-    for mode in modes:
-        recs = [r["modes"][mode] for r in runs if mode in r["modes"]]
-        summary[mode] = {"img_per_s": _spread([x.get("img_per_s") for x in recs], 2)}
-        for part in ("forward", "backward", "wait", "update", "step"):
-            summary[mode][part + "_s"] = _spread([x.get("phases", {}).get(part) for x in recs])
-    summary["bound_s"] = _spread([(r.get("bound") or {}).get("bound_s") for r in runs])
-    summary["load_1min"] = _spread([x["load"][0] for r in runs for x in r["modes"].values()], 2)
-    os.makedirs(OUT, exist_ok=True)
-    path = args.out or os.path.join(OUT, f"overlap_torch_{_utc()}.json")
-    with open(path, "w") as f:
-        json.dump({"command": "python3 benchmarks/overlap_step.py " + " ".join(sys.argv[1:]),
-                   "commit": _commit(), "utc": _utc(), "summary": summary, "runs": runs}, f,
-                  indent=1)
+            write_record(path, args, modes, runs, s_bytes)
+    summary = write_record(path, args, modes, runs, s_bytes)
     print(json.dumps(summary, indent=1))
     print(f"# wrote {path}")
     return path

@@ -3,6 +3,8 @@
     netreduce-run -np 4 python examples/pytorch_ddp.py                  # "netreduce" backend
     netreduce-run -np 4 python examples/pytorch_ddp.py --backend gloo --hook
                                           # gloo group, gradients through allreduce_hook
+    netreduce-run -np 4 python examples/pytorch_ddp.py --overlap
+                                          # each gradient sent as backward makes it
     torchrun --nproc-per-node 4 examples/pytorch_ddp.py   # with NETREDUCE_SWITCH=host:port
 
 For a DDP user the change is the backend name in init_process_group; importing
@@ -27,6 +29,9 @@ def main() -> int:
     parser.add_argument("--backend", default="netreduce", choices=["netreduce", "gloo"])
     parser.add_argument("--hook", action="store_true",
                         help="register netreduce.torch.allreduce_hook on the DDP model")
+    parser.add_argument("--overlap", action="store_true",
+                        help="netreduce.torch.ddp_overlap(model): each gradient's "
+                        "all-reduce starts as backward produces it")
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--batch-size", type=int, default=32, help="per rank")
     parser.add_argument("--lr", type=float, default=0.01, help="per rank; scaled by size")
@@ -46,6 +51,8 @@ def main() -> int:
     model = DDP(Net())
     if args.hook:
         model.register_comm_hook(None, nrt.allreduce_hook)
+    elif args.overlap:
+        nrt.ddp_overlap(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr * size, momentum=0.9)
 
     losses = []
@@ -73,7 +80,8 @@ def main() -> int:
     identical = len(set(digests)) == 1
     fell = losses[-1] < losses[0]
     if rank == 0:
-        how = args.backend + (" + allreduce_hook" if args.hook else "")
+        how = args.backend + (" + allreduce_hook" if args.hook else "") + \
+            (" + ddp_overlap" if args.overlap and not args.hook else "")
         print(f"[{how}] loss {losses[0]:.4f} -> {losses[-1]:.4f} "
               f"({'fell' if fell else 'DID NOT FALL'}); weights identical on all {size} ranks: "
               f"{identical} ({digests[0][:16]})", flush=True)
