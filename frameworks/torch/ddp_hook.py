@@ -138,9 +138,10 @@ class _Overlap:
     def comm_hook(self, bucket: dist.GradBucket) -> torch.futures.Future:
         """The bucket's gradients, averaged: the results of the all-reduces the
         gradient hooks started, in the bucket (copied there where they ran on
-        p.grad); a parameter whose hook did not start one (no gradient on this rank
-        in this pass: DDP's find_unused_parameters gives it zeros) is all-reduced from
-        its view now, under the name the others use."""
+        p.grad); a parameter whose hook did not start one is all-reduced from its view
+        now, under the name the others use: the bucket's last gradient (DDP calls this
+        from its own hook on it, before ours), or one this rank did not use in this
+        pass (DDP's find_unused_parameters gives it zeros)."""
         buffer = bucket.buffer()
         final = bool(getattr(self.model, "_has_rebuilt_buckets", False))
         handles: List[int] = []
