@@ -73,6 +73,7 @@ Status Engine::Run(Request& req) {
     NR_RETURN_IF_ERROR(m.Drain(*sock_));
     NR_RETURN_IF_ERROR(m.SweepTimers());
   }
+  NR_RETURN_IF_ERROR(m.DrainSkipped(*sock_));
   m.Finish();
   return Status::Ok();
 }
@@ -84,6 +85,7 @@ Engine::Message::Message(Engine& e, Request& req)
       slots_(e.run_->slots),
       esize_(ElementSize(req.dtype)),
       chunk_elems_(e.cfg_.payload_bytes / AccumSize(req.dtype)),
+      full_bytes_(chunk_elems_ * esize_),
       nchunks_(int64_t((req.count + chunk_elems_ - 1) / chunk_elems_)),
       counter_(e.next_msg_++),
       interleaved_(req.owner == kInterleavedOwners),
@@ -112,6 +114,7 @@ Engine::Message::Message(Engine& e, Request& req)
   }
   rs_.clean = false;
   rs_.sendq.clear();
+  rs_.sendq_bytes.clear();
 }
 
 void Engine::Message::Finish() {

@@ -171,6 +171,13 @@ class Engine {
   Status poisoned_;           // engine thread only: a failure leaves the job out of step
   std::thread thread_;
 
+  // The counters have one writer, the engine thread (Stats() reads them from others):
+  // Bump is a relaxed load and store, not a locked read-modify-write, which is a full
+  // barrier -- per chunk, it waited for the copy's stores into cold dst to reach the
+  // cache.
+  static void Bump(std::atomic<uint64_t>& c, uint64_t n = 1) {
+    c.store(c.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
+  }
   std::atomic<uint64_t> packets_sent_{0}, packets_received_{0}, retransmits_{0},
       dropped_by_knob_{0}, ignored_results_{0}, bytes_sent_{0}, messages_{0}, fast_retransmits_{0},
       spurious_retransmits_{0}, timeout_probes_{0}, srtt_stat_us_{0}, rto_stat_us_{0},

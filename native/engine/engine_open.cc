@@ -21,9 +21,11 @@ Engine::Engine(const EngineConfig& cfg) : cfg_(cfg), rng_(cfg.seed ? cfg.seed : 
   retried_.resize(window_);
   run_.reset(new RunState);
   run_->slots.resize(window_);
-  for (uint32_t s = 0; s < window_; ++s) run_->slots[s].lane = s % cfg_.threads;
+  for (uint32_t s = 0; s < window_; ++s) run_->slots[s].slot = s, run_->slots[s].lane = s % cfg_.threads;
   run_->lane_order.resize(cfg_.threads);
+  for (auto& o : run_->lane_order) o.Reset((window_ + cfg_.threads - 1) / cfg_.threads);
   run_->sendq.reserve(std::min<size_t>(size_t(window_) * 2, 8192));
+  run_->sendq_bytes.reserve(run_->sendq.capacity());
   run_->storage.reset(new uint8_t[kRecvBatch * kRecvBufBytes]);
   run_->in.resize(kRecvDescriptors);
 }

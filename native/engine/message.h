@@ -41,6 +41,8 @@ class Engine::Message {
   Status Flush();
   Status AwaitResults();
   Status Drain(Transport& sock);
+  // The unicast socket once more if the last wait skipped it (message_results.cc).
+  Status DrainSkipped(Transport& sock);
   Status SweepTimers();
   // Every chunk answered: every slot idle again (RunState::clean).
   void Finish();
@@ -73,11 +75,13 @@ class Engine::Message {
   // message_chunks.cc: the send side.
   void QueueSend(engine_run::SlotTrack& t);
   wire::Header Stamp(engine_run::SlotTrack& t, int64_t c, int64_t now, bool ack_req);
+  uint32_t IcrcSeedOf(uint32_t lane);
   void StartChunk(engine_run::SlotTrack& t, int64_t c, int64_t now);
 
   // message_results.cc: the receive side.
-  Status DrainZeroCopy(Transport& sock);
-  Status DrainBatch(Transport& sock);
+  // Each says how many datagrams it took (*got) of the most it asks for (*max).
+  Status DrainZeroCopy(Transport& sock, size_t* got, size_t* max);
+  Status DrainBatch(Transport& sock, size_t* got, size_t* max);
   engine_run::SlotTrack* Match(const wire::Header& h);
   void HeldNotice(const wire::Header& h);
   void LateResult(const wire::Header& h);
@@ -95,6 +99,7 @@ class Engine::Message {
   std::vector<engine_run::SlotTrack>& slots_;
   const size_t esize_;
   const size_t chunk_elems_;
+  const size_t full_bytes_;  // a full chunk's payload: chunk_elems_ elements
   const int64_t nchunks_;
   const uint32_t counter_;    // the message id's counter
   const bool interleaved_;    // owner = kInterleavedOwners
@@ -113,6 +118,11 @@ class Engine::Message {
   std::vector<engine_run::SlotTrack*> probes_, held_probes_;  // the sweep's, per lane
   uint64_t tx_ = 0;  // packets queued so far, in the order they leave (SlotTrack::last_tx)
   bool first_of_batch_ = true;  // the next result is the first of its receive batch
+  // Per socket (0 the unicast one, 1 the group's): whether the last wait found it
+  // readable or its last drain took as many datagrams as it asked for (AwaitResults).
+  // Full at first: a message's first drain takes what a transport still holds.
+  bool may_hold_[2] = {true, true};
+  bool drained_full_[2] = {true, true};
   int64_t rx_now_ = 0;          // when the results being handled were received
   uint8_t peek_[wire::kHeaderBytes];
   uint8_t trailer_[8];

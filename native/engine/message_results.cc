@@ -16,10 +16,17 @@ using namespace engine_run;
 Status Engine::Message::AwaitResults() {
   const int64_t now = NowUs();
   Transport* socks[2] = {e_.sock_.get(), e_.group_.get()};
-  e_.waits_++;
+  Bump(e_.waits_);
   const int64_t due = e_.Rto() < last_sweep_rto_ ? now : next_due_;
   const int64_t wait_us = std::min<int64_t>(50000, std::max<int64_t>(0, due - now));
-  return WaitReadable(socks, e_.group_ ? 2 : 1, wait_us);
+  bool readable[2] = {true, true};
+  NR_RETURN_IF_ERROR(WaitReadable(socks, e_.group_ ? 2 : 1, wait_us, readable));
+  // A socket that polled empty is not drained (a receive call, and for a GRO socket
+  // the set-up of its batch, per loop for nothing: with a group, the unicast socket
+  // is empty nearly always) -- unless its last drain filled every descriptor: the
+  // transport may hold the rest of a coalesced receive in its own memory.
+  for (int i = 0; i < 2; ++i) may_hold_[i] = readable[i] || drained_full_[i];
+  return Status::Ok();
 }
 
 // The chunk outstanding in the result's slot, if the result is for it.
@@ -42,7 +49,7 @@ SlotTrack* Engine::Message::Match(const wire::Header& h) {
 // the one sample a first message can give without the others' lag.
 void Engine::Message::HeldNotice(const wire::Header& h) {
   if (h.dest_qp != e_.my_qpn_ || h.key != e_.cfg_.key || h.slot >= e_.window_ || h.length != 0) {
-    e_.ignored_results_++;
+    Bump(e_.ignored_results_);
     return;
   }
   SlotTrack& t = slots_[h.slot];
@@ -50,7 +57,7 @@ void Engine::Message::HeldNotice(const wire::Header& h) {
       h.offset != FirstOf(t.chunk)) {
     return;  // for a chunk already done (its result came first)
   }
-  e_.held_notices_++;
+  Bump(e_.held_notices_);
   if (!t.held) {
     // Karn's rule, but for the job's very first sample: a notice that may answer a
     // resend (a tail probe that beat it on a loaded host) measured from the first send
@@ -75,21 +82,21 @@ void Engine::Message::HeldNotice(const wire::Header& h) {
 // message: the second result of a message's last chunks arrives while the next
 // message runs.
 void Engine::Message::LateResult(const wire::Header& h) {
-  e_.ignored_results_++;
+  Bump(e_.ignored_results_);
   if (!h.result || (h.dest_qp != e_.my_qpn_ && h.dest_qp != e_.group_qpn_) || h.key != e_.cfg_.key ||
       h.slot >= e_.window_) {
     return;
   }
   Retried& r = e_.retried_[h.slot];
   if (r.sample_us >= 0 && h.msg_id == r.msg_id && h.psn == r.psn) {
-    e_.spurious_retransmits_++;
+    Bump(e_.spurious_retransmits_);
     // A copy marked repeat seen, after the group's result completed the chunk (the
     // group socket is drained first): proven needless as in Complete, and no sample
     // and no wider reorder window -- the wait was the slot's (another rank's loss),
     // not the path's.
     if (h.repeat_seen) {
       r.sample_us = -1;
-      e_.needless_by_repeat_++;
+      Bump(e_.needless_by_repeat_);
       return;
     }
     if (r.head) e_.SampleRtt(double(r.sample_us));
@@ -117,7 +124,7 @@ bool Engine::Message::InLaneOrder(const Transport& sock) const {
 // on. `repeat_seen`: the aggregator had this rank's contribution before a repeat of it
 // arrived (kExtRepeatSeen).
 void Engine::Message::Complete(SlotTrack& t, bool repeat_seen, bool in_lane_order) {
-  e_.packets_received_++;
+  Bump(e_.packets_received_);
   const int64_t t_now = rx_now_;
   const size_t lane = t.lane;
   // An inter-result gap: t was already on its way when the lane's previous result
@@ -135,15 +142,15 @@ void Engine::Message::Complete(SlotTrack& t, bool repeat_seen, bool in_lane_orde
   // each missing one rank's contribution was repaired at ~17 rounds a second.
   next_probe_[lane] = 0;
   lane_last_seq_[lane] = int64_t(t.seq);
-  Retried& r = e_.retried_[t.seq % e_.window_];
-  if (t.retries > 0) e_.repaired_chunks_++, e_.repair_wait_us_ += uint64_t(t_now - t.first_send_us);
+  Retried& r = e_.retried_[t.slot];
+  if (t.retries > 0) Bump(e_.repaired_chunks_), Bump(e_.repair_wait_us_, uint64_t(t_now - t.first_send_us));
   // A chunk whose resend the aggregator saw as a repeat was not lost: the slot was
   // waiting for another rank (its loss, or a descheduled process). Proven needless once
   // per chunk, like a second result above (so the record is not kept), so that only
   // this rank's own losses switch tail copies on. No round-trip sample: the wait was
   // the slot's, not the path's.
   const bool proven = t.retries > 0 && repeat_seen;
-  if (proven) e_.spurious_retransmits_++, e_.needless_by_repeat_++;
+  if (proven) Bump(e_.spurious_retransmits_), Bump(e_.needless_by_repeat_);
   if (t.retries == 0 || proven) {  // Karn: only unambiguous samples
     // (a held chunk's round trip is the wait for the others; its notice sampled)
     if (!proven && t.head && !t.held) e_.SampleRtt(double(t_now - t.first_send_us));
@@ -168,12 +175,12 @@ void Engine::Message::Complete(SlotTrack& t, bool repeat_seen, bool in_lane_orde
   // 33.) A chunk resent since t's first transmission had its own chance. Next
   // expected: the lane's oldest chunk after t, once it has been out for the least
   // round trip seen.
-  const int64_t reorder_us =
-      std::max<int64_t>(kReorderFloorUs, int64_t(e_.srtt_us_ / 4 * e_.reorder_steps_));
-  std::deque<uint32_t>& order = rs_.lane_order[lane];
-  const uint32_t mine = uint32_t(&t - slots_.data());
+  LaneOrder& order = rs_.lane_order[lane];
+  const uint32_t mine = t.slot;
   size_t pos = 0;  // t's place in its lane: usually the front (results in order)
   while (order[pos] != mine) ++pos;
+  const int64_t reorder_us =
+      pos == 0 ? 0 : std::max<int64_t>(kReorderFloorUs, int64_t(e_.srtt_us_ / 4 * e_.reorder_steps_));
   for (size_t k = 0; in_lane_order && k < pos; ++k) {  // older chunks of the lane: overtaken
     SlotTrack& o = slots_[order[k]];
     if (o.early || o.last_tx > t.first_tx) continue;
@@ -189,8 +196,7 @@ void Engine::Message::Complete(SlotTrack& t, bool repeat_seen, bool in_lane_orde
   }
   const size_t later = order.size() - pos - 1;  // outstanding chunks of the lane after t
   SlotTrack* expected = later > 0 ? &slots_[order[pos + 1]] : nullptr;
-  if (pos == 0) order.pop_front();  // the usual case, without deque's general erase
-  else order.erase(order.begin() + long(pos));
+  order.erase(pos);
   // Only for the lane's last outstanding chunk: any other is covered when a later one
   // is answered, and a gap deadline on every chunk of a long window misfired whenever
   // the loaded host descheduled the aggregator for a few gaps.
@@ -203,6 +209,7 @@ void Engine::Message::Complete(SlotTrack& t, bool repeat_seen, bool in_lane_orde
   --remaining_;
   const int64_t next = t.chunk + int64_t(e_.window_);
   if (next < nchunks_) {
+    t.shadow ^= 1;  // window sequence numbers on: (seq / window) % 2 flips
     StartChunk(t, next, t_now);
   } else {
     t.chunk = -1;
@@ -212,7 +219,7 @@ void Engine::Message::Complete(SlotTrack& t, bool repeat_seen, bool in_lane_orde
 // The multicast group's bookkeeping (--fanout auto; group_watch.h).
 void Engine::Message::GroupHeard(int64_t at, uint64_t n) {
   e_.group_watch_.Heard(at);
-  e_.group_datagrams_ += n;
+  Bump(e_.group_datagrams_, n);
 }
 
 // A result for `t` came by unicast. Evidence that the group stopped reaching this rank
@@ -232,21 +239,38 @@ void Engine::Message::UnicastResult(const Transport& sock, const SlotTrack& t, i
 
 // Drain what one socket (unicast, or the job's multicast group) holds.
 Status Engine::Message::Drain(Transport& sock) {
+  const int which = &sock == e_.group_.get() ? 1 : 0;
+  if (!may_hold_[which]) return Status::Ok();
   first_of_batch_ = true;
   // GRO: batches only. Otherwise jumbo datagrams are received in place (zero copy).
-  if (e_.jumbo_ && !sock.OwnsReceiveBuffers()) return DrainZeroCopy(sock);
-  return DrainBatch(sock);
+  size_t got = 0, max = 0;
+  NR_RETURN_IF_ERROR(e_.jumbo_ && !sock.OwnsReceiveBuffers() ? DrainZeroCopy(sock, &got, &max)
+                                                             : DrainBatch(sock, &got, &max));
+  drained_full_[which] = got == max;
+  return Status::Ok();
+}
+
+// With a group, the unicast socket is drained when a wait finds it readable; what came
+// there after the last wait (answers to resends, which prove them needless: LateResult)
+// is taken before the message ends, as when it was drained on every loop -- the
+// proof is the round-trip estimate's, and one receive per message is cheap.
+Status Engine::Message::DrainSkipped(Transport& sock) {
+  if (may_hold_[0]) return Status::Ok();
+  may_hold_[0] = true;
+  return Drain(sock);
 }
 
 // Peek at each datagram's header, then receive its payload straight into its place in
 // the destination buffer.
-Status Engine::Message::DrainZeroCopy(Transport& sock) {
+Status Engine::Message::DrainZeroCopy(Transport& sock, size_t* got, size_t* max) {
   uint8_t* const storage = rs_.storage.get();
+  *max = kRecvBatch;
   for (size_t k = 0; k < kRecvBatch; ++k) {
     size_t len = 0;
     Endpoint from;
     NR_RETURN_IF_ERROR(sock.PeekHeader(peek_, wire::kHeaderBytes, 0, &len, &from));
     if (len == 0) break;
+    ++*got;
     rx_now_ = NowUs();
     if (&sock == e_.group_.get()) GroupHeard(rx_now_, 1);
     wire::Header h;
@@ -281,7 +305,7 @@ Status Engine::Message::DrainZeroCopy(Transport& sock) {
       if (ours) {
         LateResult(h);
       } else {
-        e_.ignored_results_++;
+        Bump(e_.ignored_results_);
       }
     }
   }
@@ -290,7 +314,7 @@ Status Engine::Message::DrainZeroCopy(Transport& sock) {
 
 // One receive batch: into the engine's buffers, or the transport's own (GRO), then
 // each result copied into place.
-Status Engine::Message::DrainBatch(Transport& sock) {
+Status Engine::Message::DrainBatch(Transport& sock, size_t* got_out, size_t* max) {
   const bool own_buffers = sock.OwnsReceiveBuffers();
   std::vector<InPacket>& in = rs_.in;
   if (!own_buffers) {
@@ -300,18 +324,21 @@ Status Engine::Message::DrainBatch(Transport& sock) {
     }
   }
   size_t got = 0;
-  NR_RETURN_IF_ERROR(sock.RecvBatch(in.data(), own_buffers ? kRecvDescriptors : kRecvBatch, 0, &got));
+  *max = own_buffers ? kRecvDescriptors : kRecvBatch;
+  NR_RETURN_IF_ERROR(sock.RecvBatch(in.data(), *max, 0, &got));
+  *got_out = got;
   // One clock read for the batch: its results were all in by now (a vDSO call per
   // result was about a tenth of the engine's CPU at MTU 1500).
   if (got > 0) rx_now_ = NowUs();
   if (got > 0 && &sock == e_.group_.get()) GroupHeard(rx_now_, got);
+  const bool in_lane_order = InLaneOrder(sock);  // rx_now_ is the batch's
   for (size_t i = 0; i < got; ++i) {
     InPacket& p = in[i];
     wire::Header h;
     if (p.len > kRecvBufBytes || wire::Decode(p.buf, p.len, &h) != wire::DecodeError::kOk ||
         (!p.verified && wire::IcrcCheckNeeded(h, p.kernel_checked, e_.cfg_.trust_udp_checksum) &&
          !wire::IcrcValid(h, p.from.address(), p.local_address(), p.from.port, sock.local().port, p.buf))) {
-      e_.ignored_results_++;
+      Bump(e_.ignored_results_);
       continue;
     }
     if (h.held) {
@@ -335,7 +362,7 @@ Status Engine::Message::DrainBatch(Transport& sock) {
         PrefetchForWrite(req_.dst + FirstOf(ahead) * esize_, ElemsOf(ahead) * esize_);
       }
     }
-    Complete(*t, h.repeat_seen, InLaneOrder(sock));
+    Complete(*t, h.repeat_seen, in_lane_order);
   }
   if (stream_ && got > 0) StreamFence();
   return Status::Ok();

@@ -5,7 +5,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <deque>
 #include <memory>
 #include <vector>
 
@@ -45,7 +44,11 @@ struct SlotTrack {
   // waiting for other ranks. Only a lost result is left to repair: one probe per
   // kHeldProbeUs, no early deadlines, no round-trip sample from its result.
   bool held = false;
+  uint32_t slot = 0;   // its index in RunState::slots
   uint32_t lane = 0;   // slot % threads: the aggregator thread (data port) serving it
+  // Shadow bit of the chunk in it: (seq / window) % 2, kept rather than divided per
+  // chunk (a slot's next chunk is window sequence numbers on: the bit flips).
+  uint8_t shadow = 0;
   uint8_t header[wire::kHeaderBytes];
   uint8_t trailer[8];
   OutPacket pkt;
@@ -53,11 +56,57 @@ struct SlotTrack {
 
 // Packets waiting for the next sendmmsg own copies of their header and trailer: a
 // slot's buffers are rewritten when its result arrives and the next chunk starts,
-// possibly before a queued (re)transmission of the old chunk has left.
-struct Queued {
-  OutPacket pkt;
+// possibly before a queued (re)transmission of the old chunk has left, and a GSO send
+// rewrites a trailer's ICRC in place for its segment's IPv4 ID (two sends of one
+// tracker, a tail copy, must not share one).
+struct QueuedBytes {
   uint8_t header[wire::kHeaderBytes];
   uint8_t trailer[8];
+};
+
+// A lane's outstanding chunks' slots in sequence order, as a ring: results usually
+// take the front and new chunks join at the back, each a few instructions (a
+// std::deque's segmented indexing and pop_front were a share of the per-chunk cost).
+// Holds at most the lane's slots (one outstanding chunk each).
+class LaneOrder {
+ public:
+  void Reset(size_t capacity) {
+    size_t cap = 1;
+    while (cap < capacity) cap <<= 1;
+    buf_.assign(cap, 0);
+    mask_ = cap - 1;
+    head_ = size_ = 0;
+  }
+  size_t size() const { return size_; }
+  void clear() { head_ = size_ = 0; }
+  uint32_t operator[](size_t i) const { return buf_[(head_ + i) & mask_]; }
+  // Puts v at position i (0..size()), the ones from i on one place back.
+  void insert(size_t i, uint32_t v) {
+    if (size_ > mask_) Grow();  // not with one chunk per slot; kept safe all the same
+    for (size_t k = size_; k > i; --k) at(k) = at(k - 1);
+    at(i) = v;
+    ++size_;
+  }
+  void erase(size_t i) {
+    if (i == 0) {
+      head_ = (head_ + 1) & mask_;
+    } else {
+      for (size_t k = i; k + 1 < size_; ++k) at(k) = at(k + 1);
+    }
+    --size_;
+  }
+
+ private:
+  uint32_t& at(size_t i) { return buf_[(head_ + i) & mask_]; }
+  void Grow() {
+    std::vector<uint32_t> b(buf_.size() * 2);
+    for (size_t k = 0; k < size_; ++k) b[k] = at(k);
+    buf_.swap(b);
+    mask_ = buf_.size() - 1;
+    head_ = 0;
+  }
+  std::vector<uint32_t> buf_;
+  size_t mask_ = 0, head_ = 0, size_ = 0;
 };
 
 }  // namespace engine_run
@@ -67,13 +116,19 @@ struct Engine::RunState {
   // Per lane, its outstanding chunks' slots in sequence order: who a result overtook,
   // who is next expected, and whether a chunk starts at its lane's head, in O(1) for
   // the usual in-order result instead of a scan of the window.
-  std::vector<std::deque<uint32_t>> lane_order;
-  std::vector<engine_run::Queued> sendq;
-  std::vector<OutPacket> batch;
+  std::vector<engine_run::LaneOrder> lane_order;
+  // The send queue as SendBatch takes it, and beside it each packet's own header and
+  // trailer (Flush points the packet at them: the vector may move as it grows).
+  std::vector<OutPacket> sendq;
+  std::vector<engine_run::QueuedBytes> sendq_bytes;
   // Receive buffers (kRecvBatch x 64 KiB) and scratch; not cleared, so pages are
   // touched only where datagrams land (a GRO socket never uses them for receives).
   std::unique_ptr<uint8_t[]> storage;
   std::vector<InPacket> in;
+  // Per lane, wire::IcrcSeed of a full chunk's datagram to its data port, for chunks
+  // of icrc_seed_len payload bytes (a message's every chunk but maybe its last).
+  std::vector<uint32_t> icrc_seed;
+  size_t icrc_seed_len = ~size_t(0);
   bool clean = true;  // false while a message runs (an error leaves it so)
 };
 

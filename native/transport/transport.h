@@ -139,6 +139,10 @@ class Transport {
 };
 
 // Waits up to `timeout_us` until any of `n` transports has something to read.
-Status WaitReadable(Transport* const* transports, size_t n, int64_t timeout_us);
+// `readable`, when given (n entries): whether each may hold something now -- false
+// for one that polled empty, so that its caller need not try a receive (all true
+// when a transport's PrepareWait found work without polling).
+Status WaitReadable(Transport* const* transports, size_t n, int64_t timeout_us,
+                    bool* readable = nullptr);
 
 }  // namespace netreduce

@@ -241,6 +241,22 @@ uint32_t ComputeIcrc(const IpAddr& src, const IpAddr& dst, uint16_t src_port_be,
   return CrcPayload(Crc32(0, prefix, n), payload, payload_len, pad);
 }
 
+uint32_t IcrcSeed(const IpAddr& src, const IpAddr& dst, uint16_t src_port_be,
+                  uint16_t dst_port_be, size_t payload_len, size_t pad) {
+  uint8_t prefix[kMaxPrefix];
+  static const uint8_t kNoHeader[kHeaderBytes] = {};
+  const size_t n = IcrcPrefix(src, dst, src_port_be, dst_port_be, kNoHeader, payload_len, pad, prefix);
+  return Crc32(0, prefix, n - kHeaderBytes);
+}
+
+uint32_t IcrcFromSeed(uint32_t seed, const uint8_t* header, const uint8_t* payload,
+                      size_t payload_len, size_t pad) {
+  uint8_t hdr[kHeaderBytes];
+  std::memcpy(hdr, header, kHeaderBytes);
+  hdr[4] = 0xFF;  // FECN, BECN, resv6 masked, as IcrcPrefix
+  return CrcPayload(Crc32(seed, hdr, kHeaderBytes), payload, payload_len, pad);
+}
+
 uint32_t PayloadCrc(const uint8_t* payload, size_t payload_len, size_t pad) {
   return CrcPayload(0, payload, payload_len, pad);
 }
@@ -267,6 +283,13 @@ void WriteTrailer(const Header& h, const IpAddr& src, const IpAddr& dst, uint16_
                : ComputeIcrc(src, dst, src_port_be, dst_port_be, header, payload, h.length, h.pad);
   }
   std::memcpy(trailer + h.pad, &icrc, 4);  // little-endian on the wire, as rxe stores it
+}
+
+void WriteTrailerFromSeed(const Header& h, uint32_t seed, const uint8_t* header,
+                          const uint8_t* payload, uint8_t* trailer) {
+  std::memset(trailer, 0, h.pad);
+  const uint32_t icrc = h.jumbo ? 0 : IcrcFromSeed(seed, header, payload, h.length, h.pad);
+  std::memcpy(trailer + h.pad, &icrc, 4);  // little-endian on the wire, as WriteTrailer
 }
 
 bool IcrcValid(const Header& h, const IpAddr& src, const IpAddr& dst, uint16_t src_port_be,

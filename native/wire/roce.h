@@ -149,12 +149,25 @@ uint32_t ComputeIcrcWith(const IpAddr& src, const IpAddr& dst, uint16_t src_port
                          uint16_t dst_port_be, const uint8_t* header, size_t payload_len,
                          size_t pad, uint32_t payload_crc);
 
+// The ICRC in two steps, for a sender whose packets share their addresses, ports and
+// datagram length (an engine's full chunks to one data port): IcrcSeed is the CRC of
+// what precedes the header (the masked LRH, IP and UDP headers), computed once;
+// IcrcFromSeed carries it on over the header (byte 4 masked), the payload and its pad.
+// The same value as ComputeIcrc, without building and hashing that prefix per packet.
+uint32_t IcrcSeed(const IpAddr& src, const IpAddr& dst, uint16_t src_port_be,
+                  uint16_t dst_port_be, size_t payload_len, size_t pad);
+uint32_t IcrcFromSeed(uint32_t seed, const uint8_t* header, const uint8_t* payload,
+                      size_t payload_len, size_t pad);
+
 // Writes the trailer of a packet with header `h`: the pad's zero bytes, then the ICRC
 // (0 on jumbo packets); `trailer` holds at least 8 bytes. Ports in network order.
 // `payload_crc`, when given, is PayloadCrc of this payload (a fan-out's shared part).
 void WriteTrailer(const Header& h, const IpAddr& src, const IpAddr& dst, uint16_t src_port_be,
                   uint16_t dst_port_be, const uint8_t* header, const uint8_t* payload,
                   uint8_t* trailer, const uint32_t* payload_crc = nullptr);
+// WriteTrailer from IcrcSeed's value for this packet's addresses, ports and length.
+void WriteTrailerFromSeed(const Header& h, uint32_t seed, const uint8_t* header,
+                          const uint8_t* payload, uint8_t* trailer);
 // Whether a received datagram `pkt` (already decoded into `h`) carries the ICRC its
 // addresses and ports call for; jumbo packets carry none and always pass. A socket
 // does not see the IPv4 ID, so an IPv4 ICRC passes for any ID a GSO send can give

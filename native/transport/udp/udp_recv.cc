@@ -196,8 +196,9 @@ Status UdpTransport::RecvCoalesced(InPacket* pkts, size_t max, int64_t timeout_u
   return Status::Ok();
 }
 
-Status WaitReadable(Transport* const* transports, size_t n, int64_t timeout_us) {
+Status WaitReadable(Transport* const* transports, size_t n, int64_t timeout_us, bool* readable) {
   pollfd pfds[4];
+  if (readable != nullptr) std::fill(readable, readable + n, true);
   n = std::min<size_t>(n, 4);
   for (size_t i = 0; i < n; ++i) {
     bool ready = false;
@@ -206,7 +207,11 @@ Status WaitReadable(Transport* const* transports, size_t n, int64_t timeout_us) 
     pfds[i] = pollfd{transports[i]->PollFd(), POLLIN, 0};
   }
   timespec ts{time_t(timeout_us / 1000000), long((timeout_us % 1000000) * 1000)};
-  if (ppoll(pfds, n, &ts, nullptr) < 0 && errno != EINTR) return IoError(Errno("ppoll"));
+  const int rc = ppoll(pfds, n, &ts, nullptr);
+  if (rc < 0 && errno != EINTR) return IoError(Errno("ppoll"));
+  if (rc >= 0 && readable != nullptr) {
+    for (size_t i = 0; i < n; ++i) readable[i] = pfds[i].revents != 0;
+  }
   return Status::Ok();
 }
 
