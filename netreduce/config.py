@@ -71,11 +71,9 @@ declare("NETREDUCE_RETRANSMIT_MS", float, 0.5,
 declare("NETREDUCE_DROP_RATE", float, 0.0,
         "fraction [0,1) of outgoing data packets the engine drops on purpose (loss tests)")
 declare("NETREDUCE_WINDOW", int, 0,
-        "slots a worker keeps outstanding; 0 = the aggregator's choice: the slots it "
-        "grants, fitted to the smallest rank's receive buffer and, on its default pool, "
-        "to 256 slots per data thread, which stay in its cache "
-        "(netreduce/switch/window.py). The same on every rank of a job (a chunk's slot "
-        "follows it): a rank that differs is refused at admission")
+        "slots a worker keeps outstanding; 0 = all the slots the aggregator grants. The "
+        "same on every rank of a job (a chunk's slot follows it): a rank that differs is "
+        "refused at admission")
 
 
 declare("NETREDUCE_UDP_OFFLOAD", _choice("auto", "off", "gso", "gro"), "auto",

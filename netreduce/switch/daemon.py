@@ -23,7 +23,7 @@ from netreduce.protocol import tls
 from netreduce.protocol.auth import Guard, read_operator_secret
 from netreduce.protocol.socket_buffers import receive_buffer_note
 from netreduce.switch import coordinator  # noqa: F401  registers the negotiation commands
-from netreduce.switch import job_keys, service, uplink, window
+from netreduce.switch import job_keys, service, uplink
 from netreduce.switch.child import METRICS_PREFIX, READY_PREFIX
 from netreduce.switch.limits import Limits
 from netreduce.switch.server import ControlServer
@@ -270,7 +270,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from netreduce import _native  # here, not above: --help works without the native module
 
     _raise_fd_limit()
-    slots_given = args.slots is not None  # then the window is the operator's: no cache cap
     args.slots = default_slots(args.payload_bytes, _native.MAX_PAYLOAD) if args.slots is None \
         else args.slots
     if args.require_secret and args.allow_open_jobs:
@@ -293,7 +292,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         agg, port = _start_aggregator(_native, args)
         srv = ControlServer(
             args.host, port, agg, payload_explicit=args.payload_bytes is not None,
-            window_cap=0 if slots_given else window.CACHE_WINDOW,
             guard=Guard(require_secret=require, operator_secret=operator, job_keys=keys,
                         beyond_loopback=beyond and not args.require_secret),
             limits=Limits(pending_idle_s=args.handshake_timeout, max_pending=args.max_pending,

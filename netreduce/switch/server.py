@@ -120,12 +120,8 @@ class ControlServer:
 
     def __init__(self, host: str, port: int, aggregator: Any,
                  payload_explicit: bool = False, guard: Optional[Guard] = None,
-                 limits: Optional[Limits] = None, tls: Optional[Any] = None,
-                 window_cap: int = window.CACHE_WINDOW) -> None:
+                 limits: Optional[Limits] = None, tls: Optional[Any] = None) -> None:
         self.aggregator = aggregator
-        # The most slots of a job's window when its ranks set none (switch/window.py:
-        # CACHE_WINDOW; 0 when the operator sized the pool with --slots).
-        self.window_cap = window_cap
         # Job secrets and the operator's secret (netreduce/protocol/auth.py); the
         # limits that keep hostile connections from growing memory or threads.
         self.guard = guard or Guard()
@@ -337,7 +333,7 @@ class ControlServer:
                 if self.pending_jobs.pop(id(job), None) is not None:
                     self.admitted[id(job)] = job  # what --max-jobs counts
                 job.payload_final = True
-                window.fit(self.aggregator, job, self.window_cap)
+                window.fit(self.aggregator, job)
                 self.payload_topic.notify()
                 log.info("job '%s': %s", name, job.payload_reason)
             elif msg.await_payload:

@@ -1,8 +1,8 @@
 """A job's window (docs/protocol.md, *Payload size*): the NETREDUCE_WINDOW every rank
 must agree on (chunk c goes to slot c mod window), and, when none set it, the window
-fitted with the final payload to the smallest receive buffer a rank reported, to
-this daemon's data ports (protocol/socket_buffers.py) and, on the default pool, to
-CACHE_WINDOW. Called by switch/server.py's register with its lock held."""
+fitted with the final payload to the smallest receive buffer a rank reported and to
+this daemon's data ports (protocol/socket_buffers.py). Called by switch/server.py's
+register with its lock held."""
 from __future__ import annotations
 
 import logging
@@ -13,16 +13,6 @@ from netreduce.protocol.socket_buffers import DAEMON_SHARE, rank_share, size_wor
 from netreduce.switch.commands import RequestError
 
 log = logging.getLogger("netreduce.switch")
-
-# The most slots a job's window holds per data thread when no rank set
-# NETREDUCE_WINDOW and the operator did not set --slots. A job touches 2 x W x P bytes
-# of slot memory (two shadow sets) round after round, W/T slots of it on each of T
-# data threads; the default pool's 1462 slots at MTU 1500 (P = 1432) are 4 MiB, twice
-# a core's L2 here, so every contribution's sum and the first one's copy missed it.
-# 256 slots a thread (716 KiB of slots, 366 KiB in flight per rank with one thread)
-# stay in L2 (BENCHMARKS.md, issue 33, aggwin: what it gains at 40 Gbit/s and what it
-# costs at 1 Gbit/s on a loaded host). Below P ~ 8 KiB only: MTU 9000's pool is 234.
-CACHE_WINDOW = 256
 
 
 def agree(job: Any, name: str, rank: int, msg: messages.Register) -> None:
@@ -42,22 +32,15 @@ def agree(job: Any, name: str, rank: int, msg: messages.Register) -> None:
             f"{job.window_by} has NETREDUCE_WINDOW={job.window}; a chunk's slot follows "
             f"the window, so set it the same on every rank (0 = all the slots)")
 
-def fit(aggregator: Any, job: Any, cap: int = 0) -> None:
+def fit(aggregator: Any, job: Any) -> None:
     """With the payload final: the window every rank of the job runs with when
     none set NETREDUCE_WINDOW, so that a burst of results fits the smallest
-    receive buffer a rank reported, every rank's window at once this daemon's
-    data ports (protocol/socket_buffers.py), and `cap` slots per data thread
-    (CACHE_WINDOW on the default pool; 0 = none). Lock held."""
+    receive buffer a rank reported, and every rank's window at once this daemon's
+    data ports (protocol/socket_buffers.py). Lock held."""
     if job.window:
         return
     slots = int(aggregator.job_counters(job.index)["slots"])
     bounds = []  # (slots, why, log level): a capped rank is the operator's to fix
-    if cap:
-        threads = int(aggregator.threads)
-        bounds.append((cap * threads, logging.INFO,
-                       f"{cap} slots per data thread ({threads}) keep the job's slot memory "
-                       f"in the threads' caches (netreduce-switch --slots sets the window "
-                       f"instead)"))
     for coalesced, (buffer, rank) in job.receive_buffers.items():
         share = rank_share(coalesced, job.payload_bytes)
         bounds.append((slots_that_fit(buffer, job.payload_bytes, share), logging.WARNING,

@@ -173,45 +173,6 @@ def test_the_job_window_fits_the_daemons_ports_shared_by_all_its_ranks():
         d.close()
 
 
-def test_the_default_pool_holds_a_job_to_the_window_that_stays_in_cache():
-    # MTU 1500's payload: the default pool is 1462 slots (4 MiB of slot memory), and a
-    # job whose ranks set no window runs with CACHE_WINDOW of them, every rank alike;
-    # an operator who sized the pool with --slots gets it whole, and a job that set
-    # NETREDUCE_WINDOW keeps its own (control connections only).
-    from netreduce.protocol.client import ControlClient
-    from netreduce.protocol.socket_buffers import DAEMON_SHARE, slots_that_fit
-    from netreduce.switch.window import CACHE_WINDOW
-
-    def job(d, name, window):
-        clients = [ControlClient(d.address) for _ in range(2)]
-        try:
-            own = clients[0].call("counters")["transport"]["receive_buffer_bytes"]
-            if 0 < slots_that_fit(own // 2, 1432, DAEMON_SHARE) <= 1462:
-                pytest.skip(f"this daemon's data port holds {own} B: its own fit binds")
-            return [register(c, name, r, 2, window=window, receive_buffer=64 << 20,
-                             receive_coalesced=True) for r, c in enumerate(clients)][-1]
-        finally:
-            for c in clients:
-                c.close()
-
-    d = Daemon("--payload-bytes", "1432", "--log-level", "info")
-    try:
-        last = job(d, "cached", 0)
-        assert last["payload_bytes"] == 1432 and last["slots"] == 1462 > CACHE_WINDOW, last
-        assert last["window_fit"] == CACHE_WINDOW, last
-        line = d.wait_log("job 'cached': window")
-        assert f"window {CACHE_WINDOW} of 1462 slots" in line and "cache" in line, line
-        assert job(d, "set", 1000)["window_fit"] == 0
-    finally:
-        d.close()
-    d = Daemon("--payload-bytes", "1432", "--slots", "1462", "--log-level", "info")
-    try:
-        last = job(d, "sized", 0)
-        assert last["slots"] == 1462 and last["window_fit"] == 0, last
-    finally:
-        d.close()
-
-
 def test_a_rank_that_does_not_coalesce_gets_the_smaller_share_of_its_buffer():
     # Reported, not dropped: rank 0 coalesces (UDP_GRO) and holds 416 KiB, rank 1 holds
     # as much but takes 1 KiB datagrams one by one, each in a buffer of its own, so its
