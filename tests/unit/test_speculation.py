@@ -203,13 +203,21 @@ def test_shutdown_while_speculating_ends_cleanly(ranks):
 def test_an_idle_job_backs_off_and_resumes(ranks):
     """Every message finding every rank with nothing for QUIET_S doubles the idle
     pace (up to max(IDLE_S, stale_s)); the next step resets it and is exact."""
+    import threading
     from netreduce.worker.agreement import IDLE_S, QUIET_S
+    both = threading.Barrier(2)
 
     def fn(r):
         ag = context.thread.comm.agreement
         for step in range(4):
             _check(_step(r, step, ["g"]), 2, step)
-        time.sleep(QUIET_S + 1.5)
+        # idle until this rank has backed off (QUIET_S of nothing, then a doubling; was a
+        # fixed QUIET_S + 1.5 s), and the other rank too: a step before then would reset
+        # the other's pace before it was seen
+        deadline = time.monotonic() + QUIET_S + 10.0
+        while ag.gap <= IDLE_S and time.monotonic() < deadline:
+            time.sleep(0.01)
+        both.wait(timeout=30.0)
         backed_off = ag.gap
         _check(_step(r, 4, ["g"]), 2, 4)
         return backed_off, ag.gap, ag.stale_s
