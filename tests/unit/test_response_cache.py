@@ -97,19 +97,30 @@ def test_cached_tensor_one_rank_never_submits_times_out_naming_it(ranks):
 def test_cached_tensor_submitted_late_by_one_rank_still_completes(ranks):
     """A straggler beyond stale_s: the tensor leaves the agreement for the coordinator
     on every rank, completes there, and is agreed on again afterwards."""
+    R = ranks(2, NETREDUCE_TIMEOUT=20)  # stale_s 0.5 s
+    two_steps = [threading.Event(), None]
+
     def fn(r):
         comm = context.thread.comm
         _step(r, ["x"])
         _step(r, ["x"])
-        if r == 1:
-            time.sleep(2.0)                   # > stale_s (0.5 s at a 20 s timeout)
+        if r == 0:
+            two_steps[1] = comm.neg.requests
+            two_steps[0].set()
+        else:
+            # > stale_s (0.5 s at a 20 s timeout): late until rank 0 has given up on the
+            # agreement and asked the coordinator (was a fixed 2 s, which stays the bound)
+            two_steps[0].wait(10.0)
+            deadline = time.monotonic() + 2.0
+            while R.comms[0].neg.requests <= two_steps[1] and time.monotonic() < deadline:
+                time.sleep(0.01)
         out = _step(r, ["x"])
         assert (out["x"] == 3).all()
         requests = comm.neg.requests
         for _ in range(3):
             assert (_step(r, ["x"])["x"] == 3).all()
         return comm.neg.requests - requests
-    for requests in ranks(2, NETREDUCE_TIMEOUT=20).run(fn):  # stale_s 0.5 s
+    for requests in R.run(fn):
         assert requests == 0
 
 
