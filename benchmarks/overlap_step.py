@@ -11,9 +11,11 @@ alternation: a loaded machine slows a run's modes alike):
 
     ddp-gloo   the script's loop on torch DDP over gloo (the peer)
     nr-hvd     the script as it is on netreduce.torch (the Horovod API)
-    nr-ddp     the script's loop on torch DDP over the "netreduce" backend
+    nr-ddp     the script's loop on torch DDP over the "netreduce" backend (which
+               applies ddp_overlap by default)
     nr-ddp-overlap  the same, with netreduce.torch.ddp_overlap(model): each gradient's
                all-reduce starts as backward produces it, DDP's buckets gather results
+    nr-ddp-plain  nr-ddp with NETREDUCE_DDP_OVERLAP=0: DDP's own bucket all-reduces
     compute    the same loop, the same 4 processes at once, no communication:
                forward F, backward B and update U under the same CPU contention
 
@@ -63,7 +65,8 @@ SCRIPT = os.path.join(ROOT, "tests", "parallel", "data", "pytorch_synthetic_benc
 OUT = os.path.join(HERE, "results", "issue33")
 TORCH_MODES = ("ddp-gloo", "nr-hvd", "nr-ddp", "compute")
 WHO = {"ddp-gloo": "ddp:gloo", "nr-hvd": "netreduce", "nr-ddp": "ddp:netreduce",
-       "nr-ddp-overlap": "ddp:netreduce:overlap", "compute": "none"}
+       "nr-ddp-overlap": "ddp:netreduce:overlap", "nr-ddp-plain": "ddp:netreduce",
+       "compute": "none"}
 TOTAL = re.compile(r"Total img/sec on (\d+) \w+\(s\): ([0-9.]+) \+-([0-9.]+)")
 ITER = re.compile(r"Iter #\d+: ([0-9.]+) img/sec")
 
@@ -144,6 +147,8 @@ def run_mode(tb, label: str, args: argparse.Namespace, tmp: str) -> Dict[str, An
                     NETREDUCE_LOCAL_SIZE="1")
         if args.timeline:
             env0["NETREDUCE_TIMELINE"] = timeline_path
+        if mode == "nr-ddp-plain":
+            env0["NETREDUCE_DDP_OVERLAP"] = "0"
         for item in args.nr_env:
             key, _, value = item.partition("=")
             env0[key] = value

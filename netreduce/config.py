@@ -231,6 +231,10 @@ declare("NETREDUCE_EPOCH", int, 0,
 declare("NETREDUCE_TF_OP_CACHE", str, "",
         "folder of netreduce.tensorflow's graph ops, compiled once per TensorFlow version on "
         "first graph use; empty = ~/.cache/netreduce/tf-ops")
+declare("NETREDUCE_DDP_OVERLAP", _bool, True,
+        "DistributedDataParallel on a netreduce process group all-reduces each gradient as "
+        "backward produces it (netreduce.torch.ddp_overlap) unless a comm hook is registered; "
+        "0 = DDP's own bucket all-reduces")
 declare("NETREDUCE_CXX", str, "c++",
         "C++17 compiler (and leading flags) that builds netreduce.tensorflow's graph ops")
 

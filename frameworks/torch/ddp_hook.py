@@ -21,6 +21,9 @@ the last bucket (15.9 MB, 0.13 s at 1 Gbit/s) starts only when backward ends
 
     model = DistributedDataParallel(model)          # on the netreduce (or gloo) group
     netreduce.torch.ddp_overlap(model)
+
+On a netreduce process group DDP gets it without the call (ddp_auto.py;
+NETREDUCE_DDP_OVERLAP=0 opts out).
 """
 # No ``from __future__ import annotations`` here: DDP checks the hook's annotations
 # and needs real types, not strings.
@@ -73,15 +76,19 @@ class _Overlap:
         # after DDP's one rebuild of its buckets (before it, buckets move)
         self.views: Dict[int, torch.Tensor] = {}
         self.armed = False       # this forward's backward reduces (DDP's own decision)
+        # (state, hook) of a comm hook registered after this one (ddp_auto): it gets the
+        # buckets, and this state only undoes the .grad aliasing it left
+        self.delegate: Optional[Tuple[Any, Any]] = None
         self.process_set = _process_set(model)
         # After DDP's reducer: each parameter's AccumulateGrad node runs its post hooks
         # in the order they were added, and DDP added its own (which copies the
         # gradient into the bucket) when it was built, so ours sees the copy done.
         self.accumulators = []
-        for i, p in enumerate(params):
-            node = p.view_as(p).grad_fn.next_functions[0][0]
-            node.register_hook(self._gradient_hook(i, p))
-            self.accumulators.append(node)  # (the tensor holds it weakly; DDP too)
+        with torch.enable_grad():
+            for i, p in enumerate(params):
+                node = p.view_as(p).grad_fn.next_functions[0][0]
+                node.register_hook(self._gradient_hook(i, p))
+                self.accumulators.append(node)  # (the tensor holds it weakly; DDP too)
         model.register_forward_hook(self._forward_hook)
 
     def name(self, i: int, tensor: torch.Tensor) -> str:
@@ -96,7 +103,8 @@ class _Overlap:
         # raises on that iteration itself), never collected by the next one's buckets.
         self.started.clear()
         self.collected.clear()
-        self.armed = torch.is_grad_enabled() and bool(module.require_backward_grad_sync)
+        self.armed = torch.is_grad_enabled() and bool(module.require_backward_grad_sync) \
+            and self.delegate is None
         if not getattr(module, "_has_rebuilt_buckets", False):
             self.views.clear()          # (DDP's _update_process_group rebuilds again)
         for i, view in self.views.items():
@@ -107,6 +115,15 @@ class _Overlap:
             grad = self.params[i].grad
             if grad is not None and grad.data_ptr() == view.data_ptr():
                 self.params[i].grad = grad.clone()
+        if self.delegate is not None:
+            self.views.clear()
+
+    def hand_over(self, state: Any, hook: Any) -> None:
+        """From the next bucket on, ``hook(state, bucket)`` reduces DDP's buckets and
+        no gradient starts an all-reduce of its own (a comm hook registered after
+        this one: a reducer takes only one)."""
+        self.delegate = (state, hook)
+        self.armed = False
 
     def _gradient_hook(self, i: int, p: torch.Tensor):
         def hook(grad_inputs: Any, grad_outputs: Any) -> None:
@@ -142,6 +159,8 @@ class _Overlap:
         now, under the name the others use: the bucket's last gradient (DDP calls this
         from its own hook on it, before ours), or one this rank did not use in this
         pass (DDP's find_unused_parameters gives it zeros)."""
+        if self.delegate is not None:
+            return self.delegate[1](self.delegate[0], bucket)
         buffer = bucket.buffer()
         final = bool(getattr(self.model, "_has_rebuilt_buckets", False))
         handles: List[int] = []
@@ -186,10 +205,16 @@ def ddp_overlap(model: Any, label: Optional[str] = None) -> _Overlap:
     contiguous parameter's .grad is a view of DDP's bucket after backward, from the
     third step on (so DDP copies no gradient back). Sparse gradients are not supported (as
     for register_comm_hook's own hooks). Returns the hooks' state (its ``started``: the
-    parameters whose all-reduce is under way and not yet collected by a bucket)."""
+    parameters whose all-reduce is under way and not yet collected by a bucket), also
+    as ``model._netreduce_overlap``; a second call returns it (DDP on a netreduce group
+    may have it by default already, see ddp_auto.py)."""
+    already = getattr(model, "_netreduce_overlap", None)
+    if already is not None:
+        return already  # (applied by default at the first forward: ddp_auto.py)
     if not mpi_ops.is_initialized():
         mpi_ops.init()
     state = _Overlap(model, label or "model")
+    model._netreduce_overlap = state
 
     def overlap_hook(state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
         return state.comm_hook(bucket)

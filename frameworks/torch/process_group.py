@@ -39,7 +39,7 @@ from netreduce.protocol import auth
 from netreduce.protocol.address import format_address, parse_address
 from netreduce.errors import ControlPlaneError, InvalidArgumentError, UnsupportedError
 
-from . import mpi_ops, scatter_gather
+from . import ddp_auto, mpi_ops, scatter_gather
 from .futures import completer, cuda_devices
 
 BACKEND_NAME = "netreduce"
@@ -95,6 +95,15 @@ class ProcessGroupNetReduce(dist.ProcessGroup):
         self._tag = f"torch.pg{_GROUPS[members]}"
         self._calls: Dict[str, int] = {}
         self._last: Dict[str, Any] = {}  # name -> the future of its latest operation
+        self._ddp_models = 0  # DDP modules given ddp_overlap on this group (ddp_label)
+
+    def ddp_label(self) -> str:
+        """A name for the next DDP module that ddp_auto overlaps on this group, the
+        same on every rank: its gradients' names carry it (two models, two labels).
+        Every rank reaches a DDP's first forward in the same order (DDP's forward and
+        backward are collectives of the group)."""
+        self._ddp_models += 1
+        return f"{self._tag}.ddp{self._ddp_models - 1}"
 
     def _recurring(self, what: str, tensor: torch.Tensor) -> str:
         """The name of the next ``what`` (e.g. "allreduce.sum") of ``tensor``."""
@@ -426,7 +435,9 @@ def _create(opts, backend_options=None):
     if not ranks:  # the default group
         _label_torchrun_node()
         _ensure_aggregator(store, rank, size)
-    return ProcessGroupNetReduce(store, rank, size, opts.timeout, global_ranks=ranks)
+    group = ProcessGroupNetReduce(store, rank, size, opts.timeout, global_ranks=ranks)
+    ddp_auto.install()  # DDP on this group overlaps by default (NETREDUCE_DDP_OVERLAP)
+    return group
 
 
 def _on_group_set(method):

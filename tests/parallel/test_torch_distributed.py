@@ -267,13 +267,25 @@ def _check(ddp, reference):
         assert all(torch.equal(a, b) for a, b in zip(gathered[0], other))
 
 
-def test_ddp_on_netreduce_backend():
+@pytest.mark.parametrize("overlap", ["1", "0"])
+def test_ddp_on_netreduce_backend(overlap, monkeypatch):
+    """Plain DDP(model) on the netreduce group: ddp_overlap's path by default (applied
+    at the first forward), DDP's own bucket all-reduces with NETREDUCE_DDP_OVERLAP=0;
+    either way DDP's averaged result."""
+    monkeypatch.setenv("NETREDUCE_DDP_OVERLAP", overlap)
     rank, size = dist.get_rank(), dist.get_world_size()
     model = _model()
     reference = _reference(model, 4, size, 0.1)
     ddp = DDP(copy.deepcopy(model), bucket_cap_mb=0.001)  # several buckets
+    with torch.no_grad():  # (an evaluation first: decided at the first training forward)
+        ddp(_batch(rank, 0)[0])
+    assert getattr(ddp, "_netreduce_overlap", None) is None
     _train(ddp, rank, 4, 0.1)
     _check(ddp, reference)
+    state = getattr(ddp, "_netreduce_overlap", None)
+    assert (state is not None) == (overlap == "1")
+    if state is not None:  # every gradient went through it, none left behind
+        assert len(state.views) == len(list(model.parameters())) and not state.started
 
 
 def test_allreduce_hook_on_gloo_group():
@@ -299,21 +311,27 @@ def test_allreduce_hook_on_gloo_group():
     dist.destroy_process_group(gloo)
 
 
-def test_ddp_overlap_starts_each_gradient_in_backward():
+@pytest.mark.parametrize("how", ["by default", "called"])
+def test_ddp_overlap_starts_each_gradient_in_backward(how):
     """netreduce.torch.ddp_overlap: a parameter's all-reduce starts as soon as backward
     has its gradient, not when DDP's bucket is whole: with one bucket for the whole
     model, the last layer's two all-reduces are under way when backward reaches the
-    first layer; several buckets give DDP's result exactly."""
+    first layer; several buckets give DDP's result exactly. By default DDP on the
+    netreduce group gets it without the call; a user's call keeps its own (label)."""
     rank, size = dist.get_rank(), dist.get_world_size()
     model = _model()
     ddp = DDP(copy.deepcopy(model))  # default caps: one bucket for this model
-    state = nrt.ddp_overlap(ddp)
+    if how == "called":
+        assert nrt.ddp_overlap(ddp).label == "model"
     seen = []
     def watch(module, inputs, out):  # the gradient of the first layer's output: the
-        out.register_hook(lambda g: seen.append(len(state.started)))  # last layer's are done
+        state = getattr(ddp, "_netreduce_overlap", None)      # last layer's are done
+        out.register_hook(lambda g: seen.append(state and len(state.started)))
     ddp.module[0].register_forward_hook(watch)
     _train(ddp, rank, 3, 0.1)
     assert seen == [2, 2, 2], seen  # Linear(16, 4)'s weight and bias
+    state = ddp._netreduce_overlap
+    assert nrt.ddp_overlap(ddp) is state  # once per model, whoever applied it
     assert not state.started
     # from the third step on each .grad is its view in DDP's bucket (no copy back)
     for i, p in enumerate(ddp.module.parameters()):
@@ -321,9 +339,46 @@ def test_ddp_overlap_starts_each_gradient_in_backward():
     _check(ddp, _reference(model, 3, size, 0.1))
 
     several = DDP(copy.deepcopy(model), bucket_cap_mb=0.001)
-    nrt.ddp_overlap(several, "several")
+    if how == "called":
+        nrt.ddp_overlap(several, "several")
     _train(several, rank, 4, 0.1)
     _check(several, _reference(model, 4, size, 0.1))
+    assert several._netreduce_overlap.label != state.label  # (names told apart)
+
+
+@pytest.mark.parametrize("when", ["before the first forward", "after it"])
+def test_a_users_comm_hook_replaces_the_default_overlap(when):
+    """A comm hook the user registers on DDP over the netreduce group gets every
+    bucket: registered before the first forward the overlap steps aside; after it
+    (torch allows any time before backward) it takes over from the overlap."""
+    rank, size = dist.get_rank(), dist.get_world_size()
+    model = _model()
+    reference = _reference(model, 3, size, 0.1)
+    ddp = DDP(copy.deepcopy(model), bucket_cap_mb=0.001)
+    calls = []
+
+    @functools.wraps(nrt.allreduce_hook)  # keeps the annotations DDP checks
+    def counting_hook(state, bucket):
+        calls.append(bucket.buffer().numel())
+        return nrt.allreduce_hook(state, bucket)
+
+    if when == "before the first forward":
+        ddp.register_comm_hook("mine", counting_hook)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    for step in range(3):
+        opt.zero_grad()
+        x, y = _batch(rank, step)
+        loss = torch.nn.functional.mse_loss(ddp(x), y)
+        if step == 0 and when == "after it":
+            ddp.register_comm_hook("mine", counting_hook)
+        loss.backward()
+        opt.step()
+    _check(ddp, reference)
+    numel = sum(p.numel() for p in model.parameters())
+    assert sum(calls) == 3 * numel, calls
+    state = getattr(ddp, "_netreduce_overlap", None)
+    assert (state is None) == (when == "before the first forward")
+    assert state is None or not state.started
 
 
 def test_ddp_overlap_unused_parameters_and_no_sync():
