@@ -12,8 +12,10 @@ same run as netreduce and gloo, so that a target above the bound shows it.
 aggregator's namespace. Each floor rank sends S bytes from a user buffer with
 UDP_SEGMENT (64 KiB per call, netreduce's datagram size for the MTU) and receives S
 bytes with UDP_GRO straight into a buffer of S bytes: no ICRC, no headers, no
-per-chunk bookkeeping, one thread that sleeps in recv when its window (--window,
-the engine's 2 MiB in flight) is full. Whole-process CPU (utime+stime) per round of S,
+per-chunk bookkeeping, one thread that sleeps in recv only when its window
+(--window, the engine's 2 MiB in flight) is full and then takes every result that is
+in (a send never sleeps: 8 MiB of send buffer). Its sleeps per round are in the
+record beside the engine's waits. Whole-process CPU (utime+stime) per round of S,
 beside a netreduce rank's and a gloo rank's per S-byte all-reduce from
 benchmarks/allreduce.py on the same rate and MTU in the same run (--impls
 netreduce,gloo: the slowest rank's time, the mean rank's CPU).
@@ -65,7 +67,7 @@ import linerate  # noqa: E402  (datagram size, GSO/GRO options, the daemon's cos
 OUT = os.path.join(HERE, "results", "issue33")
 GROUP = "239.86.33.1"      # the floor's result group (TTL 1, the testbed's bridge only)
 AGG_PORT, RANK_PORT = 5411, 5412
-SO_RCVBUFFORCE = 33        # root: past net.core.rmem_max, as the engine's sockets do
+SO_SNDBUFFORCE, SO_RCVBUFFORCE = 32, 33  # root: past net.core.*mem_max, as the engine's
 IP_MTU_DISCOVER, IP_PMTUDISC_DO = 10, 2
 
 
@@ -75,11 +77,15 @@ def _gso_bytes(dgram: int) -> int:
 
 
 def _socket(rcvbuf: int) -> socket.socket:
+    """GRO on, DF, and buffers that neither drop a window's results nor make a send
+    sleep (8 MiB of send buffer: a send never waits for a shaper to drain)."""
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    try:
-        s.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, rcvbuf)
-    except OSError:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    for force, plain, size in ((SO_RCVBUFFORCE, socket.SO_RCVBUF, rcvbuf),
+                               (SO_SNDBUFFORCE, socket.SO_SNDBUF, 8 << 20)):
+        try:
+            s.setsockopt(socket.SOL_SOCKET, force, size)
+        except OSError:
+            s.setsockopt(socket.SOL_SOCKET, plain, size)
     s.setsockopt(socket.IPPROTO_UDP, linerate.UDP_GRO, 1)
     s.setsockopt(socket.IPPROTO_IP, IP_MTU_DISCOVER, IP_PMTUDISC_DO)  # DF, as netreduce
     return s
@@ -97,7 +103,7 @@ def _udp_errors() -> Dict[str, int]:
 def _cpu() -> Dict[str, float]:
     import resource
     ru = resource.getrusage(resource.RUSAGE_SELF)
-    return {"user": ru.ru_utime, "sys": ru.ru_stime}
+    return {"user": ru.ru_utime, "sys": ru.ru_stime, "sleeps": ru.ru_nvcsw}
 
 
 # =============================================================================
@@ -121,7 +127,10 @@ def floor_rank(cfg: dict) -> int:
         # is in, the group reaches only the ranks already known and this one's results
         # are lost. The floor has no resends, so it waits (before anything is timed).
         time.sleep(2.0)
-    s.settimeout(cfg["timeout"])
+    # A blocking socket (no Python timeout: that would turn MSG_DONTWAIT into a wait)
+    # and poll for the one sleep per empty socket.
+    poll = select.poll()
+    poll.register(s, select.POLLIN)
     cmsg = [(socket.SOL_UDP, linerate.UDP_SEGMENT, struct.pack("H", dgram))]
     agg = (cfg["aggregator"], AGG_PORT)
     gso = _gso_bytes(dgram)
@@ -135,10 +144,18 @@ def floor_rank(cfg: dict) -> int:
                     off = sent % size
                     n = min(gso, size - off)
                     sent += s.sendmsg([vsrc[off:off + n]], cmsg, 0, agg)
-                off = got % size
-                got += s.recv_into(vdst[off:off + 65536])
+                # Sleep until results come, then take all there are before sending on:
+                # one wake-up per empty socket, not one per datagram.
+                if not poll.poll(cfg["timeout"] * 1000):
+                    raise TimeoutError
+                while got < end:
+                    off = got % size
+                    try:
+                        got += s.recv_into(vdst[off:off + 65536], 0, socket.MSG_DONTWAIT)
+                    except BlockingIOError:
+                        break
             marks.append((time.perf_counter(), _cpu()))
-    except socket.timeout:
+    except TimeoutError:
         print(f"ERROR rank {cfg['rank']}: no result for {cfg['timeout']} s: sent {sent}, got {got} "
               f"of {rounds * size}; UDP {_udp_errors()}", flush=True)
         return 1
@@ -146,7 +163,8 @@ def floor_rank(cfg: dict) -> int:
     timed = rounds - 1
     rec = {"rank": cfg["rank"], "rounds": timed, "wall_s_per_round": (t1 - t0) / timed,
            "cpu_s_per_round": (c1["user"] + c1["sys"] - c0["user"] - c0["sys"]) / timed,
-           "sys_s_per_round": (c1["sys"] - c0["sys"]) / timed}
+           "sys_s_per_round": (c1["sys"] - c0["sys"]) / timed,
+           "sleeps_per_round": (c1["sleeps"] - c0["sleeps"]) / timed}
     print("RESULT " + json.dumps(rec), flush=True)
     return 0
 
@@ -160,7 +178,6 @@ def floor_aggregator(cfg: dict) -> int:
     gso = _gso_bytes(dgram)
     s = _socket(64 << 20)
     s.bind((cfg["address"], AGG_PORT))
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8 << 20)
     if cfg["fanout"] == "group":
         s.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_IF, socket.inet_aton(cfg["address"]))
         s.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_TTL, 1)
@@ -246,6 +263,7 @@ def floor_point(tb, args, mtu: int) -> Dict[str, Any]:
     a = linerate._result(aout)
     return {"rank_cpu_s": statistics.mean(r["cpu_s_per_round"] for r in recs),
             "rank_sys_s": statistics.mean(r["sys_s_per_round"] for r in recs),
+            "rank_sleeps": statistics.mean(r["sleeps_per_round"] for r in recs),
             "time_s": max(r["wall_s_per_round"] for r in recs),
             "aggregator_cpu_s": a["cpu_s"] / args.iters, "aggregator_GB_per_cpu_s": a["GB_per_cpu_s"],
             "aggregator": a, "ranks": recs}
@@ -272,7 +290,8 @@ def allreduce_point(args, rate: str, mtu: int) -> Dict[str, Any]:
     out = {}
     for impl, r in recs.items():
         out[impl] = {"time_s": r["time_s"], "rank_cpu_s": r["cpu_s_per_allreduce"],
-                     "correct": r["correct"], "machine_busy": r.get("machine_busy")}
+                     "correct": r["correct"], "machine_busy": r.get("machine_busy"),
+                     "rank_waits": r.get("waits_per_rank")}  # the engine's sleeps
         if "cpu_switch" in r:  # the daemon's busy fraction over rank 0's timed loop
             out[impl]["aggregator_cpu_s"] = r["cpu_switch"] * r["time_s"]
     return out
@@ -380,6 +399,8 @@ def summarize(runs: List[Dict[str, Any]]) -> Dict[str, Any]:
                                                          for r in mine], 1)
         cell["floor_rank_user_ms"] = _spread([(r["floor"]["rank_cpu_s"] - r["floor"]["rank_sys_s"])
                                               * 1e3 for r in mine], 2)
+        cell["floor_rank_sleeps"] = _spread([r["floor"]["rank_sleeps"] for r in mine], 0)
+        cell["netreduce_rank_waits"] = _spread([r["netreduce"].get("rank_waits") for r in mine], 0)
         cell["daemon_cpu_ms"] = _spread([r["netreduce"].get("aggregator_cpu_s", 0) * 1e3 for r in mine], 1)
         cell["reflector_cpu_ms"] = _spread([r["floor"]["aggregator_cpu_s"] * 1e3 for r in mine], 1)
         for k in mine[0]["ratios"]:
