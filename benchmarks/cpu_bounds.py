@@ -123,10 +123,13 @@ def floor_rank(cfg: dict) -> int:
     if cfg["fanout"] == "group":
         s.setsockopt(socket.IPPROTO_IP, socket.IP_ADD_MEMBERSHIP,
                      socket.inet_aton(GROUP) + socket.inet_aton(cfg["address"]))
-        # The bridge snoops IGMP: until this rank's report (sent within ~1 s of the join)
-        # is in, the group reaches only the ranks already known and this one's results
-        # are lost. The floor has no resends, so it waits (before anything is timed).
-        time.sleep(2.0)
+    # The floor has no resends, so before anything is timed it waits for what would
+    # lose its first datagrams: the aggregator's MAC (while ARP is unresolved the kernel
+    # keeps ~200 KB of sends and drops the rest of a window silently; this one datagram
+    # goes to a port nobody holds), and the bridge's IGMP snooping (until this rank's
+    # report, sent within ~1 s of the join, is in, the group skips this rank).
+    s.sendto(b"arp", (cfg["aggregator"], AGG_PORT + 2))
+    time.sleep(2.0)
     # A blocking socket (no Python timeout: that would turn MSG_DONTWAIT into a wait)
     # and poll for the one sleep per empty socket.
     poll = select.poll()
@@ -170,9 +173,10 @@ def floor_rank(cfg: dict) -> int:
 
 
 def floor_aggregator(cfg: dict) -> int:
-    """Receive N x S per round (GRO, one hot buffer), release S / N of results per
-    byte received: a full GSO send as soon as one is due, the rest whenever the
-    socket is empty (a slot completes when its last contribution arrives)."""
+    """Receive N x S per round (GRO, one hot buffer) and release the results as far as
+    every rank's contributions have come (a slot completes when its last contribution
+    arrives): a full GSO send as soon as one is due, the rest whenever the socket is
+    empty. The only bookkeeping is a byte count per rank."""
     n, size, dgram = cfg["np"], cfg["size"], cfg["dgram"]
     rounds = 1 + cfg["rounds"]
     gso = _gso_bytes(dgram)
@@ -189,6 +193,7 @@ def floor_aggregator(cfg: dict) -> int:
     buf = bytearray(65536)
     out = bytearray(b"\x3c") * gso
     vout = memoryview(out)
+    per_rank = {a: 0 for a in cfg["ranks"]}
     total = released = 0
     goal = rounds * size
     mark0: Optional[tuple] = None
@@ -207,9 +212,9 @@ def floor_aggregator(cfg: dict) -> int:
 
     while released < goal:
         try:
-            total += s.recv_into(buf, 0, socket.MSG_DONTWAIT)
+            got, (addr, _) = s.recvfrom_into(buf, 0, socket.MSG_DONTWAIT)
         except BlockingIOError:
-            released = release(total // n)  # nothing waiting: flush what is due
+            released = release(min(per_rank.values()))  # nothing waiting: flush what is due
             if released >= goal:
                 break
             if not poll.poll(cfg["timeout"] * 1000):
@@ -217,7 +222,9 @@ def floor_aggregator(cfg: dict) -> int:
                       f"{total} of {n * goal}; UDP {_udp_errors()}", flush=True)
                 return 1
             continue
-        due = total // n
+        total += got
+        per_rank[addr] += got
+        due = min(per_rank.values())
         if due - released >= gso:
             released = release(due - (due - released) % gso)
         if mark0 is None and total >= n * size:
