@@ -137,6 +137,7 @@ def floor_rank(cfg: dict) -> int:
     cmsg = [(socket.SOL_UDP, linerate.UDP_SEGMENT, struct.pack("H", dgram))]
     agg = (cfg["aggregator"], AGG_PORT)
     gso = _gso_bytes(dgram)
+    nap = cfg.get("nap", 0.0)
     sent = got = 0
     marks = []  # (wall, cpu) when round k's results are all in
     try:
@@ -151,6 +152,8 @@ def floor_rank(cfg: dict) -> int:
                 # one wake-up per empty socket, not one per datagram.
                 if not poll.poll(cfg["timeout"] * 1000):
                     raise TimeoutError
+                if nap:  # paced: let more results come back before taking them
+                    time.sleep(nap)
                 while got < end:
                     off = got % size
                     try:
@@ -239,12 +242,13 @@ def floor_aggregator(cfg: dict) -> int:
     return 0
 
 
-def floor_point(tb, args, mtu: int) -> Dict[str, Any]:
-    """One floor run on testbed `tb`: the reflector, then the N ranks; their records."""
+def floor_point(tb, args, mtu: int, nap: float = 0.0) -> Dict[str, Any]:
+    """One floor run on testbed `tb`: the reflector, then the N ranks; their records.
+    nap > 0: each floor rank sleeps that long after each wake-up before it drains."""
     n = len(tb.hosts)
     base = {"np": n, "size": common.parse_size(args.size), "dgram": linerate.datagram_bytes(mtu),
             "rounds": args.iters, "window": common.parse_size(args.window),
-            "fanout": args.fanout, "timeout": 20.0, "aggregator": tb.aggregator.address,
+            "fanout": args.fanout, "timeout": 20.0, "nap": nap, "aggregator": tb.aggregator.address,
             "ranks": [h.address for h in tb.hosts]}
     me = [sys.executable, os.path.abspath(__file__)]
     agg = tb.popen(tb.aggregator, me + ["--role", "aggregator",
@@ -336,6 +340,11 @@ def shaped_run(args, rate: str, mtu: int, first: str) -> Dict[str, Any]:
         with Testbed(hosts=args.np, rate=rate, mtu=mtu, name=args.testbed_name + "f",
                      subnet=args.subnet, replace=True) as tb:
             rec["floor"] = floor_point(tb, args, mtu)
+            if args.paced:  # an eighth of a window's time at the link rate (keeps it busy)
+                from netreduce.testbed.plan import parse_rate
+                nap = common.parse_size(args.window) / 8 / (parse_rate(rate) / 8)
+                rec["floor_paced"] = floor_point(tb, args, mtu, nap)
+                rec["floor_paced"]["nap_s"] = nap
 
     def product() -> None:
         rec.update(allreduce_point(args, rate, mtu))
@@ -357,6 +366,12 @@ def shaped_run(args, rate: str, mtu: int, first: str) -> Dict[str, Any]:
         "predicted floor / gloo": (n * fl["rank_cpu_s"] + fl["aggregator_cpu_s"])
                                   / (n * gl["rank_cpu_s"]),
     }
+    if "floor_paced" in rec:
+        fp = rec["floor_paced"]
+        rec["ratios"].update({
+            "floor_paced_rank_cpu / gloo": fp["rank_cpu_s"] / gl["rank_cpu_s"],
+            "netreduce_rank_cpu / floor_paced": nr["rank_cpu_s"] / fp["rank_cpu_s"],
+            "time floor_paced / gloo": fp["time_s"] / gl["time_s"]})
     # (c) in time: the CPU-seconds of one all-reduce, all its processes, over the cores
     cores = os.cpu_count() or 1
     rec["cpu_over_cores_s"] = {
@@ -397,16 +412,19 @@ def summarize(runs: List[Dict[str, Any]]) -> Dict[str, Any]:
     shaped = [r for r in runs if "rate" in r and "error" not in r]
     for rate, mtu in sorted({(r["rate"], r["mtu"]) for r in shaped}):
         mine = [r for r in shaped if r["rate"] == rate and r["mtu"] == mtu]
+        impls = ["netreduce", "floor", "gloo"] + (["floor_paced"] if "floor_paced" in mine[0] else [])
         cell = {f"{impl}_rank_cpu_ms": _spread([r[impl]["rank_cpu_s"] * 1e3 for r in mine], 2)
-                for impl in ("netreduce", "floor", "gloo")}
+                for impl in impls}
         cell.update({f"{impl}_ms": _spread([r[impl]["time_s"] * 1e3 for r in mine], 1)
-                     for impl in ("netreduce", "floor", "gloo")})
+                     for impl in impls})
         for impl in ("netreduce", "floor", "gloo"):
             cell[f"{impl}_cpu_over_cores_ms"] = _spread([r["cpu_over_cores_s"][impl] * 1e3
                                                          for r in mine], 1)
         cell["floor_rank_user_ms"] = _spread([(r["floor"]["rank_cpu_s"] - r["floor"]["rank_sys_s"])
                                               * 1e3 for r in mine], 2)
         cell["floor_rank_sleeps"] = _spread([r["floor"]["rank_sleeps"] for r in mine], 0)
+        if "floor_paced" in impls:
+            cell["floor_paced_rank_sleeps"] = _spread([r["floor_paced"]["rank_sleeps"] for r in mine], 0)
         cell["netreduce_rank_waits"] = _spread([r["netreduce"].get("rank_waits") for r in mine], 0)
         cell["daemon_cpu_ms"] = _spread([r["netreduce"].get("aggregator_cpu_s", 0) * 1e3 for r in mine], 1)
         cell["reflector_cpu_ms"] = _spread([r["floor"]["aggregator_cpu_s"] * 1e3 for r in mine], 1)
@@ -440,6 +458,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--size", default="64M", help="bytes per all-reduce / floor round")
     ap.add_argument("--iters", type=int, default=5, help="timed all-reduces / floor rounds per point")
     ap.add_argument("--window", default="2M", help="floor: bytes a rank keeps in flight")
+    ap.add_argument("--paced", action="store_true",
+                    help="(a): also a paced floor at each rate: a rank sleeps an eighth of a "
+                         "window's time at the link rate after each wake-up (fewer wake-ups)")
     ap.add_argument("--fanout", choices=("group", "unicast"), default="group",
                     help="floor: results to a multicast group (the daemon's default here) or per rank")
     ap.add_argument("--testbed-name", default="nrbd", help="testbed names (+ f, a, g)")
