@@ -3,8 +3,8 @@
 the aggregator would cost if they did nothing but move the bytes, measured in the
 same run as netreduce and gloo, so that a target above the bound shows it.
 
-    # as root; 5 runs, every point once per run (about 15 min on 2 quiet cores)
-    python3 benchmarks/cpu_bounds.py --runs 5
+    # as root; 5 runs, every point once per run (~30 min at load 10-20)
+    python3 benchmarks/cpu_bounds.py --runs 5 --paced
     # record: benchmarks/results/issue33/cpu_bounds_<UTC>.json (--out to choose)
 
 (a) A rank's floor. N ranks, each in its testbed namespace (`tc tbf` links at
@@ -15,10 +15,16 @@ bytes with UDP_GRO straight into a buffer of S bytes: no ICRC, no headers, no
 per-chunk bookkeeping, one thread that sleeps in recv only when its window
 (--window, the engine's 2 MiB in flight) is full and then takes every result that is
 in (a send never sleeps: 8 MiB of send buffer). Its sleeps per round are in the
-record beside the engine's waits. Whole-process CPU (utime+stime) per round of S,
-beside a netreduce rank's and a gloo rank's per S-byte all-reduce from
-benchmarks/allreduce.py on the same rate and MTU in the same run (--impls
-netreduce,gloo: the slowest rank's time, the mean rank's CPU).
+record beside the engine's waits. Where the link binds, that floor wakes once per
+arriving super-packet; --paced adds a second floor in the same testbed whose ranks,
+once woken, sleep an eighth of a window's time at the link rate before they drain
+(the link stays busy; the wake-ups drop ~3x): the bound for a rank that waits well.
+Whole-process CPU (utime+stime) per round of S, beside a netreduce rank's and a
+gloo rank's per S-byte all-reduce from benchmarks/allreduce.py on the same rate and
+MTU in the same run (--impls netreduce,gloo: the slowest rank's time, the mean
+rank's CPU). The floor is a Python process: its user time (in the record) holds the
+interpreter's per call and per wake-up cost, so its system time is closer to what
+the kernel alone needs.
 
 (b) The aggregator's floor. The reflector receives the N x S contributions (GRO,
 into one hot buffer) and sends back S of results without summing anything: one
