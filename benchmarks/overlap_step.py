@@ -134,6 +134,10 @@ def run_mode(tb, label: str, args: argparse.Namespace, tmp: str) -> Dict[str, An
     record: Dict[str, Any] = {"mode": label, "load": list(os.getloadavg())}
     phase_path = os.path.join(tmp, "phases.json")
     timeline_path = os.path.join(tmp, "timeline.json")
+    ranks_tl = args.timeline_ranks and mode.startswith("nr-")
+    if ranks_tl:  # every rank's timeline and stamps, {rank} filled in by each
+        phase_path = os.path.join(tmp, "phases.{rank}.json")
+        timeline_path = os.path.join(tmp, "timeline.{rank}.json")
     tree = dict(c.split("=", 1) for c in args.code)[code] if code else ROOT
     env0 = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "NRBENCH_HVD": WHO[mode],
             "NRBENCH_PHASES": phase_path, "GLOO_SOCKET_IFNAME": tb.ifname,
@@ -145,7 +149,7 @@ def run_mode(tb, label: str, args: argparse.Namespace, tmp: str) -> Dict[str, An
         env0.update(NETREDUCE_SWITCH=f"{sw.address[0]}:{sw.address[1]}",
                     NETREDUCE_JOB=f"overlap-{uuid.uuid4().hex[:8]}", NETREDUCE_SIZE=str(n),
                     NETREDUCE_LOCAL_SIZE="1")
-        if args.timeline:
+        if args.timeline or ranks_tl:
             env0["NETREDUCE_TIMELINE"] = timeline_path
         if mode == "nr-ddp-plain":
             env0["NETREDUCE_DDP_OVERLAP"] = "0"
@@ -188,6 +192,9 @@ def run_mode(tb, label: str, args: argparse.Namespace, tmp: str) -> Dict[str, An
     record["img_per_s_conf"] = float(m.group(3))
     record["iters"] = [float(x) for x in ITER.findall(text)]
     record["load"] += list(os.getloadavg())
+    rank_paths = [(phase_path.replace("{rank}", str(r)), timeline_path.replace("{rank}", str(r)))
+                  for r in (range(n) if ranks_tl else range(1))]
+    phase_path, timeline_path = rank_paths[0]
     try:
         with open(phase_path) as f:
             steps = json.load(f)
@@ -196,13 +203,34 @@ def run_mode(tb, label: str, args: argparse.Namespace, tmp: str) -> Dict[str, An
     timed = steps[-args.iters * args.batches_per_iter:]
     if timed:
         record["phases"] = phases(timed)
-    if args.timeline and os.path.exists(timeline_path) and timed:
+    if (args.timeline or ranks_tl) and os.path.exists(timeline_path) and timed:
         record["timeline"] = overlap_timeline.analyse(timeline_path, timed)
+    if ranks_tl and os.path.exists(timeline_path) and timed:
+        record["tail"] = _tail(rank_paths, len(timed), args.keep, label)
         if args.keep:
             shutil.copy(timeline_path, os.path.join(args.keep, f"{label}_{_utc()}.timeline.json"))
             with open(os.path.join(args.keep, f"{label}_{_utc()}.phases.json"), "w") as f:
                 json.dump(timed, f)
     return record
+
+
+def _tail(rank_paths: List[Any], count: int, keep: str, label: str) -> Dict[str, Any]:
+    """overlap_timeline.tail over every rank's files (the last ``count`` steps of
+    each); with --keep, the files are kept (LABEL_UTC.rank{r}.{phases,timeline}.json)."""
+    paths, steps = [], []
+    stamp = _utc()
+    for r, (ph, tl) in enumerate(rank_paths):
+        try:
+            with open(ph) as f:
+                steps.append(json.load(f)[-count:])
+        except (OSError, ValueError):
+            steps.append([])
+        paths.append(tl if os.path.exists(tl) else None)
+        if keep:
+            for src, kind in ((ph, "phases"), (tl, "timeline")):
+                if os.path.exists(src):
+                    shutil.copy(src, os.path.join(keep, f"{label}_{stamp}.rank{r}.{kind}.json"))
+    return overlap_timeline.tail(paths, steps)
 
 
 def bound(compute: Dict[str, Any], s_bytes: int, rate_bps: float) -> Optional[Dict[str, float]]:
@@ -229,6 +257,13 @@ def write_record(path: str, args: argparse.Namespace, modes: List[str], runs: Li
         summary[mode] = {"img_per_s": _spread([x.get("img_per_s") for x in recs], 2)}
         for part in ("forward", "backward", "wait", "update", "step"):
             summary[mode][part + "_s"] = _spread([x.get("phases", {}).get(part) for x in recs])
+        tails = [x["tail"]["median"] for x in recs if x.get("tail")]
+        if tails:  # --timeline-ranks: the wait after backward, part by part (ms)
+            summary[mode]["tail_ms"] = {k: _spread([t.get(k) for t in tails], 1) for k in (
+                "wait_ms", "skew_ms", "MB_after_backward", "last_end_ms", "ideal_end_ms")}
+            for side in ("after", "during"):
+                summary[mode]["tail_ms"][side] = {
+                    k: _spread([t[side].get(k) for t in tails], 1) for k in tails[0][side]}
     summary["bound_s"] = _spread([(r.get("bound") or {}).get("bound_s") for r in runs])
     summary["load_1min"] = _spread([x["load"][0] for r in runs for x in r["modes"].values()], 2)
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
@@ -263,6 +298,8 @@ def torch_target(args: argparse.Namespace) -> str:
                       f"{os.getloadavg()[0]:.1f}", flush=True)
                 if "timeline" in r:
                     print(overlap_timeline.describe(r["timeline"], indent="      "), flush=True)
+                if "tail" in r:
+                    print(overlap_timeline.describe_tail(r["tail"], indent="      "), flush=True)
             run = {"run": i, "order": order, "modes": results}
             if "compute" in results:
                 run["bound"] = bound(results["compute"], s_bytes, rate)
@@ -313,6 +350,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--iters", type=int, default=10, help="the script's --num-iters")
     ap.add_argument("--timeline", action="store_true",
                     help="netreduce modes: NETREDUCE_TIMELINE on rank 0, analysed per step")
+    ap.add_argument("--timeline-ranks", action="store_true",
+                    help="netreduce modes: every rank's timeline and step stamps; the record's "
+                    "'tail' says where the wait after backward went (overlap_timeline.tail)")
     ap.add_argument("--keep", default="", help="folder to keep the timelines and phases in")
     ap.add_argument("--switch-args", default="")
     ap.add_argument("--code", action="append", default=[], metavar="NAME=DIR",

@@ -10,7 +10,8 @@ PYTHONPATH).
    returned, and when the wrapped optimizer's own update (``torch.optim.SGD.step``,
    which Horovod's DistributedOptimizer.step calls after waiting for the gradients)
    started and returned; written to PATH as JSON at exit, in the clock of
-   NETREDUCE_TIMELINE (wall-clock microseconds), so the two line up.
+   NETREDUCE_TIMELINE (wall-clock microseconds), so the two line up. A PATH with
+   ``{rank}`` in it: every rank records, to its own file.
 """
 import os
 
@@ -78,6 +79,8 @@ def _probe(path: str) -> None:
     atexit.register(write)
 
 
-if os.environ.get("NRBENCH_PHASES") and \
-        os.environ.get("RANK", os.environ.get("NETREDUCE_RANK", "0")) == "0":
+_RANK = os.environ.get("RANK", os.environ.get("NETREDUCE_RANK", "0"))
+if "{rank}" in os.environ.get("NRBENCH_PHASES", ""):  # every rank, a file each
+    _probe(os.environ["NRBENCH_PHASES"].replace("{rank}", _RANK))
+elif os.environ.get("NRBENCH_PHASES") and _RANK == "0":
     _probe(os.environ["NRBENCH_PHASES"])
