@@ -200,8 +200,8 @@ def _classify(lo: float, hi: float, data: List[Dict[str, Any]]) -> Dict[str, flo
 def tail(timeline_paths: List[Optional[str]], rank_steps: List[List[List[float]]]
          ) -> Dict[str, Any]:
     """The tail of every step, from every rank's timeline and step stamps (index r:
-    rank r; the same number of steps each, aligned by index; a rank without its
-    files is None / []). Per step, in ms:
+    rank r; rank r's step matched to rank 0's by the nearest update start; a rank
+    without its files is None / []). Per step, in ms:
 
     * the ranks' backward ends after rank 0's (``skew``: rank 0's wait can be no
       shorter), and when the last gradient was submitted on every rank;
@@ -221,13 +221,17 @@ def tail(timeline_paths: List[Optional[str]], rank_steps: List[List[List[float]]
     for i, (z, b0, b1, u0, u1) in enumerate(steps0):
         end = steps0[i + 1][0] if i + 1 < len(steps0) else u1
         data = sorted((dict(m) for m in msgs if z <= m["start"] < end), key=lambda m: m["start"])
-        windows = []
+        windows, ends = [], []
         for r, steps in enumerate(rank_steps):
-            if subs[r] is None or i >= len(steps):
+            if not steps:
                 windows.append(None)
                 continue
-            hi = steps[i + 1][0] if i + 1 < len(steps) else steps[i][4]
-            windows.append((steps[i][0], hi))
+            # the same step on rank r: the one whose update starts nearest rank 0's
+            # (the ranks leave a step's wait together: its last message ends for all)
+            j = min(range(len(steps)), key=lambda k, s=steps: abs(s[k][3] - u0))
+            ends.append(steps[j][2])
+            hi = steps[j + 1][0] if j + 1 < len(steps) else steps[j][4]
+            windows.append(None if subs[r] is None else (steps[j][0], hi))
         for m in data:
             ready_all = None
             for r, win in enumerate(windows):
@@ -238,7 +242,6 @@ def tail(timeline_paths: List[Optional[str]], rank_steps: List[List[List[float]]
                     if t is not None:
                         ready_all = t if ready_all is None else max(ready_all, t)
             m["ready_all"] = ready_all
-        ends = [steps[i][2] for steps in rank_steps if i < len(steps)]
         finish, ideal = None, None
         for m in data:
             ready = m["ready_all"] if m["ready_all"] is not None else m["start"]
