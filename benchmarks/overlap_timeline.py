@@ -19,6 +19,7 @@ was not yet submitted on every rank, not yet agreed by a round, or agreed and no
 yet handed to the engine, and the landing after the last message:
 
     python3 benchmarks/overlap_timeline.py tail TL0 PHASES0 TL1 PHASES1 ...
+    python3 benchmarks/overlap_timeline.py kept FOLDER [OUT.json]   # every run --keep kept
 """
 from __future__ import annotations
 
@@ -262,6 +263,11 @@ def tail(timeline_paths: List[Optional[str]], rank_steps: List[List[List[float]]
             "last_end_ms": ms(data[-1]["end"]) if data else None,
             "ideal_end_ms": ms(ideal),
             "MB_after_backward": round(left / 1e6, 2),
+            # the link idle while a group was on every rank (rounds, hand-over), and
+            # how much later the last message ended than the ideal schedule's
+            "idle_ready_ms": round(sum(p[k] for p in (after, during) for k in ("agreement", "submit"))
+                                   / 1e3, 1),
+            "late_ms": None if ideal is None else round((data[-1]["end"] - ideal) / 1e3, 1),
             "after": {k: round(v / 1e3, 1) for k, v in after.items()},
             "during": {k: round(v / 1e3, 1) for k, v in during.items()},
             "messages": [{"MB": round(m["bytes"] / 1e6, 2), "tensors": len(m["tensors"]),
@@ -270,7 +276,7 @@ def tail(timeline_paths: List[Optional[str]], rank_steps: List[List[List[float]]
                           "start": ms(m["start"]), "end": ms(m["end"])} for m in data]})
     med: Dict[str, Any] = {}
     for key in ("backward_ms", "wait_ms", "skew_ms", "last_ready_all_ms", "last_end_ms",
-                "ideal_end_ms", "MB_after_backward"):
+                "ideal_end_ms", "MB_after_backward", "idle_ready_ms", "late_ms"):
         vals = [s[key] for s in per_step if s[key] is not None]
         if vals:
             med[key] = round(statistics.median(vals), 1)
@@ -308,7 +314,38 @@ def describe_tail(result: Dict[str, Any], indent: str = "") -> str:
     return "\n".join(out)
 
 
+def kept(folder: str) -> Dict[str, Any]:
+    """``tail`` of every run overlap_step.py --timeline-ranks --keep FOLDER kept
+    (LABEL_UTC.rank{r}.{phases,timeline}.json), by LABEL_UTC: the medians of its
+    steps. The last 30 steps of each rank (the benchmark's --iters 3
+    --batches-per-iter 10)."""
+    import glob
+    import os
+    out = {}
+    for p in sorted(glob.glob(os.path.join(folder, "*.rank0.timeline.json"))):
+        run = os.path.basename(p)[:-len(".rank0.timeline.json")]
+        paths, steps = [], []
+        for r in range(64):
+            tl, ph = (os.path.join(folder, f"{run}.rank{r}.{k}.json") for k in ("timeline", "phases"))
+            if not os.path.exists(ph):
+                break
+            paths.append(tl if os.path.exists(tl) else None)
+            with open(ph) as f:
+                steps.append(json.load(f)[-30:])
+        out[run] = tail(paths, steps)["median"]
+    return out
+
+
 def main(argv: List[str]) -> int:
+    if argv and argv[0] == "kept":  # kept FOLDER [OUT.json]
+        result = kept(argv[1])
+        for run, med in result.items():
+            print(run, json.dumps(med))
+        if len(argv) > 2:
+            with open(argv[2], "w") as f:
+                json.dump({"command": "python3 benchmarks/overlap_timeline.py " + " ".join(argv),
+                           "runs": result}, f, indent=1)
+        return 0
     if argv and argv[0] == "tail":  # tail TIMELINE0 PHASES0 TIMELINE1 PHASES1 ...
         paths, steps = argv[1::2], []
         for p in argv[2::2]:
