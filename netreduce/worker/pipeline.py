@@ -18,10 +18,10 @@ MIN_BYTES of all-reduces:
   runs its calls in the order made -- the engine its requests, several aggregators
   each its range's, hierarchical and failover on a thread of their own,
   netreduce/algorithms/serial.py) and the executor goes back to its loop at once.
-  Its next round is issued just before them (agreement.py, ``_round_ahead``): it
-  completes as soon as the messages ahead of it are through and every rank has
-  submitted it, so the skew is spent while the link is busy, and the next agreed
-  group is queued while this one is on the wire;
+  Its next round is queued behind them: it completes
+  as soon as the messages ahead are through and every rank has submitted it, so the
+  skew is spent while the link is busy, and the next agreed group is queued before
+  the link runs dry;
 * the landing thread waits for each message in submission order, copies the result
   out (post-scale, Average), and completes its tensors.
 
