@@ -75,7 +75,6 @@ POLL_S = 0.01               # while speculating: the executor's look at submissi
 IDLE_S = 0.05               # a rank with nothing follows others' rounds at this pace at most
 QUIET_S = 1.0               # ... and backs off once every rank has had nothing for this long
 NOTICE_GRACE_S = 2.0        # a failed round waits this long for the coordinator's reason
-ROUND_AHEAD = True          # the next round before an agreed group's data (_round_ahead)
 
 
 class Agreement:
@@ -105,9 +104,6 @@ class Agreement:
         # Agreed groups' messages in flight while this loop runs the next round
         # (pipeline.py); only the executor submits, under run_lock.
         self.pipeline = Pipeline(comm)
-        # A round issued ahead of the agreed group's data (_round_ahead): its request,
-        # its vector (the result lands there) and when it was issued (timeline).
-        self.ahead: Optional[Tuple[Any, np.ndarray, float]] = None
         # One message at a time, from the executor or a waiting user thread (help):
         # run_lock guards what follows and the speculation's state.
         self.run_lock = threading.Lock()
@@ -119,7 +115,6 @@ class Agreement:
         self.quiet_since: Optional[float] = None
         self.vec = np.empty(HEADER + self.width, dtype=np.int32)
         self.rounds = 0                         # statistics (tests, benchmarks)
-        self.rounds_ahead = 0                   # ... of them issued ahead of data
         self.agreed = 0                         # tensors executed without the coordinator
         self.fallbacks = 0                      # tensors sent back to the coordinator
 
@@ -199,8 +194,8 @@ class Agreement:
                 continue
             # Read without run_lock (only this thread changes ``held``; the rest only
             # sets how long to wait), so that a poll never delays a user's help.
-            local = bool(self.held or self.pending or self.invalidate or self.ahead)
-            if stopping and not self.held and self.said_leaving and self.ahead is None:
+            local = bool(self.held or self.pending or self.invalidate)
+            if stopping and not self.held and self.said_leaving:
                 return
             due = self.last_message + self.gap - time.monotonic()
             # With work here: a message now. Without: follow the others' messages, at
@@ -214,16 +209,15 @@ class Agreement:
                 time.sleep(comm.cycle_s)        # woke from idle: let the burst arrive
                 items += _take(q, 0.0)
             if not stopping and all(item is WAKE for item in items) and time.monotonic() - \
-                    self.last_message < self.gap and not (self.held or self.pending or
-                                                          self.invalidate or self.ahead):
+                    self.last_message < self.gap and not (self.held or self.pending or self.invalidate):
                 continue                        # a poll, or work a user thread ran (help)
             with self.run_lock:
                 if self._hold(items):
                     stopping = self.leaving = True
                 if comm.failure() is not None or not self.armed:
                     continue
-                if not (self.held or self.pending or self.invalidate or stopping or
-                        self.ahead) and time.monotonic() - self.last_message < self.gap:
+                if not (self.held or self.pending or self.invalidate or stopping) and \
+                        time.monotonic() - self.last_message < self.gap:
                     continue                    # a waiting user thread ran it meanwhile
                 self._message()
 
@@ -285,8 +279,7 @@ class Agreement:
             return False                        # (the executor is issuing a message)
         try:
             ids = spec.ids
-            if ids is None or spec.lone != name or spec.sigs[0] != sig or self.held \
-                    or self.ahead is not None:
+            if ids is None or spec.lone != name or spec.sigs[0] != sig or self.held:
                 return False
             i = ids[0]
             with self.lock:
@@ -336,10 +329,6 @@ class Agreement:
         round, as the previous message's result decided. Caller holds run_lock."""
         comm = self.comm
         self.last_message = time.monotonic()
-        if self.ahead is not None:              # issued before the data now on the wire
-            ahead, self.ahead = self.ahead, None
-            self._use(self._await_ahead(*ahead))
-            return
         if self.spec.armed:
             # Held log entries wait for the round that follows (the speculation says
             # ``other``, so it is not speculative again).
@@ -348,19 +337,16 @@ class Agreement:
             self.spec.run(bool(self.held), by_user)
             self._pace(self.spec.idle > idle)
             return
-        self._use(self._round(self.received,
-                              bool(self.held or self.pending or comm.busy())))
-
-    def _use(self, result: Optional[np.ndarray]) -> None:
-        """Act on a round's result (None: it failed, the plain executor takes over)."""
+        result = self._round(self.received,
+                             bool(self.held or self.pending or comm.busy()))
         if result is None:
-            return
+            return                              # failed: the plain executor takes over
         self.hot = result[1] == 0
         self._pace(bool(result[1]))             # 1: no rank had anything in flight
         agreed_seq = int(result[0])
         ready = sum(1 for h in self.held if h[0] < agreed_seq)
         self._run_held(ready, allow=True)
-        self._apply(result[HEADER:], ahead=result[2] != 0)
+        self._apply(result[HEADER:])
         if result[2] == 0:
             self._end()                         # a rank leaves: no more rounds, anywhere
 
@@ -385,58 +371,7 @@ class Agreement:
             self.comm.run_group(seq, group)
 
     def _round(self, received: int, busy: bool) -> Optional[np.ndarray]:
-        vec = self._fill(self.vec, received, busy)
-        timeline = self.comm.timeline
-        t0 = tl.now_us() if timeline else 0.0
-        if not self.issue(vec, "min"):
-            return None
-        if timeline:
-            timeline.span(ROUND_ROW, "round", t0, tl.now_us())
-        self.rounds += 1
-        return vec.copy()
-
-    def _round_ahead(self) -> None:
-        """Issue the next round now, before the data of the groups just agreed: the
-        engine runs it as soon as the messages already on the wire are through, so
-        its result is known while this data is on the wire, and the next group is
-        queued behind it before the link runs dry. Issued behind the data instead
-        (a plain round), it completes only when the link is idle, and the link stays
-        idle for the round's trip, the executor's wake-up and the hand-over of the
-        next group. Every rank issues it at the same point of its sequence (after
-        the same round's result); its vector says what the rank holds now."""
-        comm = self.comm
-        vec = self._fill(np.empty_like(self.vec), self.received, True)
-        if not comm.begin_message():
-            return
-        try:
-            req = comm.dp.allreduce_async(vec, None, op="min")
-        except Exception as exc:
-            self._message_failed(exc)
-            return
-        finally:
-            comm.end_message()
-        self.ahead = (req, vec, tl.now_us() if comm.timeline else 0.0)
-        self.rounds_ahead += 1
-
-    def _await_ahead(self, req: Any, vec: np.ndarray, t0: float) -> Optional[np.ndarray]:
-        """The round issued ahead: its result (None: it failed, reported)."""
-        comm = self.comm
-        if not comm.begin_message():
-            return None
-        try:
-            req.wait()
-        except Exception as exc:
-            self._message_failed(exc)
-            return None
-        finally:
-            comm.end_message()
-        if comm.timeline:
-            comm.timeline.span(ROUND_ROW, "round", t0, tl.now_us())
-        self.rounds += 1
-        return vec
-
-    def _fill(self, vec: np.ndarray, received: int, busy: bool) -> np.ndarray:
-        """This rank's vector of a round (module docstring), into ``vec``."""
+        vec = self.vec
         now = time.monotonic()
         with self.lock:
             joined = bool(self.joins) and self.joined()
@@ -452,7 +387,14 @@ class Agreement:
             self.invalidate.clear()
             if joined:
                 vec[HEADER:] = INVALID          # joined: the coordinator sends the zeros
-        return vec
+        timeline = self.comm.timeline
+        t0 = tl.now_us() if timeline else 0.0
+        if not self.issue(vec, "min"):
+            return None
+        if timeline:
+            timeline.span(ROUND_ROW, "round", t0, tl.now_us())
+        self.rounds += 1
+        return vec.copy()
 
     def joined(self) -> bool:
         """Whether a join() of this rank still waits for its log entry: then every id
@@ -516,10 +458,8 @@ class Agreement:
             f"tensors did not complete ({what} waiting here): {exc}; a rank that neither "
             "submits nor leaves for NETREDUCE_TIMEOUT stops the job")
 
-    def _apply(self, marks: np.ndarray, ahead: bool = False) -> None:
-        """Act on a round's result: bans, fallbacks, then the agreed groups; with
-        ``ahead`` (no rank leaves), the next round goes before the first group the
-        pipeline takes (_round_ahead)."""
+    def _apply(self, marks: np.ndarray) -> None:
+        """Act on a round's result: bans, fallbacks, then the agreed groups."""
         invalid = np.flatnonzero(marks == INVALID)
         ready = np.flatnonzero(marks == READY)
         moved, agreed = [], []
@@ -545,8 +485,6 @@ class Agreement:
         for _, tensors in groups:
             self.mark_agreed(tensors)
             if self.pipeline.takes(tensors):
-                if ahead and self.ahead is None and not self.spec.armed and ROUND_AHEAD:
-                    self._round_ahead()
                 self.pipeline.start(tensors)    # on the wire behind us; the next round now
             else:
                 self.comm.run_group(GROUP_SEQ, tensors)

@@ -5,8 +5,7 @@ groups that go on the wire behind one another: large tensors reduced in place
 (float32 and float64, Sum and Average with a post-scale), a prescaled one and small
 ones fused in the pipeline's own buffer, an int32 group, a float16 tensor carried as
 float32 in a buffer beyond the fusion threshold's; a rank that lags in some steps.
-Every result exact and bit-identical on every rank, with the next round issued ahead
-of each group's data."""
+Every result exact and bit-identical on every rank."""
 import json
 
 import pytest
@@ -68,8 +67,7 @@ for k in range(12):
 p = comm.agreement.pipeline
 print("RESULT " + json.dumps({"rank": r, "algorithm": comm.dp.name,
                               "digest": digest.hexdigest(), "groups": p.groups,
-                              "direct": p.direct, "messages": p.messages,
-                              "ahead": comm.agreement.rounds_ahead}), flush=True)
+                              "direct": p.direct, "messages": p.messages}), flush=True)
 nr.shutdown()
 """
 
@@ -83,12 +81,10 @@ def test_agreed_groups_in_flight_exact_on_the_real_data_plane():
                if "RESULT " in line]
     assert sorted(x["rank"] for x in results) == [0, 1, 2], proc.stdout[-4000:]
     assert len({x["digest"] for x in results}) == 1         # the same bits everywhere
-    assert len({(x["groups"], x["direct"], x["messages"], x["ahead"]) for x in results}) == 1
+    assert len({(x["groups"], x["direct"], x["messages"]) for x in results}) == 1
     assert all(x["groups"] > 0 for x in results)            # groups went through the pipeline
     assert all(x["direct"] > 0 for x in results)            # ... large tensors in place
     assert all(x["messages"] > x["direct"] for x in results)  # ... small ones fused
-    # the next round went ahead of a group's data (Agreement._round_ahead)
-    assert all(x["ahead"] > 0 for x in results)
 
 
 DEATH = r"""
