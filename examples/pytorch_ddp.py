@@ -31,7 +31,8 @@ def main() -> int:
                         help="register netreduce.torch.allreduce_hook on the DDP model")
     parser.add_argument("--overlap", action="store_true",
                         help="netreduce.torch.ddp_overlap(model): each gradient's "
-                        "all-reduce starts as backward produces it")
+                        "all-reduce starts as backward produces it (on the netreduce "
+                        "backend DDP does this by default; with gloo, this call adds it)")
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--batch-size", type=int, default=32, help="per rank")
     parser.add_argument("--lr", type=float, default=0.01, help="per rank; scaled by size")
