@@ -11,6 +11,7 @@ import re
 import resource
 import shlex
 import shutil
+import statistics
 import subprocess
 import sys
 from typing import Callable, Dict, Iterable, Iterator, List, Optional
@@ -47,6 +48,16 @@ def iterations(size: int, target_bytes: int, lo: int, hi: int) -> int:
     """Timed iterations for one size: enough to move ~target_bytes, within [lo, hi].
     Derived from the size alone so that every rank agrees without talking."""
     return max(lo, min(hi, target_bytes // max(size, 1)))
+
+
+def spread(vals: Iterable[Optional[float]], digits: int = 4) -> Dict[str, float]:
+    """Median, min, max and count of the values that are there (None skipped), rounded;
+    {} when there are none: how the benchmarks' records summarise repeated runs."""
+    vals = [v for v in vals if v is not None]
+    if not vals:
+        return {}
+    return {"median": round(statistics.median(vals), digits), "min": round(min(vals), digits),
+            "max": round(max(vals), digits), "n": len(vals)}
 
 
 def algbw(size: int, seconds: float) -> float:

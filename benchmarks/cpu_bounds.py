@@ -329,14 +329,6 @@ def daemon_point(tb, args, mtu: int) -> Dict[str, Any]:
 # =============================================================================
 # The run and its summary.
 # =============================================================================
-def _spread(vals: List[Optional[float]], digits: int = 4) -> Dict[str, float]:
-    vals = [v for v in vals if v is not None]
-    if not vals:
-        return {}
-    return {"median": round(statistics.median(vals), digits), "min": round(min(vals), digits),
-            "max": round(max(vals), digits), "n": len(vals)}
-
-
 def shaped_run(args, rate: str, mtu: int, first: str) -> Dict[str, Any]:
     from netreduce.testbed import Testbed
     load0 = os.getloadavg()
@@ -419,33 +411,33 @@ def summarize(runs: List[Dict[str, Any]]) -> Dict[str, Any]:
     for rate, mtu in sorted({(r["rate"], r["mtu"]) for r in shaped}):
         mine = [r for r in shaped if r["rate"] == rate and r["mtu"] == mtu]
         impls = ["netreduce", "floor", "gloo"] + (["floor_paced"] if "floor_paced" in mine[0] else [])
-        cell = {f"{impl}_rank_cpu_ms": _spread([r[impl]["rank_cpu_s"] * 1e3 for r in mine], 2)
+        cell = {f"{impl}_rank_cpu_ms": common.spread([r[impl]["rank_cpu_s"] * 1e3 for r in mine], 2)
                 for impl in impls}
-        cell.update({f"{impl}_ms": _spread([r[impl]["time_s"] * 1e3 for r in mine], 1)
+        cell.update({f"{impl}_ms": common.spread([r[impl]["time_s"] * 1e3 for r in mine], 1)
                      for impl in impls})
         for impl in ("netreduce", "floor", "gloo"):
-            cell[f"{impl}_cpu_over_cores_ms"] = _spread([r["cpu_over_cores_s"][impl] * 1e3
+            cell[f"{impl}_cpu_over_cores_ms"] = common.spread([r["cpu_over_cores_s"][impl] * 1e3
                                                          for r in mine], 1)
-        cell["floor_rank_user_ms"] = _spread([(r["floor"]["rank_cpu_s"] - r["floor"]["rank_sys_s"])
+        cell["floor_rank_user_ms"] = common.spread([(r["floor"]["rank_cpu_s"] - r["floor"]["rank_sys_s"])
                                               * 1e3 for r in mine], 2)
-        cell["floor_rank_sleeps"] = _spread([r["floor"]["rank_sleeps"] for r in mine], 0)
+        cell["floor_rank_sleeps"] = common.spread([r["floor"]["rank_sleeps"] for r in mine], 0)
         if "floor_paced" in impls:
-            cell["floor_paced_rank_sleeps"] = _spread([r["floor_paced"]["rank_sleeps"] for r in mine], 0)
-        cell["netreduce_rank_waits"] = _spread([r["netreduce"].get("rank_waits") for r in mine], 0)
-        cell["daemon_cpu_ms"] = _spread([r["netreduce"].get("aggregator_cpu_s", 0) * 1e3 for r in mine], 1)
-        cell["reflector_cpu_ms"] = _spread([r["floor"]["aggregator_cpu_s"] * 1e3 for r in mine], 1)
+            cell["floor_paced_rank_sleeps"] = common.spread([r["floor_paced"]["rank_sleeps"] for r in mine], 0)
+        cell["netreduce_rank_waits"] = common.spread([r["netreduce"].get("rank_waits") for r in mine], 0)
+        cell["daemon_cpu_ms"] = common.spread([r["netreduce"].get("aggregator_cpu_s", 0) * 1e3 for r in mine], 1)
+        cell["reflector_cpu_ms"] = common.spread([r["floor"]["aggregator_cpu_s"] * 1e3 for r in mine], 1)
         for k in mine[0]["ratios"]:
-            cell[k] = _spread([r["ratios"][k] for r in mine], 3)
-        cell["load"] = _spread([r["load"][0] for r in mine] + [r["load"][3] for r in mine], 1)
+            cell[k] = common.spread([r["ratios"][k] for r in mine], 3)
+        cell["load"] = common.spread([r["load"][0] for r in mine] + [r["load"][3] for r in mine], 1)
         out[f"{rate} mtu{mtu}"] = cell
     agg = [r for r in runs if "rate" not in r and "error" not in r]
     for mtu in sorted({r["mtu"] for r in agg}):
         mine = [r for r in agg if r["mtu"] == mtu]
         out[f"aggregator mtu{mtu}"] = {
-            "daemon_GB_per_cpu_s": _spread([r["daemon"]["aggregator_GB_per_cpu_s"] for r in mine], 2),
-            "floor_GB_per_cpu_s": _spread([r["floor"]["aggregator_GB_per_cpu_s"] for r in mine], 2),
-            "daemon / floor": _spread([r["daemon / floor GB per cpu_s"] for r in mine], 3),
-            "load": _spread([r["load"][0] for r in mine] + [r["load"][3] for r in mine], 1)}
+            "daemon_GB_per_cpu_s": common.spread([r["daemon"]["aggregator_GB_per_cpu_s"] for r in mine], 2),
+            "floor_GB_per_cpu_s": common.spread([r["floor"]["aggregator_GB_per_cpu_s"] for r in mine], 2),
+            "daemon / floor": common.spread([r["daemon / floor GB per cpu_s"] for r in mine], 3),
+            "load": common.spread([r["load"][0] for r in mine] + [r["load"][3] for r in mine], 1)}
     return out
 
 

@@ -83,14 +83,6 @@ def _commit() -> str:
         return ""
 
 
-def _spread(vals: List[Optional[float]], digits: int = 4) -> Dict[str, float]:
-    vals = [v for v in vals if v is not None]
-    if not vals:
-        return {}
-    return {"median": round(statistics.median(vals), digits), "min": round(min(vals), digits),
-            "max": round(max(vals), digits), "n": len(vals)}
-
-
 def _median(vals: List[float]) -> Optional[float]:
     return statistics.median(vals) if vals else None
 
@@ -251,21 +243,21 @@ def write_record(path: str, args: argparse.Namespace, modes: List[str], runs: Li
                                "batch": args.batch_size, "ranks": args.np}
     keys = sorted({k for r in runs for k in r if k.endswith(("_vs_gloo", "_vs_bound", "_vs_nr-hvd"))})
     for key in keys:
-        summary[key] = _spread([r.get(key) for r in runs])
+        summary[key] = common.spread([r.get(key) for r in runs])
     for mode in modes:
         recs = [r["modes"][mode] for r in runs if mode in r["modes"]]
-        summary[mode] = {"img_per_s": _spread([x.get("img_per_s") for x in recs], 2)}
+        summary[mode] = {"img_per_s": common.spread([x.get("img_per_s") for x in recs], 2)}
         for part in ("forward", "backward", "wait", "update", "step"):
-            summary[mode][part + "_s"] = _spread([x.get("phases", {}).get(part) for x in recs])
+            summary[mode][part + "_s"] = common.spread([x.get("phases", {}).get(part) for x in recs])
         tails = [x["tail"]["median"] for x in recs if x.get("tail")]
         if tails:  # --timeline-ranks: the wait after backward, part by part (ms)
-            summary[mode]["tail_ms"] = {k: _spread([t.get(k) for t in tails], 1) for k in (
+            summary[mode]["tail_ms"] = {k: common.spread([t.get(k) for t in tails], 1) for k in (
                 "wait_ms", "skew_ms", "MB_after_backward", "last_end_ms", "ideal_end_ms")}
             for side in ("after", "during"):
                 summary[mode]["tail_ms"][side] = {
-                    k: _spread([t[side].get(k) for t in tails], 1) for k in tails[0][side]}
-    summary["bound_s"] = _spread([(r.get("bound") or {}).get("bound_s") for r in runs])
-    summary["load_1min"] = _spread([x["load"][0] for r in runs for x in r["modes"].values()], 2)
+                    k: common.spread([t[side].get(k) for t in tails], 1) for k in tails[0][side]}
+    summary["bound_s"] = common.spread([(r.get("bound") or {}).get("bound_s") for r in runs])
+    summary["load_1min"] = common.spread([x["load"][0] for r in runs for x in r["modes"].values()], 2)
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     with open(path, "w") as f:
         json.dump({"command": "python3 benchmarks/overlap_step.py " + " ".join(sys.argv[1:]),
