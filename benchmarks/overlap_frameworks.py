@@ -393,14 +393,6 @@ def describe(tl: Dict[str, Any], indent: str = "      ") -> str:
     return "\n".join(out)
 
 
-def _spread(vals: List[Optional[float]], digits: int = 4) -> Dict[str, float]:
-    vals = [v for v in vals if v is not None]
-    if not vals:
-        return {}
-    return {"median": round(_med(vals), digits), "min": round(min(vals), digits),
-            "max": round(max(vals), digits), "n": len(vals)}
-
-
 def driver(args: argparse.Namespace) -> str:
     from netreduce.testbed import Testbed, why_unusable
     from netreduce.testbed.plan import parse_rate
@@ -462,24 +454,25 @@ def driver(args: argparse.Namespace) -> str:
 
 def write(args: argparse.Namespace, modes: List[str], runs: List[Dict[str, Any]],
           path: str) -> str:
+    import common
     summary: Dict[str, Any] = {"target": args.target, "rate": args.rate, "mtu": args.mtu,
                                "ranks": args.np, "batch": args.batch_size, "model": "alexnet"}
     for key in sorted({k for r in runs for k in r if "_vs_" in k}):
-        summary[key] = _spread([r.get(key) for r in runs])
+        summary[key] = common.spread([r.get(key) for r in runs])
     for part in ("forward", "backward", "update", "transfer", "bound_s"):
-        summary[part] = _spread([(r.get("bound") or {}).get(part) for r in runs])
+        summary[part] = common.spread([(r.get("bound") or {}).get(part) for r in runs])
     for mode in modes:
         recs = [r["modes"][mode] for r in runs if mode in r["modes"]]
-        summary[mode] = {"step_s": _spread([x.get("step") for x in recs]),
-                         "cpu_s_rank0": _spread([x.get("cpu_s") for x in recs], 2),
-                         "wire_tx_per_step_MB": _spread(
+        summary[mode] = {"step_s": common.spread([x.get("step") for x in recs]),
+                         "cpu_s_rank0": common.spread([x.get("cpu_s") for x in recs], 2),
+                         "wire_tx_per_step_MB": common.spread(
                              [x["wire_tx"] / (args.steps + args.warmup) / 1e6
                               if x.get("wire_tx") else None for x in recs], 1)}
         tls = [x["timeline"]["median"] for x in recs if x.get("timeline")]
         if tls:
-            summary[mode]["timeline_ms"] = {k: _spread([t.get(k) for t in tls], 1)
+            summary[mode]["timeline_ms"] = {k: common.spread([t.get(k) for t in tls], 1)
                                             for k in tls[0]}
-    summary["load_1min"] = _spread([x["load"][0] for r in runs for x in r["modes"].values()], 2)
+    summary["load_1min"] = common.spread([x["load"][0] for r in runs for x in r["modes"].values()], 2)
     os.makedirs(OUT, exist_ok=True)
     path = path or args.out or os.path.join(
         OUT, f"overlap_{args.target}_{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.json")
