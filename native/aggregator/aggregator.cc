@@ -38,14 +38,15 @@ static_assert(SlotPool::kHeadroom == wire::kHeaderBytes, "a result's headers fit
 static_assert(SlotPool::kTailroom >= wire::kIcrcBytes && SlotPool::kTailroom % 8 == 0,
               "a full chunk's ICRC fits after its slot, the next slot stays aligned");
 
-// A receive batch spans about 512 KiB of datagrams, so that the kernel's copy and the
+// A receive batch spans about 256 KiB of datagrams, so that the kernel's copy and the
 // reduction that reads it back meet in L2 (measured: 8 x 64 KiB cut the aggregator's
-// CPU per all-reduce by about a quarter against 64 x 64 KiB); at most 128 datagrams.
-constexpr size_t kBatchBytes = 512 * 1024;
+// CPU per all-reduce by about a quarter against 64 x 64 KiB), and leave room there for
+// the window's accumulators (4 x 64 KiB: BENCHMARKS.md, aggcpu); at most 128 datagrams.
+constexpr size_t kBatchBytes = 256 * 1024;
 constexpr size_t kMaxRecvBatch = 128;
 constexpr size_t kRecvBufBytes = 65536;
 // Packet descriptors for a transport that receives into its own memory (UDP GRO): a
-// 512 KiB batch of coalesced receives splits into up to ~360 datagrams at MTU 1500.
+// 256 KiB batch of coalesced receives splits into up to ~180 datagrams at MTU 1500.
 constexpr size_t kMaxDescriptors = 512;
 
 inline uint64_t PackPeer(const Endpoint& e) { return (uint64_t(e.ip) << 32) | (uint64_t(e.port) << 16); }

@@ -59,9 +59,12 @@ class SlotPool {
   size_t memory_bytes() const { return accum_bytes_; }
 
   SlotState& state(uint32_t slot, uint32_t shadow) { return states_[slot * 2 + shadow]; }
-  // P bytes, with kHeadroom writable bytes before and kTailroom after.
+  // P bytes, with kHeadroom writable bytes before and kTailroom after. Shadow-major:
+  // consecutive slots of one shadow set lie back to back, as a rank's run of chunks
+  // reaches them (a GSO run is 44 consecutive slots at 1432 B), so that the hardware's
+  // stream prefetch fetches the next slot's accumulator rather than the other set's.
   uint8_t* accumulator(uint32_t slot, uint32_t shadow) {
-    return accum_ + (size_t(slot) * 2 + shadow) * stride_ + kHeadroom;
+    return accum_ + (size_t(shadow) * slots_ + slot) * stride_ + kHeadroom;
   }
   // Worker bitmap of (slot, shadow): returns true if `rank` was not yet set, and sets it.
   bool TestAndSet(uint32_t slot, uint32_t shadow, uint32_t rank) {

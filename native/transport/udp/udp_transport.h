@@ -45,8 +45,9 @@ struct UdpOptions {
   //    and split them by the segment size the kernel reports.
   bool gso = false;
   bool gro = false;
-  // With gro: bytes one RecvBatch takes in at most (the aggregator's ~512 KiB lets
-  // the kernel's copy and the reduction that reads it back meet in L2).
+  // With gro: bytes one RecvBatch takes in at most (the aggregator sets its own,
+  // aggregator.cc kBatchBytes, so that the kernel's copy and the reduction that reads
+  // it back meet in L2).
   size_t recv_batch_bytes = 512 * 1024;
 };
 
