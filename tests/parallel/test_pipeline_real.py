@@ -5,9 +5,7 @@ groups that go on the wire behind one another: large tensors reduced in place
 (float32 and float64, Sum and Average with a post-scale), a prescaled one and small
 ones fused in the pipeline's own buffer, an int32 group, a float16 tensor carried as
 float32 in a buffer beyond the fusion threshold's; a rank that lags in some steps.
-Every result exact and bit-identical on every rank, with the next round between each
-group's last two tails (Agreement._tail_round; the tail made 200 KiB here, so that
-the cuts fall inside messages of every kind and the round waits for a head)."""
+Every result exact and bit-identical on every rank."""
 import json
 
 import pytest
@@ -24,8 +22,6 @@ from netreduce import api
 nr.init()
 r, n = nr.rank(), nr.size()
 comm = api._communicator()
-from netreduce.worker import pipeline as _pl
-_pl.TAIL_BYTES = 200 << 10      # (the same on every rank)
 digest = hashlib.sha256()
 # name -> (elements, dtype, op, prescale, postscale): in the order "backward" makes them
 TENSORS = [("w4", 300_000, np.float32, nr.Average, 1.0, 1.0),
@@ -71,9 +67,7 @@ for k in range(12):
 p = comm.agreement.pipeline
 print("RESULT " + json.dumps({"rank": r, "algorithm": comm.dp.name,
                               "digest": digest.hexdigest(), "groups": p.groups,
-                              "direct": p.direct, "messages": p.messages,
-                              "ahead": comm.agreement.rounds_ahead,
-                              "heads": p.tail_heads}), flush=True)
+                              "direct": p.direct, "messages": p.messages}), flush=True)
 nr.shutdown()
 """
 
@@ -87,14 +81,10 @@ def test_agreed_groups_in_flight_exact_on_the_real_data_plane():
                if "RESULT " in line]
     assert sorted(x["rank"] for x in results) == [0, 1, 2], proc.stdout[-4000:]
     assert len({x["digest"] for x in results}) == 1         # the same bits everywhere
-    assert len({(x["groups"], x["direct"], x["messages"], x["ahead"], x["heads"])
-                for x in results}) == 1
+    assert len({(x["groups"], x["direct"], x["messages"]) for x in results}) == 1
     assert all(x["groups"] > 0 for x in results)            # groups went through the pipeline
     assert all(x["direct"] > 0 for x in results)            # ... large tensors in place
     assert all(x["messages"] > x["direct"] for x in results)  # ... small ones fused
-    # the next round went before a group's tail (Agreement._tail_round)
-    assert all(x["ahead"] > 0 for x in results)
-    assert all(x["heads"] > 0 for x in results)             # ... after waiting for a head
 
 
 DEATH = r"""
