@@ -4,7 +4,8 @@ N ranks on the testbed submit resnet18's 62 gradients through netreduce's
 allreduce_async in backward order, spaced evenly over --backward-ms (sleeps, so the
 figure does not move with the machine's load as the real step does), then wait for
 all of them; per step, how long after the first submission the last result landed
-(``end_ms``), against S/R at the link rate. Paired A/B of two checkouts, order
+(``end_ms``), against S/R at the link rate; ``--busy`` spins instead of sleeping
+(4 ranks' "backward" on the machine's cores, as in the step). Paired A/B of two checkouts, order
 alternated per run (``--code NAME=DIR``; ``main`` is this tree):
 
     python3 benchmarks/agreed_schedule.py --runs 5 --code base=DIR_OF_MAIN_BUILT \\
@@ -39,7 +40,16 @@ import json, os, sys, time
 import numpy as np
 import netreduce as nr
 nr.init()
-sizes, steps, warm, gap = json.loads(os.environ["SCHED"])
+sizes, steps, warm, gap, busy = json.loads(os.environ["SCHED"])
+
+def pause(s):
+    if not busy:
+        time.sleep(s)
+        return
+    end = time.perf_counter() + s    # compute's stand-in: this thread on a core
+    while time.perf_counter() < end:
+        pass
+
 grads = [np.ones(n, np.float32) for n in sizes]
 out = []
 for k in range(warm + steps):
@@ -49,7 +59,7 @@ for k in range(warm + steps):
     hs = []
     for i in reversed(range(len(sizes))):
         hs.append(nr.allreduce_async(grads[i], name=f"g{i}", op=nr.Average, inplace=True))
-        time.sleep(gap)
+        pause(gap)
     t1 = time.perf_counter()
     for h in hs:
         nr.synchronize(h)
@@ -72,7 +82,7 @@ def run_arm(tb, tree: str, args, tmp: str) -> dict:
                     NETREDUCE_JOB=f"sched-{uuid.uuid4().hex[:8]}", NETREDUCE_SIZE=str(args.np),
                     NETREDUCE_LOCAL_SIZE="1", NETREDUCE_LOCAL_RANK="0",
                     SCHED=json.dumps([RESNET18, args.steps, args.warmup,
-                                      args.backward_ms / 1e3 / len(RESNET18)]))
+                                      args.backward_ms / 1e3 / len(RESNET18), args.busy]))
         procs = []
         for r in range(args.np):
             log = open(os.path.join(tmp, f"r{r}.log"), "w")
@@ -102,6 +112,9 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--backward-ms", type=float, default=255.0, help="submissions spread over this")
+    ap.add_argument("--busy", action="store_true",
+                    help="spin between submissions instead of sleeping: the ranks' backward "
+                    "holds the cores, as the training step's does")
     ap.add_argument("--code", action="append", default=[], metavar="NAME=DIR")
     ap.add_argument("--timeout", type=float, default=300)
     ap.add_argument("--testbed-name", default="nrsched")
