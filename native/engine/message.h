@@ -3,7 +3,8 @@
 //
 //   StartWindow    the first W chunks, one per slot
 //   Flush          the queued packets, one SendBatch
-//   AwaitResults   sleep until a socket is readable or the earliest deadline
+//   AwaitResults   sleep until a socket is readable or the earliest deadline (first a
+//                  nap, when the link binds: engine/nap.h)
 //   Drain          what each socket holds: Match, then Complete, which starts the
 //                  chunk W further on in the same slot (HeldNotice, LateResult for
 //                  the others)
@@ -22,6 +23,7 @@
 #include <vector>
 
 #include "engine/engine.h"
+#include "engine/nap.h"
 #include "engine/run_state.h"
 #include "wire/roce.h"
 
@@ -92,6 +94,8 @@ class Engine::Message {
 
   // message_timers.cc
   void Resend(engine_run::SlotTrack& t, int64_t now);
+  int64_t DueOf(const engine_run::SlotTrack& t, int64_t rto) const;
+  int64_t NapLimit(int64_t now, int64_t rto) const;
 
   Engine& e_;
   Request& req_;
@@ -124,6 +128,7 @@ class Engine::Message {
   bool may_hold_[2] = {true, true};
   bool drained_full_[2] = {true, true};
   int64_t rx_now_ = 0;          // when the results being handled were received
+  engine_nap::NapClock nap_;    // the results' delivery rate, the nap it allows
   uint8_t peek_[wire::kHeaderBytes];
   uint8_t trailer_[8];
   std::uniform_real_distribution<double> coin_{0.0, 1.0};

@@ -2,7 +2,9 @@
 // socket, matching each result to the chunk outstanding in its slot, and completing
 // it (which starts the slot's next chunk); held notices and late results.
 #include <algorithm>
+#include <chrono>
 #include <cstring>
+#include <thread>
 
 #include "engine/message.h"
 #include "engine/prefetch.h"
@@ -14,10 +16,25 @@ using namespace engine_prefetch;
 using namespace engine_run;
 
 Status Engine::Message::AwaitResults() {
-  const int64_t now = NowUs();
+  int64_t now = NowUs();
   Transport* socks[2] = {e_.sock_.get(), e_.group_.get()};
   Bump(e_.waits_);
   const int64_t due = e_.Rto() < last_sweep_rto_ ? now : next_due_;
+  // The link binds and the engine has caught up: let a fraction of the window's
+  // results queue before the next wake-up (engine/nap.h), up to the earliest evidence
+  // deadline, and not while a lane is quiet (its timeout probe is near).
+  const bool caught_up = !drained_full_[0] && (!e_.group_ || !drained_full_[1]);
+  int64_t nap = nap_.NapUs(uint64_t(std::min<int64_t>(remaining_, e_.window_)), caught_up);
+  if (nap > 0) {
+    nap = std::min(nap, NapLimit(now, e_.Rto()) - now);
+    if (nap < engine_nap::kMinNapUs) nap = 0;
+  }
+  if (nap > 0) {
+    std::this_thread::sleep_for(std::chrono::microseconds(nap));
+    Bump(e_.naps_);
+    Bump(e_.nap_us_, uint64_t(nap));
+    now = NowUs();
+  }
   const int64_t wait_us = std::min<int64_t>(50000, std::max<int64_t>(0, due - now));
   bool readable[2] = {true, true};
   NR_RETURN_IF_ERROR(WaitReadable(socks, e_.group_ ? 2 : 1, wait_us, readable));
@@ -247,6 +264,7 @@ Status Engine::Message::Drain(Transport& sock) {
   NR_RETURN_IF_ERROR(e_.jumbo_ && !sock.OwnsReceiveBuffers() ? DrainZeroCopy(sock, &got, &max)
                                                              : DrainBatch(sock, &got, &max));
   drained_full_[which] = got == max;
+  nap_.Drained(rx_now_, got);
   return Status::Ok();
 }
 

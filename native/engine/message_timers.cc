@@ -8,6 +8,7 @@
 // its slowest rank has 1,000 engines in a message, and a wake-up every 2 ms each was
 // 500,000 a second.
 #include <algorithm>
+#include <limits>
 #include <string>
 
 #include "engine/message.h"
@@ -29,6 +30,30 @@ void Engine::Message::Resend(SlotTrack& t, int64_t now) {
   QueueSend(t);
 }
 
+// A chunk without an early deadline (or a held one's probe) is due once its lane has
+// been quiet for a timeout, and no sooner than the lane's next probe.
+int64_t Engine::Message::DueOf(const SlotTrack& t, int64_t rto) const {
+  return t.early || t.held ? t.deadline_us
+                           : std::max({t.deadline_us, lane_progress_[t.lane] + rto, next_probe_[t.lane]});
+}
+
+// Until when the engine may nap (engine/nap.h): the earliest deadline set by evidence
+// (overtaken, next expected, tail probe) or a held chunk's probe; now when a lane with
+// chunks outstanding has been quiet for a timeout. A lane's timeout itself is no
+// limit otherwise: it counts from the lane's last result, and the drain after the nap
+// takes the results that came during it before the sweep runs.
+int64_t Engine::Message::NapLimit(int64_t now, int64_t rto) const {
+  for (size_t l = 0; l < lane_progress_.size(); ++l) {
+    if (rs_.lane_order[l].size() > 0 && now - lane_progress_[l] >= rto) return now;
+  }
+  int64_t limit = std::numeric_limits<int64_t>::max();
+  for (uint32_t s = 0; s < e_.window_; ++s) {
+    const SlotTrack& t = slots_[s];
+    if (t.chunk >= 0 && (t.early || t.held)) limit = std::min(limit, t.deadline_us);
+  }
+  return limit;
+}
+
 // A chunk with an early deadline is resent then, its timeout unchanged. In a lane
 // quiet for a whole timeout, the oldest expired chunk is resent with its timeout
 // doubled, once per that backed-off timeout. Held chunks: one probe per lane per
@@ -44,12 +69,7 @@ Status Engine::Message::SweepTimers() {
   for (uint32_t s = 0; s < e_.window_; ++s) {
     SlotTrack& t = slots_[s];
     if (t.chunk < 0) continue;
-    // A chunk without an early deadline (or a held one's probe) is due once its lane
-    // has been quiet for a timeout, and no sooner than the lane's next probe.
-    const int64_t due = t.early || t.held
-                            ? t.deadline_us
-                            : std::max({t.deadline_us, lane_progress_[t.lane] + rto, next_probe_[t.lane]});
-    next_due_ = std::min(next_due_, due);
+    next_due_ = std::min(next_due_, DueOf(t, rto));
     if (t.deadline_us > now) continue;
     if (now - t.first_send_us >= timeout_us_) {
       return Timeout("no result from the aggregator within " + std::to_string(e_.cfg_.timeout_s) +

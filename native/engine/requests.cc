@@ -76,6 +76,8 @@ std::map<std::string, uint64_t> Engine::Stats() const {
           {"held_notices", held_notices_.load()}, {"held_probes", held_probes_.load()},
           {"group_datagrams", group_datagrams_.load()},
           {"waits", waits_.load()},
+          {"naps", naps_.load()},
+          {"nap_us", nap_us_.load()},
           {"overtaken_resends", overtaken_resends_.load()},
           {"gap_resends", gap_resends_.load()},
           {"srtt_us", srtt_stat_us_.load()},
