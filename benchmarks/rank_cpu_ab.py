@@ -108,7 +108,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             rec = _one(os.path.abspath(path), impls, args)
             nr = rec["netreduce"]
             runs.append({"round": rnd, "tree": name, **nr, "load": rec["load"],
-                         "gloo_rank_cpu_ms": rec.get("gloo", {}).get("rank_cpu_ms")})
+                         "gloo_rank_cpu_ms": rec.get("gloo", {}).get("rank_cpu_ms"),
+                         "gloo_time_ms": rec.get("gloo", {}).get("time_ms")})
             print(f"round {rnd} {name:>8}: rank CPU {nr['rank_cpu_ms']:.1f} ms, time "
                   f"{nr['time_ms']:.1f} ms, waits {nr['waits_per_rank']}, resends "
                   f"{nr['retransmits_per_rank']}, correct {nr['correct']}"
@@ -139,6 +140,14 @@ def main(argv: Optional[List[str]] = None) -> int:
                 if g and b:
                     per.append(b[0] / g[0])
             s["cpu_ratio_to_gloo"] = _spread(per)
+            tper = []  # the all-reduce's time against gloo's in the same round
+            for rnd in range(args.rounds):
+                g = [r["gloo_time_ms"] for r in runs if r["round"] == rnd and r.get("gloo_time_ms")]
+                b = [r["time_ms"] for r in runs if r["round"] == rnd and r["tree"] == name]
+                if g and b:
+                    tper.append(b[0] / g[0])
+            if tper:
+                s["time_ratio_to_gloo"] = _spread(tper)
         summary[name] = s
     summary["gloo_rank_cpu_ms"] = _spread([r["gloo_rank_cpu_ms"] for r in runs if r["gloo_rank_cpu_ms"]])
     summary["load"] = _spread([x for r in runs for x in r["load"]])

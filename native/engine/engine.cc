@@ -105,7 +105,8 @@ Engine::Message::Message(Engine& e, Request& req)
       next_probe_(e.cfg_.threads, 0),
       lane_last_seq_(e.cfg_.threads, -1),
       probes_(e.cfg_.threads, nullptr),
-      held_probes_(e.cfg_.threads, nullptr) {
+      held_probes_(e.cfg_.threads, nullptr),
+      nap_(uint64_t(std::min<int64_t>(nchunks_, int64_t(e.window_)))) {
   e.next_seq_ += uint64_t(nchunks_);
   e.messages_++;
   if (!rs_.clean) {  // a failed message left chunks behind (the engine refuses work after
@@ -128,6 +129,7 @@ void Engine::Message::Finish() {
     e_.reorder_quiet_ = 0;
   }
   e_.late_seen_ = false;
+  if (nap_.Off()) Bump(e_.nap_offs_);
 }
 
 }  // namespace netreduce

@@ -120,6 +120,7 @@ class Engine::Message {
   int64_t next_due_ = 0;
   int64_t last_sweep_rto_ = 0;
   std::vector<engine_run::SlotTrack*> probes_, held_probes_;  // the sweep's, per lane
+  engine_nap::NapClock nap_;  // the results' delivery rate, the nap it allows
   uint64_t tx_ = 0;  // packets queued so far, in the order they leave (SlotTrack::last_tx)
   bool first_of_batch_ = true;  // the next result is the first of its receive batch
   // Per socket (0 the unicast one, 1 the group's): whether the last wait found it
@@ -128,7 +129,6 @@ class Engine::Message {
   bool may_hold_[2] = {true, true};
   bool drained_full_[2] = {true, true};
   int64_t rx_now_ = 0;          // when the results being handled were received
-  engine_nap::NapClock nap_;    // the results' delivery rate, the nap it allows
   uint8_t peek_[wire::kHeaderBytes];
   uint8_t trailer_[8];
   std::uniform_real_distribution<double> coin_{0.0, 1.0};

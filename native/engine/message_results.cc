@@ -30,6 +30,7 @@ Status Engine::Message::AwaitResults() {
     if (nap < engine_nap::kMinNapUs) nap = 0;
   }
   if (nap > 0) {
+    nap_.Napping();
     std::this_thread::sleep_for(std::chrono::microseconds(nap));
     Bump(e_.naps_);
     Bump(e_.nap_us_, uint64_t(nap));

@@ -9,16 +9,20 @@
 // last drain emptied every socket it read) it sleeps 1/kNapFraction of the window's
 // time at the measured delivery rate before it waits: the results of that time queue
 // in the socket and are taken in one receive batch, and the other (kNapFraction-1)/
-// kNapFraction of the window stay in flight, so the link never runs dry.
+// kNapFraction of the window stay in flight, so a link that binds never runs dry.
 //
-// Never where the link does not bind: a nap under kMinNapUs is not taken. With the
-// 2 MiB window that is a delivery rate above ~2 Gbit/s (a 40 Gbit/s link; and this
-// testbed's CPU-bound 40 Gbit/s runs at ~4 Gbit/s per rank), where a rank's receive
-// batches already grow by themselves. Nor for a small message or a message's tail: the
-// nap is a fraction of what is still outstanding, so it shrinks below kMinNapUs as the
-// last window drains (a 4 KiB all-reduce never naps), and it ends before the earliest
-// timer. The rate is measured per message, from its first drain on, and only once
-// kMinSampleDatagrams have come: the first window's results never nap.
+// Never where the link does not bind. What binds may be CPUs instead (this testbed's
+// 40 Gbit/s: 4 ranks and the aggregator on 2 cores), and there a nap is not free:
+// every rank naps alike, the aggregator's rounds wait for the napping ranks'
+// contributions, and a core idles. So the nap proves itself in each message: the
+// delivery rate is measured before the first nap (after the first window, whose
+// results come as the pipeline fills) and again over the naps' first
+// kCheckDatagrams; if napping lowered it below kKeepRate of the rate before, the
+// message naps no more. Also, a nap under kMinNapUs is not taken (a fast link, where
+// receive batches grow by themselves), nor for a small message or a message's tail:
+// the nap is a fraction of what is still outstanding, so it shrinks below kMinNapUs as
+// the last window drains (a 4 KiB all-reduce never naps). The caller ends it before
+// the earliest evidence deadline (Engine::Message::NapLimit).
 #pragma once
 
 #include <algorithm>
@@ -30,39 +34,74 @@ namespace engine_nap {
 constexpr int64_t kNapFraction = 8;
 constexpr int64_t kMinNapUs = 1000;
 constexpr int64_t kMaxNapUs = 8000;  // the most one nap lasts, whatever the estimate
-constexpr uint64_t kMinSampleDatagrams = 256;
+// Datagrams measured before the first nap, and over the first naps.
+constexpr uint64_t kMinSampleDatagrams = 512;
+constexpr uint64_t kCheckDatagrams = 1024;
+// The delivery rate while napping, as a fraction of the rate before, below which the
+// naps cost throughput: the link does not bind.
+constexpr double kKeepRate = 0.9;
 
-// The delivery rate of one message's results and the nap it allows. Engine thread only.
+// One message's delivery rate and the nap it allows. Engine thread only.
 class NapClock {
  public:
+  // `skip`: datagrams not measured (the first window).
+  explicit NapClock(uint64_t skip) : skip_(skip) {}
+
   // Datagrams one drain took at `now` (results, notices, copies: what the link
-  // carried). The first drain with any starts the clock; its own are not counted (they
-  // arrived before it, over an unknown time).
+  // carried). The clock starts at the drain that completes the skipped ones.
   void Drained(int64_t now, uint64_t datagrams) {
     if (datagrams == 0) return;
+    if (skip_ > 0) {
+      skip_ -= std::min(skip_, datagrams);
+      if (skip_ == 0) since_us_ = now;
+      return;
+    }
     if (since_us_ < 0) {
       since_us_ = now;
       return;
     }
     datagrams_ += datagrams;
     last_us_ = now;
+    if (nap_since_us_ >= 0 && !checked_) {
+      nap_datagrams_ += datagrams;
+      if (nap_datagrams_ >= kCheckDatagrams) {
+        checked_ = true;
+        const double during = double(nap_datagrams_) / double(now - nap_since_us_);
+        off_ = during < kKeepRate * before_;
+      }
+    }
   }
   // How long to nap before waiting, with `outstanding` datagrams still to come; 0 = no
   // nap. `caught_up`: the last drain emptied every socket it read (the engine is ahead
-  // of the link). The caller also ends it before the earliest timer.
+  // of the link).
   int64_t NapUs(uint64_t outstanding, bool caught_up) const {
-    if (!caught_up || datagrams_ < kMinSampleDatagrams || last_us_ <= since_us_) return 0;
+    if (off_ || !caught_up || datagrams_ < kMinSampleDatagrams || last_us_ <= since_us_) return 0;
     // outstanding / rate / fraction, the rate datagrams_ / (last_us_ - since_us_)
     const double us = double(outstanding) * double(last_us_ - since_us_) / double(datagrams_) /
                       double(kNapFraction);
     const int64_t nap = std::min<int64_t>(int64_t(us), kMaxNapUs);
     return nap >= kMinNapUs ? nap : 0;
   }
+  // A nap is about to be taken: the first one fixes the rate before, and the naps'
+  // own measure starts at the last drain.
+  void Napping() {
+    if (nap_since_us_ >= 0) return;
+    before_ = double(datagrams_) / double(last_us_ - since_us_);
+    nap_since_us_ = last_us_;
+  }
+  // Napping lowered the delivery rate in this message: it naps no more.
+  bool Off() const { return off_; }
 
  private:
-  int64_t since_us_ = -1;  // the first drain that took anything
-  int64_t last_us_ = 0;    // the last one
-  uint64_t datagrams_ = 0;  // taken after the first
+  uint64_t skip_;
+  int64_t since_us_ = -1;       // the drain the measure starts at
+  int64_t last_us_ = 0;         // the last drain
+  uint64_t datagrams_ = 0;      // taken after since_us_
+  double before_ = 0.0;         // datagrams per us before the first nap
+  int64_t nap_since_us_ = -1;   // the last drain before the first nap
+  uint64_t nap_datagrams_ = 0;  // taken since
+  bool checked_ = false;
+  bool off_ = false;
 };
 
 }  // namespace engine_nap

@@ -78,6 +78,7 @@ std::map<std::string, uint64_t> Engine::Stats() const {
           {"waits", waits_.load()},
           {"naps", naps_.load()},
           {"nap_us", nap_us_.load()},
+          {"nap_offs", nap_offs_.load()},
           {"overtaken_resends", overtaken_resends_.load()},
           {"gap_resends", gap_resends_.load()},
           {"srtt_us", srtt_stat_us_.load()},

@@ -36,4 +36,4 @@ for count in (4 << 20, 3_000_017):
 stats = conn.stats()
 conn.close()
 print(json.dumps({"rank": rank, "failures": failures, "small_naps": small_naps,
-                  "naps": stats["naps"], "nap_us": stats["nap_us"], "waits": stats["waits"]}), flush=True)
+                  "naps": stats["naps"], "nap_us": stats["nap_us"], "nap_offs": stats["nap_offs"], "waits": stats["waits"]}), flush=True)
