@@ -106,7 +106,8 @@ Engine::Message::Message(Engine& e, Request& req)
       lane_last_seq_(e.cfg_.threads, -1),
       probes_(e.cfg_.threads, nullptr),
       held_probes_(e.cfg_.threads, nullptr),
-      nap_(uint64_t(std::min<int64_t>(nchunks_, int64_t(e.window_)))) {
+      nap_(uint64_t(std::min<int64_t>(nchunks_, int64_t(e.window_))),
+           uint64_t(kGroBufBytes / wire::DatagramBytes(e.cfg_.payload_bytes))) {
   e.next_seq_ += uint64_t(nchunks_);
   e.messages_++;
   if (!rs_.clean) {  // a failed message left chunks behind (the engine refuses work after
