@@ -203,7 +203,7 @@ def merge(impl: str, n: int, per_rank: List[dict]) -> List[dict]:
         if all("waits" in r for r in rs):  # the engine's sleeps per all-reduce (mean rank)
             rec["waits_per_rank"] = sum(r["waits"] for r in rs) / len(rs)
             for k in ("fast_retransmits", "timeout_probes", "spurious_retransmits",
-                      "group_datagrams"):
+                      "group_datagrams", "naps", "nap_offs"):
                 rec[k + "_per_rank"] = sum(r.get(k, 0) for r in rs) / len(rs)
         # CPU-seconds per all-reduce of a rank's whole process (mean over ranks)
         rec["cpu_s_per_allreduce"] = sum(r["cpu_s"] / r["iters"] for r in rs) / len(rs)

@@ -42,6 +42,8 @@ class _Netreduce:
                 "retransmits": st.get("retransmits", 0) + st.get("fast_retransmits", 0),
                 # the engine's sleeps (waits for results): wake-ups per all-reduce
                 "waits": st.get("waits", 0),
+                # naps when the link binds (engine/nap.h), and messages that stopped them
+                "naps": st.get("naps", 0), "nap_offs": st.get("nap_offs", 0),
                 # which rule resent (docs/protocol.md), and how many proved needless
                 "fast_retransmits": st.get("fast_retransmits", 0),
                 "timeout_probes": st.get("timeout_probes", 0),

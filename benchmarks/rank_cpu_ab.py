@@ -71,7 +71,8 @@ def _one(tree: str, impls: str, args: argparse.Namespace) -> Dict[str, Any]:
     for impl, r in recs.items():
         out[impl] = {"rank_cpu_ms": r["cpu_s_per_allreduce"] * 1e3, "time_ms": r["time_s"] * 1e3,
                      "correct": r["correct"], "waits_per_rank": r.get("waits_per_rank"),
-                     "retransmits_per_rank": r.get("retransmits_per_rank")}
+                     "retransmits_per_rank": r.get("retransmits_per_rank"),
+                     "naps_per_rank": r.get("naps_per_rank"), "nap_offs_per_rank": r.get("nap_offs_per_rank")}
     out["load"] = [load0, os.getloadavg()[0]]
     return out
 
@@ -112,7 +113,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                          "gloo_time_ms": rec.get("gloo", {}).get("time_ms")})
             print(f"round {rnd} {name:>8}: rank CPU {nr['rank_cpu_ms']:.1f} ms, time "
                   f"{nr['time_ms']:.1f} ms, waits {nr['waits_per_rank']}, resends "
-                  f"{nr['retransmits_per_rank']}, correct {nr['correct']}"
+                  f"{nr['retransmits_per_rank']}, naps {nr['naps_per_rank']} (off {nr['nap_offs_per_rank']}), "
+                  f"correct {nr['correct']}"
                   + (f"; gloo {runs[-1]['gloo_rank_cpu_ms']:.1f} ms" if runs[-1]["gloo_rank_cpu_ms"]
                      else "") + f"; load {rec['load'][0]:.1f}", flush=True)
     summary: Dict[str, Any] = {}

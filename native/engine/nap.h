@@ -36,7 +36,7 @@ namespace netreduce {
 namespace engine_nap {
 
 constexpr int64_t kNapFraction = 8;
-constexpr int64_t kMinNapUs = 1000;
+constexpr int64_t kMinNapUs = 1500;
 constexpr int64_t kMaxNapUs = 8000;  // the most one nap lasts, whatever the estimate
 // Datagrams measured before the first nap, and over the first naps.
 constexpr uint64_t kMinSampleDatagrams = 512;
@@ -46,7 +46,7 @@ constexpr uint64_t kCheckDatagrams = 1024;
 constexpr double kKeepRate = 0.9;
 // Coalesced receives per wake-up, on average, above which the engine is not the one
 // waiting: it does not nap.
-constexpr double kWakeBatches = 2.0;
+constexpr double kWakeBatches = 1.5;
 
 // One message's delivery rate and the nap it allows. Engine thread only.
 class NapClock {
