@@ -160,6 +160,8 @@ class Engine {
   uint32_t reorder_quiet_ = 0;
   bool late_seen_ = false;  // this message saw such a resend
   int64_t reorder_step_us_ = 0;  // when the window last widened
+  // Messages left that do not nap: a message's naps cost delivery rate (engine/nap.h).
+  uint32_t nap_rest_ = 0;
   std::mt19937_64 rng_;
 
   std::mutex mu_;

@@ -19,11 +19,14 @@
 // (whose results come as the pipeline fills), before the first nap:
 //  - the engine wakes per coalesced receive: a wake-up takes at most kWakeBatches
 //    coalesced receives' worth of datagrams on average. An engine the CPU holds back
-//    finds several waiting (~3.5 per wake-up at 40 Gbit/s here, ~1 at 1 Gbit/s);
+//    finds several waiting (~2-5 per wake-up at 40 Gbit/s here, ~1 at 1 Gbit/s);
 //  - the nap proves itself: the delivery rate over the naps' first kCheckDatagrams
-//    stays at least kKeepRate of the rate before, or the message naps no more.
-// Also, a nap under kMinNapUs is not taken (a fast link, where
-// receive batches grow by themselves), nor for a small message or a message's tail:
+//    stays at least kKeepRate of the rate before, or the message naps no more, nor
+//    do the engine's next kRestMessages messages.
+// Also, a nap under kMinNapUs is not taken: with the 2 MiB window, results faster than
+// ~1.4 Gbit/s per rank (a fast link, where receive batches grow by themselves; the
+// looser 1 ms and 2 receives per wake-up still napped ~8 times per 64 MiB at this
+// testbed's 40 Gbit/s). Nor for a small message or a message's tail:
 // the nap is a fraction of what is still outstanding, so it shrinks below kMinNapUs as
 // the last window drains (a 4 KiB all-reduce never naps). The caller ends it before
 // the earliest evidence deadline (Engine::Message::NapLimit).
@@ -43,7 +46,8 @@ constexpr uint64_t kMinSampleDatagrams = 512;
 constexpr uint64_t kCheckDatagrams = 1024;
 // The delivery rate while napping, as a fraction of the rate before, below which the
 // naps cost throughput: the link does not bind.
-constexpr double kKeepRate = 0.9;
+constexpr double kKeepRate = 0.95;
+constexpr uint32_t kRestMessages = 16;
 // Coalesced receives per wake-up, on average, above which the engine is not the one
 // waiting: it does not nap.
 constexpr double kWakeBatches = 1.5;
@@ -53,8 +57,11 @@ class NapClock {
  public:
   // `skip`: datagrams not measured (the first window); `coalesced`: the datagrams one
   // receive of the transport holds at most (a GRO buffer's worth; 1 without GRO).
-  NapClock(uint64_t skip, uint64_t coalesced)
-      : skip_(skip), wake_limit_(kWakeBatches * double(std::max<uint64_t>(coalesced, 1))) {}
+  // `allowed`: false while the engine rests from naps that cost throughput.
+  NapClock(uint64_t skip, uint64_t coalesced, bool allowed)
+      : skip_(skip),
+        wake_limit_(kWakeBatches * double(std::max<uint64_t>(coalesced, 1))),
+        rest_(!allowed) {}
 
   // Datagrams one drain took at `now` (results, notices, copies: what the link
   // carried). The clock starts at the drain that completes the skipped ones.
@@ -85,7 +92,8 @@ class NapClock {
   // nap. `caught_up`: the last drain emptied every socket it read (the engine is ahead
   // of the link).
   int64_t NapUs(uint64_t outstanding, bool caught_up) const {
-    if (off_ || !caught_up || datagrams_ < kMinSampleDatagrams || last_us_ <= since_us_) return 0;
+    if (rest_ || off_ || !caught_up || datagrams_ < kMinSampleDatagrams || last_us_ <= since_us_)
+      return 0;
     if (nap_since_us_ < 0 && double(datagrams_) > wake_limit_ * double(wakes_)) return 0;
     // outstanding / rate / fraction, the rate datagrams_ / (last_us_ - since_us_)
     const double us = double(outstanding) * double(last_us_ - since_us_) / double(datagrams_) /
@@ -115,6 +123,7 @@ class NapClock {
   uint64_t nap_datagrams_ = 0;  // taken since
   bool checked_ = false;
   bool off_ = false;
+  bool rest_;
 };
 
 }  // namespace engine_nap
