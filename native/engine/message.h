@@ -94,7 +94,6 @@ class Engine::Message {
 
   // message_timers.cc
   void Resend(engine_run::SlotTrack& t, int64_t now);
-  int64_t DueOf(const engine_run::SlotTrack& t, int64_t rto) const;
   int64_t NapLimit(int64_t now, int64_t rto) const;
 
   Engine& e_;
@@ -120,7 +119,6 @@ class Engine::Message {
   int64_t next_due_ = 0;
   int64_t last_sweep_rto_ = 0;
   std::vector<engine_run::SlotTrack*> probes_, held_probes_;  // the sweep's, per lane
-  engine_nap::NapClock nap_;  // the results' delivery rate, the nap it allows
   uint64_t tx_ = 0;  // packets queued so far, in the order they leave (SlotTrack::last_tx)
   bool first_of_batch_ = true;  // the next result is the first of its receive batch
   // Per socket (0 the unicast one, 1 the group's): whether the last wait found it
@@ -132,6 +130,8 @@ class Engine::Message {
   uint8_t peek_[wire::kHeaderBytes];
   uint8_t trailer_[8];
   std::uniform_real_distribution<double> coin_{0.0, 1.0};
+  // Last: the fields above keep their places (the per-result path reads them).
+  engine_nap::NapClock nap_;  // the results' delivery rate, the nap it allows
 };
 
 }  // namespace netreduce

@@ -30,13 +30,6 @@ void Engine::Message::Resend(SlotTrack& t, int64_t now) {
   QueueSend(t);
 }
 
-// A chunk without an early deadline (or a held one's probe) is due once its lane has
-// been quiet for a timeout, and no sooner than the lane's next probe.
-int64_t Engine::Message::DueOf(const SlotTrack& t, int64_t rto) const {
-  return t.early || t.held ? t.deadline_us
-                           : std::max({t.deadline_us, lane_progress_[t.lane] + rto, next_probe_[t.lane]});
-}
-
 // Until when the engine may nap (engine/nap.h): the earliest deadline set by evidence
 // (overtaken, next expected, tail probe) or a held chunk's probe; now when a lane with
 // chunks outstanding has been quiet for a timeout. A lane's timeout itself is no
@@ -69,7 +62,12 @@ Status Engine::Message::SweepTimers() {
   for (uint32_t s = 0; s < e_.window_; ++s) {
     SlotTrack& t = slots_[s];
     if (t.chunk < 0) continue;
-    next_due_ = std::min(next_due_, DueOf(t, rto));
+    // A chunk without an early deadline (or a held one's probe) is due once its lane
+    // has been quiet for a timeout, and no sooner than the lane's next probe.
+    const int64_t due = t.early || t.held
+                            ? t.deadline_us
+                            : std::max({t.deadline_us, lane_progress_[t.lane] + rto, next_probe_[t.lane]});
+    next_due_ = std::min(next_due_, due);
     if (t.deadline_us > now) continue;
     if (now - t.first_send_us >= timeout_us_) {
       return Timeout("no result from the aggregator within " + std::to_string(e_.cfg_.timeout_s) +
