@@ -35,5 +35,6 @@ for count in (4 << 20, 3_000_017):
         failures.append(f"random int32 x{count} in place: wrong")
 stats = conn.stats()
 conn.close()
-print(json.dumps({"rank": rank, "failures": failures, "small_naps": small_naps,
-                  "naps": stats["naps"], "nap_us": stats["nap_us"], "nap_offs": stats["nap_offs"], "waits": stats["waits"]}), flush=True)
+print(json.dumps({"rank": rank, "failures": failures, "small_naps": small_naps, "naps": stats["naps"],
+                  "nap_us": stats["nap_us"], "nap_offs": stats["nap_offs"], "waits": stats["waits"]}),
+      flush=True)
