@@ -236,7 +236,9 @@ ext = Pybind11Extension(
     define_macros=([("NETREDUCE_HAVE_VERBS", "1")] if HAVE_VERBS else [])
     + ([(CRC32[1], "1")] if CRC32 else [])
     + ([("NETREDUCE_HAVE_XDP", "1")] if HAVE_XDP else []),
-    depends=[XDP_SOURCE, os.path.join("native", "transport", "xdp", "xdp_steer_abi.h")],
+    # every header too: build_ext rebuilds only when an input is newer than the module,
+    # and a change to a header alone (engine/nap.h) otherwise left a stale module
+    depends=[XDP_SOURCE, *sorted(glob.glob(os.path.join("native", "**", "*.h"), recursive=True))],
 )
 
 
