@@ -22,14 +22,6 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 
 
-@pytest.fixture(scope="module")
-def native():
-    try:
-        from netreduce import _native  # noqa: F401
-    except ImportError as exc:
-        pytest.skip(f"netreduce._native is not built ({exc}); build it with `pip install -e .`")
-
-
 # 4096: RoCE-sized payloads (one standard RoCE MTU); None: the largest payload one
 # 9000-byte frame holds (what the testbed picks by default).
 # fanout segment (auto for a job whose hosts all sit on the aggregator's bridge, as

@@ -25,14 +25,6 @@ REPO = os.path.dirname(os.path.dirname(HERE))
 WORKER = os.path.join(REPO, "tests", "parallel", "hierarchical_worker.py")
 
 
-@pytest.fixture(scope="module")
-def native():
-    try:
-        from netreduce import _native  # noqa: F401
-    except ImportError as exc:
-        pytest.skip(f"netreduce._native is not built ({exc}); build it with `pip install -e .`")
-
-
 def run_job(tb, switch, per_host: List[int], mode: str, arg: str = "",
             extra: Optional[Dict[str, str]] = None, timeout: float = 180) -> List[dict]:
     """per_host[h] ranks on host h (ranks numbered host by host), as a launcher would

@@ -22,14 +22,6 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 
 
-@pytest.fixture(scope="module")
-def native():
-    try:
-        from netreduce import _native  # noqa: F401
-    except ImportError as exc:
-        pytest.skip(f"netreduce._native is not built ({exc}); build it with `pip install -e .`")
-
-
 # 1432: MTU 1500's payload (~1,460 chunks in the window); None: the testbed's 9000-byte one.
 @pytest.mark.parametrize("payload", [1432, None])
 def test_link_bound_allreduce_naps_and_stays_exact(native, payload):
