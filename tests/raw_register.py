@@ -9,6 +9,14 @@ from typing import Any, Dict, Optional
 from netreduce.protocol.address import format_address
 
 
+def jumbo_packet(fields: Dict[str, Any], payload: bytes) -> bytes:
+    """A data packet as a rank sends it: ``fields`` encoded as the RoCE header with the
+    jumbo bit (no ICRC checked: the trailer is 4 zero bytes), then ``payload``."""
+    from netreduce import _native
+
+    return _native.encode_header(dict(fields, jumbo=1)) + payload + b"\0" * 4
+
+
 def data_socket(client: Any) -> socket.socket:
     """A UDP socket on the address ``client``'s control connection comes from: one a
     test may register as a rank's data address and send that rank's packets from."""

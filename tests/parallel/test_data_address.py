@@ -19,13 +19,9 @@ from netreduce.protocol.address import format_address
 from netreduce.protocol.client import ControlClient
 from netreduce.switch import spawn
 from netreduce.switch.settings import aggregator_args
-from tests.raw_register import data_socket, register
+from tests.raw_register import data_socket, jumbo_packet as _packet, register
 
 I32 = 4
-
-
-def _packet(fields: dict, payload: bytes) -> bytes:  # jumbo: ICRC 0
-    return _native.encode_header(dict(fields, jumbo=1)) + payload + b"\0" * 4
 
 
 def _counters(client, job, until):

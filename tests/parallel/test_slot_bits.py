@@ -12,15 +12,11 @@ import numpy as np
 
 from netreduce import _native
 from netreduce.protocol.client import ControlClient
-from tests.raw_register import data_socket, register
+from tests.raw_register import data_socket, jumbo_packet as _packet, register
 
 I32 = 4  # _native dtype code of int32 (docs/protocol.md)
 N = 70
 TWICE = (3, 65)  # a rank in the slot's line and one beyond it send their chunk twice
-
-
-def _packet(fields: dict, payload: bytes) -> bytes:  # jumbo: ICRC 0
-    return _native.encode_header(dict(fields, jumbo=1)) + payload + b"\0" * 4
 
 
 def _counters_after(client, job: str, packets: int, limit_s: float = 10.0) -> dict:

@@ -12,13 +12,9 @@ import numpy as np
 
 from netreduce import _native
 from netreduce.protocol.client import ControlClient
-from tests.raw_register import data_socket, register
+from tests.raw_register import data_socket, jumbo_packet as _packet, register
 
 F32 = 0  # _native dtype code of float32 (docs/protocol.md)
-
-
-def _packet(fields: dict, payload: bytes) -> bytes:  # jumbo: ICRC 0
-    return _native.encode_header(dict(fields, jumbo=1)) + payload + b"\0" * 4
 
 
 def test_both_shadows_of_first_and_last_slots_keep_their_own_results(switch):
