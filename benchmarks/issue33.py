@@ -41,6 +41,8 @@ from typing import Any, Dict, List, Optional
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 OUT = os.path.join(HERE, "results", "issue33")
+sys.path.insert(0, HERE)
+from common import spread as _spread  # noqa: E402
 
 
 def _utc() -> str:
@@ -61,14 +63,6 @@ def _run(cmd: List[str], timeout: float) -> None:
     print("#", " ".join(cmd), flush=True)
     subprocess.run(cmd, cwd=REPO, env=env, timeout=timeout, check=True,
                    stdout=subprocess.DEVNULL)
-
-
-def _spread(vals: List[float]) -> Dict[str, float]:
-    vals = [v for v in vals if v is not None]
-    if not vals:
-        return {}
-    return {"median": round(statistics.median(vals), 4), "min": round(min(vals), 4),
-            "max": round(max(vals), 4), "n": len(vals)}
 
 
 def _write(name: str, args: argparse.Namespace, summary: Dict[str, Any], runs: Any) -> str:

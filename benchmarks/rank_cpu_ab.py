@@ -23,22 +23,30 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import spread as _spread  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 OUT = os.path.join(HERE, "results", "issue33")
 
 
-def _spread(vals: List[float]) -> Dict[str, float]:
-    if not vals:
-        return {}
-    return {"median": round(statistics.median(vals), 4), "min": round(min(vals), 4),
-            "max": round(max(vals), 4), "n": len(vals)}
+def _per_round(runs: List[Dict[str, Any]], rounds: int, name: str, key: str,
+               ref: Callable[[Dict[str, Any]], Optional[float]]) -> List[float]:
+    """Per round: tree ``name``'s ``key`` over the reference value ``ref`` takes from the
+    first run of that round it gives one for (rounds missing either are left out)."""
+    out = []
+    for rnd in range(rounds):
+        a = [v for v in (ref(r) for r in runs if r["round"] == rnd) if v]
+        b = [r[key] for r in runs if r["round"] == rnd and r["tree"] == name]
+        if a and b:
+            out.append(b[0] / a[0])
+    return out
 
 
 def _commit(tree: str) -> str:
@@ -125,29 +133,16 @@ def main(argv: Optional[List[str]] = None) -> int:
              "time_ms": _spread([r["time_ms"] for r in mine]),
              "all_correct": all(r["correct"] for r in mine)}
         if name != base:
-            ratios = []
-            for rnd in range(args.rounds):
-                a = [r for r in runs if r["round"] == rnd and r["tree"] == base]
-                b = [r for r in runs if r["round"] == rnd and r["tree"] == name]
-                if a and b:
-                    ratios.append(b[0]["rank_cpu_ms"] / a[0]["rank_cpu_ms"])
+            ratios = _per_round(runs, args.rounds, name, "rank_cpu_ms",
+                                lambda r: r["rank_cpu_ms"] if r["tree"] == base else None)
             s["cpu_ratio_to_" + base] = _spread(ratios)
             s["rounds_below_" + base] = sum(1 for x in ratios if x < 1)
         gl = [r["gloo_rank_cpu_ms"] for r in runs if r["gloo_rank_cpu_ms"]]
         if gl:
-            per = []
-            for rnd in range(args.rounds):
-                g = [r["gloo_rank_cpu_ms"] for r in runs if r["round"] == rnd and r["gloo_rank_cpu_ms"]]
-                b = [r["rank_cpu_ms"] for r in runs if r["round"] == rnd and r["tree"] == name]
-                if g and b:
-                    per.append(b[0] / g[0])
-            s["cpu_ratio_to_gloo"] = _spread(per)
-            tper = []  # the all-reduce's time against gloo's in the same round
-            for rnd in range(args.rounds):
-                g = [r["gloo_time_ms"] for r in runs if r["round"] == rnd and r.get("gloo_time_ms")]
-                b = [r["time_ms"] for r in runs if r["round"] == rnd and r["tree"] == name]
-                if g and b:
-                    tper.append(b[0] / g[0])
+            s["cpu_ratio_to_gloo"] = _spread(_per_round(runs, args.rounds, name, "rank_cpu_ms",
+                                                        lambda r: r["gloo_rank_cpu_ms"]))
+            # the all-reduce's time against gloo's in the same round
+            tper = _per_round(runs, args.rounds, name, "time_ms", lambda r: r.get("gloo_time_ms"))
             if tper:
                 s["time_ratio_to_gloo"] = _spread(tper)
         summary[name] = s
