@@ -160,7 +160,6 @@ void Engine::Message::Complete(SlotTrack& t, bool repeat_seen, bool in_lane_orde
   // each missing one rank's contribution was repaired at ~17 rounds a second.
   next_probe_[lane] = 0;
   lane_last_seq_[lane] = int64_t(t.seq);
-  Retried& r = e_.retried_[t.slot];
   if (t.retries > 0) Bump(e_.repaired_chunks_), Bump(e_.repair_wait_us_, uint64_t(t_now - t.first_send_us));
   // A chunk whose resend the aggregator saw as a repeat was not lost: the slot was
   // waiting for another rank (its loss, or a descheduled process). Proven needless once
@@ -169,11 +168,16 @@ void Engine::Message::Complete(SlotTrack& t, bool repeat_seen, bool in_lane_orde
   // the slot's, not the path's.
   const bool proven = t.retries > 0 && repeat_seen;
   if (proven) Bump(e_.spurious_retransmits_), Bump(e_.needless_by_repeat_);
+  // The slot's record of an earlier chunk is left alone here: that chunk's second
+  // result may still be on its way, behind this one (a group's result is drained before
+  // a unicast answer to a resend), and msg_id + psn tell the two apart. Cleared on
+  // this completion, the late answers of a stall matched nothing in about half the
+  // ranks' stalls, and the rank never learnt its resends were needless.
   if (t.retries == 0 || proven) {  // Karn: only unambiguous samples
     // (a held chunk's round trip is the wait for the others; its notice sampled)
     if (!proven && t.head && !t.held) e_.SampleRtt(double(t_now - t.first_send_us));
-    r.sample_us = -1;
   } else {
+    Retried& r = e_.retried_[t.slot];
     r.head = t.head && !t.held;  // a held chunk's first send waited for the others
     r.msg_id = IdOf(t.chunk);
     r.psn = uint32_t(t.seq & wire::kPsnMask);
