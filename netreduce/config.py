@@ -150,10 +150,6 @@ _bytes.__name__ = "bytes"
 # --- communicator -------------------------------------------------------------
 declare("NETREDUCE_CYCLE_TIME", float, 1.0,
         "ms the background thread waits after a submission to batch more into one negotiation")
-declare("NETREDUCE_THREAD_NICE", int, -10,
-        "nice of netreduce's executor, landing and engine threads, each with a 0.1 ms slice "
-        "(Linux 6.12+): they wake ahead of the user's compute on a busy core; needs "
-        "CAP_SYS_NICE below 0 (without it they stay as they were); 0 = leave them")
 declare("NETREDUCE_FUSION_THRESHOLD", _bytes, 64 * 1024 * 1024,
         "bytes of the fusion buffer (allocated once); same-dtype tensors up to this size go as one")
 declare("NETREDUCE_CACHE_CAPACITY", int, 1024,

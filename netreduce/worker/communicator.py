@@ -35,7 +35,7 @@ from netreduce.errors import (ControlPlaneError, InvalidArgumentError, Negotiati
 from netreduce.ops import ReduceOp
 from netreduce.worker import timeline as tl
 from netreduce.worker import unmatched
-from netreduce.worker import group_message, priority
+from netreduce.worker import group_message
 from netreduce.worker.fusion_buffer import FusionBuffer
 from netreduce.worker.handle import Handle, Tensor
 from netreduce.protocol.messages import Failure, NegotiateReply, TensorRequest
@@ -91,7 +91,6 @@ class Communicator:
         self.rank, self.size, self.job, self.address = rank, size, job, address
         self.dp = dataplane
         self.cycle_s = float(knobs["NETREDUCE_CYCLE_TIME"]) / 1000.0
-        self.thread_nice = int(knobs.get("NETREDUCE_THREAD_NICE", 0))  # priority.py
         self.stall_s = float(knobs["NETREDUCE_STALL_TIMEOUT"])
         self.timeout_s = float(knobs["NETREDUCE_TIMEOUT"])
         self._poll_wait_s = min(1.0, self.stall_s / 2)  # long-poll wait at the aggregator
@@ -392,8 +391,6 @@ class Communicator:
 
     # --- executor thread ---------------------------------------------------------------
     def _execute_loop(self) -> None:
-        priority.boost(self.thread_nice)       # a round's end to the next group: at once
-        priority.boost_named(self.thread_nice)  # the engine's thread, if started by now
         if self.agreement is not None:
             self.agreement.loop()  # rounds between the groups (agreement.py)
             return

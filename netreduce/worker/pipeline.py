@@ -44,7 +44,7 @@ from typing import Any, Deque, List, Optional, Tuple
 import numpy as np
 
 from netreduce.ops import STORAGE, WIRE_DTYPE, ReduceOp
-from netreduce.worker import group_message, priority
+from netreduce.worker import group_message
 from netreduce.worker import timeline as tl
 from netreduce.worker.fusion_buffer import FusionBuffer
 
@@ -187,9 +187,6 @@ class Pipeline:
             self.thread.start()
 
     def _land_loop(self) -> None:
-        nice = getattr(self.comm, "thread_nice", 0)
-        priority.boost(nice)                    # a message's end to its tensors: at once
-        priority.boost_named(nice)              # the engine's thread (started by now)
         while True:
             with self.cond:
                 while not self.flights:
