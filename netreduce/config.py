@@ -174,6 +174,9 @@ declare("NETREDUCE_ALGORITHM", _algorithm, "auto",
 declare("NETREDUCE_SHM_CHUNK", _bytes, 0,
         "bytes of each local rank's shard per pipeline step of the hierarchical all-reduce; "
         "0 = 256K on one host, 1M across hosts")
+declare("NETREDUCE_SHM_SPIN_US", float, 50.0,
+        "longest busy-wait in µs for a local peer before sleeping on its futex, with no more "
+        "local ranks than CPUs; shrinks by itself while peers come later than that; 0 = none")
 
 # --- rank discovery (netreduce-run sets these; other launchers' variables also work) --
 declare("NETREDUCE_JOB", str, "",

@@ -18,10 +18,21 @@ using Clock = std::chrono::steady_clock;
 // Elements reduced per pass: one block of every input plus the accumulator stays in
 // L1/L2 while all L inputs are folded into it.
 constexpr size_t kBlock = 4096;
-// Busy-wait this many times before sleeping: a peer a few microseconds behind is
-// cheaper to spin for than to sleep on, but with more ranks than cores spinning
-// steals the very CPU the peer needs, so the spin is short.
+// With no budget for a timed busy-wait (below), pause this many times before sleeping.
 constexpr int kSpins = 200;
+// With no more local ranks than CPUs, a wait busy-waits for up to its budget
+// (HierarchicalConfig::spin_us) before it sleeps on the futex: on a VM a futex wake
+// of a peer whose vCPU halted is an IPI and a VM entry, ~50 µs per wake on this
+// testbed (BENCHMARKS.md, issue 33, lat2), twice per small all-reduce, while the
+// peer is usually a few µs behind. The clock is read every kClockEvery pauses, and
+// every kYieldEvery-th read the spin yields, so that a peer the scheduler queued on
+// this very CPU runs at once instead of after the budget.
+constexpr int kClockEvery = 16;
+constexpr int kYieldEvery = 8;
+// The budget after waits it could not cover halves (below kSpinFloorNs: none), and
+// after a wait that ended within cfg.spin_us it doubles, from kSpinRegrowNs.
+constexpr int64_t kSpinFloorNs = 1000;
+constexpr int64_t kSpinRegrowNs = 4000;
 // With more local ranks than this process has CPUs, the peer waited for is often not
 // running at all: then each spin yields the CPU instead (to that peer, if it shares
 // this one), a few times before sleeping. 4 ranks on 2 cores, 4 KiB: the algorithm
@@ -71,6 +82,7 @@ Status Hierarchical::Start(double attach_timeout_s) {
   CPU_ZERO(&cpus);
   oversubscribed_ = sched_getaffinity(0, sizeof(cpus), &cpus) == 0 &&
                     uint32_t(CPU_COUNT(&cpus)) < size_;
+  spin_ns_.store(oversubscribed_ ? 0 : SpinMaxNs(), std::memory_order_relaxed);
   return Status::Ok();
 }
 
@@ -142,14 +154,37 @@ Status Hierarchical::Check() {
   return Status::Ok();
 }
 
+void Hierarchical::Adapt(int64_t waited_ns, bool slept) {
+  const int64_t max_ns = SpinMaxNs();
+  const int64_t cur = spin_ns_.load(std::memory_order_relaxed);
+  int64_t next = cur;
+  if (waited_ns > max_ns) {
+    next = cur / 2 < kSpinFloorNs ? 0 : cur / 2;  // the peer was not coming soon
+  } else if (slept) {
+    next = std::min(max_ns, std::max(2 * cur, kSpinRegrowNs));  // it was, but we slept
+  }
+  if (next != cur) spin_ns_.store(next, std::memory_order_relaxed);
+}
+
+int64_t Hierarchical::SpinMaxNs() const {
+  return cfg_.spin_us > 0 ? int64_t(cfg_.spin_us * 1000.0) : 0;
+}
+
 Status Hierarchical::WaitAll(Phase phase, uint32_t target, double timeout_s) {
   shm::Counter* c = Counters(phase);
   const auto t0 = Clock::now();
   auto last_check = t0;
+  // Across hosts a peer's "done" waits for its network stream: not a peer that comes
+  // in microseconds, so no timed spin there (and no adapting to it).
+  const bool timed = !oversubscribed_ && SpinMaxNs() > 0 && !(phase == kDone && engine_ != nullptr);
   for (uint32_t r = 0; r < size_; ++r) {
     if (r == me_) continue;
     std::atomic<uint32_t>* w = &c[r].v;
+    if (shm::Reached(w->load(std::memory_order_acquire), target)) continue;
+    const auto tw = timed ? Clock::now() : t0;
+    const int64_t budget = timed ? spin_ns_.load(std::memory_order_relaxed) : 0;
     int spins = 0;
+    bool slept = false;
     const int spin_limit = oversubscribed_ ? kYieldSpins : kSpins;
     for (;;) {
       const uint32_t v = w->load(std::memory_order_acquire);
@@ -157,7 +192,17 @@ Status Hierarchical::WaitAll(Phase phase, uint32_t target, double timeout_s) {
       if (aborted_ || hdr_->abort_word.load(std::memory_order_relaxed) != 0) {
         NR_RETURN_IF_ERROR(Check());
       }
-      if (spins < spin_limit) {
+      if (budget > 0 && !slept) {
+        ++spins;
+        if (spins % kClockEvery != 0) {
+          CpuRelax();
+          continue;
+        }
+        if (Ns(tw, Clock::now()) < budget) {
+          if (spins % (kClockEvery * kYieldEvery) == 0) sched_yield();
+          continue;
+        }
+      } else if (spins < spin_limit) {
         ++spins;
         if (oversubscribed_) {
           sched_yield();
@@ -166,6 +211,8 @@ Status Hierarchical::WaitAll(Phase phase, uint32_t target, double timeout_s) {
         }
         continue;
       }
+      slept = true;
+      sleeps_.fetch_add(1, std::memory_order_relaxed);
       shm::FutexWait(w, v, kSleepMs);
       const auto now = Clock::now();
       if (Ns(last_check, now) >= kCheckUs * 1000) {
@@ -178,6 +225,7 @@ Status Hierarchical::WaitAll(Phase phase, uint32_t target, double timeout_s) {
         }
       }
     }
+    if (timed) Adapt(Ns(tw, Clock::now()), slept);
   }
   wait_ns_ += uint64_t(Ns(t0, Clock::now()));
   return Status::Ok();
@@ -308,7 +356,9 @@ std::map<std::string, uint64_t> Hierarchical::Stats() const {
   return {{"calls", calls_.load()},     {"chunks", chunks_.load()},
           {"bytes", bytes_.load()},     {"busy_ns", shm_ns_.load()},
           {"wait_ns", wait_ns_.load()}, {"net_wait_ns", net_wait_ns_.load()},
-          {"oversubscribed", oversubscribed_ ? 1u : 0u}};
+          {"oversubscribed", oversubscribed_ ? 1u : 0u},
+          {"sleeps", sleeps_.load()},
+          {"spin_ns", uint64_t(spin_ns_.load(std::memory_order_relaxed))}};
 }
 
 }  // namespace netreduce

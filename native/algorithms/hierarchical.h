@@ -44,6 +44,9 @@ struct HierarchicalConfig {
   std::vector<int> ranks;  // global rank of each local rank, for error messages
   std::string host;        // this host's name, for error messages
   double timeout_s = 30.0; // a wait with no progress for this long fails
+  // Longest busy-wait for a peer before sleeping on its futex, with no more local
+  // ranks than CPUs (NETREDUCE_SHM_SPIN_US); 0 = a few hundred pauses only.
+  double spin_us = 50.0;
 };
 
 class Hierarchical {
@@ -89,6 +92,12 @@ class Hierarchical {
   uint32_t me_, size_, depth_;
   uint32_t serial_ = 0;  // last chunk serial used
   bool oversubscribed_ = false;  // more local ranks than this process's CPUs (Start)
+  // The busy-wait's budget now: up to cfg_.spin_us, halved after each wait the budget
+  // could not have covered (the peer was not coming soon), grown back after a wait
+  // that ended within it. Written by the calling thread only; read by Stats().
+  std::atomic<int64_t> spin_ns_{0};
+  void Adapt(int64_t waited_ns, bool slept);
+  int64_t SpinMaxNs() const;
   shm::PeerWatch peers_;
   std::atomic<bool> aborted_{false};
   std::mutex abort_mu_;
@@ -96,7 +105,7 @@ class Hierarchical {
   std::atomic<int> failed_rank_{-1};
   Status poisoned_;
   std::vector<float> acc_;  // float32 accumulator block for 16-bit floats
-  std::atomic<uint64_t> calls_{0}, chunks_{0}, bytes_{0}, shm_ns_{0}, wait_ns_{0}, net_wait_ns_{0};
+  std::atomic<uint64_t> calls_{0}, chunks_{0}, bytes_{0}, shm_ns_{0}, wait_ns_{0}, net_wait_ns_{0}, sleeps_{0};
 };
 
 }  // namespace netreduce

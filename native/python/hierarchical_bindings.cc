@@ -76,7 +76,7 @@ void BindHierarchical(py::module_& m) {
 
   py::class_<PyHierarchical>(m, "Hierarchical")
       .def(py::init([](PySegment& seg, py::object engine, std::vector<int> ranks,
-                       const std::string& host, double timeout_s) {
+                       const std::string& host, double timeout_s, double spin_us) {
              seg.Get();
              auto p = std::make_unique<PyHierarchical>();
              Engine* e = engine.is_none() ? nullptr : engine.cast<Engine*>();
@@ -85,11 +85,13 @@ void BindHierarchical(py::module_& m) {
              c.ranks = std::move(ranks);
              c.host = host;
              c.timeout_s = timeout_s;
+             c.spin_us = spin_us;
              p->h = std::make_unique<Hierarchical>(std::move(seg.seg), e, std::move(c));
              return p;
            }),
            py::arg("segment"), py::arg("engine"), py::arg("ranks"), py::arg("host"),
-           py::arg("timeout_s"))  // NETREDUCE_TIMEOUT: the caller passes it
+           py::arg("timeout_s"),  // NETREDUCE_TIMEOUT: the caller passes it
+           py::arg("spin_us") = HierarchicalConfig().spin_us)  // NETREDUCE_SHM_SPIN_US
       .def("start", [](PyHierarchical& p, double attach_timeout_s) {
              Status st;
              {

@@ -54,7 +54,7 @@ class Hierarchical:
     @classmethod
     def build(cls, flat: Any, layout: Layout, *, job: str, address: Any, timeout: float,
               start_timeout: float, shard_chunk: int, connect: Callable[..., Any],
-              connect_kw: Dict[str, Any]) -> "Hierarchical":
+              connect_kw: Dict[str, Any], spin_us: float) -> "Hierarchical":
         L, H = layout.local_size, layout.num_hosts
         if not shard_chunk:
             shard_chunk = (1 << 20) if H > 1 else (256 << 10)
@@ -85,7 +85,8 @@ class Hierarchical:
                                 rank=layout.host_index, size=H, **dict(connect_kw, timeout=timeout))
                 engine = shard._live()  # the native engine (waits for the sub-job's ranks)
             native = _native.Hierarchical(seg, engine, layout.local_ranks,
-                                          layout.labels[layout.host_index], timeout)
+                                          layout.labels[layout.host_index], timeout,
+                                          spin_us)  # NETREDUCE_SHM_SPIN_US
             try:
                 native.start(start_timeout)
             except _native.EngineError as exc:

@@ -79,7 +79,8 @@ def build(connection: Any, topo: Any, knobs: Dict[str, Any], address: Any,
         connection, layout, job=topo.job, address=address,
         timeout=float(knobs["NETREDUCE_TIMEOUT"]),
         start_timeout=float(knobs["NETREDUCE_START_TIMEOUT"]),
-        shard_chunk=int(knobs["NETREDUCE_SHM_CHUNK"]), connect=connect,
+        shard_chunk=int(knobs["NETREDUCE_SHM_CHUNK"]),
+        spin_us=float(knobs["NETREDUCE_SHM_SPIN_US"]), connect=connect,
         connect_kw=connect_settings(knobs))
 
 

@@ -100,6 +100,8 @@ def main() -> int:
     out = {"rank": rank, "algorithm": algo.name, "checked": 0}
     hosts = algo.layout.hosts if hasattr(algo, "layout") else [list(range(size))]
     out["hosts"] = hosts
+    if hasattr(algo, "_native"):  # the shared-memory wait's budget as configured
+        out["spin_ns"] = algo._native.stats().get("spin_ns")
     digest = hashlib.sha256()
     try:
         if mode == "pattern":

@@ -98,6 +98,17 @@ def test_flat_knob_keeps_the_flat_path(switch):
     assert all(r["returncode"] == 0 and "failure" not in r for r in results), results
 
 
+def test_spin_knob_reaches_the_shared_memory_wait(switch):
+    # NETREDUCE_SHM_SPIN_US is the wait's busy-wait budget (2 ranks: no more than the
+    # CPUs of any machine this runs on, or the budget is 0 whatever the knob).
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs 2 CPUs")
+    for knob, want in (("7", 7000), ("0", 0)):
+        results = launch(switch, 2, "pattern", extra={"NETREDUCE_SHM_SPIN_US": knob})
+        assert_all_ok(results, 2 * 9)
+        assert [r["spin_ns"] for r in results] == [want, want], (knob, results)
+
+
 def _shared_segment(r, n, q_seg):
     """Rank 0 creates the host's shared-memory segment and hands it to the other n - 1
     ranks through ``q_seg``; every rank returns its handle on it."""
@@ -171,6 +182,59 @@ def test_more_local_ranks_than_cpus_yield_and_stay_exact():
             if p.is_alive():
                 p.kill()
     assert got == [(r, 0, 1) for r in range(n)], got
+
+
+def _late_peer_rank(r, n, q_seg, q_out, late_s):
+    import time
+
+    import numpy as np
+
+    from netreduce import _native
+    try:
+        seg = _shared_segment(r, n, q_seg)
+        h = _native.Hierarchical(seg, None, list(range(n)), "testhost", 10.0, 50.0)
+        h.start(10.0)
+        first = h.stats()["spin_ns"]
+        bad = 0
+        for step in range(20):
+            if r == n - 1:
+                time.sleep(late_s)  # the last rank computes; the others wait for it
+            a = np.arange(1024, dtype=np.float32) + (r + step)
+            h.allreduce(a, a, _native.DTYPES["float32"], _native.OPS["sum"])
+            want = n * np.arange(1024, dtype=np.float32) + sum(q + step for q in range(n))
+            bad += int(not np.array_equal(a, want))
+        st = h.stats()
+        q_out.put((r, bad, first, st["spin_ns"], st["sleeps"]))
+    except Exception as exc:
+        q_out.put((r, f"{type(exc).__name__}: {exc}", -1, -1, -1))
+
+
+def test_wait_for_a_late_peer_stops_spinning_and_sleeps():
+    # Two ranks (no more than the CPUs): a wait busy-waits up to its 50 µs budget; a
+    # peer that comes 5 ms late every call is not worth spinning for, so the early
+    # rank's budget shrinks (each wait ran past it) and it sleeps on the futex.
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs 2 CPUs")
+    import multiprocessing as mp
+    ctx = mp.get_context("fork")
+    n = 2
+    q_seg, q_out = ctx.Queue(), ctx.Queue()
+    procs = [ctx.Process(target=_late_peer_rank, args=(r, n, q_seg, q_out, 0.005))
+             for r in range(n)]
+    for p in procs:
+        p.start()
+    try:
+        got = sorted(q_out.get(timeout=60) for _ in range(n))
+    finally:
+        for p in procs:
+            p.join(10)
+            if p.is_alive():
+                p.kill()
+    (r0, bad0, first0, last0, sleeps0), (_, bad1, first1, _, _) = got
+    assert (bad0, bad1) == (0, 0), got
+    assert (first0, first1) == (50000, 50000), got
+    assert last0 < 50000, got   # halved after every wait of ~5 ms
+    assert sleeps0 >= 20, got   # at least one futex sleep per late call
 
 
 def test_native_stage_fails_fast_when_a_peer_dies_without_any_coordinator():
