@@ -109,9 +109,15 @@ shm::Counter* Hierarchical::Counters(Phase phase) const {
 }
 
 void Hierarchical::Publish(Phase phase, uint32_t serial) {
-  std::atomic<uint32_t>* w = &Counters(phase)[me_].v;
-  w->store(serial, std::memory_order_release);
-  shm::FutexWakeAll(w);
+  shm::Counter& c = Counters(phase)[me_];
+  // seq_cst store, then the sleepers: against a waiter's increment, then its re-read
+  // of v (WaitAll), one of the two sees the other, so no sleeper misses this wake.
+  c.v.store(serial, std::memory_order_seq_cst);
+  if (c.sleepers.load(std::memory_order_seq_cst) != 0) {
+    shm::FutexWakeAll(&c.v);
+    wakes_.fetch_add(1, std::memory_order_relaxed);
+    woke_peer_ = true;
+  }
 }
 
 void Hierarchical::Poison(const Status& st) {
@@ -182,7 +188,11 @@ Status Hierarchical::WaitAll(Phase phase, uint32_t target, double timeout_s) {
     std::atomic<uint32_t>* w = &c[r].v;
     if (shm::Reached(w->load(std::memory_order_acquire), target)) continue;
     const auto tw = timed ? Clock::now() : t0;
-    const int64_t budget = timed ? spin_ns_.load(std::memory_order_relaxed) : 0;
+    // A peer this rank just woke is a futex wake-up (~50 µs here) away from its next
+    // step: sleep on it rather than spin for it (a rank that computes between calls
+    // is woken by the other every call; spinning for its wake-up doubles the CPU).
+    const int64_t budget = timed && !woke_peer_ ? spin_ns_.load(std::memory_order_relaxed) : 0;
+    woke_peer_ = false;
     int spins = 0;
     bool slept = false;
     const int spin_limit = oversubscribed_ ? kYieldSpins : kSpins;
@@ -213,7 +223,10 @@ Status Hierarchical::WaitAll(Phase phase, uint32_t target, double timeout_s) {
       }
       slept = true;
       sleeps_.fetch_add(1, std::memory_order_relaxed);
-      shm::FutexWait(w, v, kSleepMs);
+      std::atomic<uint32_t>& sleepers = c[r].sleepers;
+      sleepers.fetch_add(1, std::memory_order_seq_cst);
+      if (w->load(std::memory_order_seq_cst) == v) shm::FutexWait(w, v, kSleepMs);
+      sleepers.fetch_sub(1, std::memory_order_seq_cst);
       const auto now = Clock::now();
       if (Ns(last_check, now) >= kCheckUs * 1000) {
         last_check = now;
@@ -358,6 +371,7 @@ std::map<std::string, uint64_t> Hierarchical::Stats() const {
           {"wait_ns", wait_ns_.load()}, {"net_wait_ns", net_wait_ns_.load()},
           {"oversubscribed", oversubscribed_ ? 1u : 0u},
           {"sleeps", sleeps_.load()},
+          {"wakes", wakes_.load()},
           {"spin_ns", uint64_t(spin_ns_.load(std::memory_order_relaxed))}};
 }
 

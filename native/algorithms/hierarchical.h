@@ -96,6 +96,7 @@ class Hierarchical {
   // could not have covered (the peer was not coming soon), grown back after a wait
   // that ended within it. Written by the calling thread only; read by Stats().
   std::atomic<int64_t> spin_ns_{0};
+  bool woke_peer_ = false;  // a Publish woke a sleeping peer since the last wait
   void Adapt(int64_t waited_ns, bool slept);
   int64_t SpinMaxNs() const;
   shm::PeerWatch peers_;
@@ -105,7 +106,8 @@ class Hierarchical {
   std::atomic<int> failed_rank_{-1};
   Status poisoned_;
   std::vector<float> acc_;  // float32 accumulator block for 16-bit floats
-  std::atomic<uint64_t> calls_{0}, chunks_{0}, bytes_{0}, shm_ns_{0}, wait_ns_{0}, net_wait_ns_{0}, sleeps_{0};
+  std::atomic<uint64_t> calls_{0}, chunks_{0}, bytes_{0}, shm_ns_{0}, wait_ns_{0}, net_wait_ns_{0}, sleeps_{0},
+      wakes_{0};
 };
 
 }  // namespace netreduce

@@ -31,7 +31,11 @@ constexpr uint64_t kSegmentMagic = 0x3130304748535252ull;  // "RRSHG001"
 
 struct alignas(64) Counter {
   std::atomic<uint32_t> v{0};
-  char pad[60];
+  // Processes asleep on v's futex (or about to be): the publisher of v makes the
+  // futex wake only when there is one, and then knows a peer is on its way back
+  // from a sleep (algorithms/hierarchical.cc).
+  std::atomic<uint32_t> sleepers{0};
+  char pad[56];
 };
 
 struct SegmentHeader {

@@ -204,15 +204,16 @@ def _late_peer_rank(r, n, q_seg, q_out, late_s):
             want = n * np.arange(1024, dtype=np.float32) + sum(q + step for q in range(n))
             bad += int(not np.array_equal(a, want))
         st = h.stats()
-        q_out.put((r, bad, first, st["spin_ns"], st["sleeps"]))
+        q_out.put((r, bad, first, st["spin_ns"], st["sleeps"], st["wakes"]))
     except Exception as exc:
-        q_out.put((r, f"{type(exc).__name__}: {exc}", -1, -1, -1))
+        q_out.put((r, f"{type(exc).__name__}: {exc}", -1, -1, -1, -1))
 
 
 def test_wait_for_a_late_peer_stops_spinning_and_sleeps():
     # Two ranks (no more than the CPUs): a wait busy-waits up to its 50 µs budget; a
     # peer that comes 5 ms late every call is not worth spinning for, so the early
-    # rank's budget shrinks (each wait ran past it) and it sleeps on the futex.
+    # rank's budget shrinks (each wait ran past it) and it sleeps on the futex; a
+    # futex wake is made only for a sleeper, so the count of wakes says who slept.
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs 2 CPUs")
     import multiprocessing as mp
@@ -230,11 +231,12 @@ def test_wait_for_a_late_peer_stops_spinning_and_sleeps():
             p.join(10)
             if p.is_alive():
                 p.kill()
-    (r0, bad0, first0, last0, sleeps0), (_, bad1, first1, _, _) = got
+    (r0, bad0, first0, last0, sleeps0, _), (_, bad1, first1, _, _, wakes1) = got
     assert (bad0, bad1) == (0, 0), got
     assert (first0, first1) == (50000, 50000), got
     assert last0 < 50000, got   # halved after every wait of ~5 ms
     assert sleeps0 >= 20, got   # at least one futex sleep per late call
+    assert wakes1 >= 20, got    # and the late rank's post woke it each time
 
 
 def test_native_stage_fails_fast_when_a_peer_dies_without_any_coordinator():
