@@ -19,7 +19,6 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 import uuid
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -27,6 +26,8 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 if ROOT not in sys.path:
     sys.path.insert(1, ROOT)
+
+from common import spread, write_record  # noqa: E402
 
 # torchvision resnet18's parameters, in model order (backward runs them in reverse)
 RESNET18 = ([9408, 64, 64] + [36864, 64, 64] * 4
@@ -147,15 +148,12 @@ def main(argv=None) -> int:
         rs = [r["arms"][name]["end_ms"] / r["arms"]["main"]["end_ms"] for r in runs
               if "end_ms" in r["arms"][name] and "end_ms" in r["arms"]["main"]]
         if rs:
-            summary[f"{name}_over_main"] = {"median": statistics.median(rs), "min": min(rs),
-                                            "max": max(rs), "n": len(rs)}
+            summary[f"{name}_over_main"] = spread(rs)
     s_bytes = 4 * sum(RESNET18)
     summary["S_over_R_ms"] = s_bytes * 8 / float(args.rate.replace("gbit", "e9").replace("mbit", "e6")) * 1e3
     print(json.dumps(summary, indent=1))
     if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"command": sys.argv, "utc": time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()),
-                       "summary": summary, "runs": runs}, f, indent=1)
+        write_record(args.out, summary, runs)
     return 0
 
 

@@ -14,6 +14,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import time
 from typing import Callable, Dict, Iterable, Iterator, List, Optional
 
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "kb": 1 << 10, "m": 1 << 20, "mib": 1 << 20,
@@ -199,6 +200,14 @@ def command_line() -> str:
 
 def utc_now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def write_record(path: str, summary: dict, runs: list) -> None:
+    """One run's record as the issue-33 A/B benchmarks keep it: the command, the time,
+    the summary and every run."""
+    with open(path, "w") as f:
+        json.dump({"command": sys.argv, "utc": time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()),
+                   "summary": summary, "runs": runs}, f, indent=1)
 
 
 def write_json(path: str, meta: dict, records: Iterable[dict]) -> None:

@@ -39,8 +39,11 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
 if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
+    sys.path.insert(1, ROOT)
+
+from common import spread, write_record  # noqa: E402
 
 ROUND_ELEMS = 70
 MODES = ("alone", "big", "behind", "beside")
@@ -232,20 +235,16 @@ def main(argv=None) -> int:
         for m in MODES:
             per = [statistics.median(r[m]) for r in ok]
             if per:
-                sw[m + "_ms"] = {"median": statistics.median(per), "min": min(per), "max": max(per)}
+                sw[m + "_ms"] = spread(per)
         adds = [statistics.median(r["behind"]) - statistics.median(r["big"]) for r in ok]
         if adds:
-            sw["behind_minus_big_ms"] = {"median": statistics.median(adds), "min": min(adds),
-                                         "max": max(adds)}
+            sw["behind_minus_big_ms"] = spread(adds)
         bls = [statistics.median(b[0] for b in r["backlog"]) for r in ok if r["backlog"]]
         if bls:
-            sw["uplink_backlog_max_bytes"] = {"median": statistics.median(bls), "min": min(bls),
-                                              "max": max(bls)}
+            sw["uplink_backlog_max_bytes"] = spread(bls)
     print(json.dumps(summary, indent=1))
     if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"command": sys.argv, "utc": time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()),
-                       "summary": summary, "runs": runs}, f, indent=1)
+        write_record(args.out, summary, runs)
     return 0
 
 

@@ -109,6 +109,26 @@ def test_spin_knob_reaches_the_shared_memory_wait(switch):
         assert [r["spin_ns"] for r in results] == [want, want], (knob, results)
 
 
+def _forked_ranks(target, n, *args, answers=None, timeout=60):
+    """Start `n` fork()ed ranks running target(r, n, q_seg, q_out, *args); collect
+    `answers` (default n) results from q_out, sorted; every rank joined or killed after.
+    Returns (results, processes)."""
+    import multiprocessing as mp
+    ctx = mp.get_context("fork")
+    q_seg, q_out = ctx.Queue(), ctx.Queue()
+    procs = [ctx.Process(target=target, args=(r, n, q_seg, q_out, *args)) for r in range(n)]
+    for p in procs:
+        p.start()
+    try:
+        got = sorted(q_out.get(timeout=timeout) for _ in range(n if answers is None else answers))
+    finally:
+        for p in procs:
+            p.join(10)
+            if p.is_alive():
+                p.kill()
+    return got, procs
+
+
 def _shared_segment(r, n, q_seg):
     """Rank 0 creates the host's shared-memory segment and hands it to the other n - 1
     ranks through ``q_seg``; every rank returns its handle on it."""
@@ -167,20 +187,8 @@ def _pinned_rank(r, n, q_seg, q_out):
 def test_more_local_ranks_than_cpus_yield_and_stay_exact():
     # Three ranks pinned to one CPU: the waits spin by yielding the CPU (to the peer
     # they wait for) instead of busy-waiting; every small all-reduce still exact.
-    import multiprocessing as mp
-    ctx = mp.get_context("fork")
     n = 3
-    q_seg, q_out = ctx.Queue(), ctx.Queue()
-    procs = [ctx.Process(target=_pinned_rank, args=(r, n, q_seg, q_out)) for r in range(n)]
-    for p in procs:
-        p.start()
-    try:
-        got = sorted(q_out.get(timeout=60) for _ in range(n))
-    finally:
-        for p in procs:
-            p.join(10)
-            if p.is_alive():
-                p.kill()
+    got, _ = _forked_ranks(_pinned_rank, n)
     assert got == [(r, 0, 1) for r in range(n)], got
 
 
@@ -216,21 +224,7 @@ def test_wait_for_a_late_peer_stops_spinning_and_sleeps():
     # futex wake is made only for a sleeper, so the count of wakes says who slept.
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs 2 CPUs")
-    import multiprocessing as mp
-    ctx = mp.get_context("fork")
-    n = 2
-    q_seg, q_out = ctx.Queue(), ctx.Queue()
-    procs = [ctx.Process(target=_late_peer_rank, args=(r, n, q_seg, q_out, 0.005))
-             for r in range(n)]
-    for p in procs:
-        p.start()
-    try:
-        got = sorted(q_out.get(timeout=60) for _ in range(n))
-    finally:
-        for p in procs:
-            p.join(10)
-            if p.is_alive():
-                p.kill()
+    got, _ = _forked_ranks(_late_peer_rank, 2, 0.005)
     (r0, bad0, first0, last0, sleeps0, _), (_, bad1, first1, _, _, wakes1) = got
     assert (bad0, bad1) == (0, 0), got
     assert (first0, first1) == (50000, 50000), got
@@ -243,20 +237,8 @@ def test_native_stage_fails_fast_when_a_peer_dies_without_any_coordinator():
     # The shared-memory waits alone (no aggregator, no negotiation to report the
     # death): a SIGKILLed peer is seen through its pidfd, and a peer that failed
     # poisons the segment for the rest, so no rank sleeps on a barrier forever.
-    import multiprocessing as mp
-    ctx = mp.get_context("fork")
     n, victim = 3, 1
-    q_seg, q_out = ctx.Queue(), ctx.Queue()
-    procs = [ctx.Process(target=_native_rank, args=(r, n, q_seg, q_out, victim)) for r in range(n)]
-    for p in procs:
-        p.start()
-    try:
-        got = sorted(q_out.get(timeout=30) for _ in range(n - 1))
-    finally:
-        for p in procs:
-            p.join(10)
-            if p.is_alive():
-                p.kill()
+    got, procs = _forked_ranks(_native_rank, n, victim, answers=n - 1, timeout=30)
     assert procs[victim].exitcode == -9, got
     for r, msg, failed in got:
         assert r != victim
