@@ -22,7 +22,7 @@ constexpr size_t kBlock = 4096;
 constexpr int kSpins = 200;
 // With no more local ranks than CPUs, a wait busy-waits for up to its budget
 // (HierarchicalConfig::spin_us) before it sleeps on the futex: on a VM a futex wake
-// of a peer whose vCPU halted is an IPI and a VM entry, ~50 µs per wake on this
+// of a peer whose vCPU halted is an IPI and a VM entry, ~27 µs per wake on this
 // testbed (BENCHMARKS.md, issue 33, lat2), twice per small all-reduce, while the
 // peer is usually a few µs behind. The clock is read every kClockEvery pauses, and
 // every kYieldEvery-th read the spin yields, so that a peer the scheduler queued on
@@ -188,7 +188,7 @@ Status Hierarchical::WaitAll(Phase phase, uint32_t target, double timeout_s) {
     std::atomic<uint32_t>* w = &c[r].v;
     if (shm::Reached(w->load(std::memory_order_acquire), target)) continue;
     const auto tw = timed ? Clock::now() : t0;
-    // A peer this rank just woke is a futex wake-up (~50 µs here) away from its next
+    // A peer this rank just woke is a futex wake-up (~27 µs here) away from its next
     // step: sleep on it rather than spin for it (a rank that computes between calls
     // is woken by the other every call; spinning for its wake-up doubles the CPU).
     const int64_t budget = timed && !woke_peer_ ? spin_ns_.load(std::memory_order_relaxed) : 0;

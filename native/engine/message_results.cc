@@ -171,8 +171,8 @@ void Engine::Message::Complete(SlotTrack& t, bool repeat_seen, bool in_lane_orde
   // The slot's record of an earlier chunk is left alone here: that chunk's second
   // result may still be on its way, behind this one (a group's result is drained before
   // a unicast answer to a resend), and msg_id + psn tell the two apart. Cleared on
-  // this completion, the late answers of a stall matched nothing in about half the
-  // ranks' stalls, and the rank never learnt its resends were needless.
+  // this completion, the late answers of a stall matched nothing in about one
+  // rank's stall in four, and that rank never learnt its resends were needless.
   if (t.retries == 0 || proven) {  // Karn: only unambiguous samples
     // (a held chunk's round trip is the wait for the others; its notice sampled)
     if (!proven && t.head && !t.held) e_.SampleRtt(double(t_now - t.first_send_us));
