@@ -30,6 +30,11 @@ flight at a time, its next submission comes after the previous one completed, an
 everything that decides the path (the id, learned before the previous execution;
 the bans, applied at a round or at an execution) is fixed by then on every rank.
 
+The data plane reads a round's vector when it starts the message: a submission made
+after the round was issued and before it started (it queues behind an agreed group's
+data on the wire, pipeline.py) marks itself READY in it (``live``), so that round agrees
+what became ready while the data was on the wire.
+
 A rank with work starts a round at once (or after NETREDUCE_CYCLE_TIME when it
 wakes from an idle spell, to batch a burst); a rank with nothing joins rounds at
 ``IDLE_S`` intervals, so that a rank waiting on a tensor that another rank never
@@ -113,7 +118,14 @@ class Agreement:
         self.last_message = time.monotonic()
         self.gap = IDLE_S                       # the idle pace now (backs off when quiet)
         self.quiet_since: Optional[float] = None
+        # A round's vector is read by the data plane when it starts the message, not
+        # when the executor issues it: submissions made meanwhile mark themselves in
+        # it (``live``, route), so a round queued behind an agreed group's data agrees
+        # what became ready while that data was on the wire. Its result lands apart.
         self.vec = np.empty(HEADER + self.width, dtype=np.int32)
+        self.result = np.empty_like(self.vec)
+        self.live = False                       # a round of vec is issued, not returned
+        self.live_marks = 0                     # statistics: submissions marked so
         self.rounds = 0                         # statistics (tests, benchmarks)
         self.agreed = 0                         # tensors executed without the coordinator
         self.fallbacks = 0                      # tensors sent back to the coordinator
@@ -152,6 +164,8 @@ class Agreement:
                 self.pending[i] = t
                 self.since[i] = time.monotonic()
                 took = True
+                if self.live and self.vec[HEADER + i] == WAITING:
+                    self._mark_live(i)
         if rest or (took and not (self.spec.waited and self.spec.covered())):
             # A submission that completes the speculative group, on a rank whose user
             # waited for the last one, is left to the user's wait (help), or to the
@@ -159,6 +173,18 @@ class Agreement:
             # the step (two threads of one process contending for one core).
             self.q.put(WAKE)
         return rest
+
+    def _mark_live(self, i: int) -> None:
+        """Mark id ``i`` ready in the round that is issued and may not have started
+        yet (caller holds ``lock``). Safe whenever the data plane reads it: a mark only
+        ever goes from WAITING to READY, each id independently, so whatever the data
+        plane read of each word (before or after, at a resend or a failover's re-run)
+        is a value the word held while ``i`` was pending here; an id the round agrees
+        on is then one every rank holds, and one it missed waits for the next round,
+        whose fill marks it again."""
+        self.vec[HEADER + i] = READY
+        self.vec[1] = 0                         # busy: something is in flight here
+        self.live_marks += 1
 
     # --- executor thread ------------------------------------------------------------
     def loop(self) -> None:
@@ -387,14 +413,20 @@ class Agreement:
             self.invalidate.clear()
             if joined:
                 vec[HEADER:] = INVALID          # joined: the coordinator sends the zeros
+            self.live = True
         timeline = self.comm.timeline
         t0 = tl.now_us() if timeline else 0.0
-        if not self.issue(vec, "min"):
+        try:
+            done = self.issue(vec, "min", out=self.result)
+        finally:
+            with self.lock:
+                self.live = False
+        if not done:
             return None
         if timeline:
             timeline.span(ROUND_ROW, "round", t0, tl.now_us())
         self.rounds += 1
-        return vec.copy()
+        return self.result.copy()
 
     def joined(self) -> bool:
         """Whether a join() of this rank still waits for its log entry: then every id
@@ -405,10 +437,12 @@ class Agreement:
         return any(t.seq < 0 for t in self.joins)
 
     def issue(self, buf: np.ndarray, op: str, fill: Optional[Callable[[], None]] = None,
-              send: Optional[Callable[[], None]] = None) -> bool:
+              send: Optional[Callable[[], None]] = None,
+              out: Optional[np.ndarray] = None) -> bool:
         """One of the agreement's own data-plane messages (a round, a speculative
         step), ``fill()`` first writing this rank's part into ``buf``, ``send()``
-        instead of the plain all-reduce of ``buf`` where given: from before the fill
+        where given instead of the plain all-reduce of ``buf`` (into ``out``, or in
+        place): from before the fill
         to the end, a failure reported aborts the data plane under it. False when the
         job had failed or the message did (reported here: the plain executor takes
         over)."""
@@ -421,7 +455,7 @@ class Agreement:
             if send is not None:
                 send()
             else:
-                comm.dp.allreduce(buf, None, op=op)
+                comm.dp.allreduce(buf, out, op=op)
             return True
         except Exception as exc:
             self._message_failed(exc)
