@@ -101,6 +101,46 @@ def machine_busy_fraction(before: tuple, after: tuple) -> float:
     return busy / total if total > 0 else 0.0
 
 
+class MachineCPUSampler:
+    """The whole machine's CPU (``machine_cpu``) sampled every ``interval_s`` on a
+    thread of its own, stamped with wall-clock microseconds (``time.time_ns() / 1000``,
+    the clock of overlap_site's step stamps), so that a window of another process's
+    steps can be read afterwards: ``window(t0_us, t1_us)``."""
+
+    def __init__(self, interval_s: float = 0.02) -> None:
+        import threading
+        self.interval_s = interval_s
+        self.samples: List[tuple] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while True:
+            self.samples.append((time.time_ns() / 1000.0,) + machine_cpu())
+            if self._stop.wait(self.interval_s):
+                return
+
+    def __enter__(self) -> "MachineCPUSampler":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def window(self, t0_us: float, t1_us: float) -> Optional[Dict[str, float]]:
+        """Over the samples nearest inside [t0_us, t1_us]: the machine's busy fraction
+        (of all its cores) and its busy CPU-seconds; None with fewer than 2 samples."""
+        inside = [x for x in self.samples if t0_us <= x[0] <= t1_us]
+        if len(inside) < 2:
+            return None
+        (a, busy0, total0), (b, busy1, total1) = inside[0], inside[-1]
+        tick = os.sysconf("SC_CLK_TCK")
+        return {"busy_fraction": round((busy1 - busy0) / max(1, total1 - total0), 4),
+                "busy_cpu_s": round((busy1 - busy0) / tick, 4),
+                "seconds": round((b - a) / 1e6, 4)}
+
+
 # --- wire -----------------------------------------------------------------------
 def wire_counters(ifname: Optional[str]) -> Optional[Dict[str, int]]:
     """tx/rx bytes of `ifname` as this process's network namespace sees it (inside a

@@ -30,7 +30,11 @@ for after backward.
 The bound of a step (issue 33): F + max(B, S/R) + U, S the model's gradient bytes,
 R the link rate, F/B/U from the compute mode of the same run; the target is each
 path's step <= 1.1 x bound and img/s >= 1.35 x ddp-gloo's (DDP on netreduce within
-3 % of the Horovod API). The record (benchmarks/results/issue33/overlap_torch_UTC.json)
+3 % of the Horovod API). Each mode also records the whole machine's CPU over the
+timed steps (``machine_cpu``: busy fraction, CPU-seconds per step of everything
+running, and that over the cores, ``cpu_bound_s``): on a testbed where the ranks, the
+aggregator and the emulated network share the cores, a step can not be shorter than
+that, whatever the link allows. The record (benchmarks/results/issue33/overlap_torch_UTC.json)
 keeps every run, its load average and each mode's phases; the summary is medians
 with (min, max) of the per-run ratios.
 """
@@ -156,6 +160,9 @@ def run_mode(tb, label: str, args: argparse.Namespace, tmp: str) -> Dict[str, An
             str(args.batches_per_iter), "--num-iters", str(args.iters), "--no-cuda"]
     logs = [os.path.join(tmp, f"rank{r}.log") for r in range(n)]
     procs = []
+    sampler = common.MachineCPUSampler()
+    sampler.__enter__()
+    cleanup.append(lambda: sampler.__exit__(None))
     try:
         for r in range(n):
             env = launch.worker_env(dict(env0, RANK=str(r), LOCAL_RANK="0",
@@ -195,6 +202,7 @@ def run_mode(tb, label: str, args: argparse.Namespace, tmp: str) -> Dict[str, An
     timed = steps[-args.iters * args.batches_per_iter:]
     if timed:
         record["phases"] = phases(timed)
+        record["machine_cpu"] = machine_cpu(sampler, timed, os.cpu_count() or 1)
     if (args.timeline or ranks_tl) and os.path.exists(timeline_path) and timed:
         record["timeline"] = overlap_timeline.analyse(timeline_path, timed)
     if ranks_tl and os.path.exists(timeline_path) and timed:
@@ -204,6 +212,21 @@ def run_mode(tb, label: str, args: argparse.Namespace, tmp: str) -> Dict[str, An
             with open(os.path.join(args.keep, f"{label}_{_utc()}.phases.json"), "w") as f:
                 json.dump(timed, f)
     return record
+
+
+def machine_cpu(sampler: Any, timed: List[List[float]], cores: int) -> Optional[Dict[str, float]]:
+    """The whole machine's CPU over the timed steps (rank 0's first to last zero_grad):
+    its busy fraction, the CPU-seconds per step of everything running (every rank, the
+    aggregator, the kernel's network work) and that divided by the cores: a step can
+    not be shorter than ``cpu_bound_s`` with this much work on this machine."""
+    if len(timed) < 2:
+        return None
+    w = sampler.window(timed[0][0], timed[-1][0])
+    if w is None:
+        return None
+    per_step = w["busy_cpu_s"] / w["seconds"] * ((timed[-1][0] - timed[0][0]) / 1e6) / (len(timed) - 1)
+    return {"busy_fraction": w["busy_fraction"], "cpu_s_per_step": round(per_step, 4),
+            "cpu_bound_s": round(per_step / cores, 4), "cores": cores}
 
 
 def _tail(rank_paths: List[Any], count: int, keep: str, label: str) -> Dict[str, Any]:
@@ -249,6 +272,9 @@ def write_record(path: str, args: argparse.Namespace, modes: List[str], runs: Li
         summary[mode] = {"img_per_s": common.spread([x.get("img_per_s") for x in recs], 2)}
         for part in ("forward", "backward", "wait", "update", "step"):
             summary[mode][part + "_s"] = common.spread([x.get("phases", {}).get(part) for x in recs])
+        for part in ("busy_fraction", "cpu_s_per_step", "cpu_bound_s"):
+            summary[mode]["machine_" + part] = common.spread(
+                [(x.get("machine_cpu") or {}).get(part) for x in recs])
         tails = [x["tail"]["median"] for x in recs if x.get("tail")]
         if tails:  # --timeline-ranks: the wait after backward, part by part (ms)
             summary[mode]["tail_ms"] = {k: common.spread([t.get(k) for t in tails], 1) for k in (
@@ -284,9 +310,11 @@ def torch_target(args: argparse.Namespace) -> str:
                     results[mode] = run_mode(tb, mode, args, tmp)
                 r = results[mode]
                 ph = r.get("phases", {})
+                mc = r.get("machine_cpu") or {}
                 print(f"  run {i} {mode}: {r.get('img_per_s', r.get('error'))} img/s, step "
                       f"{ph.get('step')} s (fwd {ph.get('forward')} bwd {ph.get('backward')} "
-                      f"wait {ph.get('wait')} upd {ph.get('update')}); load "
+                      f"wait {ph.get('wait')} upd {ph.get('update')}); machine busy "
+                      f"{mc.get('busy_fraction')}, CPU bound {mc.get('cpu_bound_s')} s; load "
                       f"{os.getloadavg()[0]:.1f}", flush=True)
                 if "timeline" in r:
                     print(overlap_timeline.describe(r["timeline"], indent="      "), flush=True)
