@@ -25,6 +25,9 @@
 
 #include <arpa/inet.h>
 #include <pthread.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <cstring>
 
@@ -97,7 +100,11 @@ Status Aggregator::Start() {
   }
   if (cfg_.port == 0) cfg_.port = ntohs(sockets_[0]->local().port);
   running_ = true;
+  threads_niced_ = 0;
   for (uint32_t t = 0; t < cfg_.threads; ++t) threads_.emplace_back([this, t] { Loop(t); });
+  // data_nice() is read right after Start (the daemon's ready line): wait for the threads
+  // to have set theirs (a setpriority call each, microseconds).
+  while (threads_niced_.load() < cfg_.threads) std::this_thread::yield();
   return Status::Ok();
 }
 
@@ -109,9 +116,22 @@ void Aggregator::Stop() {
   data_ports_ = DataPortsInfo();  // detaches the XDP program, once no socket is in its map
 }
 
+// A data thread's nice: config().data_nice where the process may set it, else what it
+// inherited. On Linux nice is per thread (setpriority on a thread id).
+int Aggregator::SetDataNice() const {
+  const id_t tid = id_t(syscall(SYS_gettid));
+  if (cfg_.data_nice != 0 && setpriority(PRIO_PROCESS, tid, cfg_.data_nice) == 0) return cfg_.data_nice;
+  errno = 0;
+  const int inherited = getpriority(PRIO_PROCESS, tid);
+  return errno == 0 ? inherited : 0;
+}
+
 void Aggregator::Loop(uint32_t thread_index) {
   // Named for top/perf and the benchmarks' per-thread CPU (benchmarks/linerate.py).
   pthread_setname_np(pthread_self(), ("nr-data-" + std::to_string(thread_index)).c_str());
+  const int nice = SetDataNice();
+  if (thread_index == 0) data_nice_applied_ = nice;
+  threads_niced_++;
   Transport& sock = *sockets_[thread_index];
   const bool own_buffers = sock.OwnsReceiveBuffers();
   const uint16_t my_port = sock.local().port;

@@ -59,6 +59,14 @@ struct AggregatorConfig {
   std::string xdp_device;
   std::string xdp_mode = "auto";
   bool xdp_fallback = true;
+  // The data threads' nice (setpriority on each thread; < 0 needs CAP_SYS_NICE, and
+  // without it they stay at the daemon's own). Every rank of every job waits on these
+  // threads, and on a host they share with busy ranks (the testbed, a rank hosting its
+  // aggregator) a fair share of the cores is below what 4 x 1 Gbit/s of input needs:
+  // the link then idles while a data thread waits for a core (BENCHMARKS.md, issue 33,
+  // wirerate). They wake only when packets come, so a higher priority takes the same
+  // CPU sooner, not more of it; 0 leaves them as they are.
+  int data_nice = -10;
 };
 
 struct Job {
@@ -146,6 +154,9 @@ class Aggregator {
   Status Start();
   void Stop();
   const AggregatorConfig& config() const { return cfg_; }
+  // The data threads' nice as set (config().data_nice, or what they inherited where the
+  // process may not lower it); meaningful once Start() returned.
+  int data_nice() const { return data_nice_applied_.load(); }
   uint16_t port() const { return cfg_.port; }
   // The data sockets' packet path (Transport::Describe), e.g. "udp gso+gro"; "" before
   // Start().
@@ -206,6 +217,7 @@ class Aggregator {
 
  private:
   void Loop(uint32_t thread_index);
+  int SetDataNice() const;
   // Queues the stored result of a round for `rank`, or for the job's multicast group
   // when rank == wire::kGroupRank.
   // A held notice (wire::kExtHeld): header only, to `rank` whose contribution `h`
@@ -260,6 +272,9 @@ class Aggregator {
   DataPortsInfo data_ports_;  // how sockets_ came to be (an XDP program among them)
   std::vector<std::thread> threads_;
   std::atomic<bool> running_{false};
+  // The nice the data threads run at: data_nice once set, else what they inherited.
+  std::atomic<int> data_nice_applied_{0};
+  std::atomic<uint32_t> threads_niced_{0};  // data threads past SetDataNice (Start waits)
   mutable std::mutex mu_;  // guards jobs_ and memory_used_
   std::vector<std::shared_ptr<Job>> jobs_;  // by index; [0] unused (QP 0/1 are special in IB)
   uint64_t memory_used_ = 0;

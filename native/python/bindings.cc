@@ -220,6 +220,7 @@ PYBIND11_MODULE(_native, m) {
   aggregator_defaults["xdp_device"] = ad.xdp_device;
   aggregator_defaults["xdp_mode"] = ad.xdp_mode;
   aggregator_defaults["xdp_fallback"] = ad.xdp_fallback;
+  aggregator_defaults["data_nice"] = ad.data_nice;
   aggregator_defaults["udp_offload"] = UdpOffloadName(ad.udp_offload);      // for C++ callers;
   aggregator_defaults["icrc_check"] = IcrcCheckName(ad.trust_udp_checksum);  // Python passes them
   m.attr("AGGREGATOR_DEFAULTS") = aggregator_defaults;
@@ -230,7 +231,7 @@ PYBIND11_MODULE(_native, m) {
                        uint32_t max_jobs, uint32_t threads, uint64_t memory_limit,
                        const std::string& fanout, const std::string& group_base,
                        const std::string& transport, const std::string& xdp_device,
-                       const std::string& xdp_mode, bool xdp_fallback) {
+                       const std::string& xdp_mode, bool xdp_fallback, int data_nice) {
              AggregatorConfig c;
              c.host = host; c.port = port; c.slots = slots; c.payload_bytes = payload_bytes;
              c.max_jobs = max_jobs; c.threads = threads; c.memory_limit = memory_limit;
@@ -239,6 +240,7 @@ PYBIND11_MODULE(_native, m) {
              Throw(ParseUdpOffload(udp_offload, &c.udp_offload));
              c.transport = transport; c.xdp_device = xdp_device; c.xdp_mode = xdp_mode;
              c.xdp_fallback = xdp_fallback;
+             c.data_nice = data_nice;
              c.trust_udp_checksum = TrustUdpChecksum(icrc_check);
              return std::make_unique<Aggregator>(c);
            }),
@@ -248,13 +250,14 @@ PYBIND11_MODULE(_native, m) {
            py::arg("icrc_check"), py::arg("slots"), py::arg("payload_bytes"),
            py::arg("max_jobs"), py::arg("threads"), py::arg("memory_limit"), py::arg("fanout"),
            py::arg("group_base"), py::arg("transport"), py::arg("xdp_device"),
-           py::arg("xdp_mode"), py::arg("xdp_fallback"))
+           py::arg("xdp_mode"), py::arg("xdp_fallback"), py::arg("data_nice"))
       .def("start", [](Aggregator& a) { Throw(a.Start()); })
       .def("stop", [](Aggregator& a) { py::gil_scoped_release nogil; a.Stop(); })
       .def_property_readonly("port", &Aggregator::port)
       .def_property_readonly("slots", [](Aggregator& a) { return a.config().slots; })
       .def_property_readonly("payload_bytes", [](Aggregator& a) { return a.config().payload_bytes; })
       .def_property_readonly("threads", [](Aggregator& a) { return a.config().threads; })
+      .def_property_readonly("data_nice", &Aggregator::data_nice)
       .def_property_readonly("fanout", [](Aggregator& a) { return FanoutName(a.config().fanout); })
       .def_property_readonly("data_path", &Aggregator::DataPath)
       .def("add_job", [](Aggregator& a, uint32_t size, uint32_t key, uint32_t payload_bytes) {

@@ -67,6 +67,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=DEFAULTS["threads"],
                    help="data threads; thread t owns UDP port PORT+t and the slots s with "
                         "s %% THREADS == t")
+    p.add_argument("--data-nice", type=int, default=DEFAULTS["data_nice"],
+                   help="the data threads' nice: every rank waits on them, and on a host "
+                        "they share with busy ranks their fair share of the cores is below "
+                        "what the input needs; they wake only when packets come. Below 0 "
+                        "needs root or CAP_SYS_NICE (without it they keep the daemon's own, "
+                        "and the ready line says so); 0 leaves them as they are")
     p.add_argument("--transport", choices=("udp", "xdp"), default=DEFAULTS["transport"],
                    help="what carries the data ports: 'udp', kernel UDP sockets; 'xdp', an "
                         "AF_XDP socket per data thread on the device's queues (thread t: queue "
@@ -218,7 +224,8 @@ def _start_aggregator(native: Any, args: argparse.Namespace) -> Tuple[Any, int]:
             max_jobs=args.max_jobs + Limits.pending_jobs, threads=args.threads,
             memory_limit=args.memory_mb << 20,
             fanout=args.fanout, group_base=args.group_base, transport=args.transport,
-            xdp_device=args.xdp_device, xdp_mode=args.xdp_mode, xdp_fallback=args.xdp_fallback))
+            xdp_device=args.xdp_device, xdp_mode=args.xdp_mode, xdp_fallback=args.xdp_fallback,
+            data_nice=args.data_nice))
         try:
             agg.start()
             return agg, port
@@ -228,6 +235,13 @@ def _start_aggregator(native: Any, args: argparse.Namespace) -> Tuple[Any, int]:
         except Exception as exc:  # port taken: try another when picking
             last = exc
     raise NetReduceError(f"cannot start on {format_address((args.host, args.port))}: {last}")
+
+
+def _nice_words(asked: int, applied: int) -> str:
+    """The ready line's word on the data threads' priority (--data-nice)."""
+    if asked == applied:
+        return f", data threads at nice {applied}" if applied else ""
+    return f", data threads at nice {applied} (--data-nice {asked} needs CAP_SYS_NICE)"
 
 
 def _transport_words(agg) -> str:
@@ -341,7 +355,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print(f"{READY_PREFIX}{address} (udp {port}..{port + args.threads - 1}, "
           f"{args.slots} slots x {_payload_words(args.payload_bytes)}, max {args.max_jobs} jobs, "
           f"{args.fanout} fan-out, ICRC check {config.get('NETREDUCE_ICRC_CHECK')}, data path "
-          f"{agg.data_path}{_transport_words(agg)}; job secrets "
+          f"{agg.data_path}{_transport_words(agg)}{_nice_words(args.data_nice, agg.data_nice)}; "
+          f"job secrets "
           f"{'required' if require else 'optional'}{'; TLS' if tls_ctx else ''})", flush=True)
     while not life.stop.wait(0.2):
         if life.status_requested.is_set():
