@@ -140,7 +140,10 @@ def run_mode(tb, label: str, args: argparse.Namespace, tmp: str) -> Dict[str, An
             "PYTHONPATH": os.pathsep.join([SITE, tree])}
     cleanup = []
     if mode.startswith("nr-"):
-        sw = tb.spawn_switch(args=shlex.split(args.switch_args))
+        # the aggregator from the same tree as the ranks: an A/B of an aggregator change
+        # compares the two daemons, not the driver's twice
+        sw = tb.spawn_switch(args=shlex.split(args.switch_args),
+                             env=dict(os.environ, PYTHONPATH=env0["PYTHONPATH"]))
         cleanup.append(sw.stop)
         env0.update(NETREDUCE_SWITCH=f"{sw.address[0]}:{sw.address[1]}",
                     NETREDUCE_JOB=f"overlap-{uuid.uuid4().hex[:8]}", NETREDUCE_SIZE=str(n),
