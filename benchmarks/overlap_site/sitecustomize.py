@@ -84,3 +84,35 @@ if "{rank}" in os.environ.get("NRBENCH_PHASES", ""):  # every rank, a file each
     _probe(os.environ["NRBENCH_PHASES"].replace("{rank}", _RANK))
 elif os.environ.get("NRBENCH_PHASES") and _RANK == "0":
     _probe(os.environ["NRBENCH_PHASES"])
+
+
+def _frameworks_from_tree() -> None:
+    """netreduce.torch (mxnet, tensorflow) from the checkout on PYTHONPATH after this
+    folder (overlap_step.py's --code NAME=DIR, or the run's own tree): an editable
+    install maps those packages to the checkout it was made from, and its finder
+    answers for them because the package found on PYTHONPATH has no such folder
+    (they live in frameworks/), so a MODE@CODE run would pair the other tree's core
+    with the installed tree's framework code."""
+    import importlib.util
+    import sys
+    tree = next((p for p in sys.path[1:] if os.path.isfile(os.path.join(p, "netreduce",
+                                                                         "__init__.py"))), None)
+    if tree is None or not os.path.isdir(os.path.join(tree, "frameworks")):
+        return
+
+    class Frameworks:
+        @staticmethod
+        def find_spec(fullname, path=None, target=None):
+            name = fullname.partition("netreduce.")[2]
+            folder = os.path.join(tree, "frameworks", name)
+            if not fullname.startswith("netreduce.") or "." in name or \
+                    not os.path.isfile(os.path.join(folder, "__init__.py")):
+                return None
+            return importlib.util.spec_from_file_location(
+                fullname, os.path.join(folder, "__init__.py"),
+                submodule_search_locations=[folder])
+
+    sys.meta_path.insert(0, Frameworks())
+
+
+_frameworks_from_tree()

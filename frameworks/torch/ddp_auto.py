@@ -14,7 +14,8 @@ that DDP gets a forward pre-hook, which at its first forward with gradients reco
 (comm hooks must be registered before the first backward, and no backward comes
 without such a forward) decides once and removes itself. It applies ``ddp_overlap``
 when DDP's process group is netreduce's and DDP would otherwise all-reduce its
-buckets itself; it steps aside (plain DDP) when:
+buckets itself, and with it DDP's buffer sync becomes one message after forward
+instead of two before it (ddp_buffers.py); it steps aside (plain DDP) when:
 
 - NETREDUCE_DDP_OVERLAP=0 (the opt-out);
 - a comm hook is registered already (the user's own, a builtin one, or
@@ -38,6 +39,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from netreduce import config
 
+from .ddp_buffers import sync_after_forward
 from .ddp_hook import ddp_overlap
 
 log = logging.getLogger("netreduce")
@@ -71,6 +73,7 @@ def _on_registration(parent: Any, name: str, child: Any) -> None:
             return
         state = ddp_overlap(ddp, ddp.process_group.ddp_label())
         _hand_over_later_hooks(ddp, state)
+        sync_after_forward(ddp)  # its buffers: one message after forward (ddp_buffers.py)
 
     handle = parent.register_forward_pre_hook(first_forward)
     return None

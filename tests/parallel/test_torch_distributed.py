@@ -413,3 +413,112 @@ def test_ddp_overlap_unused_parameters_and_no_sync():
     assert not state.started
     for p, q in zip(ddp.module.parameters(), ref.parameters()):
         assert torch.allclose(p.grad, q.grad, atol=1e-6), (p.shape, p.grad, q.grad)
+
+
+class _Stats(torch.nn.Module if LAUNCHED else object):
+    """Buffers of every width and a 0-dim one, each forward moving them by its rank:
+    what a forward sees tells whose values it got, and when."""
+
+    def __init__(self):
+        super().__init__()
+        for name, dtype, shape in (("i8", torch.int8, (3,)), ("flag", torch.bool, (5,)),
+                                   ("f16", torch.float16, (7,)), ("zero", torch.float64, ()),
+                                   ("count", torch.int64, ())):
+            self.register_buffer(name, torch.zeros(shape, dtype=dtype))
+        self.seen = []
+
+    def forward(self, x):
+        self.seen.append({k: v.clone() for k, v in self.named_buffers()})
+        rank = dist.get_rank()
+        self.i8.add_(rank + 1)
+        self.flag.fill_(rank == 0)
+        self.f16.add_(rank + 0.5)
+        self.zero.fill_(-0.0 if rank == 0 else 1.0)  # rank 0's sign must arrive
+        self.count.add_(1)
+        return x
+
+
+def _buffered_model():
+    torch.manual_seed(11)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.BatchNorm1d(16), _Stats(),
+                               torch.nn.ReLU(), torch.nn.Linear(16, 4))
+
+
+def _broadcasts(monkeypatch):
+    from netreduce.torch.process_group import ProcessGroupNetReduce
+    calls = []
+    original = ProcessGroupNetReduce.broadcast
+
+    def counting(self, tensors, opts=None):
+        calls.append([t.dtype for t in tensors])
+        return original(self, tensors, opts)
+    monkeypatch.setattr(ProcessGroupNetReduce, "broadcast", counting)
+    return calls
+
+
+def test_ddp_buffers_one_message_after_forward(monkeypatch):
+    """DDP on the netreduce group syncs its buffers (broadcast_buffers) in one message
+    per step, started after forward (DDP: one broadcast per dtype, waited before
+    forward): every forward still sees rank 0's buffers as the previous forward left
+    them, bit for bit, and after backward every rank holds rank 0's."""
+    rank, size = dist.get_rank(), dist.get_world_size()
+    ddp = DDP(_buffered_model(), bucket_cap_mb=0.001)
+    stats = ddp.module[2]
+    calls = _broadcasts(monkeypatch)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    steps = 4
+    for step in range(steps):
+        opt.zero_grad()
+        x, y = _batch(rank, step)
+        before = len(calls)
+        loss = torch.nn.functional.mse_loss(ddp(x), y)
+        if step > 1:  # (forward 1: DDP's own sync, before the state exists; forward 2:
+            # also DDP's bucket rebuild, whose order rank 0 broadcasts)
+            assert len(calls) - before == 1 and calls[-1] == [torch.uint8], calls[before:]
+        loss.backward()
+        opt.step()
+        # every rank holds rank 0's buffers once backward is over
+        gathered = [None] * size
+        dist.all_gather_object(gathered, [b.clone() for b in ddp.module.buffers()])
+        for other in gathered[1:]:
+            assert all(torch.equal(a, b) for a, b in zip(gathered[0], other)), step
+    assert ddp._netreduce_buffers.messages == steps
+    for k, seen in enumerate(stats.seen):  # rank 0's values after k forwards
+        assert torch.equal(seen["i8"], torch.full((3,), k, dtype=torch.int8)), (k, seen)
+        assert torch.equal(seen["f16"], torch.full((7,), 0.5 * k, dtype=torch.float16))
+        assert seen["count"].item() == k and bool(seen["flag"].all()) == (k > 0)
+        assert k == 0 or torch.signbit(seen["zero"]).item(), (k, seen["zero"])
+    # evaluation after training: on rank 0's statistics, whatever the rank
+    ddp.eval()
+    with torch.no_grad():
+        out = ddp(_batch(0, 99)[0])
+    gathered = [None] * size
+    dist.all_gather_object(gathered, out)
+    assert all(torch.equal(gathered[0], o) for o in gathered[1:])
+    assert ddp._netreduce_buffers.messages == steps  # (no backward after it: no sync)
+
+
+@pytest.mark.parametrize("how", ["buffer hook", "broadcast_buffers=False", "overlap off"])
+def test_ddp_buffers_user_choices_are_kept(how, monkeypatch):
+    """A user's buffer comm hook, broadcast_buffers=False and NETREDUCE_DDP_OVERLAP=0
+    keep DDP's own buffer handling."""
+    from torch.nn.parallel.distributed import _BufferCommHookLocation
+    rank = dist.get_rank()
+    if how == "overlap off":
+        monkeypatch.setenv("NETREDUCE_DDP_OVERLAP", "0")
+    ddp = DDP(_buffered_model(), broadcast_buffers=how != "broadcast_buffers=False")
+    hooked = []
+    if how == "buffer hook":
+        def mine(state, buffers):  # rank 0's, by DDP's own broadcast, counted
+            hooked.append(len(buffers))
+            ddp._default_broadcast_coalesced()
+        ddp._register_buffer_comm_hook(None, mine, _BufferCommHookLocation.PRE_FORWARD)
+    _train(ddp, rank, 3, 0.1)
+    state = getattr(ddp, "_netreduce_buffers", None)
+    assert state is None or state.messages == 0
+    seen = ddp.module[2].seen
+    if how == "broadcast_buffers=False":  # each rank's own count
+        assert seen[-1]["i8"][0].item() == 2 * (rank + 1)
+    else:  # rank 0's, before every forward
+        assert [s["i8"][0].item() for s in seen] == [0, 1, 2]
+    assert len(hooked) == (3 if how == "buffer hook" else 0)
