@@ -60,13 +60,12 @@ struct AggregatorConfig {
   std::string xdp_mode = "auto";
   bool xdp_fallback = true;
   // The data threads' nice (setpriority on each thread; < 0 needs CAP_SYS_NICE, and
-  // without it they stay at the daemon's own). Every rank of every job waits on these
-  // threads, and on a host they share with busy ranks (the testbed, a rank hosting its
-  // aggregator) a fair share of the cores is below what 4 x 1 Gbit/s of input needs:
-  // the link then idles while a data thread waits for a core (BENCHMARKS.md, issue 33,
-  // wirerate). They wake only when packets come, so a higher priority takes the same
-  // CPU sooner, not more of it; 0 leaves them as they are.
-  int data_nice = -10;
+  // without it they stay at the daemon's own). 0, the default, leaves them as they are: a
+  // lower nice lets them preempt busy ranks on a host they share (the testbed, a rank
+  // hosting its aggregator), but they then wake per packet instead of per batch and
+  // spend ~25 % more CPU per byte (BENCHMARKS.md, issue 33, wirerate and the lead's
+  // quiet run of 12-06 04:38).
+  int data_nice = 0;
 };
 
 struct Job {

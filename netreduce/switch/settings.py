@@ -33,7 +33,7 @@ DEFAULTS: Dict[str, Any] = dict(
     xdp_device="",           # "" = the device holding host
     xdp_mode="auto",         # auto | native | generic
     xdp_fallback=True,       # kernel sockets when AF_XDP cannot be had
-    data_nice=-10,           # the data threads' nice (< 0 needs CAP_SYS_NICE, else unchanged)
+    data_nice=0,             # the data threads' nice (< 0 needs CAP_SYS_NICE, else unchanged)
 )
 
 
