@@ -110,13 +110,27 @@ class MachineCPUSampler:
     def __init__(self, interval_s: float = 0.02) -> None:
         import threading
         self.interval_s = interval_s
-        self.samples: List[tuple] = []
+        self.samples: List[tuple] = []   # (time_us, busy, total, {group: CPU s})
+        self.groups: Dict[str, List[int]] = {}
+        self._last: Dict[int, float] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
+    def watch(self, group: str, pid: int) -> None:
+        """Also sample process ``pid``'s CPU (all its threads), summed into ``group``."""
+        self.groups.setdefault(group, []).append(pid)
+
+    def _pid_cpu(self, pid: int) -> float:
+        try:
+            self._last[pid] = pid_cpu_seconds(pid)
+        except (OSError, IndexError, ValueError):
+            pass  # gone: its last reading stands
+        return self._last.get(pid, 0.0)
+
     def _run(self) -> None:
         while True:
-            self.samples.append((time.time_ns() / 1000.0,) + machine_cpu())
+            groups = {g: sum(self._pid_cpu(p) for p in pids) for g, pids in list(self.groups.items())}
+            self.samples.append((time.time_ns() / 1000.0,) + machine_cpu() + (groups,))
             if self._stop.wait(self.interval_s):
                 return
 
@@ -134,11 +148,14 @@ class MachineCPUSampler:
         inside = [x for x in self.samples if t0_us <= x[0] <= t1_us]
         if len(inside) < 2:
             return None
-        (a, busy0, total0), (b, busy1, total1) = inside[0], inside[-1]
+        (a, busy0, total0, g0), (b, busy1, total1, g1) = inside[0], inside[-1]
         tick = os.sysconf("SC_CLK_TCK")
-        return {"busy_fraction": round((busy1 - busy0) / max(1, total1 - total0), 4),
-                "busy_cpu_s": round((busy1 - busy0) / tick, 4),
-                "seconds": round((b - a) / 1e6, 4)}
+        out = {"busy_fraction": round((busy1 - busy0) / max(1, total1 - total0), 4),
+               "busy_cpu_s": round((busy1 - busy0) / tick, 4),
+               "seconds": round((b - a) / 1e6, 4)}
+        for group in g1:
+            out[group + "_cpu_s"] = round(g1[group] - g0.get(group, 0.0), 4)
+        return out
 
 
 # --- wire -----------------------------------------------------------------------

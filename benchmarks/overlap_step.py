@@ -164,6 +164,8 @@ def run_mode(tb, label: str, args: argparse.Namespace, tmp: str) -> Dict[str, An
     logs = [os.path.join(tmp, f"rank{r}.log") for r in range(n)]
     procs = []
     sampler = common.MachineCPUSampler()
+    if mode.startswith("nr-"):
+        sampler.watch("aggregator", sw.proc.pid)
     sampler.__enter__()
     cleanup.append(lambda: sampler.__exit__(None))
     try:
@@ -174,6 +176,7 @@ def run_mode(tb, label: str, args: argparse.Namespace, tmp: str) -> Dict[str, An
             with open(logs[r], "w") as log:
                 procs.append(tb.popen(r, argv, env=env, cwd=tmp, stdout=log,
                                       stderr=subprocess.STDOUT))
+                sampler.watch("ranks", procs[-1].pid)
         t0 = time.monotonic()
         try:
             launch.wait_all(procs, args.timeout, f"{label} N={n}")
@@ -227,9 +230,13 @@ def machine_cpu(sampler: Any, timed: List[List[float]], cores: int) -> Optional[
     w = sampler.window(timed[0][0], timed[-1][0])
     if w is None:
         return None
-    per_step = w["busy_cpu_s"] / w["seconds"] * ((timed[-1][0] - timed[0][0]) / 1e6) / (len(timed) - 1)
-    return {"busy_fraction": w["busy_fraction"], "cpu_s_per_step": round(per_step, 4),
-            "cpu_bound_s": round(per_step / cores, 4), "cores": cores}
+    scale = ((timed[-1][0] - timed[0][0]) / 1e6) / (len(timed) - 1) / w["seconds"]
+    out = {"busy_fraction": w["busy_fraction"], "cpu_s_per_step": round(w["busy_cpu_s"] * scale, 4),
+           "cpu_bound_s": round(w["busy_cpu_s"] * scale / cores, 4), "cores": cores}
+    for group in ("ranks", "aggregator"):  # every rank process's CPU, the daemon's
+        if group + "_cpu_s" in w:
+            out[group + "_cpu_s_per_step"] = round(w[group + "_cpu_s"] * scale, 4)
+    return out
 
 
 def _tail(rank_paths: List[Any], count: int, keep: str, label: str) -> Dict[str, Any]:
@@ -275,7 +282,8 @@ def write_record(path: str, args: argparse.Namespace, modes: List[str], runs: Li
         summary[mode] = {"img_per_s": common.spread([x.get("img_per_s") for x in recs], 2)}
         for part in ("forward", "backward", "wait", "update", "step"):
             summary[mode][part + "_s"] = common.spread([x.get("phases", {}).get(part) for x in recs])
-        for part in ("busy_fraction", "cpu_s_per_step", "cpu_bound_s"):
+        for part in ("busy_fraction", "cpu_s_per_step", "cpu_bound_s", "ranks_cpu_s_per_step",
+                     "aggregator_cpu_s_per_step"):
             summary[mode]["machine_" + part] = common.spread(
                 [(x.get("machine_cpu") or {}).get(part) for x in recs])
         tails = [x["tail"]["median"] for x in recs if x.get("tail")]
@@ -317,7 +325,9 @@ def torch_target(args: argparse.Namespace) -> str:
                 print(f"  run {i} {mode}: {r.get('img_per_s', r.get('error'))} img/s, step "
                       f"{ph.get('step')} s (fwd {ph.get('forward')} bwd {ph.get('backward')} "
                       f"wait {ph.get('wait')} upd {ph.get('update')}); machine busy "
-                      f"{mc.get('busy_fraction')}, CPU bound {mc.get('cpu_bound_s')} s; load "
+                      f"{mc.get('busy_fraction')}, CPU bound {mc.get('cpu_bound_s')} s (CPU s per "
+                      f"step: all {mc.get('cpu_s_per_step')}, ranks {mc.get('ranks_cpu_s_per_step')}, "
+                      f"aggregator {mc.get('aggregator_cpu_s_per_step')}); load "
                       f"{os.getloadavg()[0]:.1f}", flush=True)
                 if "timeline" in r:
                     print(overlap_timeline.describe(r["timeline"], indent="      "), flush=True)
