@@ -150,7 +150,7 @@ class MachineCPUSampler:
             return None
         (a, busy0, total0, g0), (b, busy1, total1, g1) = inside[0], inside[-1]
         tick = os.sysconf("SC_CLK_TCK")
-        out = {"busy_fraction": round((busy1 - busy0) / max(1, total1 - total0), 4),
+        out = {"busy_fraction": round(machine_busy_fraction((busy0, total0), (busy1, total1)), 4),
                "busy_cpu_s": round((busy1 - busy0) / tick, 4),
                "seconds": round((b - a) / 1e6, 4)}
         for group in g1:

@@ -165,7 +165,7 @@ def run_mode(tb, label: str, args: argparse.Namespace, tmp: str) -> Dict[str, An
     procs = []
     sampler = common.MachineCPUSampler()
     if mode.startswith("nr-"):
-        sampler.watch("aggregator", sw.proc.pid)
+        sampler.watch("aggregator", sw.pid)
     sampler.__enter__()
     cleanup.append(lambda: sampler.__exit__(None))
     try:
