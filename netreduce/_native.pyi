@@ -64,7 +64,7 @@ class Aggregator:
     def set_job_group(self, index: int, on: bool) -> None: ...  # --fanout segment
     # Two levels: members, and on a rack aggregator the uplink to the spine's job
     # (spine_host, spine_port, spine_threads, job_index, rank, key, local_host,
-    # rto_floor_us, drop_rate); native/aggregator/uplink.h.
+    # rto_floor_us, drop_rate, drop_results); native/aggregator/uplink.h.
     def set_job_tree(self, index: int, members: List[int],
                      uplink: Optional[Mapping[str, Any]] = ...) -> None: ...
     def group(self, index: int) -> Tuple[str, int]: ...

@@ -418,9 +418,12 @@ void Aggregator::HandleDatagram(uint32_t thread_index, uint16_t my_port, const I
       h.length = s.length;  // an owner's header-only resend gets the whole result
       h.pad = uint8_t(wire::PaddedLength(h.length) - h.length);
       QueueResult(job, h, rank, acc, my_port, out);
-    } else {  // (a rack's slot waiting on the spine: its uplink timer resends, uplink.cc)
+    } else {
       job.pool.MarkRepeat(h.slot, h.shadow, rank);
       if (h.ack_req && !verbs) QueueHeld(job, h, rank, my_port, out);
+      // A rack's slot waiting on the spine: the member's resend says its result is
+      // missing; the partial is resent now (uplink.cc), not when the job's turn comes.
+      if (job.uplink && s.count == job.expected) RepeatPartial(job, h.slot, h.shadow, my_port, out);
     }
     return;
   }

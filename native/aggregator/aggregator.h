@@ -258,6 +258,8 @@ class Aggregator {
   void StartPartial(Job& job, const wire::Header& round, const uint8_t* acc, uint16_t my_port,
                     ResultBatch& out);
   void SendPartial(Job& job, Uplink::Entry& e, const uint8_t* acc, uint16_t my_port, ResultBatch& out);
+  // A member resent its share of a slot whose partial waits on the spine: re-ask.
+  void RepeatPartial(Job& job, uint32_t slot, uint32_t shadow, uint16_t my_port, ResultBatch& out);
   bool HandleUplinkResult(uint16_t my_port, const InPacket& pkt, const wire::Header& h,
                           ResultBatch& out);
   // A finished round's result: to the job's multicast group, or one packet per member.

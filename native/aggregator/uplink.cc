@@ -53,6 +53,12 @@ uint32_t Uplink::Rto() const {
   return uint32_t(std::min<double>(kMaxRtoUs, std::max<double>(cfg_.rto_floor_us, rto)));
 }
 
+uint32_t Uplink::EstimateUs() const {
+  std::lock_guard<std::mutex> lock(est_mu_);
+  if (!sampled_) return kInitialRtoUs;
+  return uint32_t(std::min<double>(kMaxRtoUs, std::max(1.0, srtt_us_ + 4 * rttvar_us_)));
+}
+
 uint32_t Uplink::ReorderWindowUs() const {
   std::lock_guard<std::mutex> lock(est_mu_);
   return sampled_ ? std::max(50u, uint32_t(srtt_us_ / 4)) : 1000u;
@@ -78,6 +84,15 @@ bool Uplink::Drop() {
   return drop;
 }
 
+bool Uplink::DropResult() {
+  if (cfg_.drop_results > 0 &&
+      results_seen_.fetch_add(1, std::memory_order_relaxed) < cfg_.drop_results) {
+    dropped.fetch_add(1, std::memory_order_relaxed);
+    return true;
+  }
+  return Drop();
+}
+
 void Uplink::AddTo(std::map<std::string, uint64_t>* out) const {
   auto get = [](const std::atomic<uint64_t>& a) { return a.load(std::memory_order_relaxed); };
   (*out)["uplink_partials_sent"] = get(partials_sent);
@@ -85,6 +100,7 @@ void Uplink::AddTo(std::map<std::string, uint64_t>* out) const {
   (*out)["uplink_results_received"] = get(results_received);
   (*out)["uplink_results_ignored"] = get(results_ignored);
   (*out)["uplink_dropped"] = get(dropped);
+  (*out)["uplink_repeat_resends"] = get(repeat_resends);
   (*out)["uplink_rank"] = cfg_.rank;
   (*out)["uplink_job_index"] = cfg_.job_index;
   (*out)["uplink_rto_us"] = Rto();
@@ -205,6 +221,30 @@ void Aggregator::StartPartial(Job& job, const wire::Header& round, const uint8_t
   up.partials_sent.fetch_add(1, std::memory_order_relaxed);
 }
 
+// The uplink's timeout resends one partial per job per backed-off timeout (up to 1 s):
+// with many partials pending -- most of them waiting on another rack's share -- the
+// one whose spine result was lost got its turn only every N seconds, while its
+// members' resends reached this slot and were only marked. A member's resend is the
+// evidence the timer lacks: the partial is resent at once (the spine counts it as a
+// duplicate and answers it with the stored result once the round is complete), at
+// most once per the spine's estimated round trip since its last send. Not per the
+// entry's timeout: that one carries --uplink-rto-ms's floor and the timer's backoff,
+// which are there for the timer's guess, not for a member that knows it lacks the
+// result (its own resends are paced by its backed-off timeout). The entry's timeout
+// is left as is. Called with the entry's lock held.
+void Aggregator::RepeatPartial(Job& job, uint32_t slot, uint32_t shadow, uint16_t my_port,
+                               ResultBatch& out) {
+  Uplink& up = *job.uplink;
+  Uplink::Entry& e = up.entry(slot, shadow);
+  if (!e.pending) return;
+  const uint64_t now = MonotonicNs();
+  if (now < e.sent_ns || now - e.sent_ns < uint64_t(up.EstimateUs()) * 1000) return;
+  ++e.sends;
+  up.partials_resent.fetch_add(1, std::memory_order_relaxed);
+  up.repeat_resends.fetch_add(1, std::memory_order_relaxed);
+  SendPartial(job, e, job.pool.accumulator(slot, shadow), my_port, out);
+}
+
 bool Aggregator::HandleUplinkResult(uint16_t my_port, const InPacket& pkt, const wire::Header& h,
                                     ResultBatch& out) {
   if (!routes_.any()) return false;
@@ -223,7 +263,7 @@ bool Aggregator::HandleUplinkResult(uint16_t my_port, const InPacket& pkt, const
     ignore();
     return true;
   }
-  if (up.Drop()) return true;
+  if (up.DropResult()) return true;
   if (wire::IcrcCheckNeeded(h, pkt.kernel_checked, cfg_.trust_udp_checksum) &&
       !wire::IcrcValid(h, pkt.from.ip, pkt.local_ip, pkt.from.port, my_port, pkt.buf)) {
     ignore();

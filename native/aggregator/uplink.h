@@ -20,6 +20,11 @@
 //     timeout doubled (up to 1 s); one timeout resend per job per backed-off timeout,
 //     so a spine that is only slow (waiting on another rack) costs a probe, not a
 //     window of resends;
+//   - a member's resend: a member that resends its share of a slot whose partial waits
+//     on the spine is missing the result, so the partial is resent at once, at most
+//     once per the spine's estimated round trip (EstimateUs: no floor, no backoff)
+//     since its last send. Without it a spine result lost while many partials wait on
+//     another rack's share came back only on the job's timeout turn, once per ~N x 1 s;
 // * the spine recognises a resent partial as a duplicate of the rack's rank (its
 //   bitmap), so nothing is added twice; a resent result is matched against the
 //   pending slot and otherwise ignored;
@@ -54,6 +59,7 @@ struct UplinkConfig {
   uint32_t local_ip = 0;        // this aggregator's address toward the spine (network order)
   uint32_t rto_floor_us = 1000;
   double drop_rate = 0.0;       // testing: drop this share of partials sent and results received
+  uint32_t drop_results = 0;    // testing: drop the job's first this many spine results received
 };
 
 class Uplink {
@@ -80,10 +86,15 @@ class Uplink {
 
   // The retransmission timeout now, microseconds.
   uint32_t Rto() const;
+  // The spine's round trip as estimated (srtt + 4 rttvar; the initial timeout before a
+  // sample), microseconds: no floor, no backoff. The pace of resends a member asks for.
+  uint32_t EstimateUs() const;
   uint32_t ReorderWindowUs() const;
   void Sample(uint64_t rtt_ns);
-  // The testing drop knob: true when this packet is to be dropped.
+  // The testing drop knobs: true when this packet is to be dropped. DropResult: a spine
+  // result, by drop_results (the first ones) or else by drop_rate.
   bool Drop();
+  bool DropResult();
 
   // Progress: the last spine result, and per spine lane (slot % spine threads) the
   // latest send among the partials answered (the overtaken rule).
@@ -98,7 +109,8 @@ class Uplink {
   std::atomic<uint64_t> partials_resent{0};   // on timeout or a member's retransmission
   std::atomic<uint64_t> results_received{0};  // spine results matched to a pending slot
   std::atomic<uint64_t> results_ignored{0};   // duplicates, late or foreign results
-  std::atomic<uint64_t> dropped{0};           // by the testing drop knob
+  std::atomic<uint64_t> dropped{0};           // by the testing drop knobs
+  std::atomic<uint64_t> repeat_resends{0};    // of those resent, on a member's resend
   void AddTo(std::map<std::string, uint64_t>* out) const;
 
  private:
@@ -109,6 +121,7 @@ class Uplink {
   mutable std::mutex est_mu_;  // the round-trip estimate: one update per slot result
   double srtt_us_ = 0, rttvar_us_ = 0;
   bool sampled_ = false;
+  std::atomic<uint32_t> results_seen_{0};  // by DropResult, for drop_results
 };
 
 // The spine results' routes: (spine ip, spine job index) -> this aggregator's job.

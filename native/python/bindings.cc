@@ -295,6 +295,7 @@ PYBIND11_MODULE(_native, m) {
              u.key = d["key"].cast<uint32_t>();
              u.rto_floor_us = d["rto_floor_us"].cast<uint32_t>();
              u.drop_rate = d["drop_rate"].cast<double>();
+             u.drop_results = d["drop_results"].cast<uint32_t>();
              Throw(a.SetJobTree(index, members, &u));
            }, py::arg("index"), py::arg("members"), py::arg("uplink") = py::none())
       .def("set_job_ordered", [](Aggregator& a, uint32_t index) { Throw(a.SetJobOrdered(index)); },

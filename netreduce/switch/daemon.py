@@ -164,6 +164,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--uplink-drop-rate", type=float, default=0.0,
                    help="testing: share of partial sums sent and spine results received that "
                         "a rack aggregator drops on purpose")
+    p.add_argument("--uplink-drop-results", type=int, default=0,
+                   help="testing: a rack aggregator drops the first this many spine results of "
+                        "each rack job (results only: a lost answer at a known place)")
     return p
 
 
@@ -315,7 +318,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"netreduce-switch: {exc}", file=sys.stderr)
         return 2
     try:  # two levels: rack_grant (spine), rack_job (with --spine)
-        uplink.configure(srv, args.spine, args.uplink_rto_ms, args.uplink_drop_rate)
+        uplink.configure(srv, args.spine, args.uplink_rto_ms, args.uplink_drop_rate,
+                         args.uplink_drop_results)
     except NetReduceError as exc:
         print(f"netreduce-switch: {exc}", file=sys.stderr)
         srv.server_close()

@@ -50,10 +50,11 @@ class UplinkSettings:
     spine_ips: List[str]
     rto_floor_ms: float = 1.0
     drop_rate: float = 0.0  # testing only: loss on the rack-spine hop
+    drop_results: int = 0   # testing only: each rack job's first this many spine results lost
 
 
 def configure(srv: Any, spines: Optional[Sequence[str]], rto_floor_ms: float = 1.0,
-              drop_rate: float = 0.0) -> None:
+              drop_rate: float = 0.0, drop_results: int = 0) -> None:
     """Make ``srv`` a rack aggregator of the spines named (host or host:port)."""
     spines = list(spines or [])
     ips = []
@@ -63,7 +64,7 @@ def configure(srv: Any, spines: Optional[Sequence[str]], rto_floor_ms: float = 1
             ips.append(resolve((host, 0))[0])
         except ValueError as exc:
             raise NetReduceError(f"--spine {text}: {exc}") from None
-    srv.uplink = UplinkSettings(spines, ips, rto_floor_ms, drop_rate)
+    srv.uplink = UplinkSettings(spines, ips, rto_floor_ms, drop_rate, drop_results)
 
 
 # -- the spine -----------------------------------------------------------------
@@ -291,7 +292,8 @@ def _rack_job(srv: Any, sess: Any, msg: messages.RackJob) -> messages.RackJobRep
         agg.set_job_tree(index, members, dict(
             spine_host=spine.host, spine_port=spine.port, spine_threads=spine.threads,
             job_index=spine.job_index, rank=spine.rank, key=spine.key, local_host=local,
-            rto_floor_us=int(settings.rto_floor_ms * 1000), drop_rate=float(settings.drop_rate)))
+            rto_floor_us=int(settings.rto_floor_ms * 1000), drop_rate=float(settings.drop_rate),
+            drop_results=int(settings.drop_results)))
         sources = msg.sources
         for r in members:  # each member's data address, as it registered at the spine
             host, port = data_address.parse(sources.get(str(r)), f"job '{name}' (rank {r})")

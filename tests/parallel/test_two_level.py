@@ -6,9 +6,10 @@ Checked: exact results for sizes 0, 1, a packet +-1, several MiB and every dtype
 loss on the worker hop (engine drop knob), on the rack-spine hop (the rack
 aggregators' drop knob) and on both, still exact, with the spine's and the racks'
 counters showing that every byte was added exactly once (bytes_reduced = members x
-bytes) while resent partials arrived as duplicates; the spine killed mid-job gives
-every rank an error naming the spine's and its rack aggregator's addresses; a job
-secret at the spine (--require-secret) composes with the tree."""
+bytes) while resent partials arrived as duplicates; a spine result lost (and the
+racks' timer too slow to repair it) brought back by the members' resends; the spine
+killed mid-job gives every rank an error naming the spine's and its rack aggregator's
+addresses; a job secret at the spine (--require-secret) composes with the tree."""
 from __future__ import annotations
 
 import os
@@ -170,6 +171,56 @@ def test_loss_on_either_hop_is_repaired_once(tree, hop):
     if hop != "uplink":
         assert sum(r["stats"]["dropped_by_knob"] for r in results) > 0
         assert sum(rc["duplicates"] for rc in rack_c) > 0
+
+
+def _after_lost_result(rank, size, spine, racks, job):
+    """A one-packet message whose spine result each rack loses (--uplink-drop-results
+    1), then a message of many packets; the counters once every rank has both."""
+    os.environ["NETREDUCE_RACK_SWITCH"] = "%s:%d" % racks[rank * len(racks) // size]
+    with dataplane.connect(spine, job, rank, size, timeout=10.0) as conn:
+        one = np.full(1000, rank + 1, np.float32)
+        conn.allreduce(one)
+        many = np.arange(300_001, dtype=np.int32) * (rank + 1)
+        conn.allreduce(many)
+        ok = bool((one == size * (size + 1) // 2).all()) and \
+            bool((many == np.arange(300_001, dtype=np.int32) * (size * (size + 1) // 2)).all())
+        out = {"exact": ok}
+        if rank == 0:
+            out["spine"] = conn.counters()["jobs"][job]
+            out["rack_counters"] = []
+            for address in racks:
+                deadline = time.monotonic() + 10.0
+                with ControlClient(address) as c:
+                    while True:
+                        rc = c.call("counters")["jobs"][job]
+                        if rc["uplink_results_received"] == rc["uplink_partials_sent"] or \
+                                time.monotonic() > deadline:
+                            break
+                        time.sleep(0.02)
+                    out["rack_counters"].append(rc)
+        return out
+
+
+def test_members_resend_brings_back_a_lost_spine_result(tree):
+    """Each rack loses the spine's result of the job's first slot. The racks' timer
+    cannot repair it within the ranks' 10 s (--uplink-rto-ms 60000: before a sample
+    that is the partial's timeout), and nothing overtakes it (one packet). The members'
+    resends (held probes) reach a slot that waits on the spine: the rack resends the
+    partial, the spine answers the duplicate with the stored result. Before that, the
+    resends were only marked and every rank timed out."""
+    spine, racks = tree(rack_args=["--uplink-drop-results", "1", "--uplink-rto-ms", "60000"])
+    results = run_ranks(_after_lost_result, 4, spine.address, [r.address for r in racks], _job())
+    assert all(r["exact"] for r in results), results
+    spine_c, rack_c = results[0]["spine"], results[0]["rack_counters"]
+    for rc in rack_c:
+        assert rc["uplink_dropped"] == 1, rc
+        assert rc["uplink_results_received"] == rc["uplink_partials_sent"], rc
+        assert rc["uplink_repeat_resends"] >= 1, rc
+        assert rc["uplink_partials_resent"] >= rc["uplink_repeat_resends"], rc
+        assert rc["members"] == 2 and rc["drops"] - rc["drop_stale"] == 0, rc
+    # The resent partials were recognised at the spine, not added again.
+    assert spine_c["duplicates"] >= 2 and spine_c["retransmitted_results"] >= 2, spine_c
+    assert spine_c["bytes_reduced"] == 2 * (1000 * 4 + 300_001 * 4), spine_c
 
 
 def _until_spine_dies(rank, size, spine, racks, job, spine_pid, all_done):
