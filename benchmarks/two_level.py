@@ -22,13 +22,15 @@ counters of every node over the whole run (control traffic included).
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import subprocess
 import sys
+import threading
 import time
 import uuid
-from typing import Dict, List
+from typing import Deque, Dict, List, Sequence
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
@@ -42,35 +44,54 @@ RANKS, RACKS, SPINE = 4, (4, 5), 6
 RANK = r'''
 import json, statistics, sys, time
 import numpy as np
-import netreduce as nr
-nr.init()
-n, iters = int(sys.argv[1]), int(sys.argv[2])
-r, size = nr.rank(), nr.size()
-checked = 0
-for seed, (dtype, count) in enumerate([("float32", 0), ("float32", 1), ("float32", 2237),
-                                      ("float32", 2239), ("float64", 100003), ("int32", 70001),
-                                      ("int64", 5), ("float16", 30011)]):
-    mine = (np.random.default_rng([seed, r]).integers(-8, 8, count)).astype(dtype)
-    want = sum(np.random.default_rng([seed, q]).integers(-8, 8, count) for q in range(size))
-    got = nr.allreduce(mine, op=nr.Sum, name=f"c{seed}")
-    assert np.array_equal(np.asarray(got, dtype=np.float64), np.asarray(want, dtype=np.float64)), (dtype, count)
-    checked += 1
-x = np.full(n, float(r + 1), np.float32)
-times = []
-for i in range(iters):
-    t = time.perf_counter()
-    got = nr.allreduce(x, op=nr.Sum, name=f"t{i}")
-    times.append(time.perf_counter() - t)
-    assert np.all(got == size * (size + 1) / 2), "wrong sum"
-st = nr.api._comm().dp.stats()
 import os
-rack_address = os.environ.get("NETREDUCE_RACK_SWITCH")
+import netreduce as nr
+from netreduce.protocol.client import ControlClient
+from netreduce.protocol.address import parse_address
+n, iters = int(sys.argv[1]), int(sys.argv[2])
+r = int(os.environ["NETREDUCE_RANK"])
+def job_counters(var):
+    with ControlClient(parse_address(os.environ[var])) as c:
+        return c.call("counters")["jobs"].get(os.environ["NETREDUCE_JOB"], {})
+checked = 0
+times = []
+try:
+    nr.init()  # its host exchange is the job's first all-reduce
+    size = nr.size()
+    for seed, (dtype, count) in enumerate([("float32", 0), ("float32", 1), ("float32", 2237),
+                                          ("float32", 2239), ("float64", 100003), ("int32", 70001),
+                                          ("int64", 5), ("float16", 30011)]):
+        mine = (np.random.default_rng([seed, r]).integers(-8, 8, count)).astype(dtype)
+        want = sum(np.random.default_rng([seed, q]).integers(-8, 8, count) for q in range(size))
+        got = nr.allreduce(mine, op=nr.Sum, name=f"c{seed}")
+        assert np.array_equal(np.asarray(got, dtype=np.float64), np.asarray(want, dtype=np.float64)), (dtype, count)
+        checked += 1
+    x = np.full(n, float(r + 1), np.float32)
+    for i in range(iters):
+        t = time.perf_counter()
+        got = nr.allreduce(x, op=nr.Sum, name=f"t{i}")
+        times.append(time.perf_counter() - t)
+        assert np.all(got == size * (size + 1) / 2), "wrong sum"
+except Exception:
+    # The job's counters at its aggregators while this rank still holds the job open
+    # (they free it once every rank has left): where a stuck round waits.
+    dump = {"rank": r, "checked": checked, "timed": len(times)}
+    for var in ("NETREDUCE_RACK_SWITCH", "NETREDUCE_SWITCH"):
+        if os.environ.get(var):
+            try:
+                dump[var] = job_counters(var)
+            except Exception as exc:
+                dump[var] = repr(exc)
+    try:
+        dump["stats"] = {k: v for k, v in nr.api._comm().dp.stats().items() if isinstance(v, (int, float))}
+    except Exception as exc:
+        dump["stats"] = repr(exc)
+    print("counters at failure: " + json.dumps(dump), file=sys.stderr, flush=True)
+    raise
+st = nr.api._comm().dp.stats()
 rack = {}
-if rack_address and r % 2 == 0:  # what this rank's rack aggregator counted
-    from netreduce.protocol.client import ControlClient
-    from netreduce.protocol.address import parse_address
-    with ControlClient(parse_address(rack_address)) as c:
-        rack = c.call("counters")["jobs"].get(os.environ["NETREDUCE_JOB"], {})
+if os.environ.get("NETREDUCE_RACK_SWITCH") and r % 2 == 0:  # what this rank's rack aggregator counted
+    rack = job_counters("NETREDUCE_RACK_SWITCH")
 print(json.dumps({"rank": r, "median_s": statistics.median(times), "checked": checked,
                   "algorithm": nr.api._comm().dp.name,
                   "stats": {k: v for k, v in st.items() if isinstance(v, (int, float))},
@@ -79,7 +100,10 @@ nr.shutdown()
 '''
 
 
-def _daemon(tb: Testbed, host: int, args: List[str]) -> subprocess.Popen:
+def _daemon(tb: Testbed, host: int, args: List[str],
+            logs: Dict[str, Deque[str]]) -> subprocess.Popen:
+    """netreduce-switch in ``host``; its output's last lines are kept in logs[hN] (read
+    on: a pipe nobody reads would also stall a daemon that logs much)."""
     node = tb.hosts[host]
     proc = tb.popen(node, [sys.executable, "-m", "netreduce.switch", "--host", node.address,
                            "--port", "4791", "--allow-open-jobs", *args],
@@ -93,21 +117,43 @@ def _daemon(tb: Testbed, host: int, args: List[str]) -> subprocess.Popen:
     if "listening on" not in line:
         proc.kill()
         raise RuntimeError(f"netreduce-switch in {node.netns} did not start: {line!r}")
+    tail: Deque[str] = collections.deque([line], maxlen=200)
+    logs[f"h{host}"] = tail
+    threading.Thread(target=lambda: tail.extend(proc.stdout), daemon=True).start()
     return proc
 
 
+def _failure(mode: str, procs: List[subprocess.Popen], errs: Dict[int, str],
+             logs: Dict[str, Deque[str]]) -> str:
+    """What a failed run leaves to read: every failed rank's exit and error tail (with the
+    counters it took at its aggregators), then every daemon's last lines."""
+    parts = [f"{mode}: rank(s) {', '.join(str(r) for r in sorted(errs))} failed"]
+    for r in sorted(errs):
+        lines = errs[r].splitlines()
+        dumps = [ln for ln in lines if ln.startswith("counters at failure: ")]
+        rest = "\n".join(ln for ln in lines if not ln.startswith("counters at failure: "))
+        parts.append(f"--- rank {r} (exit {procs[r].returncode}):\n{rest[-3000:]}")
+        parts.extend(dumps)
+    for name, tail in logs.items():
+        parts.append(f"--- netreduce-switch in {name}, last lines:\n{''.join(list(tail)[-40:])}")
+    return "\n".join(parts)
+
+
 def run_mode(tb: Testbed, mode: str, size: int, iters: int, timeout: float = 300,
-             per_host: int = 1) -> Dict:
+             per_host: int = 1, rack_args: Sequence[str] = (), rank_timeout_s: float = 60) -> Dict:
     """One job in ``mode`` ('single' or 'tree'): per-rank results and per-node wire
     bytes. ``per_host`` > 1 runs that many ranks in each worker host (the launcher's
-    local ranks): the hierarchical all-reduce, its shards through the tree."""
+    local ranks): the hierarchical all-reduce, its shards through the tree. A rank
+    that fails raises RuntimeError with every failed rank's error, the job's counters
+    at its aggregators as that rank left, and the daemons' last output lines."""
     spine = tb.hosts[SPINE].address
     daemons = []
+    logs: Dict[str, Deque[str]] = {}
     try:
-        daemons.append(_daemon(tb, SPINE, []))
+        daemons.append(_daemon(tb, SPINE, [], logs))
         if mode == "tree":
             for h in RACKS:
-                daemons.append(_daemon(tb, h, ["--spine", spine]))
+                daemons.append(_daemon(tb, h, ["--spine", spine, *rack_args], logs))
         before = tb.counters()
         job = f"tb2-{mode}-" + uuid.uuid4().hex[:6]
         procs = []
@@ -116,7 +162,7 @@ def run_mode(tb: Testbed, mode: str, size: int, iters: int, timeout: float = 300
             env = dict(os.environ, NETREDUCE_SWITCH=f"{spine}:4791", NETREDUCE_JOB=job,
                        NETREDUCE_RANK=str(r), NETREDUCE_SIZE=str(RANKS * per_host),
                        NETREDUCE_LOCAL_RANK=str(r % per_host), NETREDUCE_LOCAL_SIZE=str(per_host),
-                       NETREDUCE_TIMEOUT="60",
+                       NETREDUCE_TIMEOUT=str(rank_timeout_s),
                        PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]))
             if mode == "tree":
                 env["NETREDUCE_RACK_SWITCH"] = f"{tb.hosts[RACKS[host * 2 // RANKS]].address}:4791"
@@ -124,12 +170,22 @@ def run_mode(tb: Testbed, mode: str, size: int, iters: int, timeout: float = 300
                                   env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                   text=True))
         ranks = []
-        for p in procs:
-            out, err = p.communicate(timeout=timeout)
+        errs: Dict[int, str] = {}
+        deadline = time.monotonic() + timeout
+        for r, p in enumerate(procs):  # every rank's error, not only the first one's
+            try:
+                out, err = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                out, err = p.communicate()
+                err += f"\n(killed: still running after {timeout:.0f} s)"
             lines = [ln for ln in out.splitlines() if ln.startswith("{")]
             if p.returncode != 0 or not lines:
-                raise RuntimeError(f"{mode}: a rank failed (exit {p.returncode}): {err[-3000:]}")
-            ranks.append(json.loads(lines[-1]))
+                errs[r] = err
+            else:
+                ranks.append(json.loads(lines[-1]))
+        if errs:
+            raise RuntimeError(_failure(mode, procs, errs, logs))
         after = tb.counters()
     finally:
         for proc in daemons:

@@ -63,3 +63,22 @@ def test_loss_on_every_link_still_exact():
         drops = tb.loss_drops()
     assert all(r["checked"] == 8 for r in run["ranks"]), run
     assert drops[f"h{SPINE}"] > 0 and all(drops[f"h{h}"] > 0 for h in RACKS), drops
+
+
+def test_failed_run_carries_the_aggregators_counters():
+    """Every partial sum lost (--uplink-drop-rate 1 at the racks): every rank times out,
+    and the error names each failed rank with the job's counters at its rack
+    aggregator and spine (taken as it left) and the daemons' last output lines, so a
+    run that stuck once can be read afterwards."""
+    layout = two_level_plan(2, 2, "1gbit", name=scratch_testbed_name("t5")[:8],
+                            subnet="10.78.254.0/24")
+    with Testbed(plan=layout.plan, replace=True) as tb:
+        with pytest.raises(RuntimeError) as failed:
+            run_mode(tb, "tree", 1 << 20, 1, timeout=120, rack_args=["--uplink-drop-rate", "1"],
+                     rank_timeout_s=4)
+    message = str(failed.value)
+    assert "tree: rank(s) 0, 1, 2, 3 failed" in message, message
+    assert message.count("counters at failure: ") == RANKS, message
+    assert '"uplink_dropped": ' in message and '"uplink_partials_sent": ' in message, message
+    for h in (*RACKS, SPINE):
+        assert f"netreduce-switch in h{h}, last lines:" in message, message
