@@ -46,11 +46,13 @@ Uplink::Uplink(const UplinkConfig& cfg, uint32_t slots)
     : cfg_(cfg), slots_(slots), entries_(size_t(slots) * 2),
       answered_(std::max<uint32_t>(1, cfg.spine_threads)) {}
 
+uint32_t Uplink::MaxRtoUs() const { return std::max(kMaxRtoUs, cfg_.rto_floor_us); }
+
 uint32_t Uplink::Rto() const {
   std::lock_guard<std::mutex> lock(est_mu_);
   if (!sampled_) return std::max(kInitialRtoUs, cfg_.rto_floor_us);
   const double rto = srtt_us_ + 4 * rttvar_us_;
-  return uint32_t(std::min<double>(kMaxRtoUs, std::max<double>(cfg_.rto_floor_us, rto)));
+  return uint32_t(std::min<double>(MaxRtoUs(), std::max<double>(cfg_.rto_floor_us, rto)));
 }
 
 uint32_t Uplink::EstimateUs() const {
@@ -331,7 +333,7 @@ void Aggregator::UplinkTimers(uint32_t thread_index, uint16_t my_port, ResultBat
         if (e.sent_ns < answered && e.marked_ns == 0) e.marked_ns = now;
         if (e.sent_ns < answered && now - e.marked_ns >= reorder_ns &&
             (e.sends == 1 || now - e.sent_ns >= uint64_t(e.rto_us) * 1000)) {
-          if (e.sends > 1) e.rto_us = std::min(kMaxRtoUs, e.rto_us * 2);
+          if (e.sends > 1) e.rto_us = std::min(up.MaxRtoUs(), e.rto_us * 2);
           e.marked_ns = 0;
           ++e.sends;
           up.partials_resent.fetch_add(1, std::memory_order_relaxed);
@@ -343,7 +345,7 @@ void Aggregator::UplinkTimers(uint32_t thread_index, uint16_t my_port, ResultBat
             now < up.hold_until_ns.load(std::memory_order_relaxed)) {
           continue;
         }
-        e.rto_us = std::min(kMaxRtoUs, e.rto_us * 2);
+        e.rto_us = std::min(up.MaxRtoUs(), e.rto_us * 2);
         up.hold_until_ns.store(now + uint64_t(e.rto_us) * 1000, std::memory_order_relaxed);
         ++e.sends;
         up.partials_resent.fetch_add(1, std::memory_order_relaxed);

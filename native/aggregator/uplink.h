@@ -86,6 +86,9 @@ class Uplink {
 
   // The retransmission timeout now, microseconds.
   uint32_t Rto() const;
+  // The cap of a backed-off timeout: 1 s, or the configured floor where that is larger
+  // (a floor above 1 s is honoured after the first sample and through the backoff).
+  uint32_t MaxRtoUs() const;
   // The spine's round trip as estimated (srtt + 4 rttvar; the initial timeout before a
   // sample), microseconds: no floor, no backoff. The pace of resends a member asks for.
   uint32_t EstimateUs() const;

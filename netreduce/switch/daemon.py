@@ -160,7 +160,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "partial sum per slot up (two levels: docs/design.md); repeatable")
     p.add_argument("--uplink-rto-ms", type=float, default=1.0,
                    help="rack aggregator: floor of the timeout after which a partial sum the "
-                        "spine has not answered is resent (it follows the spine's round trip)")
+                        "spine has not answered is resent (it follows the spine's round trip "
+                        "and doubles per resend up to 1 s, or up to this floor where larger)")
     p.add_argument("--uplink-drop-rate", type=float, default=0.0,
                    help="testing: share of partial sums sent and spine results received that "
                         "a rack aggregator drops on purpose")

@@ -223,6 +223,17 @@ def test_members_resend_brings_back_a_lost_spine_result(tree):
     assert spine_c["bytes_reduced"] == 2 * (1000 * 4 + 300_001 * 4), spine_c
 
 
+def test_uplink_rto_floor_above_one_second_holds(tree):
+    """--uplink-rto-ms above the 1 s backoff cap is the floor after the first sample
+    too (it was cut to 1 s once the spine's round trip was sampled)."""
+    spine, racks = tree(rack_args=["--uplink-rto-ms", "3000"])
+    cases = [("float32", "sum", 3 * F32_PER_PACKET + 5, 1)]
+    results = run_ranks(_rank, 4, spine.address, [r.address for r in racks], _job(), cases, {})
+    _, rack_c = _check_once(results, cases)
+    for rc in rack_c:
+        assert rc["uplink_results_received"] >= 1 and rc["uplink_rto_us"] == 3_000_000, rc
+
+
 def _until_spine_dies(rank, size, spine, racks, job, spine_pid, all_done):
     os.environ["NETREDUCE_RACK_SWITCH"] = "%s:%d" % racks[rank * len(racks) // size]
     with dataplane.connect(spine, job, rank, size, timeout=3.0) as conn:
