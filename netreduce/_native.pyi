@@ -109,7 +109,8 @@ class Engine:
                  transport: Optional["VerbsTransport"] = ...,
                  data_fd: int = ...) -> None: ...  # a bound UDP socket to take over
     def submit(self, src: Any, dst: Any, dtype: int, op: int,
-               owner: int = ...) -> Request: ...  # owner >= 0: reduce-scatter shard
+               owner: int = ...,  # owner >= 0: reduce-scatter shard
+               scale: float = ...) -> Request: ...  # results times scale (f32/f64 sum)
     def allreduce(self, src: Any, dst: Any, dtype: int, op: int) -> None: ...
     def vote_step(self, src: Any, buf: Any, out: Any, factor: float,
                   ranks: int) -> int: ...  # as Hierarchical.vote_step

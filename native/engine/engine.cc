@@ -35,6 +35,13 @@ Status Engine::CheckRequest(const Request& req) const {
   if (!ValidDType(uint8_t(req.dtype)) || !ValidOp(uint8_t(req.op))) {
     return InvalidArgument("unknown dtype or op code");
   }
+  if (req.scale != 1.0 && (req.op != Op::kSum || req.owner != -1 ||
+                           (req.dtype != DType::kF32 && req.dtype != DType::kF64))) {
+    return InvalidArgument(std::string("a scaled result is a float32 or float64 sum into "
+                                       "every rank, not ") +
+                           DTypeName(req.dtype) + " " + OpName(req.op) +
+                           (req.owner != -1 ? " with an owner" : ""));
+  }
   if (req.count == 0) return Status::Ok();
   const size_t chunk_elems = cfg_.payload_bytes / AccumSize(req.dtype);
   const uint64_t nchunks = uint64_t((req.count + chunk_elems - 1) / chunk_elems);
@@ -91,7 +98,9 @@ Engine::Message::Message(Engine& e, Request& req)
       interleaved_(req.owner == kInterleavedOwners),
       // Results of a large message with large chunks go into dst by streaming stores
       // (prefetch.h); 1432-byte chunks do better with plain stores and dst prefetched.
-      stream_(req.count * esize_ >= kStreamMinBytes && chunk_elems_ * esize_ >= kStreamMinChunk),
+      // A scaled result is multiplied on its way in, with plain stores.
+      stream_(req.scale == 1.0 && req.count * esize_ >= kStreamMinBytes &&
+              chunk_elems_ * esize_ >= kStreamMinChunk),
       base_(e.next_seq_),
       // The first timeout of a chunk follows the measured round trip (Rto()). Under CPU
       // contention a round trip on loopback can take tens of ms (queues of N workers'

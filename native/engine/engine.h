@@ -71,6 +71,10 @@ class Engine {
     DType dtype = DType::kF32;
     Op op = Op::kSum;
     int32_t owner = -1;  // >= 0: reduce-scatter shard, only this rank receives the sum
+    // Each result times this as it is copied into dst (float32/float64, sum, owner -1):
+    // an Average's 1/N and postscale in the copy the engine makes anyway, instead of a
+    // second pass over the whole tensor after it (reduce/dtype.h ScaleInto).
+    double scale = 1.0;
     std::mutex mu;
     std::condition_variable cv;
     bool done = false;
@@ -84,8 +88,9 @@ class Engine {
   // Both buffers must stay alive until the request is done.
   // owner >= 0: only rank `owner` receives the result (dst); the others get a
   // completion notice per chunk and leave dst untouched.
+  // scale != 1: every result times `scale` in dst (Request::scale).
   std::shared_ptr<Request> Submit(const void* src, void* dst, size_t count, DType dt, Op op,
-                                  int32_t owner = -1);
+                                  int32_t owner = -1, double scale = 1.0);
   static bool Done(Request& r);
   static Status Wait(Request& r);
   // Fails pending and later requests with `reason`.

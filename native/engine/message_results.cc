@@ -320,6 +320,7 @@ Status Engine::Message::DrainZeroCopy(Transport& sock, size_t* got, size_t* max)
                       {trailer_, size_t(h.pad) + wire::kIcrcBytes}};
       NR_RETURN_IF_ERROR(sock.RecvScatter(iov, 3, &got_len));
       if (own) CombineInto(req_.dtype, req_.op, req_.dst + at, req_.src + at, into, h.length / esize_);
+      if (req_.scale != 1.0) ScaleInto(req_.dtype, into, into, h.length / esize_, req_.scale);  // hot
       UnicastResult(sock, *t, rx_now_);
       Complete(*t, h.repeat_seen, InLaneOrder(sock));
     } else {
@@ -379,7 +380,11 @@ Status Engine::Message::DrainBatch(Transport& sock, size_t* got_out, size_t* max
       CombineInto(req_.dtype, req_.op, req_.dst + at, req_.src + at, p.buf + wire::kHeaderBytes,
                   h.length / esize_);
     } else {
-      (stream_ ? StreamCopy : PlainCopy)(req_.dst + at, p.buf + wire::kHeaderBytes, h.length);
+      if (req_.scale != 1.0) {  // the copy and the Average's divide in one pass
+        ScaleInto(req_.dtype, req_.dst + at, p.buf + wire::kHeaderBytes, h.length / esize_, req_.scale);
+      } else {
+        (stream_ ? StreamCopy : PlainCopy)(req_.dst + at, p.buf + wire::kHeaderBytes, h.length);
+      }
       if (!e_.jumbo_ && !stream_ && t->chunk + kPrefetchAhead < nchunks_) {
         const int64_t ahead = t->chunk + kPrefetchAhead;
         PrefetchForWrite(req_.dst + FirstOf(ahead) * esize_, ElemsOf(ahead) * esize_);

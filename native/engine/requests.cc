@@ -26,7 +26,8 @@ std::string Engine::Where(uint32_t slot) const {
 }
 
 std::shared_ptr<Engine::Request> Engine::Submit(const void* src, void* dst, size_t count,
-                                                 DType dt, Op op, int32_t owner) {
+                                                 DType dt, Op op, int32_t owner,
+                                                 double scale) {
   auto r = std::make_shared<Request>();
   r->src = static_cast<const uint8_t*>(src);
   r->dst = static_cast<uint8_t*>(dst);
@@ -34,6 +35,7 @@ std::shared_ptr<Engine::Request> Engine::Submit(const void* src, void* dst, size
   r->dtype = dt;
   r->op = op;
   r->owner = owner;
+  r->scale = scale;
   {
     std::lock_guard<std::mutex> lock(mu_);
     queue_.push_back(r);

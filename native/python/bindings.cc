@@ -103,7 +103,7 @@ struct PyRequest {
 };
 
 std::shared_ptr<PyRequest> SubmitBuffers(Engine& e, py::buffer src, py::buffer dst, int dtype, int op,
-                                         int owner = -1) {
+                                         int owner = -1, double scale = 1.0) {
   const DType dt = CheckDType(dtype);
   const Op o = CheckOp(op);
   py::buffer_info s = Contiguous(src, false, "source buffer");
@@ -122,7 +122,7 @@ std::shared_ptr<PyRequest> SubmitBuffers(Engine& e, py::buffer src, py::buffer d
   auto r = std::make_shared<PyRequest>();
   r->keep_src = src;
   r->keep_dst = dst;
-  r->req = e.Submit(s.ptr, d.ptr, size_t(sbytes) / esize, dt, o, int32_t(owner));
+  r->req = e.Submit(s.ptr, d.ptr, size_t(sbytes) / esize, dt, o, int32_t(owner), scale);
   return r;
 }
 
@@ -423,9 +423,9 @@ PYBIND11_MODULE(_native, m) {
            py::arg("group_port") = ed.group_port, py::arg("fanout") = FanoutName(ed.fanout),
            py::arg("transport") = py::none(), py::arg("data_fd") = ed.data_fd)
       .def("submit", &SubmitBuffers, py::arg("src"), py::arg("dst"), py::arg("dtype"), py::arg("op"),
-           py::arg("owner") = -1)
+           py::arg("owner") = -1, py::arg("scale") = 1.0)
       .def("allreduce", [](Engine& e, py::buffer src, py::buffer dst, int dtype, int op) {
-             SubmitBuffers(e, src, dst, dtype, op)->Wait();
+             SubmitBuffers(e, src, dst, dtype, op, -1, 1.0)->Wait();
            }, py::arg("src"), py::arg("dst"), py::arg("dtype"), py::arg("op"))
       // Speculation.run_lone's message in one call (native/algorithms/vote_step.h)
       .def("vote_step", [](Engine& e, py::buffer src, py::buffer buf, py::buffer out, double factor,

@@ -39,6 +39,11 @@ void Accumulate(DType d, Op op, void* acc, const void* in, size_t n, bool first)
 // float32 and rounded once); `dst` may be `own`. What a reduce-scatter's owner does
 // with the sum of the other ranks' contributions to its own shard.
 void CombineInto(DType d, Op op, void* dst, const void* own, const void* other, size_t n);
+// dst[i] = src[i] * factor for float32 and float64 (`dst` may be `src`): the factor
+// rounded to the element type once, the product in that type -- numpy's multiply of a
+// float32 array by a Python float, bit for bit (an Average's 1/N and postscale applied
+// as a result is copied into place). False, nothing written, for any other dtype.
+bool ScaleInto(DType d, void* dst, const void* src, size_t n, double factor);
 // Turn a finished accumulator into wire type, in place (narrowing 16-bit floats into
 // the first half of the buffer; a no-op for the other dtypes).
 void Finish(DType d, void* acc, size_t n);

@@ -463,6 +463,26 @@ void CombineInto(DType d, Op op, void* dst, const void* own, const void* other, 
   }
 }
 
+namespace {
+template <typename T>
+void ScaleT(T* dst, const T* src, size_t n, T f) {
+  for (size_t i = 0; i < n; ++i) dst[i] = src[i] * f;  // no FMA, no reassociation: exact
+}
+}  // namespace
+
+bool ScaleInto(DType d, void* dst, const void* src, size_t n, double factor) {
+  switch (d) {
+    case DType::kF32:
+      ScaleT(static_cast<float*>(dst), static_cast<const float*>(src), n, float(factor));
+      return true;
+    case DType::kF64:
+      ScaleT(static_cast<double*>(dst), static_cast<const double*>(src), n, factor);
+      return true;
+    default:
+      return false;
+  }
+}
+
 const char* SimdPath() { return GetDispatch().avx2 ? "avx2+f16c" : "generic"; }
 
 bool AccumulateOn(const char* simd, DType d, Op op, void* acc, const void* in, size_t n,

@@ -275,19 +275,27 @@ class Connection:
         return self._engine
 
     def allreduce_async(self, src: np.ndarray, dst: Optional[np.ndarray] = None, op: str = "sum",
-                        dtype: Optional[str] = None, owner: int = -1) -> Request:
+                        dtype: Optional[str] = None, owner: int = -1,
+                        scale: float = 1.0) -> Request:
         """Start reducing ``src`` across the job's ranks into ``dst`` (``src`` itself
         when None). Both arrays must stay untouched until the request is done.
         ``owner`` >= 0: a reduce-scatter shard, whose sum only rank ``owner``
         receives (the aggregator sends the others completion notices; their ``dst``
         is left as it was). ``owner`` -2: chunk c's sum goes to rank c mod N (a
-        chunk-interleaved reduce-scatter, netreduce/algorithms/flat.py)."""
+        chunk-interleaved reduce-scatter, netreduce/algorithms/flat.py). ``scale``
+        (float32 and float64 sums, owner -1): ``dst`` receives the sum times
+        ``scale``, as numpy multiplies it, in the engine's copy of each result into
+        place (an Average's 1/N without a second pass over ``dst``)."""
         src, dst, name = check_reduction(src, dst, op, dtype, "the aggregator")
         engine = self._live()
         try:
-            req = (engine.submit(src, dst, _native.DTYPES[name], _native.OPS[op], owner)
-                   if owner != -1 else engine.submit(src, dst, _native.DTYPES[name],
-                                                    _native.OPS[op]))
+            if scale != 1.0:
+                req = engine.submit(src, dst, _native.DTYPES[name], _native.OPS[op], owner,
+                                    float(scale))
+            elif owner != -1:
+                req = engine.submit(src, dst, _native.DTYPES[name], _native.OPS[op], owner)
+            else:
+                req = engine.submit(src, dst, _native.DTYPES[name], _native.OPS[op])
         except _native.EngineError as exc:
             raise _translate(exc, self._where()) from None
         return Request(req, dst, self._where())

@@ -52,11 +52,15 @@ def run(comm: Any, group: List[Tensor]) -> None:
         if not contributes:
             out.fill(0)  # a broadcast's non-root sends zeros: the sum is the root's data
         src = array if contributes else out
+        scale = engine_scale(comm, first, wire_op)
         t1 = tl.now_us()
-        if total:
+        if total and scale != 1.0:  # the engine scales as it copies each result in
+            comm.dp.allreduce_async(src, None if src is out else out, op=wire_op, dtype=dp_dtype,
+                                    scale=scale).wait()
+        elif total:
             comm.dp.allreduce(src, None if src is out else out, op=wire_op, dtype=dp_dtype)
         t2 = tl.now_us()
-        copy_out(first, out, comm.size)
+        copy_out(first, out, comm.size, scaled=scale != 1.0)
     else:
         if total * storage.itemsize <= comm.fusion.capacity:
             buf = comm.fusion.view(storage, total)
@@ -98,12 +102,31 @@ def copy_in(t: Tensor, dst: np.ndarray, rank: int) -> None:
     scale_into(flat_dst, array.reshape(-1), t.sig.prescale, t.dtype, WIRE_DTYPE[t.dtype])
 
 
-def copy_out(t: Tensor, src: np.ndarray, size: int) -> None:
+def result_factor(t: Tensor, size: int) -> float:
+    """What ``t``'s sum is multiplied by on its way out: its postscale, and 1/size for
+    an average (1.0 but for all-reduces)."""
+    if t.kind != "allreduce":
+        return 1.0
+    return t.sig.postscale / size if t.op is ReduceOp.Average else t.sig.postscale
+
+
+def engine_scale(comm: Any, t: Tensor, wire_op: str) -> float:
+    """The factor to hand the data plane with ``t``'s message when ``t`` is reduced
+    straight into its output (one tensor in its own dtype), 1.0 for none: a float32
+    or float64 sum whose algorithm scales results as it copies them into place
+    (``scales_results``, netreduce/algorithms/flat.py) gets its Average's 1/N and
+    postscale there -- the same product numpy's multiply gives, without a second pass
+    over the output after the all-reduce (issue 33, a rank's CPU per step)."""
+    if wire_op != "sum" or t.dtype not in ("float32", "float64") or \
+            not getattr(comm.dp, "scales_results", False):
+        return 1.0
+    return result_factor(t, comm.size)
+
+
+def copy_out(t: Tensor, src: np.ndarray, size: int, scaled: bool = False) -> None:
     """``t``'s output = the reduced ``src``, with its postscale (and 1/size for an
-    average) applied."""
-    factor = 1.0
-    if t.kind == "allreduce":
-        factor = t.sig.postscale / size if t.op is ReduceOp.Average else t.sig.postscale
+    average) applied; ``scaled``: the data plane applied them already (engine_scale)."""
+    factor = 1.0 if scaled else result_factor(t, size)
     output = _data(t)[1]
     if src is output and factor == 1.0:
         return

@@ -63,7 +63,7 @@ class _Flight:
     """One data-plane message of a group: its tensors, the request, the buffer it
     was fused in (None: one tensor in place) and when it was submitted."""
     __slots__ = ("tensors", "req", "buf", "spans", "slot", "t_queued", "t_in", "t_sent",
-                 "last", "nbytes", "group")
+                 "last", "nbytes", "group", "scaled")
 
     def __init__(self, tensors: List[Any], buf: Optional[np.ndarray],
                  spans: List[Tuple[int, int]], slot: int) -> None:
@@ -73,6 +73,7 @@ class _Flight:
         self.last = False       # the group's last message (its copy_out span ends it)
         self.nbytes = 0         # of this message
         self.group = 0          # tensors in its group
+        self.scaled = False     # the data plane applied the tensor's factor (engine_scale)
 
 
 class Pipeline:
@@ -144,10 +145,15 @@ class Pipeline:
                 f.nbytes = sum(t.output.size for t in f.tensors) * storage.itemsize
                 if f.buf is not None:
                     src, dst = f.buf, None
+                    f.req = comm.dp.allreduce_async(src, dst, op=wire_op, dtype=dp_dtype)
                 else:
                     t = f.tensors[0]
                     src, dst = t.array, (None if t.output is t.array else t.output)
-                f.req = comm.dp.allreduce_async(src, dst, op=wire_op, dtype=dp_dtype)
+                    scale = group_message.engine_scale(comm, t, wire_op)
+                    f.scaled = scale != 1.0
+                    f.req = (comm.dp.allreduce_async(src, dst, op=wire_op, dtype=dp_dtype,
+                                                     scale=scale) if f.scaled else
+                             comm.dp.allreduce_async(src, dst, op=wire_op, dtype=dp_dtype))
                 f.t_sent = tl.now_us()
                 with self.cond:
                     self.flights.append(f)
@@ -213,7 +219,8 @@ class Pipeline:
                 for t, (a, b) in zip(f.tensors, f.spans):
                     group_message.copy_out(t, f.buf[a:b], comm.size)
             else:
-                group_message.copy_out(f.tensors[0], f.tensors[0].output, comm.size)
+                group_message.copy_out(f.tensors[0], f.tensors[0].output, comm.size,
+                                       scaled=f.scaled)
             t3 = tl.now_us()
         except Exception as exc:
             comm.fail_group(f.tensors, exc)
