@@ -85,6 +85,23 @@ def _wire_bytes(cases) -> int:
     return sum(count * WIRE_BYTES[dtype] for dtype, _, count, _ in cases)
 
 
+def _rack_counters(racks, job):
+    """Each rack aggregator's counters of ``job`` once it has the spine's answer to
+    every partial it sent (or after 10 s, and then the caller's check fails with them)."""
+    out = []
+    for address in racks:
+        deadline = time.monotonic() + 10.0
+        with ControlClient(address) as c:
+            while True:
+                rc = c.call("counters")["jobs"][job]
+                if rc["uplink_results_received"] == rc["uplink_partials_sent"] or \
+                        time.monotonic() > deadline:
+                    break
+                time.sleep(0.02)
+            out.append(rc)
+    return out
+
+
 def _rank(rank, size, spine, racks, job, cases, kw, secret=""):
     os.environ["NETREDUCE_RACK_SWITCH"] = "%s:%d" % racks[rank * len(racks) // size]
     if secret:
@@ -106,17 +123,7 @@ def _rank(rank, size, spine, racks, job, cases, kw, secret=""):
             # partials, so its counters are read once it has them all (or after 10 s,
             # and then the check below fails with them).
             out["spine"] = conn.counters()["jobs"][job]
-            out["rack_counters"] = []
-            for address in racks:
-                deadline = time.monotonic() + 10.0
-                with ControlClient(address) as c:
-                    while True:
-                        rc = c.call("counters")["jobs"][job]
-                        done = rc["uplink_results_received"] == rc["uplink_partials_sent"]
-                        if done or time.monotonic() > deadline:
-                            break
-                        time.sleep(0.02)
-                    out["rack_counters"].append(rc)
+            out["rack_counters"] = _rack_counters(racks, job)
         return out
 
 
@@ -187,17 +194,7 @@ def _after_lost_result(rank, size, spine, racks, job):
         out = {"exact": ok}
         if rank == 0:
             out["spine"] = conn.counters()["jobs"][job]
-            out["rack_counters"] = []
-            for address in racks:
-                deadline = time.monotonic() + 10.0
-                with ControlClient(address) as c:
-                    while True:
-                        rc = c.call("counters")["jobs"][job]
-                        if rc["uplink_results_received"] == rc["uplink_partials_sent"] or \
-                                time.monotonic() > deadline:
-                            break
-                        time.sleep(0.02)
-                    out["rack_counters"].append(rc)
+            out["rack_counters"] = _rack_counters(racks, job)
         return out
 
 
