@@ -160,19 +160,30 @@ def test_not_initialized():
 
 
 def test_stall_warning_names_missing_ranks(ranks, caplog):
+    import threading
+    warned = threading.Event()
+
+    class Seen(logging.Handler):
+        def emit(self, record):
+            if "'only-rank-0'" in record.getMessage():
+                warned.set()
+
     def fn(r):
         if r == 0:
-            h = nr.allreduce_async(np.ones(2, np.float32), name="only-rank-0")
-            import time
-            time.sleep(0.8)
-            return h
-        import time
-        time.sleep(0.8)
-        return None
-    # shutdown() waits NETREDUCE_TIMEOUT for the op only rank 0 began (30 s by default)
+            return nr.allreduce_async(np.ones(2, np.float32), name="only-rank-0")
+        # Ranks 1 and 2 stay away until rank 0 has warned (or 30 s), then submit it too:
+        # the op completes, so shutdown() need not wait NETREDUCE_TIMEOUT for it (it did,
+        # 3 s of this test's 3.8), and a warning that never comes still fails below.
+        warned.wait(30)
+        return nr.allreduce(np.ones(2, np.float32), name="only-rank-0")
     R = ranks(3, NETREDUCE_STALL_TIMEOUT=0.2, NETREDUCE_TIMEOUT=3.0)
-    with caplog.at_level(logging.WARNING, logger="netreduce"):
-        R.run(fn, shutdown=False)
+    seen = Seen()
+    logging.getLogger("netreduce").addHandler(seen)
+    try:
+        with caplog.at_level(logging.WARNING, logger="netreduce"):
+            R.run(fn, shutdown=False)
+    finally:
+        logging.getLogger("netreduce").removeHandler(seen)
     text = caplog.text
     assert "'only-rank-0'" in text and "rank(s) 1, 2" in text
     for c in R.comms:
