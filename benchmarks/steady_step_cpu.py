@@ -114,9 +114,10 @@ def worker(args: argparse.Namespace) -> None:
         """N identical ranks: MIN returns the vector, SUM N times it."""
         name = "stand-in"
 
-        def allreduce(self, src: Any, dst: Any = None, op: str = "sum", dtype: Any = None) -> None:
+        def allreduce(self, src: Any, dst: Any = None, op: str = "sum", dtype: Any = None,
+                      scale: float = 1.0) -> None:
             if op in ("sum", "average"):
-                np.multiply(src, size, out=src if dst is None else dst)
+                np.multiply(src, size * scale, out=src if dst is None else dst)
             elif dst is not None:
                 dst[...] = src
 

@@ -102,8 +102,9 @@ struct PyRequest {
   }
 };
 
+// Engine.submit; its defaults (owner -1, scale 1.0) are the py::arg()s of its .def only.
 std::shared_ptr<PyRequest> SubmitBuffers(Engine& e, py::buffer src, py::buffer dst, int dtype, int op,
-                                         int owner = -1, double scale = 1.0) {
+                                         int owner, double scale) {
   const DType dt = CheckDType(dtype);
   const Op o = CheckOp(op);
   py::buffer_info s = Contiguous(src, false, "source buffer");

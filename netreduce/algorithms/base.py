@@ -20,11 +20,24 @@ except ImportError:  # pragma: no cover
 
 class Algorithm(Protocol):
     name: str
+    # Whether ``scale`` may be other than 1.0: the engine multiplies each float32 or
+    # float64 sum by it as it copies the result into place (flat.py, the one that
+    # does). The others refuse it (``unscaled``) and their callers scale afterwards
+    # (netreduce/worker/group_message.py: engine_scale asks for 1.0 of them).
+    scales_results: bool
 
     def allreduce(self, src: np.ndarray, dst: Optional[np.ndarray] = None, op: str = "sum",
-                  dtype: Optional[str] = None) -> np.ndarray:
+                  dtype: Optional[str] = None, scale: float = 1.0) -> np.ndarray:
         """Reduce ``src`` across every rank into ``dst`` (``src`` itself when None);
-        every rank ends with the same bytes. Releases the GIL while it waits."""
+        every rank ends with the same bytes, times ``scale`` (see ``scales_results``).
+        Releases the GIL while it waits."""
+
+    def allreduce_async(self, src: np.ndarray, dst: Optional[np.ndarray] = None,
+                        op: str = "sum", dtype: Optional[str] = None,
+                        scale: float = 1.0) -> Any:
+        """allreduce() started and returned at once, run in the order submitted; the
+        request's wait() returns ``dst`` or raises what allreduce() would (agreed
+        groups in flight, netreduce/worker/pipeline.py)."""
 
     def abort(self, reason: str) -> None:
         """Fail the running and every later call (any thread)."""
@@ -48,6 +61,15 @@ def connect_settings(knobs: Mapping[str, Any]) -> Dict[str, Any]:
 
 
 OPS = ("sum", "min", "max", "product")
+
+
+def unscaled(algorithm: str, scale: float) -> InvalidArgumentError:
+    """The error of an algorithm whose ``scales_results`` is False, asked for ``scale``
+    other than 1.0 (raised before anything is sent)."""
+    return InvalidArgumentError(
+        f"the {algorithm} algorithm does not scale results (scale={scale!r}): only one "
+        "whose scales_results is True (flat) takes a scale other than 1.0; multiply the "
+        "result instead")
 
 
 def check_reduction(src: Any, dst: Any, op: str, dtype: Optional[str],

@@ -17,27 +17,26 @@ class Flat:
     # Reduce-scatter stretches chunk-interleaved (False: one message per owner, in
     # rank order; benchmarks/collectives.py compares the two).
     interleave = True
-    # allreduce_async(..., scale=f) delivers a float32 or float64 sum times f, scaled by
-    # the engine as it copies each result into place (Connection.allreduce_async): the
-    # Average's divide without a pass of its own (group_message.engine_scale). Only
-    # this algorithm says so; the others' results are scaled afterwards, in Python.
+    # allreduce(..., scale=f) and allreduce_async(..., scale=f) deliver a float32 or
+    # float64 sum times f, scaled by the engine as it copies each result into place
+    # (Connection.allreduce_async): the Average's divide without a pass of its own
+    # (group_message.engine_scale). Only this algorithm says so; the others refuse a
+    # scale (base.unscaled) and their results are scaled afterwards, in Python.
     scales_results = True
 
     def __init__(self, connection: Any) -> None:
         self.connection = connection
 
     def allreduce(self, src: np.ndarray, dst: Optional[np.ndarray] = None, op: str = "sum",
-                  dtype: Optional[str] = None) -> np.ndarray:
-        return self.connection.allreduce(src, dst, op=op, dtype=dtype)
+                  dtype: Optional[str] = None, scale: float = 1.0) -> np.ndarray:
+        return self.connection.allreduce(src, dst, op=op, dtype=dtype, scale=scale)
 
     def allreduce_async(self, src: np.ndarray, dst: Optional[np.ndarray] = None,
                         op: str = "sum", dtype: Optional[str] = None, scale: float = 1.0) -> Any:
         """allreduce() handed to the engine, which runs its requests in the order
         submitted; the request's wait() returns ``dst`` (agreed groups in flight,
         netreduce/worker/pipeline.py). ``scale``: see ``scales_results``."""
-        if scale != 1.0:
-            return self.connection.allreduce_async(src, dst, op=op, dtype=dtype, scale=scale)
-        return self.connection.allreduce_async(src, dst, op=op, dtype=dtype)
+        return self.connection.allreduce_async(src, dst, op=op, dtype=dtype, scale=scale)
 
     @property
     def vote_step(self) -> Optional[Callable[..., int]]:

@@ -17,7 +17,7 @@ from typing import Any, Callable, Dict, List, Optional
 import numpy as np
 
 from netreduce import _native
-from netreduce.algorithms.base import check_reduction
+from netreduce.algorithms.base import check_reduction, unscaled
 from netreduce.algorithms.hosts import Layout
 from netreduce.algorithms.serial import Serial
 from netreduce.errors import DataPlaneError, NetReduceError, RankFailedError
@@ -35,6 +35,7 @@ def shard_job(job: str, local_rank: int) -> str:
 
 class Hierarchical:
     name = "hierarchical"
+    scales_results = False  # results scaled after the all-reduce, in Python (base.py)
 
     def __init__(self, flat: Any, layout: Layout, native: Any, shard: Optional[Any],
                  timeout: float = 60.0) -> None:
@@ -99,16 +100,21 @@ class Hierarchical:
 
     # -- the Algorithm interface ---------------------------------------------------
     def allreduce(self, src: np.ndarray, dst: Optional[np.ndarray] = None, op: str = "sum",
-                  dtype: Optional[str] = None) -> np.ndarray:
+                  dtype: Optional[str] = None, scale: float = 1.0) -> np.ndarray:
+        if scale != 1.0:
+            raise unscaled(self.name, scale)
         src, dst, name = check_reduction(src, dst, op, dtype, "netreduce")
         native = self._live()
         return self._serial.call(lambda: self._reduce(native, src, dst, name, op))
 
     def allreduce_async(self, src: np.ndarray, dst: Optional[np.ndarray] = None,
-                        op: str = "sum", dtype: Optional[str] = None) -> Any:
+                        op: str = "sum", dtype: Optional[str] = None,
+                        scale: float = 1.0) -> Any:
         """allreduce() queued behind every call made before it and run on the
         algorithm's own thread; the request's wait() returns ``dst`` or raises what
         allreduce() would (agreed groups in flight, netreduce/worker/pipeline.py)."""
+        if scale != 1.0:
+            raise unscaled(self.name, scale)
         src, dst, name = check_reduction(src, dst, op, dtype, "netreduce")
         native = self._live()
         return self._serial.submit(lambda: self._reduce(native, src, dst, name, op))

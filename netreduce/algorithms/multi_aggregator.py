@@ -36,7 +36,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from netreduce import config
-from netreduce.algorithms.base import check_reduction
+from netreduce.algorithms.base import check_reduction, unscaled
 from netreduce.errors import DataPlaneError, InvalidArgumentError, NetReduceError
 from netreduce.protocol.address import format_address, parse_address, resolve
 
@@ -114,6 +114,7 @@ class MultiRequest:
 
 class MultiAggregator:
     name = "multi-aggregator"
+    scales_results = False  # results scaled after the all-reduce, in Python (base.py)
 
     def __init__(self, connections: List[Any], weights: Optional[Sequence[float]] = None,
                  min_split: int = MIN_SPLIT) -> None:
@@ -156,15 +157,18 @@ class MultiAggregator:
 
     # -- the Algorithm interface ---------------------------------------------------
     def allreduce(self, src: np.ndarray, dst: Optional[np.ndarray] = None, op: str = "sum",
-                  dtype: Optional[str] = None) -> np.ndarray:
-        return self.allreduce_async(src, dst, op, dtype).wait()
+                  dtype: Optional[str] = None, scale: float = 1.0) -> np.ndarray:
+        return self.allreduce_async(src, dst, op, dtype, scale).wait()
 
     def allreduce_async(self, src: np.ndarray, dst: Optional[np.ndarray] = None,
-                        op: str = "sum", dtype: Optional[str] = None) -> "MultiRequest":
+                        op: str = "sum", dtype: Optional[str] = None,
+                        scale: float = 1.0) -> "MultiRequest":
         """Every range submitted to its aggregator's engine (each runs its requests in
         the order submitted) and returned at once; the request's wait() returns
         ``dst`` once every range is in (agreed groups in flight,
         netreduce/worker/pipeline.py)."""
+        if scale != 1.0:
+            raise unscaled(self.name, scale)
         # Checked whole before any range is submitted: a bad argument is the caller's
         # InvalidArgumentError, not a range's failure folded into DataPlaneError below.
         src, dst, _ = check_reduction(src, dst, op, dtype, "the aggregator")

@@ -289,13 +289,7 @@ class Connection:
         src, dst, name = check_reduction(src, dst, op, dtype, "the aggregator")
         engine = self._live()
         try:
-            if scale != 1.0:
-                req = engine.submit(src, dst, _native.DTYPES[name], _native.OPS[op], owner,
-                                    float(scale))
-            elif owner != -1:
-                req = engine.submit(src, dst, _native.DTYPES[name], _native.OPS[op], owner)
-            else:
-                req = engine.submit(src, dst, _native.DTYPES[name], _native.OPS[op])
+            req = engine.submit(src, dst, _native.DTYPES[name], _native.OPS[op], owner, scale)
         except _native.EngineError as exc:
             raise _translate(exc, self._where()) from None
         return Request(req, dst, self._where())
@@ -307,9 +301,10 @@ class Connection:
         return self.payload_bytes // accum_width
 
     def allreduce(self, src: np.ndarray, dst: Optional[np.ndarray] = None, op: str = "sum",
-                  dtype: Optional[str] = None) -> np.ndarray:
-        """Reduce ``src`` across ranks; the result lands in ``dst`` (or in place)."""
-        return self.allreduce_async(src, dst, op, dtype).wait()
+                  dtype: Optional[str] = None, scale: float = 1.0) -> np.ndarray:
+        """Reduce ``src`` across ranks; the result (times ``scale``, as in
+        allreduce_async) lands in ``dst`` (or in place)."""
+        return self.allreduce_async(src, dst, op, dtype, -1, scale).wait()
 
     @property
     def vote_step(self) -> Optional[Callable[..., int]]:

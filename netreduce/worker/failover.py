@@ -46,7 +46,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from netreduce.algorithms.base import check_reduction
+from netreduce.algorithms.base import check_reduction, unscaled
 from netreduce.algorithms.serial import Serial
 from netreduce.errors import DataPlaneError, NetReduceError
 from netreduce.worker import job_status
@@ -72,6 +72,7 @@ def _received(path: Any) -> int:
 
 class Failover:
     name = "failover"
+    scales_results = False  # results scaled after the all-reduce, in Python (base.py)
 
     def __init__(self, cands: Sequence[Any], index: int, path: Any, opener: Any, rv: Any,
                  topo: Any, timeout: float, start_reasons: Sequence[str] = ()) -> None:
@@ -108,15 +109,20 @@ class Failover:
 
     # -- the Algorithm interface ---------------------------------------------------
     def allreduce(self, src: np.ndarray, dst: Optional[np.ndarray] = None, op: str = "sum",
-                  dtype: Optional[str] = None) -> np.ndarray:
+                  dtype: Optional[str] = None, scale: float = 1.0) -> np.ndarray:
+        if scale != 1.0:
+            raise unscaled(self.name, scale)
         src, dst, _ = check_reduction(src, dst, op, dtype, "netreduce")
         return self._serial.call(lambda: self._call(src, dst, op, dtype))
 
     def allreduce_async(self, src: np.ndarray, dst: Optional[np.ndarray] = None,
-                        op: str = "sum", dtype: Optional[str] = None) -> Any:
+                        op: str = "sum", dtype: Optional[str] = None,
+                        scale: float = 1.0) -> Any:
         """allreduce() queued behind every call made before it, on failover's own
         thread: the executor goes on while it is on the wire and through a failover
         (netreduce/worker/pipeline.py); the request's wait() returns ``dst``."""
+        if scale != 1.0:
+            raise unscaled(self.name, scale)
         src, dst, _ = check_reduction(src, dst, op, dtype, "netreduce")
         return self._serial.submit(lambda: self._call(src, dst, op, dtype))
 

@@ -54,11 +54,9 @@ def run(comm: Any, group: List[Tensor]) -> None:
         src = array if contributes else out
         scale = engine_scale(comm, first, wire_op)
         t1 = tl.now_us()
-        if total and scale != 1.0:  # the engine scales as it copies each result in
-            comm.dp.allreduce_async(src, None if src is out else out, op=wire_op, dtype=dp_dtype,
-                                    scale=scale).wait()
-        elif total:
-            comm.dp.allreduce(src, None if src is out else out, op=wire_op, dtype=dp_dtype)
+        if total:  # scale != 1.0: the engine scales as it copies each result in
+            comm.dp.allreduce(src, None if src is out else out, op=wire_op, dtype=dp_dtype,
+                              scale=scale)
         t2 = tl.now_us()
         copy_out(first, out, comm.size, scaled=scale != 1.0)
     else:
@@ -116,7 +114,8 @@ def engine_scale(comm: Any, t: Tensor, wire_op: str) -> float:
     or float64 sum whose algorithm scales results as it copies them into place
     (``scales_results``, netreduce/algorithms/flat.py) gets its Average's 1/N and
     postscale there -- the same product numpy's multiply gives, without a second pass
-    over the output after the all-reduce (issue 33, a rank's CPU per step)."""
+    over the output after the all-reduce (issue 33, a rank's CPU per step). Every
+    other algorithm gets 1.0: it refuses any other scale (algorithms/base.py)."""
     if wire_op != "sum" or t.dtype not in ("float32", "float64") or \
             not getattr(comm.dp, "scales_results", False):
         return 1.0

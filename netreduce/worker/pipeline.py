@@ -144,16 +144,13 @@ class Pipeline:
                 f.t_queued, f.t_in, f.group = t0, t1, len(group)
                 f.nbytes = sum(t.output.size for t in f.tensors) * storage.itemsize
                 if f.buf is not None:
-                    src, dst = f.buf, None
-                    f.req = comm.dp.allreduce_async(src, dst, op=wire_op, dtype=dp_dtype)
+                    src, dst, scale = f.buf, None, 1.0
                 else:
                     t = f.tensors[0]
                     src, dst = t.array, (None if t.output is t.array else t.output)
                     scale = group_message.engine_scale(comm, t, wire_op)
                     f.scaled = scale != 1.0
-                    f.req = (comm.dp.allreduce_async(src, dst, op=wire_op, dtype=dp_dtype,
-                                                     scale=scale) if f.scaled else
-                             comm.dp.allreduce_async(src, dst, op=wire_op, dtype=dp_dtype))
+                f.req = comm.dp.allreduce_async(src, dst, op=wire_op, dtype=dp_dtype, scale=scale)
                 f.t_sent = tl.now_us()
                 with self.cond:
                     self.flights.append(f)

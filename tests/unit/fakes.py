@@ -126,7 +126,9 @@ class FakeConn:
         self.closed = False
 
     def allreduce(self, src: np.ndarray, dst: Optional[np.ndarray] = None, op: str = "sum",
-                  dtype: Optional[str] = None) -> np.ndarray:
+                  dtype: Optional[str] = None, scale: float = 1.0) -> np.ndarray:
+        """netreduce/algorithms/base.py's Algorithm.allreduce; ``scale`` multiplies the
+        result as Connection's engine does (numpy's multiply in the element type)."""
         f = self.fabric
         dst = src if dst is None else dst
         key = (self.job, self.count)
@@ -163,6 +165,8 @@ class FakeConn:
             b = result.astype(np.float32).view(np.uint32)
             result = ((b + 0x7FFF + ((b >> 16) & 1)) >> 16).astype(np.uint16)
         np.copyto(dst, result.reshape(dst.shape), casting="unsafe")
+        if scale != 1.0:
+            np.multiply(dst, scale, out=dst)
         return dst
 
     def abort(self, reason: str) -> None:

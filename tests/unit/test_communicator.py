@@ -280,7 +280,7 @@ def test_data_plane_error_names_the_tensors_and_keeps_where(ranks, monkeypatch):
     from netreduce.errors import DataPlaneError
     from tests.unit.fakes import FakeConn
 
-    def fails(self, src, dst=None, op="sum", dtype=None):
+    def fails(self, src, dst=None, op="sum", dtype=None, scale=1.0):
         raise DataPlaneError("aggregator 10.0.0.9:4791, job 'job', rank 0/1: no result from "
                              "the aggregator within 1 s at slot 3")
     monkeypatch.setattr(FakeConn, "allreduce", fails)
@@ -477,7 +477,7 @@ def test_in_flight_transfer_is_aborted_when_a_peer_dies(ranks, monkeypatch):
     from tests.unit.fakes import FakeConn
     real = FakeConn.allreduce
 
-    def dies_instead(self, src, dst=None, op="sum", dtype=None):
+    def dies_instead(self, src, dst=None, op="sum", dtype=None, scale=1.0):
         # the second all-reduce of data (agreement rounds are int32 MIN messages)
         data_calls = getattr(self, "data_calls", 0)
         if src.dtype == np.float32:
@@ -487,7 +487,7 @@ def test_in_flight_transfer_is_aborted_when_a_peer_dies(ranks, monkeypatch):
             import time
             time.sleep(2.0)  # a dead process never contributes
             raise DataPlaneError("rank 1 is dead")
-        return real(self, src, dst, op, dtype)
+        return real(self, src, dst, op, dtype, scale)
     monkeypatch.setattr(FakeConn, "allreduce", dies_instead)
 
     def fn(r):

@@ -29,7 +29,7 @@ class GatedFabric(FakeFabric):
 
 
 class GatedConn(FakeConn):
-    def allreduce(self, src, dst=None, op="sum", dtype=None):
+    def allreduce(self, src, dst=None, op="sum", dtype=None, scale=1.0):
         f = self.fabric
         if op == "min" and self.rank not in f.gated and (src[HEADER:] == READY).any():
             f.gated.add(self.rank)
@@ -37,7 +37,7 @@ class GatedConn(FakeConn):
                 f.calls_at_gate[self.rank] = len(f.calls)
             f.entered[self.rank].set()
             assert f.release.wait(10.0), "the test never released the round"
-        return super().allreduce(src, dst, op, dtype)
+        return super().allreduce(src, dst, op, dtype, scale)
 
 
 def test_a_submission_made_while_the_round_waits_to_start_is_agreed_by_it(ranks):
