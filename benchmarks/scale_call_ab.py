@@ -24,7 +24,11 @@ from ``--calls`` more calls each timed alone up to the request handed to the eng
 percentile (the ranks' mean): the Python path and the binding, which a preemption
 under load does not move as it moves the others. Each as the median of the runs with
 min-max, and the ratio of this checkout to the base per run.
-The base must have a native module built in place (setup.py build_ext --inplace)."""
+The base must have a native module built in place (setup.py build_ext --inplace).
+
+``--stub``: the Python path alone, resolvable under load: a Connection whose engine
+is a stand-in returning at once, each form's ``allreduce_async`` timed by timeit's best
+of ``--repeat`` x ``--calls`` in a process per checkout and run (ns per call)."""
 from __future__ import annotations
 
 import argparse
@@ -90,6 +94,55 @@ def rank(args: argparse.Namespace) -> None:
         print(json.dumps(result), flush=True)
 
 
+def stub(args: argparse.Namespace) -> None:
+    """The Python path alone: a Connection whose engine is a stand-in that returns at
+    once (no aggregator, no engine thread), each form timed by timeit's best of
+    ``--repeat`` x ``--calls``: what load does not move. Prints ns per call."""
+    import timeit
+    import types
+
+    import numpy as np
+
+    from netreduce.algorithms.flat import Flat
+    from netreduce.worker.dataplane import Connection
+
+    conn = Connection.__new__(Connection)
+    conn.__dict__.update(_closed=False, address=("127.0.0.1", 4791), rack=None, job="j",
+                         rank=0, size=2,
+                         _engine=types.SimpleNamespace(submit=lambda *a, **k: None))
+    flat = Flat(conn)
+    x = np.ones(1024, np.float32)
+    out = np.empty_like(x)
+    forms = {"connection": lambda: conn.allreduce_async(x, out),
+             "scaled": lambda: conn.allreduce_async(x, out, scale=0.5),
+             "flat": lambda: flat.allreduce_async(x, out)}
+    print(json.dumps({form: min(timeit.repeat(fn, number=args.calls, repeat=args.repeat))
+                      / args.calls * 1e9 for form, fn in forms.items()}), flush=True)
+
+
+def drive_stub(args: argparse.Namespace) -> None:
+    trees = {"this": REPO, "base": os.path.abspath(args.base)}
+    runs: List[Dict[str, Any]] = []
+    for i in range(args.runs):
+        order = ["base", "this"] if i % 2 == 0 else ["this", "base"]
+        run: Dict[str, Any] = {"order": order, "load": os.getloadavg()[0]}
+        for name in order:
+            out = subprocess.run([sys.executable, os.path.abspath(__file__), "stub",
+                                  "--calls", str(args.calls), "--repeat", str(args.repeat)],
+                                 capture_output=True, text=True, check=True, cwd=trees[name],
+                                 env=dict(os.environ, PYTHONPATH=trees[name])).stdout
+            run[name] = json.loads(out.strip().splitlines()[-1])
+        runs.append(run)
+        print(json.dumps(run), flush=True)
+    summary: Dict[str, Any] = {"load": _spread([r["load"] for r in runs])}
+    for form in FORMS:
+        this = [r["this"][form] for r in runs]
+        base = [r["base"][form] for r in runs]
+        summary[f"{form} python_ns"] = {"this": _spread(this), "base": _spread(base),
+                                        "this/base": _spread([a / b for a, b in zip(this, base)])}
+    _report(args, summary, runs)
+
+
 def _switch(code: str) -> Any:
     proc = subprocess.Popen([sys.executable, "-m", "netreduce.switch", "--host", "127.0.0.1",
                              "--port", "0"], stdout=subprocess.PIPE, text=True,
@@ -148,6 +201,10 @@ def drive(args: argparse.Namespace) -> None:
             summary[f"{form} {metric}"] = {
                 "this": _spread(this), "base": _spread(base),
                 "this/base": _spread([a / b for a, b in zip(this, base)])}
+    _report(args, summary, runs)
+
+
+def _report(args: argparse.Namespace, summary: Dict[str, Any], runs: List[Any]) -> None:
     for key, s in summary.items():
         print(f"{key:20s} {json.dumps(s)}")
     if args.json:
@@ -169,20 +226,26 @@ def main() -> None:
     r.add_argument("--address", required=True)
     r.add_argument("--job", required=True)
     r.add_argument("--rank", type=int, required=True)
-    for a in (ap, r):
+    st = sub.add_parser("stub")
+    for a in (ap, r, st):
         a.add_argument("--np", type=int, default=2, help="ranks (default 2)")
         a.add_argument("--calls", type=int, default=10_000, help="timed calls per form")
         a.add_argument("--warmup", type=int, default=500, help="untimed calls first")
+        a.add_argument("--repeat", type=int, default=20, help="--stub: timeit's repeats")
     ap.add_argument("--base", default="", help="the other checkout (built in place)")
     ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--stub", action="store_true",
+                    help="the Python path alone, with a stand-in engine (no aggregator)")
     ap.add_argument("--json", default="", help="record path")
     args = ap.parse_args()
     if args.cmd == "rank":
         rank(args)
+    elif args.cmd == "stub":
+        stub(args)
     elif not args.base:
         ap.error("--base is required")
     else:
-        drive(args)
+        (drive_stub if args.stub else drive)(args)
 
 
 if __name__ == "__main__":
