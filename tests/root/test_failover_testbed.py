@@ -7,6 +7,8 @@ namespace, hierarchical again, every result bit-identical to numpy on every rank
 Needs root and the built native module; skipped with the reason otherwise."""
 from __future__ import annotations
 
+from typing import List
+
 import pytest
 
 from netreduce.process import free_tcp_port
@@ -20,8 +22,9 @@ pytestmark = [pytest.mark.root, pytest.mark.slow,
 PER_HOST = 2
 
 
-def test_two_hosts_of_two_ranks_move_to_the_standby(tmp_path):
-    pytest.importorskip("netreduce._native")
+def _run(tmp_path) -> List[dict]:
+    """One job of 12 steps with the primary SIGKILLed inside the 16 MiB all-reduce;
+    every rank's report."""
     with Testbed(hosts=2, rate="1gbit", name=scratch_testbed_name("f"),
                  subnet="10.78.7.0/24", replace=True) as tb:
         primary, standby = tb.spawn_switch(port=4791), tb.spawn_switch(port=4792)
@@ -48,4 +51,21 @@ def test_two_hosts_of_two_ranks_move_to_the_standby(tmp_path):
         assert r["stats"]["failovers"] == 1 and b in r["stats"]["path"], r["stats"]
         assert r["stats"].get("shm_calls", 0) > 0 and "packets_received" in r["stats"], \
             r["stats"]  # hierarchical, with its network stage through the aggregator
-    assert any(r["stats"]["interrupted_partial"] for r in results), [r["history"] for r in results]
+    return results
+
+
+def test_two_hosts_of_two_ranks_move_to_the_standby(tmp_path):
+    pytest.importorskip("netreduce._native")
+    # The hierarchical network stage is a series of short calls with shared-memory
+    # work between them, so a kill made from outside lands inside a call's data (a
+    # rank holding partial results, the case this test is for) in most runs, but on
+    # a loaded host it can fall between two calls (2 of 6 runs at load 23): a run
+    # like that is exact too but proves less, so the job is run again, up to 3 times.
+    seen = []
+    for attempt in range(3):
+        (tmp_path / str(attempt)).mkdir()
+        results = _run(tmp_path / str(attempt))
+        seen.append([r["history"] for r in results])
+        if any(r["stats"]["interrupted_partial"] for r in results):
+            return
+    pytest.fail(f"no rank held partial results at the kill in 3 runs: {seen}")
