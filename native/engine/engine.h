@@ -190,7 +190,8 @@ class Engine {
       spurious_retransmits_{0}, timeout_probes_{0}, srtt_stat_us_{0}, rto_stat_us_{0},
       tail_probes_{0}, tail_copies_{0}, repaired_chunks_{0}, repair_wait_us_{0},
       needless_by_repeat_{0}, held_notices_{0}, held_probes_{0}, group_datagrams_{0},
-      waits_{0}, naps_{0}, nap_us_{0}, nap_offs_{0}, overtaken_resends_{0}, gap_resends_{0}, first_rtt_stat_us_{0};
+      waits_{0}, naps_{0}, nap_us_{0}, nap_offs_{0}, overtaken_resends_{0}, gap_resends_{0}, first_rtt_stat_us_{0},
+      probe_notices_{0};
 };
 
 }  // namespace netreduce

@@ -113,6 +113,13 @@ class Engine::Message {
   int64_t remaining_;
   // Per lane: last completion (progress), its chunk, no timeout probe before next_probe.
   std::vector<int64_t> lane_progress_, next_probe_, lane_last_seq_;
+  // Per lane: held notices that answered its timeout probes since its last result (the
+  // first kMaxProbeWalk of them send the lane's next probe at once: HeldNotice), the
+  // back-off of its last timeout probe (0 after a result), and whether the next probe
+  // is such a walk step (at that back-off, not doubled).
+  std::vector<uint32_t> probe_walk_;
+  std::vector<int64_t> lane_backoff_;
+  std::vector<uint8_t> walk_now_;
   // A lower bound of the earliest deadline of any outstanding chunk (the sweep runs
   // when it may have come), and the RTO the last sweep used (a falling RTO moves lane
   // timeouts earlier than next_due_).

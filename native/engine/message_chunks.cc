@@ -118,6 +118,7 @@ void Engine::Message::StartChunk(SlotTrack& t, int64_t c, int64_t now) {
   t.early = false;
   t.overtaken = false;
   t.held = false;
+  t.asked = false;
   t.pkt.iov[0] = {t.header, wire::kHeaderBytes};
   t.pkt.iov[1] = {const_cast<uint8_t*>(payload), h.length};
   t.pkt.iov[2] = {t.trailer, size_t(h.pad) + wire::kIcrcBytes};

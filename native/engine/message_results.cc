@@ -76,6 +76,28 @@ void Engine::Message::HeldNotice(const wire::Header& h) {
     return;  // for a chunk already done (its result came first)
   }
   Bump(e_.held_notices_);
+  if (t.asked) {
+    // The answer to a timeout probe (SweepTimers): the round holds this contribution
+    // and waits for other ranks (their loss) or, in a rack, for the spine. Not lost,
+    // so no early resend and no probe before its backed-off timeout; only its result
+    // can be missing, and the rules for a result (overtaken, next expected, timeout)
+    // stay. The lane's next probe goes now, to its next oldest expired chunk, at the
+    // lane's back-off (SweepTimers): a rank's own lost share behind a round that
+    // waits for another rank's repair was resent only once that round completed, one
+    // chunk of a quiet lane per timeout (issue 33, lossprobe). The lane is still
+    // quiet: its progress stays.
+    Bump(e_.probe_notices_);
+    t.early = t.probe = t.overtaken = false;
+    t.deadline_us = rx_now_ + t.rto_us;
+    DueBy(t.deadline_us);
+    if (probe_walk_[t.lane] < kMaxProbeWalk) {
+      probe_walk_[t.lane]++;
+      next_probe_[t.lane] = 0;
+      walk_now_[t.lane] = 1;
+      DueBy(rx_now_);
+    }
+    return;
+  }
   if (!t.held) {
     // Karn's rule, but for the job's very first sample: a notice that may answer a
     // resend (a tail probe that beat it on a loaded host) measured from the first send
@@ -159,6 +181,9 @@ void Engine::Message::Complete(SlotTrack& t, bool repeat_seen, bool in_lane_orde
   // another rank) held the lane's next probe back up to 1 s, and a tail of many rounds
   // each missing one rank's contribution was repaired at ~17 rounds a second.
   next_probe_[lane] = 0;
+  probe_walk_[lane] = 0;
+  walk_now_[lane] = 0;
+  lane_backoff_[lane] = 0;
   lane_last_seq_[lane] = int64_t(t.seq);
   if (t.retries > 0) Bump(e_.repaired_chunks_), Bump(e_.repair_wait_us_, uint64_t(t_now - t.first_send_us));
   // A chunk whose resend the aggregator saw as a repeat was not lost: the slot was

@@ -49,8 +49,11 @@ int64_t Engine::Message::NapLimit(int64_t now, int64_t rto) const {
 
 // A chunk with an early deadline is resent then, its timeout unchanged. In a lane
 // quiet for a whole timeout, the oldest expired chunk is resent with its timeout
-// doubled, once per that backed-off timeout. Held chunks: one probe per lane per
-// backed-off interval.
+// doubled, once per that backed-off timeout -- or until a held notice answers it (its
+// round waits for others): then the lane's next oldest expired chunk goes at once, at
+// the same back-off (the lane's, not the chunk's own: a lane quiet for long doubles
+// its interval, whichever chunk it asks), up to kMaxProbeWalk per quiet spell. Held
+// chunks: one probe per lane per backed-off interval.
 Status Engine::Message::SweepTimers() {
   const int64_t now = NowUs();
   const int64_t rto = e_.Rto();
@@ -112,11 +115,21 @@ Status Engine::Message::SweepTimers() {
   for (size_t l = 0; l < probes_.size(); ++l) {
     SlotTrack* p = probes_[l];
     if (p == nullptr || now < next_probe_[l]) continue;
-    p->rto_us = std::min(p->rto_us * 2, kMaxRtoUs);
+    const int64_t at = std::max(p->rto_us, lane_backoff_[l]);
+    p->rto_us = std::min(walk_now_[l] ? at : at * 2, kMaxRtoUs);
+    lane_backoff_[l] = p->rto_us;
+    walk_now_[l] = 0;
     p->deadline_us = now + p->rto_us;
     next_probe_[l] = p->deadline_us;
     DueBy(p->deadline_us);
     e_.timeout_probes_++;
+    // UDP: the probe asks whether the round holds this contribution (AckReq). A held
+    // notice (HeldNotice) then frees the lane's next probe at once for its next
+    // oldest chunk, instead of the lane waiting until this round completes.
+    if (!e_.cfg_.transport && (p->header[8] & wire::kAckReqBit) == 0) {
+      Stamp(*p, p->chunk, now, true);
+      p->asked = true;
+    }
     Resend(*p, now);
   }
   return Status::Ok();

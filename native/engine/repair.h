@@ -12,7 +12,9 @@
 //    Both early resends count as fast_retransmits and leave the timeout as it was.
 //  - Timeout: once nothing has completed in a lane for srtt + 4 rttvar of the
 //    measured round trip (floor retransmit_ms), the lane's oldest chunk is resent,
-//    one per backed-off timeout (doubling up to 1 s; timeout_probes). A timeout is
+//    one per backed-off timeout (doubling up to 1 s; timeout_probes), asking for a
+//    held notice: one that answers sends the next oldest's probe at once
+//    (probe_notices; message_results.cc, HeldNotice). A timeout is
 //    relative to the lane's last progress, as TCP restarts its timer on each ACK:
 //    chunks deep in a window wait behind their own predecessors, which a timeout from
 //    each chunk's send would take for loss; and a stalled rank costs one packet per

@@ -76,6 +76,7 @@ std::map<std::string, uint64_t> Engine::Stats() const {
           {"repaired_chunks", repaired_chunks_.load()}, {"repair_wait_us", repair_wait_us_.load()},
           {"needless_by_repeat", needless_by_repeat_.load()},
           {"held_notices", held_notices_.load()}, {"held_probes", held_probes_.load()},
+          {"probe_notices", probe_notices_.load()},
           {"group_datagrams", group_datagrams_.load()},
           {"waits", waits_.load()},
           {"naps", naps_.load()},

@@ -43,6 +43,11 @@ constexpr uint32_t kReorderQuietMessages = 16;
 // waits for other ranks, and only its result, once sent, can be lost.
 constexpr int64_t kHeldProbeUs = kMaxRtoUs;
 constexpr int64_t kMaxHeldProbeUs = 8 * kMaxRtoUs;
+// A lane quiet for a timeout probes its oldest chunk asking for a held notice; each
+// notice sends the next oldest's probe at once, up to this many per quiet spell (then
+// one per backed-off timeout again): a lane waiting for a descheduled peer, every round
+// of it waiting, asks a few more, not its whole share of the window one by one.
+constexpr uint32_t kMaxProbeWalk = 4;
 
 }  // namespace engine_timing
 }  // namespace netreduce

@@ -44,6 +44,9 @@ struct SlotTrack {
   // waiting for other ranks. Only a lost result is left to repair: one probe per
   // kHeldProbeUs, no early deadlines, no round-trip sample from its result.
   bool held = false;
+  // A timeout probe asked (AckReq, after the job's first message) whether the round
+  // holds this contribution: a held notice then answers a probe, not a first send.
+  bool asked = false;
   uint32_t slot = 0;   // its index in RunState::slots
   uint32_t lane = 0;   // slot % threads: the aggregator thread (data port) serving it
   // Shadow bit of the chunk in it: (seq / window) % 2, kept rather than divided per
