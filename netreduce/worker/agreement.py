@@ -134,7 +134,7 @@ class Agreement:
     def route(self, tensors: List[Any]) -> List[Any]:
         """Take the submissions that every rank sends through the agreement; return
         the rest (for the coordinator). Caller holds the communicator's lock."""
-        rest, took = [], False
+        rest, took, live = [], False, False
         cache = self.comm.cache
         with self.lock:  # off is set under it (_end): nothing is routed here after
             if self.off is None:
@@ -166,11 +166,16 @@ class Agreement:
                 took = True
                 if self.live and self.vec[HEADER + i] == WAITING:
                     self._mark_live(i)
-        if rest or (took and not (self.spec.waited and self.spec.covered())):
+            live = self.live
+        if rest or (took and not live and not (self.spec.waited and self.spec.covered())):
             # A submission that completes the speculative group, on a rank whose user
             # waited for the last one, is left to the user's wait (help), or to the
             # executor's poll if no wait comes: waking the executor costs more than
             # the step (two threads of one process contending for one core).
+            # Nor is the executor woken while it is inside a round (``live``): it
+            # clears ``live`` under ``lock`` after this, and then reads ``pending``
+            # before it waits again, so it sees this submission without a wake-up
+            # (a backward's hooks mostly come while a round is on the wire).
             self.q.put(WAKE)
         return rest
 

@@ -10,7 +10,7 @@ import numpy as np
 
 import netreduce as nr
 from netreduce.worker import context
-from netreduce.worker.agreement import HEADER, READY
+from netreduce.worker.agreement import HEADER, READY, WAKE
 from tests.unit.fakes import FakeConn, FakeFabric
 
 
@@ -67,3 +67,30 @@ def test_a_submission_made_while_the_round_waits_to_start_is_agreed_by_it(ranks)
                  if c[1] == r and c[3] == "sum"]
         assert after and after[0][2] == 8, after
     assert [getattr(ag, "live_marks", 0) for _, _, ag in results] == [1, 1]
+
+
+def test_a_submission_made_while_a_round_is_live_does_not_wake_the_executor(ranks):
+    """The executor is inside the round (issued, not returned): it reads the pending
+    submissions when it returns, so a submission made meanwhile puts no wake-up on
+    its queue (a thread hand-off per gradient hook on main), and is still agreed."""
+    R = ranks(2)
+    fabric = R.fabric = GatedFabric(2, R.fabric.timeout)
+    both_submitted = threading.Barrier(2, timeout=10.0)
+
+    def fn(r):
+        a, b = np.full(3, r + 1, np.float32), np.full(5, 10 * (r + 1), np.float32)
+        nr.synchronize(nr.allreduce_async(a.copy(), op=nr.Sum, name="a"))
+        nr.synchronize(nr.allreduce_async(b.copy(), op=nr.Sum, name="b"))
+        agreement = context.thread.comm.agreement
+        ha = nr.allreduce_async(a.copy(), op=nr.Sum, name="a")
+        assert fabric.entered[r].wait(10.0)      # the executor is inside the round
+        hb = nr.allreduce_async(b.copy(), op=nr.Sum, name="b")
+        queued = list(agreement.q.queue)
+        both_submitted.wait()
+        if r == 0:
+            fabric.release.set()
+        return nr.synchronize(ha), nr.synchronize(hb), queued
+
+    for out_a, out_b, queued in R.run(fn):
+        assert (out_a == 3).all() and (out_b == 30).all()
+        assert WAKE not in queued, queued
