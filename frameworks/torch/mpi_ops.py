@@ -73,12 +73,28 @@ class _Pending:
         self.poll, self.wait, self.finish = poll, wait, finish
 
 
-_handles: Dict[int, _Pending] = {}
+class _CorePending:
+    """A _Pending over one core handle, without its two closures (a gradient hook
+    makes one per call)."""
+
+    __slots__ = ("inner", "finish")
+
+    def __init__(self, inner: Any, finish: Callable[[Any], Any]):
+        self.inner, self.finish = inner, finish
+
+    def poll(self) -> bool:
+        return _nr.poll(self.inner)
+
+    def wait(self) -> Any:
+        return _nr.synchronize(self.inner)
+
+
+_handles: Dict[int, Any] = {}  # handle -> _Pending or _CorePending
 _handle_ids = itertools.count(1)
 _handles_lock = threading.Lock()
 
 
-def _register(pending: _Pending) -> int:
+def _register(pending: Any) -> int:
     with _handles_lock:
         handle = next(_handle_ids)
         _handles[handle] = pending
@@ -86,7 +102,7 @@ def _register(pending: _Pending) -> int:
 
 
 def _core_handle(inner: Any, finish: Callable[[Any], Any]) -> int:
-    return _register(_Pending(lambda: _nr.poll(inner), lambda: _nr.synchronize(inner), finish))
+    return _register(_CorePending(inner, finish))
 
 
 def poll(handle: int) -> bool:
@@ -132,7 +148,9 @@ class _Buf:
                              "takes CPU or CUDA tensors")
         self.tensor = tensor
         self.cpu = device == "cpu"
-        host = tensor.detach()
+        # detach() only where numpy() needs it: torch drops the GIL in detach(), and
+        # in a gradient hook the executor thread takes it there (a wait per call)
+        host = tensor.detach() if tensor.requires_grad else tensor
         if not self.cpu:
             staged = torch.empty(host.shape, dtype=host.dtype, pin_memory=True)
             staged.copy_(host)  # synchronous: the data must be on the host before dispatch
@@ -240,8 +258,22 @@ def _allreduce_async(tensor: torch.Tensor, name: Optional[str], op: Any, prescal
     what = "allreduce_async_" if inplace else "allreduce_async"
     buf = _Buf(tensor, what, name, _REDUCIBLE)
     inner = _nr.allreduce_async(buf.array, op=op, name=name, inplace=inplace,
-                                **_scales(prescale_factor, postscale_factor), **buf.kwargs)
-    return _core_handle(inner, buf.write_back if inplace else buf.to_tensor)
+                                prescale_factor=float(prescale_factor),
+                                postscale_factor=float(postscale_factor), **buf.kwargs)
+    return _register(_CorePending(inner, buf.write_back if inplace else buf.to_tensor))
+
+
+def _grad_allreduce_async_(tensor: torch.Tensor, name: Optional[str], op: Any,
+                           prescale_factor: float, postscale_factor: float,
+                           process_set: Any) -> int:
+    """allreduce_async_ for DistributedOptimizer's gradient hooks (one per gradient,
+    inside backward): the optimizer checked ``op`` and ``process_set`` when it was
+    built, so the call skips the public wrapper's argument handling and goes to the
+    core on the set's communicator (the same checks of the tensor, the same errors)."""
+    if process_set is global_process_set:
+        return _allreduce_async(tensor, name, op, prescale_factor, postscale_factor, True)
+    with _ps.using(process_set):
+        return _allreduce_async(tensor, name, op, prescale_factor, postscale_factor, True)
 
 
 def _allreduce_now(tensor: torch.Tensor, name: Optional[str], op: Any, prescale_factor: float,

@@ -26,8 +26,8 @@ from netreduce.ops import as_op
 from netreduce.errors import InvalidArgumentError, UnsupportedError
 
 from .compression import Compression
-from .mpi_ops import (Average, allreduce_async_, global_process_set, size, synchronize,
-                      _check_process_set)
+from .mpi_ops import (Average, global_process_set, size, synchronize, _check_process_set,
+                      _grad_allreduce_async_)
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
@@ -115,26 +115,27 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             prescale, postscale = 1.0 / factor, factor
         else:
             prescale, postscale = 1.0, 1.0
-        handle = allreduce_async_(compressed, name=self._parameter_names.get(p), op=self.op,
-                                  prescale_factor=prescale, postscale_factor=postscale,
-                                  process_set=self.process_set)
+        handle = _grad_allreduce_async_(compressed, self._parameter_names.get(p), self.op,
+                                        prescale, postscale, self.process_set)
         return handle, ctx
 
     def _make_hook(self, p: torch.Tensor):
         def hook(*ignore):
-            if p in self._handles and self._handles[p][0] is not None:
-                if self._allreduce_delay[p] <= 0:
-                    raise AssertionError(
-                        "Gradients were computed more than backward_passes_per_step times "
-                        "before call to step(). Increase backward_passes_per_step to "
-                        "accumulate gradients locally.")
+            # (each dict lookup keyed by p hashes it in Python: read each once)
+            handles, delay = self._handles, self._allreduce_delay
+            entry, left = handles.get(p), delay[p]
+            if entry is not None and entry[0] is not None and left <= 0:
+                raise AssertionError(
+                    "Gradients were computed more than backward_passes_per_step times "
+                    "before call to step(). Increase backward_passes_per_step to "
+                    "accumulate gradients locally.")
             assert not p.grad.requires_grad
-            assert self._allreduce_delay[p] > 0
+            assert left > 0
             handle, ctx = None, None
-            self._allreduce_delay[p] -= 1
-            if self._allreduce_delay[p] == 0:
+            delay[p] = left = left - 1
+            if left == 0:
                 handle, ctx = self._allreduce_grad_async(p)
-            self._handles[p] = (handle, ctx)
+            handles[p] = (handle, ctx)
         return hook
 
     def synchronize(self) -> None:

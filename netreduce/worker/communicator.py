@@ -151,7 +151,7 @@ class Communicator:
                     "job restarts once all of its ranks have done so")
             names = [t.name for t in tensors]
             for name in names:
-                if name in self._inflight or names.count(name) > 1:
+                if name in self._inflight or (len(names) > 1 and names.count(name) > 1):
                     raise InvalidArgumentError(f"a tensor named '{name}' is already being reduced: "
                                      "names must be unique among in-flight operations "
                                      "(wait for the first with synchronize())")

@@ -171,6 +171,29 @@ def test_allreduce_cpu_is_zero_copy(monkeypatch):
         copies.clear()
 
 
+def test_allreduce_reaches_the_core_without_detach(monkeypatch):
+    """A tensor that needs no gradient (every gradient in a hook) reaches the core as
+    its own numpy view with no detach(): torch drops the GIL in detach(), and in a
+    gradient hook the executor thread took it there (a wait per call). One that needs
+    a gradient is still detached; both results exact."""
+    detached = []
+    detach = torch.Tensor.detach
+
+    def counting(self, *args, **kwargs):
+        detached.append(self)
+        return detach(self, *args, **kwargs)
+    monkeypatch.setattr(torch.Tensor, "detach", counting)
+    plain = torch.ones(100)
+    handle = hvd.allreduce_async_(plain, op=hvd.Sum)
+    assert not detached
+    leaf = torch.ones(100, requires_grad=True)
+    out = hvd.allreduce_async(leaf, op=hvd.Sum)
+    assert len(detached) == 1
+    monkeypatch.undo()
+    assert hvd.synchronize(handle) is plain and torch.all(plain == hvd.size())
+    assert torch.all(hvd.synchronize(out) == hvd.size())
+
+
 def test_allreduce_async_fused():
     size = hvd.size()
     pending, polled_false = [], False
