@@ -4,9 +4,8 @@ and keys fusion; netreduce/switch/coordinator.py and netreduce/worker/agreement.
 use it."""
 from __future__ import annotations
 
+import math
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple
-
-import numpy as np
 
 from netreduce.ops import STORAGE, WIRE_DTYPE
 
@@ -85,5 +84,6 @@ def fusion_key(sig: Sig) -> Optional[Tuple[str, str]]:
 def nbytes(sig: Sig) -> int:
     if sig.kind in ("barrier", "join"):
         return 0
-    count = int(np.prod(sig.shape, dtype=np.int64)) if sig.shape else 1
-    return count * STORAGE[WIRE_DTYPE[sig.dtype]].itemsize
+    # math.prod, not numpy's: the executor calls this per tensor per round, and a numpy
+    # reduction over a short tuple costs ~3 µs; () -> 1, as before
+    return int(math.prod(sig.shape)) * STORAGE[WIRE_DTYPE[sig.dtype]].itemsize
