@@ -38,6 +38,8 @@ _REDUCIBLE = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
 # so bool can travel widened to int32 and come back exact.
 _MOVABLE = _REDUCIBLE + (torch.bool,)
 _WIDEN = (torch.bool,)
+# the same as sets, for the test every call makes (a tuple compares dtypes one by one)
+_SETS = {id(_REDUCIBLE): frozenset(_REDUCIBLE), id(_MOVABLE): frozenset(_MOVABLE)}
 
 
 def _accepts(fn: Callable, arg: str) -> bool:
@@ -135,19 +137,20 @@ class _Buf:
             raise InvalidArgumentError(f"{what}: expected a torch.Tensor, got {type(tensor).__name__}")
         # every call runs these checks: the error text is built only when one fails
         dtype = tensor.dtype
-        if dtype not in allowed:
+        if dtype not in _SETS.get(id(allowed), allowed):
             names = ", ".join(str(d).replace("torch.", "") for d in allowed)
             raise InvalidArgumentError(f"{what}: {_label(name)} has unsupported dtype "
                              f"{str(dtype).replace('torch.', '')}; supported: {names}")
         if not tensor.is_contiguous():
             raise InvalidArgumentError(f"{what}: {_label(name)} of shape {list(tensor.shape)} is "
                              "not contiguous; pass tensor.contiguous()")
-        device = tensor.device.type
-        if device not in ("cpu", "cuda"):
+        # is_cpu / is_cuda: tensor.device builds a torch.device object every call
+        cpu = tensor.is_cpu
+        if not cpu and not tensor.is_cuda:
             raise InvalidArgumentError(f"{what}: {_label(name)} is on {tensor.device}; netreduce "
                              "takes CPU or CUDA tensors")
         self.tensor = tensor
-        self.cpu = device == "cpu"
+        self.cpu = cpu
         # detach() only where numpy() needs it: torch drops the GIL in detach(), and
         # in a gradient hook the executor thread takes it there (a wait per call)
         host = tensor.detach() if tensor.requires_grad else tensor
