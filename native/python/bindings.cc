@@ -123,9 +123,6 @@ std::shared_ptr<PyRequest> SubmitBuffers(Engine& e, py::buffer src, py::buffer d
   auto r = std::make_shared<PyRequest>();
   r->keep_src = src;
   r->keep_dst = dst;
-  // Submit notifies nr-engine, which may take this core: without the GIL held, the
-  // other Python threads (the hooks on the main thread) run meanwhile.
-  py::gil_scoped_release nogil;
   r->req = e.Submit(s.ptr, d.ptr, size_t(sbytes) / esize, dt, o, int32_t(owner), scale);
   return r;
 }
