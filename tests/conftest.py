@@ -20,6 +20,20 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "root: needs root (network namespaces, nftables)")
     config.addinivalue_line("markers", "slow: takes more than a few seconds")
     config.addinivalue_line("markers", "softroce: boots a QEMU guest with Soft-RoCE (tests/softroce)")
+    _hypothesis_without_timing()
+
+
+def _hypothesis_without_timing() -> None:
+    """Property tests check results, never time: no per-example deadline and no
+    too_slow health check (a loaded host made test_wire's round trip fail on generation
+    time alone, 12-06). Timings belong in benchmarks/."""
+    try:
+        from hypothesis import HealthCheck, settings
+    except ImportError:  # the tests that use it skip or fail on their own import
+        return
+    settings.register_profile("netreduce", deadline=None,
+                              suppress_health_check=[HealthCheck.too_slow])
+    settings.load_profile("netreduce")
 
 
 def require_root(*tools: str) -> None:
