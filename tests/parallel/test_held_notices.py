@@ -122,6 +122,14 @@ class _FakeAggregator(_Fake):
             self.result(h, payload, peer)
 
 
+def _engine(fake, mtu: int = 65464, udp_offload: str = "auto"):
+    """Rank 0 of a 2-rank job "fake" on ``fake``'s port: no window limit, a 0.5 ms first
+    retransmit timeout, a 10 s deadline."""
+    return _native.Engine("127.0.0.1", fake.port, 1, "fake", 1, 0, 2, 77, 8, mtu,
+                          window=0, retransmit_ms=0.5, timeout_s=10.0, drop_rate=0.0,
+                          udp_offload=udp_offload, icrc_check="auto")
+
+
 def _held(eng, req) -> dict:
     """The engine's counters once it holds a held notice (its contribution is in and
     waits for others), read while the request runs."""
@@ -135,9 +143,7 @@ def _held(eng, req) -> dict:
 def test_a_held_chunk_waits_without_resending_and_its_lost_result_is_probed_for():
     fake = _FakeAggregator(hold_s=1.5)
     try:
-        eng = _native.Engine("127.0.0.1", fake.port, 1, "fake", 1, 0, 2, 77, 8, 65464,
-                             window=0, retransmit_ms=0.5, timeout_s=10.0, drop_rate=0.0,
-                             udp_offload="auto", icrc_check="auto")
+        eng = _engine(fake)
         x = np.arange(16, dtype=np.int32)
         out = np.zeros_like(x)
         req = eng.submit(x, out, I32, 0)
@@ -189,9 +195,7 @@ def _one_allreduce(fake, n: int, mtu: int, udp_offload: str) -> dict:
     100 to every element), with 0.5 ms retransmit timers; closes the fake and returns
     the engine's counters."""
     try:
-        eng = _native.Engine("127.0.0.1", fake.port, 1, "fake", 1, 0, 2, 77, 8, mtu,
-                             window=0, retransmit_ms=0.5, timeout_s=10.0, drop_rate=0.0,
-                             udp_offload=udp_offload, icrc_check="auto")
+        eng = _engine(fake, mtu, udp_offload)
         x = np.arange(n, dtype=np.int32)
         out = np.zeros_like(x)
         eng.allreduce(x, out, I32, 0)

@@ -12,8 +12,7 @@ import time
 
 import numpy as np
 
-from netreduce import _native
-from tests.parallel.test_held_notices import I32, _Fake
+from tests.parallel.test_held_notices import I32, _Fake, _engine
 
 
 class _Stalled(_Fake):
@@ -70,9 +69,7 @@ def test_a_lost_share_behind_a_round_that_waits_for_another_rank_is_resent():
     hold_s = 1.5
     fake = _Stalled(hold_s)
     try:
-        eng = _native.Engine("127.0.0.1", fake.port, 1, "fake", 1, 0, 2, 77, 8, 65464,
-                             window=0, retransmit_ms=0.5, timeout_s=10.0, drop_rate=0.0,
-                             udp_offload="auto", icrc_check="auto")
+        eng = _engine(fake)
         x = np.arange(16, dtype=np.int32)
         out = np.zeros_like(x)
         eng.allreduce(x, out, I32, 0)  # the round-trip sample
