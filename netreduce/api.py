@@ -258,20 +258,15 @@ def allreduce_async(array: np.ndarray, op: ReduceOp = ReduceOp.Average,
     """Start an all-reduce; ``synchronize(handle)`` returns the result (a new array, or
     ``array`` itself with inplace=True). ``dtype='bfloat16'`` marks a uint16 array
     holding bfloat16 bit patterns."""
-    # _allreduce_async for one array, without its lists (a framework's gradient hook
-    # calls this once per gradient, inside backward): the same checks in the same order
+    # one array checked without _allreduce_async's per-array lists (a framework's
+    # gradient hook calls this once per gradient, inside backward), submitted as
+    # broadcast_async does
     op = as_op(op)
     array = check_array(array)
     output = array if inplace else np.empty_like(array)
-    if name is None:
-        name, cacheable = _auto_name("allreduce"), False
-    else:
-        cacheable = True
-    comm = _comm()
-    handle = Handle([output], False)
-    comm.submit((Tensor(name, _sig("allreduce", array, op, prescale_factor, postscale_factor,
-                                   -1, dtype), cacheable, op, array, output, handle),))
-    return handle
+    names, cacheable = _names(name, 1, "allreduce", False)
+    return _submit("allreduce", (array,), (output,), names, op, prescale_factor,
+                   postscale_factor, -1, dtype, cacheable, False)
 
 
 def _steady(array: np.ndarray, op: Any, name: str, pre: Any, post: Any,
