@@ -16,6 +16,15 @@ REASON = why_unusable()
 pytestmark = [pytest.mark.root, pytest.mark.skipif(REASON is not None, reason=REASON or "")]
 
 
+def _host_link_tx(wire) -> float:
+    """What one worker host's link carried: the median host's tx bytes (the mean of the
+    middle two of four). A host whose rank resent a window under load (CI of stop 46:
+    one host ~4 MB over the others' 5.5) adds bytes its rack aggregator drops as
+    duplicates, so they never reach the spine; the mean counted them."""
+    tx = sorted(wire[f"h{i}"]["tx_bytes"] for i in range(RANKS))
+    return (tx[RANKS // 2 - 1] + tx[RANKS // 2]) / 2
+
+
 def test_spine_link_carries_one_partial_per_rack():
     layout = two_level_plan(2, 2, "1gbit", name=scratch_testbed_name("t2")[:8],
                             subnet="10.78.251.0/24")
@@ -25,15 +34,15 @@ def test_spine_link_carries_one_partial_per_rack():
         tree = run_mode(tb, "tree", 2 << 20, 2)
     for run in (single, tree):
         assert all(r["checked"] == 8 and r["algorithm"] == "flat" for r in run["ranks"]), run
-    for run, expect in ((single, RANKS), (tree, len(RACKS))):
-        w = run["wire"]
-        worker_tx = sum(w[f"h{i}"]["tx_bytes"] for i in range(RANKS)) / RANKS
-        ratio = w[f"h{SPINE}"]["rx_bytes"] / worker_tx
-        assert expect * 0.9 < ratio < expect * 1.1, (run["mode"], ratio, w)
-    w = tree["wire"]
-    for h in RACKS:  # two members' data in, one result from the spine
-        worker_tx = sum(w[f"h{i}"]["tx_bytes"] for i in range(RANKS)) / RANKS
-        assert 2.7 < w[f"h{h}"]["rx_bytes"] / worker_tx < 3.3, w
+    w = single["wire"]  # every worker's bytes to the one aggregator: about 4 S
+    spine_rx, host_tx = w[f"h{SPINE}"]["rx_bytes"], _host_link_tx(w)
+    all_tx = sum(w[f"h{i}"]["tx_bytes"] for i in range(RANKS))
+    assert RANKS * 0.9 < spine_rx / host_tx and spine_rx < 1.1 * all_tx, w
+    w = tree["wire"]  # one partial sum per rack: about 2 S
+    assert len(RACKS) * 0.9 < w[f"h{SPINE}"]["rx_bytes"] / _host_link_tx(w) < len(RACKS) * 1.1, w
+    for k, h in enumerate(RACKS):  # its two members' bytes in, and one result from the spine
+        members_tx = sum(w[f"h{i}"]["tx_bytes"] for i in range(RANKS) if i * len(RACKS) // RANKS == k)
+        assert 0.7 < (w[f"h{h}"]["rx_bytes"] - members_tx) / _host_link_tx(w) < 1.3, w
 
 
 def test_hierarchical_hosts_through_the_tree():
@@ -45,8 +54,7 @@ def test_hierarchical_hosts_through_the_tree():
         run = run_mode(tb, "tree", 2 << 20, 2, per_host=2)
     assert all(r["checked"] == 8 and r["algorithm"] == "hierarchical" for r in run["ranks"]), run
     w = run["wire"]
-    worker_tx = sum(w[f"h{i}"]["tx_bytes"] for i in range(RANKS)) / RANKS
-    assert 1.8 < w[f"h{SPINE}"]["rx_bytes"] / worker_tx < 2.2, w
+    assert 1.8 < w[f"h{SPINE}"]["rx_bytes"] / _host_link_tx(w) < 2.2, w
 
 
 def test_loss_on_every_link_still_exact():
