@@ -23,12 +23,13 @@ import subprocess
 import sys
 import time
 import uuid
-from typing import Dict, List
+from typing import Dict
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
+from benchmarks import tree_jobs  # noqa: E402
 from benchmarks.common import parse_size, spread, write_record  # noqa: E402
 from netreduce.testbed import Testbed  # noqa: E402
 from netreduce.testbed.two_level import two_level_plan  # noqa: E402
@@ -68,24 +69,6 @@ nr.shutdown()
 '''
 
 
-def _daemon(tb: Testbed, node, args: List[str], code: str) -> subprocess.Popen:
-    return tb.popen(node, [sys.executable, "-m", "netreduce.switch", "--host", node.address,
-                           "--port", "4791", "--allow-open-jobs", *args],
-                    env=dict(os.environ, PYTHONPATH=code), cwd=code,
-                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-
-def _wait_listening(tb: Testbed, addrs: List[str], code: str) -> None:
-    probe = "import socket, sys\nfor a in sys.argv[1:]:\n    socket.create_connection((a, 4791), 1).close()"
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if tb.run(0, [sys.executable, "-c", probe, *addrs], env=dict(os.environ, PYTHONPATH=code),
-                  capture_output=True).returncode == 0:
-            return
-        time.sleep(0.3)
-    raise RuntimeError("the daemons did not listen within 30 s")
-
-
 def once(tb: Testbed, topo: str, code: str, size: int, iters: int, timeout_s: float) -> Dict:
     if topo == "two":
         spine = tb.hosts[SPINE]
@@ -93,10 +76,10 @@ def once(tb: Testbed, topo: str, code: str, size: int, iters: int, timeout_s: fl
     else:
         spine = tb.aggregator
         nodes = [(spine, [])]
-    daemons = [_daemon(tb, node, args, code) for node, args in nodes]
+    daemons = [tree_jobs.daemon(tb, node, args, code) for node, args in nodes]
     job = "lp-" + uuid.uuid4().hex[:6]
     try:
-        _wait_listening(tb, [node.address for node, _ in nodes], code)
+        tree_jobs.wait_listening(tb, [node.address for node, _ in nodes], code)
         procs = []
         for r in range(RANKS):
             env = dict(os.environ, NETREDUCE_SWITCH=f"{spine.address}:4791", NETREDUCE_JOB=job,
@@ -109,29 +92,9 @@ def once(tb: Testbed, topo: str, code: str, size: int, iters: int, timeout_s: fl
                                       ",".join(COUNTERS)],
                                   env=env, cwd=code, stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, text=True))
-        outs = []
-        for p in procs:
-            try:
-                outs.append(p.communicate(timeout=300))
-            except subprocess.TimeoutExpired:
-                p.kill()
-                outs.append(p.communicate())
+        ranks, errors = tree_jobs.collect(procs, 300, keep_err=3000)
     finally:
-        for d in daemons:
-            d.terminate()
-        for d in daemons:
-            try:
-                d.wait(10)
-            except subprocess.TimeoutExpired:
-                d.kill()
-                d.wait()
-    ranks, errors = [], []
-    for p, (out, err) in zip(procs, outs):
-        lines = [ln for ln in out.splitlines() if ln.startswith("{")]
-        if p.returncode == 0 and lines:
-            ranks.append(json.loads(lines[-1]))
-        else:
-            errors.append(err[-3000:])
+        tree_jobs.stop(daemons)
     ok = not errors
     return {"ok": ok, "exact": ok and all(r["exact"] for r in ranks),
             "median_s": max(statistics.median(r["times"]) for r in ranks) if ok else None,

@@ -29,6 +29,7 @@ if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
 from benchmarks import two_level as T  # noqa: E402
+from benchmarks import tree_jobs  # noqa: E402
 from benchmarks.common import parse_size, spread, write_record  # noqa: E402
 from netreduce.testbed import Testbed  # noqa: E402
 from netreduce.testbed.two_level import two_level_plan  # noqa: E402
@@ -37,32 +38,13 @@ KEYS = ("uplink_partials_sent", "uplink_partials_resent", "uplink_repeat_resends
         "uplink_dropped", "duplicates", "held_notices")
 
 
-def _daemon(tb: Testbed, host: int, args: List[str], code: str) -> subprocess.Popen:
-    node = tb.hosts[host]
-    return tb.popen(node, [sys.executable, "-m", "netreduce.switch", "--host", node.address,
-                           "--port", "4791", "--allow-open-jobs", *args],
-                    env=dict(os.environ, PYTHONPATH=code), cwd=code,
-                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-
-def _wait_listening(tb: Testbed, addrs: List[str], code: str) -> None:
-    probe = "import socket, sys\nfor a in sys.argv[1:]:\n    socket.create_connection((a, 4791), 1).close()"
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if tb.run(0, [sys.executable, "-c", probe, *addrs], env=dict(os.environ, PYTHONPATH=code),
-                  capture_output=True).returncode == 0:
-            return
-        time.sleep(0.3)
-    raise RuntimeError("the daemons did not listen within 30 s")
-
-
 def once(tb: Testbed, code: str, size: int, iters: int, timeout_s: float) -> Dict:
     spine = tb.hosts[T.SPINE].address
-    daemons = [_daemon(tb, T.SPINE, [], code)] + \
-        [_daemon(tb, h, ["--spine", spine], code) for h in T.RACKS]
+    daemons = [tree_jobs.daemon(tb, tb.hosts[T.SPINE], [], code)] + \
+        [tree_jobs.daemon(tb, tb.hosts[h], ["--spine", spine], code) for h in T.RACKS]
     job = "ul-" + uuid.uuid4().hex[:6]
     try:
-        _wait_listening(tb, [tb.hosts[h].address for h in (T.SPINE, *T.RACKS)], code)
+        tree_jobs.wait_listening(tb, [tb.hosts[h].address for h in (T.SPINE, *T.RACKS)], code)
         t0 = time.monotonic()
         procs = []
         for r in range(T.RANKS):
@@ -74,30 +56,10 @@ def once(tb: Testbed, code: str, size: int, iters: int, timeout_s: float) -> Dic
             procs.append(tb.popen(r, [sys.executable, "-c", T.RANK, str(size // 4), str(iters)],
                                   env=env, cwd=code, stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, text=True))
-        outs = []
-        for p in procs:
-            try:
-                outs.append(p.communicate(timeout=240))
-            except subprocess.TimeoutExpired:
-                p.kill()
-                outs.append(p.communicate())
+        ranks, errors = tree_jobs.collect(procs, 240, keep_err=6000)
         wall = time.monotonic() - t0
     finally:
-        for d in daemons:
-            d.terminate()
-        for d in daemons:
-            try:
-                d.wait(10)
-            except subprocess.TimeoutExpired:
-                d.kill()
-                d.wait()
-    ranks, errors = [], []
-    for p, (out, err) in zip(procs, outs):
-        lines = [ln for ln in out.splitlines() if ln.startswith("{")]
-        if p.returncode == 0 and lines:
-            ranks.append(json.loads(lines[-1]))
-        else:
-            errors.append(err[-6000:])
+        tree_jobs.stop(daemons)
     return {"ok": not errors, "wall_s": wall,
             "median_s": max(r["median_s"] for r in ranks) if ranks else None,
             "racks": [{k: r["rack"].get(k, 0) for k in KEYS} for r in ranks if r.get("rack")],
