@@ -14,7 +14,7 @@ allgather, alltoall and reducescatter families are in scatter_gather.py.
 """
 from __future__ import annotations
 
-from typing import Any, List, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence
 
 import mxnet as mx
 
@@ -50,20 +50,16 @@ def barrier(process_set=global_process_set) -> None:
 
 
 # --- ops ---------------------------------------------------------------------------------
-def reduce_in_place(tensors: Sequence[Any], names: Sequence[Optional[str]], op: Any,
-                    prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-                    what: str = "allreduce_") -> None:
-    """All-reduce every NDArray of ``tensors`` in place, submitted together (one
-    negotiation and fusion round), and wait for all of them. The first error is
-    raised after every submitted tensor has finished, so no memory is still being
-    written when the caller sees it."""
+def _submit_and_wait(tensors: Sequence[Any], names: Sequence[Optional[str]], what: str,
+                     submit: Callable[[Any, Optional[str]], Any]) -> None:
+    """``submit(host array, name)`` for every NDArray of ``tensors``, then wait for each
+    handle and write the results back. The first error is raised after every submitted
+    tensor has finished, so no memory is still being written when the caller sees it."""
     bufs = [HostBuffer(t, what, n, write=True) for t, n in zip(tensors, names)]
     handles, error = [], None
     for buf, name in zip(bufs, names):
         try:
-            handles.append(_nr.allreduce_async(
-                buf.array, op=op, name=name, prescale_factor=float(prescale_factor),
-                postscale_factor=float(postscale_factor), inplace=True))
+            handles.append(submit(buf.array, name))
         except Exception as exc:
             error = exc
             break
@@ -76,6 +72,16 @@ def reduce_in_place(tensors: Sequence[Any], names: Sequence[Optional[str]], op: 
         raise error
     for buf in bufs:
         buf.write_back()
+
+
+def reduce_in_place(tensors: Sequence[Any], names: Sequence[Optional[str]], op: Any,
+                    prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                    what: str = "allreduce_") -> None:
+    """All-reduce every NDArray of ``tensors`` in place, submitted together (one
+    negotiation and fusion round), and wait for all of them."""
+    _submit_and_wait(tensors, names, what, lambda array, name: _nr.allreduce_async(
+        array, op=op, name=name, prescale_factor=float(prescale_factor),
+        postscale_factor=float(postscale_factor), inplace=True))
 
 
 @on_process_set
@@ -124,23 +130,8 @@ def broadcast_many(tensors: Sequence[Any], names: Sequence[Optional[str]], root_
                    what: str = "broadcast_") -> None:
     """Overwrite every NDArray of ``tensors`` with root_rank's, in place, submitted
     together; waits for all of them."""
-    bufs = [HostBuffer(t, what, n, write=True) for t, n in zip(tensors, names)]
-    handles, error = [], None
-    for buf, name in zip(bufs, names):
-        try:
-            handles.append(_nr.broadcast_async(buf.array, root_rank, name, inplace=True))
-        except Exception as exc:
-            error = exc
-            break
-    for handle in handles:
-        try:
-            handle.wait()
-        except Exception as exc:
-            error = error or exc
-    if error is not None:
-        raise error
-    for buf in bufs:
-        buf.write_back()
+    _submit_and_wait(tensors, names, what,
+                     lambda array, name: _nr.broadcast_async(array, root_rank, name, inplace=True))
 
 
 @on_process_set
