@@ -161,10 +161,13 @@ def test_a_held_chunk_waits_without_resending_and_its_lost_result_is_probed_for(
         assert st["held_probes"] >= 1 and st["held_notices"] == 1, st
         assert st["srtt_us"] > 0, st  # the notice's round trip was sampled
         assert all(h["ack_req"] for _, h in fake.seen), fake.seen
-        # With a sample the engine stops asking: the next message carries no AckReq.
+        # With a sample the engine stops asking: the next message's first sends carry
+        # no AckReq. (A timeout probe still asks, rightly: the fake's thread, waiting
+        # for a core on a loaded host, may answer after the timeout.)
         n = len(fake.seen)
         eng.allreduce(x, out, I32, 0)
-        assert not any(h["ack_req"] for _, h in fake.seen[n:]), fake.seen[n:]
+        firsts = {h["psn"]: h for _, h in reversed(fake.seen[n:])}
+        assert firsts and not any(h["ack_req"] for h in firsts.values()), fake.seen[n:]
     finally:
         fake.close()
 
@@ -212,7 +215,11 @@ def test_a_first_contribution_whose_notice_is_slow_is_not_resent():
     # timeout outwaits it; the notice's round trip is the first sample, capped (5 ms)
     # so that a slow first answer does not set the later messages' timeouts.
     st = _one_allreduce(_SlowNotice(delay_s=0.005, hold_s=0.05), 16, 65464, "auto")
-    assert st["held_notices"] == 1 and st["retransmits"] == 0, st
+    assert st["held_notices"] == 1, st
+    # No resend before the tail probe's time (half the first timeout, 25 ms): a loaded
+    # host can delay the notice past it (the fake's thread and the engine's wait for a
+    # core; first_rtt_us up to 28 ms here under load 10), and then a probe is right.
+    assert st["retransmits"] == 0 or st["first_rtt_us"] >= 25_000, st
     assert st["first_rtt_us"] >= 5000 and st["srtt_us"] == 5000, st
 
 
@@ -251,11 +258,14 @@ def test_a_first_all_reduce_that_waits_for_a_late_rank_resends_almost_nothing(sw
         assert at_notice["held_notices"] >= 1, at_notice
         assert first["retransmits"] - at_notice["retransmits"] == \
             first["held_probes"] - at_notice["held_probes"], (at_notice, first)
-        # A rank with a round-trip estimate asks no more: nothing held in the second
-        # step. (Without one -- its only chunk was resent before any answer came,
-        # which Karn's rule does not sample -- it still asks, rightly.)
+        # A rank with a round-trip estimate asks no more with its first sends: a held
+        # notice in the second step answers a resend only. (Under load a descheduled
+        # rank keeps a lane quiet for a timeout, and the lane's probe asks, rightly.)
+        # (Without an estimate -- its only chunk was resent before any answer came,
+        # which Karn's rule does not sample -- it still asks with every send.)
         if first["srtt_us"] > 0:
-            assert second["held_notices"] == first["held_notices"], (first, second)
+            assert second["held_notices"] - first["held_notices"] <= \
+                second["retransmits"] - first["retransmits"], (first, second)
 
 
 class _LosesOneHeldResult(_Fake):
