@@ -19,7 +19,11 @@ def test_buffers_are_cut_in_the_planned_shares(daemons, tmp_path):  # noqa: F811
     for r in results:
         assert r.get("returncode") == 0 and "failure" not in r, r
         assert r["algorithm"] == "multi-aggregator" and r["checked"] == 72, r
-        sent = [r["stats"][f"agg{i}_packets_sent"] for i in range(2)]
+        st = r["stats"]
+        # First sends only: resends follow the host's scheduling (under load 20 one
+        # rank resent 121 and 165, and its ratio of all sends fell to 2.01).
+        sent = [st[f"agg{i}_packets_sent"] - st[f"agg{i}_retransmits"] - st[f"agg{i}_tail_copies"]
+                for i in range(2)]
         # large buffers split 3:1 (small ones go whole, round-robin): between 2:1 and 4:1
         assert 2.0 < sent[0] / sent[1] < 4.0, r["stats"]
     assert len({r["digest"] for r in results}) == 1
