@@ -79,10 +79,24 @@ def self_cpu_seconds() -> float:
     return ru.ru_utime + ru.ru_stime
 
 
-def pid_cpu_seconds(pid: int) -> float:
+def _pid_stat(pid: int) -> List[str]:
+    """/proc/PID/stat's fields after the command name (field 3, the state, first)."""
     with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
+        return f.read().rsplit(")", 1)[1].split()
+
+
+def pid_cpu_seconds(pid: int) -> float:
+    fields = _pid_stat(pid)
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def pid_cpu_and_faults(pid: int) -> tuple:
+    """(utime+stime seconds, minor page faults) of process ``pid``, every thread's
+    (the kernel sums its threads' into /proc/PID/stat): a page freshly mapped and
+    touched is one minor fault, which is how memory the allocator gave back to the
+    kernel costs the next step."""
+    fields = _pid_stat(pid)
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), int(fields[7])
 
 
 def machine_cpu() -> tuple:
@@ -110,9 +124,9 @@ class MachineCPUSampler:
     def __init__(self, interval_s: float = 0.02) -> None:
         import threading
         self.interval_s = interval_s
-        self.samples: List[tuple] = []   # (time_us, busy, total, {group: CPU s})
+        self.samples: List[tuple] = []   # (time_us, busy, total, {group: CPU s}, {group: minflt})
         self.groups: Dict[str, List[int]] = {}
-        self._last: Dict[int, float] = {}
+        self._last: Dict[int, tuple] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -120,17 +134,22 @@ class MachineCPUSampler:
         """Also sample process ``pid``'s CPU (all its threads), summed into ``group``."""
         self.groups.setdefault(group, []).append(pid)
 
-    def _pid_cpu(self, pid: int) -> float:
+    def _pid(self, pid: int) -> tuple:
         try:
-            self._last[pid] = pid_cpu_seconds(pid)
+            self._last[pid] = pid_cpu_and_faults(pid)
         except (OSError, IndexError, ValueError):
             pass  # gone: its last reading stands
-        return self._last.get(pid, 0.0)
+        return self._last.get(pid, (0.0, 0))
 
     def _run(self) -> None:
         while True:
-            groups = {g: sum(self._pid_cpu(p) for p in pids) for g, pids in list(self.groups.items())}
-            self.samples.append((time.time_ns() / 1000.0,) + machine_cpu() + (groups,))
+            cpu: Dict[str, float] = {}
+            faults: Dict[str, int] = {}
+            for g, pids in list(self.groups.items()):
+                readings = [self._pid(p) for p in pids]
+                cpu[g] = sum(r[0] for r in readings)
+                faults[g] = sum(r[1] for r in readings)
+            self.samples.append((time.time_ns() / 1000.0,) + machine_cpu() + (cpu, faults))
             if self._stop.wait(self.interval_s):
                 return
 
@@ -144,17 +163,20 @@ class MachineCPUSampler:
 
     def window(self, t0_us: float, t1_us: float) -> Optional[Dict[str, float]]:
         """Over the samples nearest inside [t0_us, t1_us]: the machine's busy fraction
-        (of all its cores) and its busy CPU-seconds; None with fewer than 2 samples."""
+        (of all its cores) and its busy CPU-seconds, and each watched group's CPU-seconds
+        (``GROUP_cpu_s``) and minor page faults (``GROUP_minflt``); None with fewer
+        than 2 samples."""
         inside = [x for x in self.samples if t0_us <= x[0] <= t1_us]
         if len(inside) < 2:
             return None
-        (a, busy0, total0, g0), (b, busy1, total1, g1) = inside[0], inside[-1]
+        (a, busy0, total0, g0, f0), (b, busy1, total1, g1, f1) = inside[0], inside[-1]
         tick = os.sysconf("SC_CLK_TCK")
         out = {"busy_fraction": round(machine_busy_fraction((busy0, total0), (busy1, total1)), 4),
                "busy_cpu_s": round((busy1 - busy0) / tick, 4),
                "seconds": round((b - a) / 1e6, 4)}
         for group in g1:
             out[group + "_cpu_s"] = round(g1[group] - g0.get(group, 0.0), 4)
+            out[group + "_minflt"] = f1[group] - f0.get(group, 0)
         return out
 
 

@@ -19,6 +19,11 @@ alternation: a loaded machine slows a run's modes alike):
     compute    the same loop, the same 4 processes at once, no communication:
                forward F, backward B and update U under the same CPU contention
 
+A mode written MODE%VARIANT runs with the environment ``--env-variant
+VARIANT:K=V[,K=V]`` names in every rank of its processes, whatever the mode (gloo's
+ranks as netreduce's: an A/B of a process-wide setting such as glibc's malloc
+tunables, each mode against itself without it); MODE@CODE%VARIANT combines both.
+
 The script's ``import horovod.torch as hvd`` is answered by
 benchmarks/overlap_site/horovod/torch (NRBENCH_HVD says by what); the script itself
 is not touched. Rank 0 records when each step's zero_grad, backward and update ran
@@ -36,7 +41,10 @@ running, and that over the cores, ``cpu_bound_s``): on a testbed where the ranks
 aggregator and the emulated network share the cores, a step can not be shorter than
 that, whatever the link allows. The record (benchmarks/results/issue33/overlap_torch_UTC.json)
 keeps every run, its load average and each mode's phases; the summary is medians
-with (min, max) of the per-run ratios.
+with (min, max) of the per-run ratios. The ranks' minor page faults per step
+(``ranks_minflt_per_step``, from /proc/PID/stat) sit beside their CPU-seconds; a
+MODE%VARIANT also gets its step and ranks' CPU over the same mode's without the
+variant in the same run (``_step_vs_plain``, ``_cpu_vs_plain``).
 """
 from __future__ import annotations
 
@@ -121,12 +129,37 @@ def phases(steps: List[List[float]]) -> Dict[str, float]:
     return {k: round(statistics.median(v), 5) for k, v in parts.items() if v}
 
 
+def parse_variants(items: List[str]) -> Dict[str, Dict[str, str]]:
+    """--env-variant NAME:K=V[,K=V] (repeatable) -> {NAME: {K: V}}."""
+    out: Dict[str, Dict[str, str]] = {}
+    for item in items:
+        name, sep, body = item.partition(":")
+        pairs = [p for p in body.split(",") if p]
+        if not name or not sep or not pairs or any("=" not in p or p.startswith("=") for p in pairs):
+            raise SystemExit(f"--env-variant {item!r}: write it NAME:KEY=VALUE[,KEY=VALUE]")
+        out[name] = dict(p.split("=", 1) for p in pairs)
+    return out
+
+
+def parse_label(label: str) -> tuple:
+    """MODE[@CODE][%VARIANT] -> (MODE, CODE or '', VARIANT or '')."""
+    rest, _, variant = label.partition("%")
+    mode, _, code = rest.partition("@")
+    return mode, code, variant
+
+
+def plain_label(label: str) -> str:
+    """The label without its %VARIANT: the same mode and code with no variant."""
+    return label.partition("%")[0]
+
+
 def run_mode(tb, label: str, args: argparse.Namespace, tmp: str) -> Dict[str, Any]:
     """One run of the script in mode ``label`` (MODE, or MODE@CODE: netreduce from
-    the checkout --code names CODE, for paired A/B runs of two versions): rank r in
-    testbed host r."""
+    the checkout --code names CODE, for paired A/B runs of two versions; a %VARIANT
+    after either: --env-variant's environment in every rank): rank r in testbed
+    host r."""
     n = args.np
-    mode, _, code = label.partition("@")
+    mode, code, variant = parse_label(label)
     record: Dict[str, Any] = {"mode": label, "load": list(os.getloadavg())}
     phase_path = os.path.join(tmp, "phases.json")
     timeline_path = os.path.join(tmp, "timeline.json")
@@ -155,6 +188,8 @@ def run_mode(tb, label: str, args: argparse.Namespace, tmp: str) -> Dict[str, An
         for item in args.nr_env:
             key, _, value = item.partition("=")
             env0[key] = value
+    if variant:  # every mode's ranks alike (not the aggregator: it is not a rank)
+        env0.update(args.variants[variant])
     if mode != "nr-hvd":
         env0.update(MASTER_ADDR=tb.hosts[0].address, MASTER_PORT=str(launch.free_port()),
                     WORLD_SIZE=str(n), LOCAL_WORLD_SIZE="1")
@@ -236,6 +271,8 @@ def machine_cpu(sampler: Any, timed: List[List[float]], cores: int) -> Optional[
     for group in ("ranks", "aggregator"):  # every rank process's CPU, the daemon's
         if group + "_cpu_s" in w:
             out[group + "_cpu_s_per_step"] = round(w[group + "_cpu_s"] * scale, 4)
+        if group + "_minflt" in w:  # every rank's minor page faults, the daemon's
+            out[group + "_minflt_per_step"] = round(w[group + "_minflt"] * scale, 1)
     return out
 
 
@@ -274,7 +311,8 @@ def write_record(path: str, args: argparse.Namespace, modes: List[str], runs: Li
     the runs it finished); returns its summary."""
     summary: Dict[str, Any] = {"S_bytes": s_bytes, "rate": args.rate, "model": args.model,
                                "batch": args.batch_size, "ranks": args.np}
-    keys = sorted({k for r in runs for k in r if k.endswith(("_vs_gloo", "_vs_bound", "_vs_nr-hvd"))})
+    keys = sorted({k for r in runs for k in r
+                   if k.endswith(("_vs_gloo", "_vs_bound", "_vs_nr-hvd", "_vs_plain"))})
     for key in keys:
         summary[key] = common.spread([r.get(key) for r in runs])
     for mode in modes:
@@ -283,7 +321,7 @@ def write_record(path: str, args: argparse.Namespace, modes: List[str], runs: Li
         for part in ("forward", "backward", "wait", "update", "step"):
             summary[mode][part + "_s"] = common.spread([x.get("phases", {}).get(part) for x in recs])
         for part in ("busy_fraction", "cpu_s_per_step", "cpu_bound_s", "ranks_cpu_s_per_step",
-                     "aggregator_cpu_s_per_step"):
+                     "aggregator_cpu_s_per_step", "ranks_minflt_per_step"):
             summary[mode]["machine_" + part] = common.spread(
                 [(x.get("machine_cpu") or {}).get(part) for x in recs])
         tails = [x["tail"]["median"] for x in recs if x.get("tail")]
@@ -315,6 +353,8 @@ def torch_target(args: argparse.Namespace) -> str:
                  subnet=args.subnet, replace=True) as tb:
         for i in range(args.runs):
             order = modes[i % len(modes):] + modes[:i % len(modes)]
+            if args.alternate and i % 2:  # adjacent pairs (MODE, MODE%V) swap each run
+                order.reverse()
             results: Dict[str, Any] = {}
             for mode in order:
                 with tempfile.TemporaryDirectory(prefix=f"nroverlap-{mode}-") as tmp:
@@ -327,36 +367,15 @@ def torch_target(args: argparse.Namespace) -> str:
                       f"wait {ph.get('wait')} upd {ph.get('update')}); machine busy "
                       f"{mc.get('busy_fraction')}, CPU bound {mc.get('cpu_bound_s')} s (CPU s per "
                       f"step: all {mc.get('cpu_s_per_step')}, ranks {mc.get('ranks_cpu_s_per_step')}, "
-                      f"aggregator {mc.get('aggregator_cpu_s_per_step')}); load "
+                      f"aggregator {mc.get('aggregator_cpu_s_per_step')}; ranks' minflt "
+                      f"{mc.get('ranks_minflt_per_step')}); load "
                       f"{os.getloadavg()[0]:.1f}", flush=True)
                 if "timeline" in r:
                     print(overlap_timeline.describe(r["timeline"], indent="      "), flush=True)
                 if "tail" in r:
                     print(overlap_timeline.describe_tail(r["tail"], indent="      "), flush=True)
             run = {"run": i, "order": order, "modes": results}
-            if "compute" in results:
-                run["bound"] = bound(results["compute"], s_bytes, rate)
-            gloo = results.get("ddp-gloo", {}).get("img_per_s")
-            for mode in [m for m in modes if m.startswith("nr-")]:
-                mine = results.get(mode, {})
-                if gloo and mine.get("img_per_s"):
-                    run[f"{mode}_vs_gloo"] = round(mine["img_per_s"] / gloo, 4)
-                gloo_step = results.get("ddp-gloo", {}).get("phases", {}).get("step")
-                if gloo_step and mine.get("phases", {}).get("step"):
-                    run[f"{mode}_speed_vs_gloo"] = round(gloo_step / mine["phases"]["step"], 4)
-                if run.get("bound") and mine.get("phases", {}).get("step"):
-                    run[f"{mode}_step_vs_bound"] = round(mine["phases"]["step"]
-                                                         / run["bound"]["bound_s"], 4)
-            hvd = results.get("nr-hvd", {}).get("img_per_s")
-            hvd_step = results.get("nr-hvd", {}).get("phases", {}).get("step")
-            for mode in [m for m in modes if m.startswith("nr-ddp")]:
-                if hvd and results.get(mode, {}).get("img_per_s"):
-                    run[f"{mode}_vs_nr-hvd"] = round(results[mode]["img_per_s"] / hvd, 4)
-                # the same speed ratio from rank 0's median step (img/s is printed
-                # to 0.1, ~2 % at 5 img/s: too coarse for a 3 % target)
-                step = results.get(mode, {}).get("phases", {}).get("step")
-                if hvd_step and step:
-                    run[f"{mode}_speed_vs_nr-hvd"] = round(hvd_step / step, 4)
+            run.update(ratios(results, modes, s_bytes, rate))
             runs.append(run)
             print("  " + json.dumps({k: v for k, v in run.items() if k not in ("modes", "order")}),
                   flush=True)
@@ -365,6 +384,63 @@ def torch_target(args: argparse.Namespace) -> str:
     print(json.dumps(summary, indent=1))
     print(f"# wrote {path}")
     return path
+
+
+def _peer(results: Dict[str, Any], label: str, mode: str) -> Dict[str, Any]:
+    """The result of ``mode`` (ddp-gloo, nr-hvd, compute) that ``label`` is read
+    against: the one with the same %VARIANT where the run has it (a variant's
+    modes against each other, as the plain ones are), else the plain one."""
+    variant = parse_label(label)[2]
+    if variant and f"{mode}%{variant}" in results:
+        return results[f"{mode}%{variant}"]
+    return results.get(mode, {})
+
+
+def ratios(results: Dict[str, Any], modes: List[str], s_bytes: int, rate: float) -> Dict[str, Any]:
+    """One run's ratios: each netreduce mode against DDP-gloo and its bound, DDP on
+    netreduce against the hvd API (each against the same variant's peer), and each
+    MODE%VARIANT against its own mode without the variant (step, ranks' CPU)."""
+    run: Dict[str, Any] = {}
+    if "compute" in results:
+        run["bound"] = bound(results["compute"], s_bytes, rate)
+    for label in modes:  # a variant's own compute mode bounds that variant's steps
+        if "%" in label and parse_label(label)[0] == "compute" and label in results:
+            run.setdefault("bounds", {})[label] = bound(results[label], s_bytes, rate)
+    for label in modes:
+        mine, plain = results.get(label, {}), results.get(plain_label(label), {})
+        if "%" not in label or not plain:
+            continue
+        step, step0 = mine.get("phases", {}).get("step"), plain.get("phases", {}).get("step")
+        if step and step0:
+            run[f"{label}_step_vs_plain"] = round(step / step0, 4)
+        cpu = (mine.get("machine_cpu") or {}).get("ranks_cpu_s_per_step")
+        cpu0 = (plain.get("machine_cpu") or {}).get("ranks_cpu_s_per_step")
+        if cpu and cpu0:
+            run[f"{label}_cpu_vs_plain"] = round(cpu / cpu0, 4)
+    for mode in [m for m in modes if m.startswith("nr-")]:
+        mine = results.get(mode, {})
+        step = mine.get("phases", {}).get("step")
+        gloo = _peer(results, mode, "ddp-gloo")
+        if gloo.get("img_per_s") and mine.get("img_per_s"):
+            run[f"{mode}_vs_gloo"] = round(mine["img_per_s"] / gloo["img_per_s"], 4)
+        gloo_step = gloo.get("phases", {}).get("step")
+        if gloo_step and step:
+            run[f"{mode}_speed_vs_gloo"] = round(gloo_step / step, 4)
+        variant = parse_label(mode)[2]
+        bnd = (run.get("bounds") or {}).get(f"compute%{variant}") or run.get("bound")
+        if bnd and step:
+            run[f"{mode}_step_vs_bound"] = round(step / bnd["bound_s"], 4)
+    for mode in [m for m in modes if m.startswith("nr-ddp")]:
+        hvd = _peer(results, mode, "nr-hvd")
+        mine = results.get(mode, {})
+        if hvd.get("img_per_s") and mine.get("img_per_s"):
+            run[f"{mode}_vs_nr-hvd"] = round(mine["img_per_s"] / hvd["img_per_s"], 4)
+        # the same speed ratio from rank 0's median step (img/s is printed
+        # to 0.1, ~2 % at 5 img/s: too coarse for a 3 % target)
+        step, hvd_step = mine.get("phases", {}).get("step"), hvd.get("phases", {}).get("step")
+        if hvd_step and step:
+            run[f"{mode}_speed_vs_nr-hvd"] = round(hvd_step / step, 4)
+    return run
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -393,11 +469,26 @@ def main(argv: Optional[List[str]] = None) -> int:
                     "frameworks/torch) that modes written MODE@NAME run")
     ap.add_argument("--nr-env", action="append", default=[],
                     help="KEY=VALUE for the netreduce modes' ranks (repeatable)")
+    ap.add_argument("--env-variant", action="append", default=[], metavar="NAME:K=V[,K=V]",
+                    help="an environment that modes written MODE%%NAME run with in every "
+                    "rank, whatever the mode (repeatable)")
+    ap.add_argument("--alternate", action="store_true",
+                    help="odd runs take the rotated order backwards: modes listed next to "
+                    "each other (MODE,MODE%%V) run in either order alike")
     ap.add_argument("--timeout", type=float, default=900)
     ap.add_argument("--testbed-name", default="nrov")
     ap.add_argument("--subnet", default="10.77.33.0/24")
     ap.add_argument("--out", default="")
     args = ap.parse_args(argv)
+    args.variants = parse_variants(args.env_variant)
+    for label in args.modes.split(","):
+        mode, code, variant = parse_label(label)
+        if mode not in WHO:
+            ap.error(f"--modes: unknown mode {mode!r} in {label!r} (one of {', '.join(WHO)})")
+        if code and code not in dict(c.split("=", 1) for c in args.code):
+            ap.error(f"--modes: {label!r} names code {code!r} that no --code gives")
+        if variant and variant not in args.variants:
+            ap.error(f"--modes: {label!r} names variant {variant!r} that no --env-variant gives")
     if args.keep:
         os.makedirs(args.keep, exist_ok=True)
     {"torch": torch_target}[args.target](args)
