@@ -224,11 +224,17 @@ def test_wait_for_a_late_peer_stops_spinning_and_sleeps():
     # futex wake is made only for a sleeper, so the count of wakes says who slept.
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs 2 CPUs")
-    got, _ = _forked_ranks(_late_peer_rank, 2, 0.005)
-    (r0, bad0, first0, last0, sleeps0, _), (_, bad1, first1, _, _, wakes1) = got
-    assert (bad0, bad1) == (0, 0), got
-    assert (first0, first1) == (50000, 50000), got
-    assert last0 < 50000, got   # halved after every wait of ~5 ms
+    # A loaded host can deschedule rank 0 past rank 1's 5 ms now and then: that call
+    # it is the late one and does not sleep (19 sleeps of 20 calls once in 12 at load
+    # 14). Up to three runs of the whole scenario, each exact; one must sleep every time.
+    for _attempt in range(3):
+        got, _ = _forked_ranks(_late_peer_rank, 2, 0.005)
+        (r0, bad0, first0, last0, sleeps0, _), (_, bad1, first1, _, _, wakes1) = got
+        assert (bad0, bad1) == (0, 0), got
+        assert (first0, first1) == (50000, 50000), got
+        assert last0 < 50000, got   # halved after every wait of ~5 ms
+        if sleeps0 >= 20 and wakes1 >= 20:
+            break
     assert sleeps0 >= 20, got   # at least one futex sleep per late call
     assert wakes1 >= 20, got    # and the late rank's post woke it each time
 
