@@ -115,6 +115,15 @@ class Agreement:
         self.held: List[Tuple[int, list]] = []  # log entries received, not yet agreed
         self.received = 0                       # log entries received (v[0])
         self.hot = False                        # the last message found a rank busy
+        # A wake-up a user's wait owes the executor (help): set when route left a
+        # submission to that wait, or a help cleared wake-ups put for others
+        # (_only_wakes); cleared where the executor reads ``pending`` (the top of its
+        # loop), for then it sees every submission made before. A wait that finds it
+        # clear puts none: its submission's own wake-up is queued or was taken after
+        # it was made, or the executor is in a round it returns from to read pending,
+        # or the tensor is past the agreement (in flight, landing, negotiated).
+        self.owed = False
+        self.help_wakes = 0                     # statistics: wake-ups put by waits
         self.last_message = time.monotonic()
         self.gap = IDLE_S                       # the idle pace now (backs off when quiet)
         self.quiet_since: Optional[float] = None
@@ -177,6 +186,8 @@ class Agreement:
             # before it waits again, so it sees this submission without a wake-up
             # (a backward's hooks mostly come while a round is on the wire).
             self.q.put(WAKE)
+        elif took and not live:
+            self.owed = True                    # left to the user's wait (help)
         return rest
 
     def _mark_live(self, i: int) -> None:
@@ -225,6 +236,8 @@ class Agreement:
                 continue
             # Read without run_lock (only this thread changes ``held``; the rest only
             # sets how long to wait), so that a poll never delays a user's help.
+            # ``owed`` cleared first: a submission that set it is in ``pending`` now.
+            self.owed = False
             local = bool(self.held or self.pending or self.invalidate)
             if stopping and not self.held and self.said_leaving:
                 return
@@ -283,8 +296,13 @@ class Agreement:
                 self._message(by_user=True)
             finally:
                 self.run_lock.release()
-        if not handle._event.is_set():
-            q.put(WAKE)                         # not (or no longer) ours: the executor's
+        if not handle._event.is_set() and self.owed:
+            # Not (or no longer) ours: the executor's, which would not see it without
+            # a wake-up (``owed``). Otherwise it will: a wake per gradient still in
+            # flight when the wait after backward reaches it costs a thread hand-off.
+            self.owed = False
+            self.help_wakes += 1
+            q.put(WAKE)
 
     def _only_wakes(self) -> bool:
         """Whether the executor's queue holds only wake-ups: then they are cleared,
@@ -293,7 +311,9 @@ class Agreement:
         with q.mutex:
             if any(item is not WAKE for item in q.queue):
                 return False
-            q.queue.clear()
+            if q.queue:
+                self.owed = True                # others' wake-ups: a wait owes one
+                q.queue.clear()
             return True
 
     def steady(self, name: str, sig: Any, op: Any, array: np.ndarray, output: np.ndarray) -> bool:
