@@ -94,6 +94,9 @@ STORAGE = {name: np.dtype("uint16" if name == "bfloat16" else name) for name in 
 NATIVE_DTYPES = tuple(name for name, wire in WIRE_DTYPE.items() if name == wire)
 
 
+_NAMES = {np.dtype(name): name for name in WIRE_DTYPE if name != "bfloat16"}
+
+
 def dtype_name(array: np.ndarray, dtype: Optional[str] = None, *, native: bool = False) -> str:
     """netreduce's name for ``array``'s dtype (InvalidArrayError if it has none).
     ``dtype`` names what the bits hold where numpy has no type for it: 'bfloat16' on a
@@ -116,7 +119,9 @@ def dtype_name(array: np.ndarray, dtype: Optional[str] = None, *, native: bool =
                                     f"elements, the array has {array.dtype}")
     if dtype is not None:
         return dtype
-    name = array.dtype.name
+    # numpy's dtype.name is Python code (~1-2 us): the names it gives the dtypes
+    # netreduce carries, looked up per dtype instead (per message on the executor).
+    name = _NAMES.get(array.dtype) or array.dtype.name
     if name not in supported:
         raise InvalidArrayError(f"netreduce cannot all-reduce dtype {name}; supported: "
                                 f"{sorted(supported)}")
