@@ -13,6 +13,7 @@ import argparse
 import json
 import os
 import statistics
+import threading
 import time
 
 import torch
@@ -34,10 +35,11 @@ def threads_cpu() -> dict:
     measured window of proc_cpu_ms_per_step)."""
     out: dict = {}
     tick = os.sysconf("SC_CLK_TCK")
+    named = {t.native_id: t.name for t in threading.enumerate()}  # Python's own names
     for tid in os.listdir("/proc/self/task"):
         try:
             with open(f"/proc/self/task/{tid}/comm") as f:
-                name = "main" if int(tid) == os.getpid() else f.read().strip()
+                name = "main" if int(tid) == os.getpid() else named.get(int(tid)) or f.read().strip()
             with open(f"/proc/self/task/{tid}/stat") as f:
                 fields = f.read().rpartition(")")[2].split()
         except OSError:
@@ -51,6 +53,10 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--small", action="store_true", help="62 tensors of 1 KiB instead")
+    ap.add_argument("--compute-ms", type=float, default=0.0,
+                    help="before each hook, about this long of torch compute (a matmul, the "
+                         "GIL released), as backward's between two gradients: the hooks then "
+                         "find the executor idle or inside a round as in the training step")
     args = ap.parse_args()
     torch.set_num_threads(1)
     hvd.init()
@@ -61,6 +67,13 @@ def main() -> None:
     hooks = [(p, opt._make_hook(p)) for _, p in reversed(params)]  # backward order
     fills = [torch.full_like(p, float(rank + 1)) for _, p in reversed(params)]
     want = sum(range(1, size + 1)) / size
+    mats = reps = None
+    if args.compute_ms > 0:
+        mats = torch.rand(128, 128), torch.rand(128, 128)
+        t = time.perf_counter()
+        for _ in range(200):
+            torch.mm(*mats)
+        reps = max(1, round(args.compute_ms / ((time.perf_counter() - t) / 200 * 1e3)))
     hook_us, sync_ms, cpu_ms, wall_ms, sync_cpu = [], [], [], [], []
     prof = None
     if os.environ.get("HOOK_PROFILE") and rank == 0:
@@ -72,11 +85,15 @@ def main() -> None:
         if step == args.warmup:
             cpu0 = threads_cpu()
             ag = getattr(getattr(context.comm(), "agreement", None), "rounds", 0)
+            wakes = getattr(getattr(context.comm(), "agreement", None), "help_wakes", 0)
         for (p, _), f in zip(hooks, fills):
             p.grad = f.clone()
         c0, w0 = time.process_time(), time.perf_counter()
         h = 0.0
         for p, hook in hooks:
+            if mats is not None:
+                for _ in range(reps):
+                    torch.mm(*mats)
             t = time.thread_time()
             hook(p)
             h += time.thread_time() - t
@@ -99,6 +116,9 @@ def main() -> None:
                if v - cpu0.get(k, 0.0) > 0}
     agreement = getattr(context.comm(), "agreement", None)
     rounds = round(((agreement.rounds if agreement else 0) - ag) / args.steps, 2)
+    # wake-ups the waits put on the executor's queue (None: a tree that does not count them)
+    help_wakes = (round((agreement.help_wakes - wakes) / args.steps, 2)
+                  if hasattr(agreement, "help_wakes") else None)
     if prof is not None:
         prof.disable()
         prof.dump_stats(os.environ["HOOK_PROFILE"])
@@ -108,6 +128,7 @@ def main() -> None:
     if rank == 0:
         import netreduce
         print(json.dumps(dict(med, thread_cpu_ms_per_step=threads, messages_per_step=rounds,
+                              help_wakes_per_step=help_wakes,
                               ranks=size, tensors=len(hooks), steps=args.steps,
                               small=args.small, tree=os.path.dirname(os.path.dirname(
                                   netreduce.__file__)),
