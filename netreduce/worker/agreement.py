@@ -185,7 +185,13 @@ class Agreement:
             # clears ``live`` under ``lock`` after this, and then reads ``pending``
             # before it waits again, so it sees this submission without a wake-up
             # (a backward's hooks mostly come while a round is on the wire).
-            self.q.put(WAKE)
+            # Nor when a wake-up is queued and not yet taken: the executor reads
+            # ``pending`` after taking it, so it sees this submission (made before).
+            q = self.q
+            with q.mutex:
+                queued = bool(q.queue) and q.queue[-1] is WAKE
+            if not queued:
+                q.put(WAKE)
         elif took and not live:
             self.owed = True                    # left to the user's wait (help)
         return rest
@@ -594,8 +600,10 @@ def _take(q: "queue.Queue[Any]", wait: Optional[float]) -> List[Any]:
             items.append(q.get(timeout=wait))
     except queue.Empty:
         pass
-    while True:
-        try:
-            items.append(q.get_nowait())
-        except queue.Empty:
-            return items
+    # The rest in one hold of the queue's lock, not a get_nowait (a lock, a notify)
+    # per item: a backward's hooks queue a wake-up each. The queue is unbounded (no
+    # put waits for room) and nobody joins it (no task counts to keep).
+    with q.mutex:
+        items.extend(q.queue)
+        q.queue.clear()
+    return items

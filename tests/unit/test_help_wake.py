@@ -40,3 +40,42 @@ def test_a_wait_on_a_submission_the_executor_will_read_puts_no_wake(ranks):
         assert (out_a == 3).all() and (out_b == 30).all()
         assert WAKE not in queued, queued
 
+
+
+def _standalone_agreement():
+    """An Agreement whose executor does not run (nothing takes from its queue), on a
+    communicator that knows ids 0 and 1 for "a" and "b": route alone, deterministic."""
+    import queue
+    from types import SimpleNamespace
+
+    from netreduce.protocol.signature import Signature
+    from netreduce.worker.agreement import Agreement
+
+    sig = Signature("allreduce", "float32", (3,), "sum")
+    cache = SimpleNamespace(id_of={"a": (0, sig), "b": (1, sig)}, hits=0)
+    comm = SimpleNamespace(timeout_s=30.0, cache=cache)
+    agreement = Agreement(comm, queue.Queue(), width=8, threshold=1 << 20)
+
+    def submission(name):
+        handle = SimpleNamespace(_helper=None)
+        return SimpleNamespace(name=name, sig=sig, kind="allreduce", handle=handle, seq=-1)
+
+    return agreement, submission
+
+
+def test_a_submission_behind_a_wake_not_yet_taken_puts_none():
+    """Two submissions while the executor has not taken the first one's wake-up:
+    one wake-up queued (it reads pending after taking it), both pending."""
+    agreement, submission = _standalone_agreement()
+    assert agreement.route([submission("a")]) == []
+    assert agreement.route([submission("b")]) == []
+    assert list(agreement.q.queue) == [WAKE]
+    assert sorted(agreement.pending) == [0, 1]
+
+
+def test_a_submission_after_the_wake_was_taken_puts_one():
+    agreement, submission = _standalone_agreement()
+    agreement.route([submission("a")])
+    assert agreement.q.get_nowait() is WAKE       # the executor took it
+    agreement.route([submission("b")])
+    assert list(agreement.q.queue) == [WAKE]
