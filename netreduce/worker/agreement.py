@@ -187,11 +187,14 @@ class Agreement:
             # (a backward's hooks mostly come while a round is on the wire).
             # Nor when a wake-up is queued and not yet taken: the executor reads
             # ``pending`` after taking it, so it sees this submission (made before).
+            # Queue.put's steps, under its lock in one step with the check (and with
+            # _only_wakes's clear, which then owes the wait this wake-up too).
             q = self.q
-            with q.mutex:
-                queued = bool(q.queue) and q.queue[-1] is WAKE
-            if not queued:
-                q.put(WAKE)
+            with q.not_empty:
+                if not (q.queue and q.queue[-1] is WAKE):
+                    q.queue.append(WAKE)
+                    q.unfinished_tasks += 1
+                    q.not_empty.notify()
         elif took and not live:
             self.owed = True                    # left to the user's wait (help)
         return rest
