@@ -40,7 +40,11 @@ class GatedConn(FakeConn):
         return super().allreduce(src, dst, op, dtype, scale)
 
 
-def test_a_submission_made_while_the_round_waits_to_start_is_agreed_by_it(ranks):
+def b_while_a_is_in_the_round(ranks, then=None):
+    """Two ranks; "a" and "b" negotiated first (ids known), then "a" submitted and the
+    executor held inside the round that carries it while "b" is submitted and
+    ``then(agreement, ha, hb)`` runs. Returns the fabric and, per rank, a's and b's
+    sums, the executor's queue as it stood before the release, and the agreement."""
     R = ranks(2)
     fabric = R.fabric = GatedFabric(2, R.fabric.timeout)
     both_submitted = threading.Barrier(2, timeout=10.0)
@@ -49,16 +53,24 @@ def test_a_submission_made_while_the_round_waits_to_start_is_agreed_by_it(ranks)
         a, b = np.full(3, r + 1, np.float32), np.full(5, 10 * (r + 1), np.float32)
         nr.synchronize(nr.allreduce_async(a.copy(), op=nr.Sum, name="a"))  # negotiated:
         nr.synchronize(nr.allreduce_async(b.copy(), op=nr.Sum, name="b"))  # ids known
+        agreement = context.thread.comm.agreement
         ha = nr.allreduce_async(a.copy(), op=nr.Sum, name="a")
-        assert fabric.entered[r].wait(10.0)      # the round with "a" issued, not started
+        assert fabric.entered[r].wait(10.0)      # the round with "a" issued, not returned
         hb = nr.allreduce_async(b.copy(), op=nr.Sum, name="b")
+        if then is not None:
+            then(agreement, ha, hb)
+        queued = list(agreement.q.queue)
         both_submitted.wait()
         if r == 0:
             fabric.release.set()
-        return nr.synchronize(ha), nr.synchronize(hb), context.thread.comm.agreement
+        return nr.synchronize(ha), nr.synchronize(hb), queued, agreement
 
-    results = R.run(fn)
-    for out_a, out_b, _ in results:
+    return fabric, R.run(fn)
+
+
+def test_a_submission_made_while_the_round_waits_to_start_is_agreed_by_it(ranks):
+    fabric, results = b_while_a_is_in_the_round(ranks)
+    for out_a, out_b, _, _ in results:
         assert (out_a == 3).all() and (out_b == 30).all()
     # After the gated round, each rank's next data message is "a" and "b" fused (8
     # elements): the round agreed both; a round read at issue would agree "a" alone.
@@ -66,31 +78,14 @@ def test_a_submission_made_while_the_round_waits_to_start_is_agreed_by_it(ranks)
         after = [c for c in fabric.calls[fabric.calls_at_gate[r]:]
                  if c[1] == r and c[3] == "sum"]
         assert after and after[0][2] == 8, after
-    assert [getattr(ag, "live_marks", 0) for _, _, ag in results] == [1, 1]
+    assert [getattr(ag, "live_marks", 0) for _, _, _, ag in results] == [1, 1]
 
 
 def test_a_submission_made_while_a_round_is_live_does_not_wake_the_executor(ranks):
     """The executor is inside the round (issued, not returned): it reads the pending
     submissions when it returns, so a submission made meanwhile puts no wake-up on
     its queue (a thread hand-off per gradient hook on main), and is still agreed."""
-    R = ranks(2)
-    fabric = R.fabric = GatedFabric(2, R.fabric.timeout)
-    both_submitted = threading.Barrier(2, timeout=10.0)
-
-    def fn(r):
-        a, b = np.full(3, r + 1, np.float32), np.full(5, 10 * (r + 1), np.float32)
-        nr.synchronize(nr.allreduce_async(a.copy(), op=nr.Sum, name="a"))
-        nr.synchronize(nr.allreduce_async(b.copy(), op=nr.Sum, name="b"))
-        agreement = context.thread.comm.agreement
-        ha = nr.allreduce_async(a.copy(), op=nr.Sum, name="a")
-        assert fabric.entered[r].wait(10.0)      # the executor is inside the round
-        hb = nr.allreduce_async(b.copy(), op=nr.Sum, name="b")
-        queued = list(agreement.q.queue)
-        both_submitted.wait()
-        if r == 0:
-            fabric.release.set()
-        return nr.synchronize(ha), nr.synchronize(hb), queued
-
-    for out_a, out_b, queued in R.run(fn):
+    _, results = b_while_a_is_in_the_round(ranks)
+    for out_a, out_b, queued, _ in results:
         assert (out_a == 3).all() and (out_b == 30).all()
         assert WAKE not in queued, queued
