@@ -5,6 +5,9 @@ link are one partial sum per rack: about 2x what a worker sends, where one aggre
 for all four ranks receives about 4x. Needs root; skipped with the reason otherwise."""
 from __future__ import annotations
 
+import statistics
+from typing import Tuple
+
 import pytest
 
 from benchmarks.two_level import RACKS, RANKS, SPINE, run_mode
@@ -16,13 +19,21 @@ REASON = why_unusable()
 pytestmark = [pytest.mark.root, pytest.mark.skipif(REASON is not None, reason=REASON or "")]
 
 
-def _host_link_tx(wire) -> float:
-    """What one worker host's link carried: the median host's tx bytes (the mean of the
-    middle two of four). A host whose rank resent a window under load (CI of stop 46:
-    one host ~4 MB over the others' 5.5) adds bytes its rack aggregator drops as
-    duplicates, so they never reach the spine; the mean counted them."""
-    tx = sorted(wire[f"h{i}"]["tx_bytes"] for i in range(RANKS))
-    return (tx[RANKS // 2 - 1] + tx[RANKS // 2]) / 2
+def _host_link_tx(run, per_host: int = 1) -> Tuple[float, float]:
+    """What one worker host's link carries, (least, most): each host's tx bytes times
+    its ranks' share of first sends, the median host's; and the most any host's link
+    carried. Resends (and tail copies) follow the host's scheduling, not the tree:
+    under load one rank's resends made its host's tx 10-70 % larger (CI of stops 46
+    and 47: the median host 6.28 MB, the others' 5.6). Its rack aggregator drops them
+    as duplicates, yet resends its partial for a member's resend, so the spine's bytes
+    lie between 2x the first and 2x the most."""
+    shares = []
+    for h in range(RANKS):
+        st = [r["stats"] for r in run["ranks"] if r["rank"] // per_host == h]
+        sent = sum(s["packets_sent"] for s in st)
+        first = sum(s["packets_sent"] - s["retransmits"] - s["tail_copies"] for s in st)
+        shares.append(run["wire"][f"h{h}"]["tx_bytes"] * first / sent)
+    return statistics.median(shares), max(run["wire"][f"h{h}"]["tx_bytes"] for h in range(RANKS))
 
 
 def test_spine_link_carries_one_partial_per_rack():
@@ -35,14 +46,14 @@ def test_spine_link_carries_one_partial_per_rack():
     for run in (single, tree):
         assert all(r["checked"] == 8 and r["algorithm"] == "flat" for r in run["ranks"]), run
     w = single["wire"]  # every worker's bytes to the one aggregator: about 4 S
-    spine_rx, host_tx = w[f"h{SPINE}"]["rx_bytes"], _host_link_tx(w)
+    spine_rx, host_tx = w[f"h{SPINE}"]["rx_bytes"], _host_link_tx(single)[0]
     all_tx = sum(w[f"h{i}"]["tx_bytes"] for i in range(RANKS))
     assert RANKS * 0.9 < spine_rx / host_tx and spine_rx < 1.1 * all_tx, w
-    w = tree["wire"]  # one partial sum per rack: about 2 S
-    assert len(RACKS) * 0.9 < w[f"h{SPINE}"]["rx_bytes"] / _host_link_tx(w) < len(RACKS) * 1.1, w
+    w, (least, most) = tree["wire"], _host_link_tx(tree)  # one partial sum per rack: about 2 S
+    assert len(RACKS) * 0.9 * least < w[f"h{SPINE}"]["rx_bytes"] < len(RACKS) * 1.1 * most, (least, most, w)
     for k, h in enumerate(RACKS):  # its two members' bytes in, and one result from the spine
         members_tx = sum(w[f"h{i}"]["tx_bytes"] for i in range(RANKS) if i * len(RACKS) // RANKS == k)
-        assert 0.7 < (w[f"h{h}"]["rx_bytes"] - members_tx) / _host_link_tx(w) < 1.3, w
+        assert 0.7 * least < w[f"h{h}"]["rx_bytes"] - members_tx < 1.3 * most, (least, most, w)
 
 
 def test_hierarchical_hosts_through_the_tree():
@@ -53,8 +64,8 @@ def test_hierarchical_hosts_through_the_tree():
     with Testbed(plan=layout.plan, replace=True) as tb:
         run = run_mode(tb, "tree", 2 << 20, 2, per_host=2)
     assert all(r["checked"] == 8 and r["algorithm"] == "hierarchical" for r in run["ranks"]), run
-    w = run["wire"]
-    assert 1.8 < w[f"h{SPINE}"]["rx_bytes"] / _host_link_tx(w) < 2.2, w
+    w, (least, most) = run["wire"], _host_link_tx(run, per_host=2)
+    assert 1.8 * least < w[f"h{SPINE}"]["rx_bytes"] < 2.2 * most, (least, most, w)
 
 
 def test_loss_on_every_link_still_exact():
