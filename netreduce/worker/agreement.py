@@ -53,7 +53,6 @@ thread still in the data plane when the interpreter exits aborts the process.
 from __future__ import annotations
 
 import copy
-import queue
 import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
@@ -67,8 +66,8 @@ from netreduce.worker import timeline as tl
 from netreduce.worker.handle import Handle, Tensor
 from netreduce.worker.pipeline import Pipeline
 from netreduce.worker.speculation import Speculation
+from netreduce.worker.wake_queue import WAKE, WakeQueue
 
-WAKE = ("wake",)            # put on the executor's queue: new local work
 BITS_SEQ = -2               # Tensor.seq of a submission waiting in the agreement
 GROUP_SEQ = -1              # executing a group agreed by a round (no log position)
 ROUND_SEQ = 1 << 62         # executing a round: any failure aborts it
@@ -89,7 +88,7 @@ class Agreement:
     (communicator.py, "the state its helpers see"); its own lock comes after the
     communicator's where both are held (route)."""
 
-    def __init__(self, comm: Any, q: "queue.Queue[Any]", width: int, threshold: int) -> None:
+    def __init__(self, comm: Any, q: WakeQueue, width: int, threshold: int) -> None:
         self.comm, self.q = comm, q
         self.width = max(0, min(int(width), MAX_WIDTH))
         self.threshold = int(threshold)
@@ -187,14 +186,9 @@ class Agreement:
             # (a backward's hooks mostly come while a round is on the wire).
             # Nor when a wake-up is queued and not yet taken: the executor reads
             # ``pending`` after taking it, so it sees this submission (made before).
-            # Queue.put's steps, under its lock in one step with the check (and with
-            # _only_wakes's clear, which then owes the wait this wake-up too).
-            q = self.q
-            with q.not_empty:
-                if not (q.queue and q.queue[-1] is WAKE):
-                    q.queue.append(WAKE)
-                    q.unfinished_tasks += 1
-                    q.not_empty.notify()
+            # One check-and-put under the queue's lock (with _only_wakes's clear,
+            # which then owes the wait this wake-up too).
+            self.q.wake()
         elif took and not live:
             self.owed = True                    # left to the user's wait (help)
         return rest
@@ -231,7 +225,7 @@ class Agreement:
                         self._run_held(len(self.held))
                 if stopping:
                     return
-                items = _take(q, None)
+                items = q.take(None)
                 with self.run_lock:
                     # Counted here too: the first submission arms the rounds, and its
                     # log entry may come in the same batch as its wake (a slow
@@ -257,10 +251,10 @@ class Agreement:
             wait = 0.0 if local or stopping else max(0.0, due)
             if self.spec.polling():
                 wait = min(wait, POLL_S)        # a submission left to a wait that never came
-            items = _take(q, wait)
+            items = q.take(wait)
             if not local and not self.hot and items and comm.cycle_s > 0:
                 time.sleep(comm.cycle_s)        # woke from idle: let the burst arrive
-                items += _take(q, 0.0)
+                items += q.take(0.0)
             if not stopping and all(item is WAKE for item in items) and time.monotonic() - \
                     self.last_message < self.gap and not (self.held or self.pending or self.invalidate):
                 continue                        # a poll, or work a user thread ran (help)
@@ -316,14 +310,10 @@ class Agreement:
     def _only_wakes(self) -> bool:
         """Whether the executor's queue holds only wake-ups: then they are cleared,
         for the caller (holding run_lock) runs the message they asked for."""
-        q = self.q
-        with q.mutex:
-            if any(item is not WAKE for item in q.queue):
-                return False
-            if q.queue:
-                self.owed = True                # others' wake-ups: a wait owes one
-                q.queue.clear()
-            return True
+        cleared = self.q.clear_wakes()
+        if cleared:
+            self.owed = True                    # others' wake-ups: a wait owes one
+        return cleared is not None
 
     def steady(self, name: str, sig: Any, op: Any, array: np.ndarray, output: np.ndarray) -> bool:
         """A synchronous all-reduce of ``name`` (signature ``sig``) in the steady state,
@@ -592,21 +582,3 @@ class Agreement:
                 if known is not None and known[1] == t.sig:
                     self.banned.discard(known[0])
 
-
-def _take(q: "queue.Queue[Any]", wait: Optional[float]) -> List[Any]:
-    """Everything on the queue; blocks up to ``wait`` (None: until one item) first."""
-    items = []
-    try:
-        if wait is None:
-            items.append(q.get())
-        elif wait > 0:
-            items.append(q.get(timeout=wait))
-    except queue.Empty:
-        pass
-    # The rest in one hold of the queue's lock, not a get_nowait (a lock, a notify)
-    # per item: a backward's hooks queue a wake-up each. The queue is unbounded (no
-    # put waits for room) and nobody joins it (no task counts to keep).
-    with q.mutex:
-        items.extend(q.queue)
-        q.queue.clear()
-    return items

@@ -21,7 +21,6 @@ from __future__ import annotations
 import copy
 import logging
 import os
-import queue
 import re
 import select
 import threading
@@ -41,6 +40,7 @@ from netreduce.worker.handle import Handle, Tensor
 from netreduce.protocol.messages import Failure, NegotiateReply, TensorRequest
 from netreduce.worker.negotiation import NegotiationClient
 from netreduce.worker.response_cache import ResponseCache
+from netreduce.worker.wake_queue import WakeQueue
 from netreduce.worker.agreement import GROUP_SEQ, ROUND_SEQ, Agreement
 
 log = logging.getLogger("netreduce")
@@ -119,7 +119,7 @@ class Communicator:
         self._stopping = False
         self._poll_out = False
         self._wake_r, self._wake_w = os.pipe()
-        self._exec_q: "queue.Queue[Optional[tuple]]" = queue.Queue()
+        self._exec_q = WakeQueue()            # log entries, None (stop), WAKE
         # Steady state without the coordinator (netreduce/worker/agreement.py), when the
         # job agreed on it at hello (every rank must run the same rounds); its loop is
         # the executor's, over the executor's queue.

@@ -2,7 +2,7 @@
 would not see the submission without one (netreduce/worker/agreement.py, ``owed``):
 in the wait after backward, a wake per gradient still in flight was a thread
 hand-off each."""
-from netreduce.worker.agreement import WAKE
+from netreduce.worker.wake_queue import WAKE, WakeQueue
 from tests.unit.test_live_round import b_while_a_is_in_the_round
 
 
@@ -23,7 +23,6 @@ def test_a_wait_on_a_submission_the_executor_will_read_puts_no_wake(ranks):
 def _standalone_agreement():
     """An Agreement whose executor does not run (nothing takes from its queue), on a
     communicator that knows ids 0 and 1 for "a" and "b": route alone, deterministic."""
-    import queue
     from types import SimpleNamespace
 
     from netreduce.protocol.signature import Signature
@@ -32,7 +31,7 @@ def _standalone_agreement():
     sig = Signature("allreduce", "float32", (3,), "sum")
     cache = SimpleNamespace(id_of={"a": (0, sig), "b": (1, sig)}, hits=0)
     comm = SimpleNamespace(timeout_s=30.0, cache=cache)
-    agreement = Agreement(comm, queue.Queue(), width=8, threshold=1 << 20)
+    agreement = Agreement(comm, WakeQueue(), width=8, threshold=1 << 20)
 
     def submission(name):
         handle = SimpleNamespace(_helper=None)

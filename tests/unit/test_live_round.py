@@ -10,7 +10,8 @@ import numpy as np
 
 import netreduce as nr
 from netreduce.worker import context
-from netreduce.worker.agreement import HEADER, READY, WAKE
+from netreduce.worker.agreement import HEADER, READY
+from netreduce.worker.wake_queue import WAKE
 from tests.unit.fakes import FakeConn, FakeFabric
 
 

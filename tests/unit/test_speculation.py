@@ -230,9 +230,9 @@ def test_first_log_entry_batched_with_its_wake_still_runs(ranks, monkeypatch):
     """A slow executor takes the first submission's wake and its log entry in one
     batch, before the rounds start: the entry must count as received (v[0]), or no
     round ever runs it (a livelock seen under load)."""
-    from netreduce.worker import agreement
+    from netreduce.worker.wake_queue import WakeQueue
 
-    take = agreement._take
+    take = WakeQueue.take
 
     def slow_take(q, wait):
         if wait is None:                      # the plain executor, before the rounds
@@ -240,7 +240,7 @@ def test_first_log_entry_batched_with_its_wake_still_runs(ranks, monkeypatch):
             while q.qsize() < 2 and time.monotonic() < deadline:
                 time.sleep(0.001)
         return take(q, wait)
-    monkeypatch.setattr(agreement, "_take", slow_take)
+    monkeypatch.setattr(WakeQueue, "take", slow_take)
 
     def fn(r):
         for step in range(3):
