@@ -89,15 +89,7 @@ def wait_all(procs: List[subprocess.Popen], timeout: float, what: str) -> None:
                 raise RuntimeError(f"{what}: not finished within {timeout:.0f} s")
             time.sleep(0.1)
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.terminate()
-        for p in procs:
-            try:
-                p.wait(5)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        common.stop(procs, 5)
 
 
 def run_impl(impl: str, n: int, runner: Runner, base_cfg: dict, args) -> List[dict]:

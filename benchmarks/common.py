@@ -79,6 +79,23 @@ def self_cpu_seconds() -> float:
     return ru.ru_utime + ru.ru_stime
 
 
+def stop(procs: Iterable[subprocess.Popen], grace_s: float = 10.0, terminate: bool = True) -> None:
+    """Processes a benchmark started, gone: SIGTERM to those still running (unless
+    ``terminate`` is False: they were told to exit some other way), then each waited
+    for up to ``grace_s`` before SIGKILL, and reaped."""
+    procs = list(procs)
+    if terminate:
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+    for p in procs:
+        try:
+            p.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
 def _pid_stat(pid: int) -> List[str]:
     """/proc/PID/stat's fields after the command name (field 3, the state, first)."""
     with open(f"/proc/{pid}/stat") as f:

@@ -30,7 +30,7 @@ if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
 from benchmarks import tree_jobs  # noqa: E402
-from benchmarks.common import parse_size, spread, write_record  # noqa: E402
+from benchmarks.common import parse_size, spread, stop, write_record  # noqa: E402
 from netreduce.testbed import Testbed  # noqa: E402
 from netreduce.testbed.two_level import two_level_plan  # noqa: E402
 
@@ -94,7 +94,7 @@ def once(tb: Testbed, topo: str, code: str, size: int, iters: int, timeout_s: fl
                                   stderr=subprocess.PIPE, text=True))
         ranks, errors = tree_jobs.collect(procs, 300, keep_err=3000)
     finally:
-        tree_jobs.stop(daemons)
+        stop(daemons)
     ok = not errors
     return {"ok": ok, "exact": ok and all(r["exact"] for r in ranks),
             "median_s": max(statistics.median(r["times"]) for r in ranks) if ok else None,

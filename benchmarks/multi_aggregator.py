@@ -24,7 +24,7 @@ import uuid
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from benchmarks.common import parse_size  # noqa: E402
+from benchmarks.common import parse_size, stop  # noqa: E402
 from netreduce.testbed import Testbed  # noqa: E402
 from netreduce.testbed.plan import parse_rate  # noqa: E402
 
@@ -86,13 +86,7 @@ def run_k(tb: Testbed, np_: int, k: int, size: int, iters: int, port: int) -> di
                 "algorithm": outs[0]["algorithm"],
                 "aggregator_rx_over_S": [round(b / size / (iters + 1), 3) for b in agg_rx]}
     finally:
-        for _, proc in daemons:
-            proc.terminate()
-            try:
-                proc.wait(5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop([proc for _, proc in daemons], 5)
 
 
 def main() -> int:

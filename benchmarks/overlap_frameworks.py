@@ -315,12 +315,7 @@ def run_mode(tb, label: str, args: argparse.Namespace, tmp: str) -> Dict[str, An
             return dict(record, error=f"{exc}: worker 0: {common.log_tail(logs[0])}")
         record["wall_s"] = round(time.monotonic() - t0, 1)
     finally:
-        for p in helpers:
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        common.stop(helpers, terminate=False)
         common.run_cleanups(cleanup)
     record["load"] += list(os.getloadavg())
     for path in logs:  # ps-lite numbers its workers itself: any log may hold rank 0

@@ -140,6 +140,7 @@ def worker(args: argparse.Namespace) -> None:
 def _wait_workers(procs, helpers, timeout: float, what: str, logdir: str) -> None:
     """Until every worker exits 0; fails at once when a worker fails or a ps-lite
     scheduler/server dies (its workers would wait for it forever)."""
+    import common
     deadline = time.monotonic() + timeout
     try:
         while True:
@@ -152,7 +153,6 @@ def _wait_workers(procs, helpers, timeout: float, what: str, logdir: str) -> Non
                 return
             dead = [i for i, h in enumerate(helpers) if h.poll() not in (None, 0)]
             if dead:
-                import common
                 logs = sorted(f for f in os.listdir(logdir) if not f.startswith("worker"))
                 why = " | ".join(common.log_tail(os.path.join(logdir, f), 4, 400) for f in logs)
                 raise RuntimeError(f"{what}: ps-lite process(es) {dead} died: {why[-300:]}")
@@ -160,10 +160,7 @@ def _wait_workers(procs, helpers, timeout: float, what: str, logdir: str) -> Non
                 raise RuntimeError(f"{what}: not finished within {timeout:.0f} s")
             time.sleep(0.2)
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-            p.wait()
+        common.stop(procs, 0, terminate=False)
 
 
 def start_ps_lite(tb, python: str, base: Dict[str, str], per_rank: List[Dict[str, str]],
@@ -239,12 +236,7 @@ def run_one(tb, mode: str, args: argparse.Namespace) -> Dict:
                         return dict(record, **json.loads(line.split("RESULT ", 1)[1]))
         return dict(record, error=f"no RESULT line: worker 0: {common.log_tail(logs[0], 4, 400)}")
     finally:
-        for p in helpers:
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        common.stop(helpers, terminate=False)
         common.run_cleanups(cleanup)
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -37,18 +37,6 @@ def wait_listening(tb: Testbed, addrs: Sequence[str], code: str, within_s: float
     raise RuntimeError(f"the daemons at {', '.join(addrs)} did not listen within {within_s:.0f} s")
 
 
-def stop(daemons: Sequence[subprocess.Popen]) -> None:
-    """SIGTERM to all, then each waited for 10 s before SIGKILL."""
-    for d in daemons:
-        d.terminate()
-    for d in daemons:
-        try:
-            d.wait(10)
-        except subprocess.TimeoutExpired:
-            d.kill()
-            d.wait()
-
-
 def collect(procs: Sequence[subprocess.Popen], timeout_s: float,
             keep_err: int) -> Tuple[List[Dict], List[str]]:
     """Each rank's last JSON line (a rank still running after ``timeout_s`` is killed),

@@ -36,7 +36,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
-from benchmarks.common import parse_size  # noqa: E402
+from benchmarks.common import parse_size, stop  # noqa: E402
 from netreduce.testbed import Testbed  # noqa: E402
 from netreduce.testbed.two_level import two_level_plan  # noqa: E402
 
@@ -188,13 +188,7 @@ def run_mode(tb: Testbed, mode: str, size: int, iters: int, timeout: float = 300
             raise RuntimeError(_failure(mode, procs, errs, logs))
         after = tb.counters()
     finally:
-        for proc in daemons:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop(daemons)
     wire = {name: {k: after[name][k] - before[name][k] for k in after[name]} for name in after}
     return {"mode": mode, "ranks": ranks, "wire": wire,
             "time_s": max(r["median_s"] for r in ranks)}

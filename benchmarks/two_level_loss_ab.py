@@ -30,7 +30,7 @@ if REPO not in sys.path:
 
 from benchmarks import two_level as T  # noqa: E402
 from benchmarks import tree_jobs  # noqa: E402
-from benchmarks.common import parse_size, spread, write_record  # noqa: E402
+from benchmarks.common import parse_size, spread, stop, write_record  # noqa: E402
 from netreduce.testbed import Testbed  # noqa: E402
 from netreduce.testbed.two_level import two_level_plan  # noqa: E402
 
@@ -59,7 +59,7 @@ def once(tb: Testbed, code: str, size: int, iters: int, timeout_s: float) -> Dic
         ranks, errors = tree_jobs.collect(procs, 240, keep_err=6000)
         wall = time.monotonic() - t0
     finally:
-        tree_jobs.stop(daemons)
+        stop(daemons)
     return {"ok": not errors, "wall_s": wall,
             "median_s": max(r["median_s"] for r in ranks) if ranks else None,
             "racks": [{k: r["rack"].get(k, 0) for k in KEYS} for r in ranks if r.get("rack")],
