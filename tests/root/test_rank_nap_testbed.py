@@ -37,10 +37,12 @@ def test_link_bound_allreduce_naps_and_stays_exact(native, payload):
                                   job, str(r), str(hosts)],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
                      for r in range(hosts)]
-            results = collect_ok(procs, timeout=150)
+            results = collect_ok(procs, timeout=240)  # up to 5 rounds on a loaded host
         finally:
             switch.stop()
     for r in results:
         assert r["failures"] == [], r
         assert r["small_naps"] == 0, r  # small messages: the latency path never naps
-        assert r["naps"] > 0, r  # the link binds: the engine napped
+        # the link binds: the engine napped (in one of the worker's rounds of large
+        # all-reduces; a round the loaded host's CPU bound instead has none)
+        assert r["naps"] > 0, r
