@@ -1,4 +1,6 @@
+import ipaddress
 import os
+import subprocess
 import time
 from pathlib import Path
 
@@ -8,6 +10,34 @@ def scratch_testbed_name(tag: str) -> str:
     never tear down a testbed someone else brought up): 'n' + 5 hex digits of the
     pid + a one-letter tag, 7 characters within the 9 the interface names allow."""
     return f"n{os.getpid() & 0xFFFFF:05x}{tag}"
+
+
+# The /24s scratch_subnet hands out: 10.78.16.0/24 up to 10.78.199.0/24 (the fixed
+# 10.78.251-254 of test_two_level_testbed stay outside it).
+_FIRST, _COUNT = 16, 184
+_taken: set = set()
+
+
+def scratch_subnet() -> str:
+    """A /24 for one testbed of this test run only. A testbed's bridge address (.254)
+    lives in the root namespace, so two runs of tests/root at once (two checkouts, a
+    rehearsal beside a helper's loop) that bring up the same /24 break each other's
+    routes; the names are per run already (scratch_testbed_name). Starts at an offset
+    from the pid, skips every /24 the root namespace has an address in (another run's
+    bridge, a leftover) and those this run took before (a failed test's testbed cannot
+    collide with the next)."""
+    out = subprocess.run(["ip", "-4", "-o", "addr", "show"], capture_output=True, text=True).stdout
+    used = [ipaddress.ip_interface(line.split()[3]).network for line in out.splitlines()
+            if len(line.split()) > 3]
+    start = (os.getpid() * 37) % _COUNT
+    for fresh_only in (True, False):  # past _COUNT testbeds in one run: reuse what is down
+        for i in range(_COUNT):
+            net = ipaddress.ip_network(f"10.78.{_FIRST + (start + i) % _COUNT}.0/24")
+            if any(net.overlaps(u) for u in used) or (fresh_only and net in _taken):
+                continue
+            _taken.add(net)
+            return str(net)
+    raise RuntimeError("no free /24 in 10.78.16.0-10.78.199.0 for a scratch testbed")
 
 
 def wait_for_capture_file(pcap: Path, timeout: float) -> None:

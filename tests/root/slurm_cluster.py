@@ -1,7 +1,7 @@
 """A real Slurm for tests: a testbed, netreduce-switch in its aggregator namespace
 (port 4791, --require-secret), slurmctld on the bridge and a slurmd in each host
 namespace (netreduce/testbed/slurm.py). Not a test module: test modules import from
-it, each with a fixture of its own scope, tag and subnet:
+it, each with a fixture of its own scope and tag (the /24 is picked per run):
 
     from tests.root.slurm_cluster import REASON, slurm_on_testbed
 
@@ -9,7 +9,7 @@ it, each with a fixture of its own scope, tag and subnet:
 
     @pytest.fixture(scope="module")
     def cluster():
-        with slurm_on_testbed("e", "10.78.222.0/24") as c:
+        with slurm_on_testbed("e") as c:
             yield c
 
     def test_x(cluster, tmp_path):
@@ -26,13 +26,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-from typing import Dict, Iterator, Sequence
+from typing import Dict, Iterator, Optional, Sequence
 
 from netreduce.testbed import Testbed, why_unusable
 from netreduce.testbed import slurm as slurm_mod
 from netreduce.testbed.slurm import SlurmCluster
 from netreduce.testbed.testbed import SwitchHandle
-from tests.root import scratch_testbed_name
+from tests.root import scratch_subnet, scratch_testbed_name
 
 REASON = why_unusable() or slurm_mod.why_unusable()
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -48,13 +48,14 @@ class SlurmOnTestbed:
 
 
 @contextlib.contextmanager
-def slurm_on_testbed(tag: str, subnet: str, hosts: int = 2, cpus: int = 8,
+def slurm_on_testbed(tag: str, subnet: Optional[str] = None, hosts: int = 2, cpus: int = 8,
                      switch_args: Sequence[str] = ()) -> Iterator[SlurmOnTestbed]:
     base = dict(os.environ, PYTHONPATH=os.pathsep.join(
         p for p in (REPO, os.environ.get("PYTHONPATH")) if p))
     for name in ("NETREDUCE_SWITCH", "NETREDUCE_JOB_SECRET", "NETREDUCE_JOB"):
         base.pop(name, None)
-    with Testbed(hosts=hosts, rate="1gbit", name=scratch_testbed_name(tag), subnet=subnet,
+    with Testbed(hosts=hosts, rate="1gbit", name=scratch_testbed_name(tag),
+                 subnet=subnet or scratch_subnet(),
                  replace=True) as tb:
         aggregator = tb.spawn_switch(port=4791, args=["--require-secret", *switch_args], env=base)
         try:

@@ -13,7 +13,7 @@ import pytest
 
 from netreduce.testbed import Testbed, why_unusable
 from tests.procs import collect_ok
-from tests.root import scratch_testbed_name
+from tests.root import scratch_subnet, scratch_testbed_name
 
 REASON = why_unusable()
 pytestmark = [pytest.mark.root, pytest.mark.skipif(REASON is not None, reason=REASON or "")]
@@ -32,7 +32,7 @@ REPO = os.path.dirname(os.path.dirname(HERE))
                           (3, 0.01, 4096, "segment")])
 def test_allreduce_exact_across_testbed_with_loss(native, hosts, loss, payload, fanout):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]))
-    with Testbed(hosts=hosts, rate="1gbit", loss=loss, name=scratch_testbed_name("p"), subnet="10.78.253.0/24",
+    with Testbed(hosts=hosts, rate="1gbit", loss=loss, name=scratch_testbed_name("p"), subnet=scratch_subnet(),
                  replace=True) as tb:
         args = (["--payload-bytes", str(payload)] if payload else []) + ["--fanout", fanout]
         switch = tb.spawn_switch(env=env, args=args)

@@ -42,7 +42,7 @@ exec {python} -m netreduce.launcher -np 4 --min-np 2 --host-discovery-script {ou
 @pytest.mark.timeout(240)
 def test_a_nodes_tasks_killed_in_an_elastic_slurm_job(tmp_path):
     out = str(tmp_path)
-    with slurm_on_testbed("l", "10.78.225.0/24") as cluster, sshd.SshHosts(cluster.tb) as ssh:
+    with slurm_on_testbed("l") as cluster, sshd.SshHosts(cluster.tb) as ssh:
         with open(os.path.join(out, "addresses"), "w") as f:
             for node in cluster.tb.hosts:
                 f.write(f"{node.name} {node.address}\n")

@@ -17,7 +17,7 @@ import pytest
 from netreduce.testbed import Testbed, why_unusable
 from netreduce.testbed import sshd
 from tests.parallel.test_elastic_run import worker_records
-from tests.root import scratch_testbed_name
+from tests.root import scratch_subnet, scratch_testbed_name
 
 REASON = why_unusable() or sshd.why_unusable()
 pytestmark = [pytest.mark.root, pytest.mark.skipif(REASON is not None, reason=REASON or "")]
@@ -30,7 +30,7 @@ WORKER = os.path.join(REPO, "tests", "parallel", "elastic_worker.py")
 def test_a_hosts_ranks_killed_over_ssh(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
-    with Testbed(hosts=2, rate="1gbit", name=scratch_testbed_name("e"), subnet="10.78.221.0/24",
+    with Testbed(hosts=2, rate="1gbit", name=scratch_testbed_name("e"), subnet=scratch_subnet(),
                  replace=True) as tb, sshd.SshHosts(tb) as ssh:
         switch = tb.spawn_switch(args=["--require-secret"])
         env = ssh.client_env(dict(os.environ, PYTHONPATH=REPO, ELASTIC_OUT=str(out),

@@ -14,7 +14,7 @@ import pytest
 from netreduce.process import free_tcp_port
 from netreduce.testbed import Testbed, why_unusable
 from tests.parallel.test_failover import assert_exact, kill, launch
-from tests.root import scratch_testbed_name
+from tests.root import scratch_subnet, scratch_testbed_name
 
 REASON = why_unusable()
 pytestmark = [pytest.mark.root, pytest.mark.slow,
@@ -26,7 +26,7 @@ def _run(tmp_path) -> List[dict]:
     """One job of 12 steps with the primary SIGKILLed inside the 16 MiB all-reduce;
     every rank's report."""
     with Testbed(hosts=2, rate="1gbit", name=scratch_testbed_name("f"),
-                 subnet="10.78.7.0/24", replace=True) as tb:
+                 subnet=scratch_subnet(), replace=True) as tb:
         primary, standby = tb.spawn_switch(port=4791), tb.spawn_switch(port=4792)
         try:
             a = f"{primary.address[0]}:{primary.address[1]}"

@@ -16,7 +16,7 @@ import pytest
 
 from netreduce.protocol.client import ControlClient
 from netreduce.testbed import Testbed, sh, why_unusable
-from tests.root import scratch_testbed_name
+from tests.root import scratch_subnet, scratch_testbed_name
 
 REASON = why_unusable()
 pytestmark = [pytest.mark.root, pytest.mark.skipif(REASON is not None, reason=REASON or "")]
@@ -36,7 +36,7 @@ def test_auto_fanout_keeps_a_host_whose_multicast_stops_mid_job():
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]))
     hosts, count, rounds1, rounds2 = 3, 1_000_003, 4, 12
     with Testbed(hosts=hosts, rate="1gbit", name=scratch_testbed_name("m"),
-                 subnet="10.78.251.0/24", replace=True) as tb:
+                 subnet=scratch_subnet(), replace=True) as tb:
         switch = tb.spawn_switch(env=env, args=["--fanout", "auto"])
         try:
             job = f"mc-{uuid.uuid4().hex[:6]}"

@@ -15,7 +15,7 @@ import pytest
 
 from netreduce.testbed import Testbed, why_unusable
 from tests.procs import collect
-from tests.root import scratch_testbed_name
+from tests.root import scratch_subnet, scratch_testbed_name
 
 REASON = why_unusable()
 pytestmark = [pytest.mark.root, pytest.mark.skipif(REASON is not None, reason=REASON or "")]
@@ -62,7 +62,7 @@ def test_two_ranks_per_host(native, hosts):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]))
     layout = [[2 * h, 2 * h + 1] for h in range(hosts)]
     with Testbed(hosts=hosts, rate="1gbit", name=scratch_testbed_name("h"),
-                 subnet="10.78.251.0/24", replace=True) as tb:
+                 subnet=scratch_subnet(), replace=True) as tb:
         switch = tb.spawn_switch(env=env)
         try:
             # Sizes 0, 1, odd, across packets and (4 KiB shards) across many chunks.
@@ -79,7 +79,7 @@ def test_two_ranks_per_host(native, hosts):
 def test_sigkill_and_uneven_hosts(native):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]))
     with Testbed(hosts=2, rate="1gbit", name=scratch_testbed_name("k"),
-                 subnet="10.78.250.0/24", replace=True) as tb:
+                 subnet=scratch_subnet(), replace=True) as tb:
         switch = tb.spawn_switch(env=env)
         try:
             results = run_job(tb, switch, [2, 2], "kill", "3", timeout=120)

@@ -22,7 +22,7 @@ import pytest
 from netreduce.launcher import spawn
 from netreduce.testbed import Testbed, why_unusable
 from netreduce.testbed import sshd
-from tests.root import scratch_testbed_name
+from tests.root import scratch_subnet, scratch_testbed_name
 
 REASON = why_unusable() or sshd.why_unusable()
 pytestmark = [pytest.mark.root, pytest.mark.skipif(REASON is not None, reason=REASON or "")]
@@ -77,7 +77,7 @@ time.sleep(120)
 
 @pytest.fixture(scope="module")
 def hosts():
-    with Testbed(hosts=2, rate="1gbit", name=scratch_testbed_name("s"), subnet="10.78.220.0/24",
+    with Testbed(hosts=2, rate="1gbit", name=scratch_testbed_name("s"), subnet=scratch_subnet(),
                  replace=True) as tb, sshd.SshHosts(tb) as ssh:
         yield tb, ssh
 
@@ -187,8 +187,8 @@ def test_ranks_across_ssh_hosts_reduce_exactly_and_hide_the_secret(hosts, tmp_pa
 def test_a_failing_remote_rank_stops_the_job_and_leaves_nothing(hosts, tmp_path):
     tb, ssh = hosts
     argv, env = _launcher(ssh, ["-np", "4", "-H", "h0:2,h1:2", "-i", ssh.identity,
-                                "--switch", "10.78.220.250:9", sys.executable, "-c", SLEEPER,
-                                str(tmp_path)], {"FAIL_RANK": "3"})
+                                "--switch", f"{tb.aggregator.address}:9", sys.executable, "-c",
+                                SLEEPER, str(tmp_path)], {"FAIL_RANK": "3"})
     t0 = time.monotonic()
     proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
     elapsed = time.monotonic() - t0
@@ -203,8 +203,8 @@ def test_a_failing_remote_rank_stops_the_job_and_leaves_nothing(hosts, tmp_path)
 def test_sigkilled_launcher_leaves_nothing_on_the_hosts(hosts, tmp_path):
     tb, ssh = hosts
     argv, env = _launcher(ssh, ["-np", "3", "-H", "h0:1,h1:2", "-i", ssh.identity,
-                                "--switch", "10.78.220.250:9", sys.executable, "-c", SLEEPER,
-                                str(tmp_path)])
+                                "--switch", f"{tb.aggregator.address}:9", sys.executable, "-c",
+                                SLEEPER, str(tmp_path)])
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         _wait_files(tmp_path, [f"{r}.pid" for r in range(3)], 60, proc)

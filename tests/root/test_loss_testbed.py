@@ -22,7 +22,7 @@ import pytest
 
 from netreduce.testbed import Testbed, why_unusable
 from tests.procs import collect_ok
-from tests.root import scratch_testbed_name
+from tests.root import scratch_subnet, scratch_testbed_name
 
 REASON = why_unusable()
 pytestmark = [pytest.mark.root, pytest.mark.skipif(REASON is not None, reason=REASON or "")]
@@ -48,7 +48,7 @@ def test_thousand_allreduces_exact_under_nftables_loss(loss, mtu, offload, per_s
                NETREDUCE_UDP_OFFLOAD=offload)
     hosts = 3
     with Testbed(hosts=hosts, rate="1gbit", loss=loss, loss_proto="udp", mtu=mtu,
-                 name=scratch_testbed_name("l"), subnet="10.78.246.0/24", replace=True) as tb:
+                 name=scratch_testbed_name("l"), subnet=scratch_subnet(), replace=True) as tb:
         if per_segment:
             for node in tb.plan.nodes:
                 tb.run(node, ["ethtool", "-K", tb.ifname, "tx-udp-segmentation", "off"],

@@ -21,7 +21,7 @@ import pytest
 from netreduce.testbed import Testbed, why_unusable
 from tests.conftest import require_root
 from tests.procs import collect_ok
-from tests.root import scratch_testbed_name
+from tests.root import scratch_subnet, scratch_testbed_name
 
 REASON = why_unusable()
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -99,8 +99,7 @@ def _run_job(tb: Testbed, size: int, host: str) -> list:
 ])
 def test_payload_follows_the_path_mtu_without_flags(mtu, lowered, payload, reason):
     tag = {1500: "u", 9000: "v"}[mtu] if lowered is None else "w"
-    subnet = {"u": "10.78.250.0/24", "v": "10.78.251.0/24", "w": "10.78.252.0/24"}[tag]
-    with Testbed(hosts=2, rate="1gbit", mtu=mtu, name=scratch_testbed_name(tag), subnet=subnet,
+    with Testbed(hosts=2, rate="1gbit", mtu=mtu, name=scratch_testbed_name(tag), subnet=scratch_subnet(),
                  replace=True) as tb:
         if lowered is not None:
             subprocess.run(["ip", "-n", tb.node(1).netns, "link", "set", "eth0", "mtu",
@@ -119,8 +118,7 @@ def test_payload_follows_the_path_mtu_without_flags(mtu, lowered, payload, reaso
 @pytest.mark.parametrize("mtu, payload", [(1500, 1416), (9000, 8912)])
 def test_ipv6_testbed_payload_follows_the_path_without_flags(mtu, payload):
     tag = {1500: "x", 9000: "y"}[mtu]
-    subnet = {"x": "10.78.253.0/24", "y": "10.78.254.0/24"}[tag]
-    with Testbed(hosts=2, rate="1gbit", mtu=mtu, name=scratch_testbed_name(tag), subnet=subnet,
+    with Testbed(hosts=2, rate="1gbit", mtu=mtu, name=scratch_testbed_name(tag), subnet=scratch_subnet(),
                  replace=True, ipv6=True) as tb:
         agg6 = tb.aggregator.address6
         assert agg6.startswith("fd00:a:4e:") and all(h.address6 for h in tb.hosts)

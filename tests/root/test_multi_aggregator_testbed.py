@@ -15,7 +15,7 @@ import uuid
 import pytest
 
 from netreduce.testbed import Testbed, why_unusable
-from tests.root import scratch_testbed_name
+from tests.root import scratch_subnet, scratch_testbed_name
 
 REASON = why_unusable()
 pytestmark = [pytest.mark.root, pytest.mark.skipif(REASON is not None, reason=REASON or "")]
@@ -29,7 +29,7 @@ RANKS = 3
 @pytest.mark.parametrize("k", [2, 3])
 def test_exact_over_aggregators_in_their_own_hosts(k):
     with Testbed(hosts=RANKS + k, rate="1gbit", name=scratch_testbed_name(f"m{k}")[:8],
-                 subnet=f"10.78.24{k}.0/24", replace=True) as tb:
+                 subnet=scratch_subnet(), replace=True) as tb:
         daemons = []
         try:
             for i in range(k):

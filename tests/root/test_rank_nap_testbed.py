@@ -13,7 +13,7 @@ import pytest
 
 from netreduce.testbed import Testbed, why_unusable
 from tests.procs import collect_ok
-from tests.root import scratch_testbed_name
+from tests.root import scratch_subnet, scratch_testbed_name
 
 REASON = why_unusable()
 pytestmark = [pytest.mark.root, pytest.mark.skipif(REASON is not None, reason=REASON or "")]
@@ -27,7 +27,7 @@ REPO = os.path.dirname(os.path.dirname(HERE))
 def test_link_bound_allreduce_naps_and_stays_exact(native, payload):
     hosts = 2
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]))
-    with Testbed(hosts=hosts, rate="1gbit", name=scratch_testbed_name("z"), subnet="10.78.219.0/24",
+    with Testbed(hosts=hosts, rate="1gbit", name=scratch_testbed_name("z"), subnet=scratch_subnet(),
                  mtu=1500 if payload else 9000, replace=True) as tb:
         switch = tb.spawn_switch(env=env, args=["--payload-bytes", str(payload)] if payload else [])
         try:

@@ -52,7 +52,7 @@ def _as_here(text: str, cluster, rank_py: str) -> str:
 
 @pytest.fixture(scope="module")
 def cluster():
-    with slurm_on_testbed("q", "10.78.221.0/24") as c:
+    with slurm_on_testbed("q") as c:
         yield c
 
 

@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from netreduce.testbed import Testbed, TestbedError, leftovers, parse_rate, why_unusable
-from tests.root import scratch_testbed_name
+from tests.root import scratch_subnet, scratch_testbed_name
 
 REASON = why_unusable()
 pytestmark = [pytest.mark.root, pytest.mark.skipif(REASON is not None, reason=REASON or "")]
@@ -22,14 +22,14 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 TOOLS = [sys.executable, os.path.join(HERE, "nettools.py")]
 NAME_L, NAME_R, NAME_A, NAME_D, NAME_M, NAME_T, NAME_X, NAME_C = map(scratch_testbed_name, "lradmtxc")
-# Each test has its own name and /24 so that a failed test cannot collide with the next.
-SUBNETS = iter(f"10.78.{i}.0/24" for i in range(10, 250))
+# Each test has its own name and /24 (scratch_subnet: never one this run took before) so
+# that a failed test cannot collide with the next.
 
 
 def make(name: str, **kw) -> Testbed:
     kw.setdefault("hosts", 2)
     kw.setdefault("rate", "200mbit")
-    return Testbed(name=name, subnet=next(SUBNETS), replace=True, **kw)
+    return Testbed(name=name, subnet=scratch_subnet(), replace=True, **kw)
 
 
 def start_sink(tb: Testbed, node, argv) -> subprocess.Popen:
@@ -155,7 +155,7 @@ def test_teardown_leaves_nothing_even_on_error():
 def test_up_refuses_to_clobber_an_existing_testbed():
     with make(NAME_X, hosts=1):
         with pytest.raises(TestbedError, match="already exists"):
-            Testbed(1, "100mbit", name=NAME_X, subnet="10.78.251.0/24").up()
+            Testbed(1, "100mbit", name=NAME_X, subnet=scratch_subnet()).up()
     assert leftovers(NAME_X) == []
 
 
@@ -167,11 +167,13 @@ def test_cli_up_run_status_down():
         return subprocess.run(cli + list(args), capture_output=True, text=True, env=env, timeout=60)
 
     try:
-        up = call("up", "--hosts", "2", "--rate", "100mbit", "--subnet", "10.78.252.0/24", "--replace")
+        subnet = scratch_subnet()
+        up = call("up", "--hosts", "2", "--rate", "100mbit", "--subnet", subnet, "--replace")
         assert up.returncode == 0, up.stderr
         assert "h1" in up.stdout and "200mbit" in up.stdout  # aggregator: 2 x 100mbit
         run = call("run", "--host", "1", "--", "ip", "-o", "-4", "addr", "show", "eth0")
-        assert run.returncode == 0 and "10.78.252.2/24" in run.stdout, run.stderr
+        host1 = subnet.replace(".0/24", ".2/24")  # hosts from .1
+        assert run.returncode == 0 and host1 in run.stdout, run.stderr
         assert call("run", "--host", "0", "--", "sh", "-c", "exit 3").returncode == 3
         bad = call("run", "--host", "7", "--", "true")
         assert bad.returncode == 2 and "no host" in bad.stderr

@@ -26,7 +26,7 @@ import pytest
 from netreduce.protocol.client import ControlClient
 from netreduce.testbed import Testbed, why_unusable
 from tests.procs import collect_ok
-from tests.root import wait_for_capture_file
+from tests.root import scratch_subnet, wait_for_capture_file
 from tests.root.test_xdp_transport import native, xdp_name  # noqa: F401  (fixture)
 
 REASON = why_unusable()
@@ -66,7 +66,7 @@ def test_exact_results_through_the_xdp_aggregator_with_loss(native, mtu):
     hosts = 3
     with Testbed(hosts=hosts, rate="10gbit", mtu=mtu, loss=0.01, loss_proto="udp",
                  name=xdp_name("a" if mtu == 1500 else "b"),
-                 subnet="10.78.234.0/24" if mtu == 1500 else "10.78.235.0/24", replace=True) as tb:
+                 subnet=scratch_subnet(), replace=True) as tb:
         # unicast: every result through the AF_XDP socket (counted below)
         switch = tb.spawn_switch(env=env(), args=["--transport", "xdp", "--fanout", "unicast"])
         try:
@@ -109,7 +109,7 @@ def test_capture_of_the_xdp_path_decodes_as_rocev2_with_valid_checksums(native, 
     payload = 4096 if mtu == 9000 else 1432
     pcap = tmp_path / "xdp.pcap"
     with Testbed(hosts=2, rate="10gbit", mtu=mtu, name=xdp_name("c" if mtu == 1500 else "d"),
-                 subnet="10.78.236.0/24" if mtu == 1500 else "10.78.237.0/24", replace=True) as tb:
+                 subnet=scratch_subnet(), replace=True) as tb:
         switch = tb.spawn_switch(env=env(), args=["--transport", "xdp", "--payload-bytes",
                                                   str(payload), "--fanout", "unicast"])
         cap = subprocess.Popen(["tshark", "-i", tb.aggregator.peer, "-f", "udp port 4791",
@@ -171,7 +171,7 @@ def test_fallback_and_refusal_are_named_in_the_log(native):
     capabilities falls back the same way, naming them."""
     hosts = 2
     with Testbed(hosts=hosts, rate="10gbit", mtu=1500, name=xdp_name("f"),
-                 subnet="10.78.238.0/24", replace=True) as tb:
+                 subnet=scratch_subnet(), replace=True) as tb:
         first = tb.spawn_switch(env=env(), args=["--transport", "xdp"])
         try:
             second = tb.spawn_switch(port=4800, env=env(), args=["--transport", "xdp"])
@@ -240,7 +240,7 @@ def test_xdp_path_checks_every_icrc_whatever_the_sender_says(native):
     hands over frames no kernel checked, so a packet claiming a UDP checksum (BTH
     byte 8, 0x08) with a wrong ICRC is still dropped as bad_icrc there."""
     with Testbed(hosts=1, rate="10gbit", mtu=1500, name=xdp_name("f"),
-                 subnet="10.78.238.0/24", replace=True) as tb:
+                 subnet=scratch_subnet(), replace=True) as tb:
         switch = tb.spawn_switch(env=env(), args=["--transport", "xdp", "--payload-bytes", "1432"])
         try:
             # A rank of host 0 registers and forges its own packet, from its data address.

@@ -16,6 +16,7 @@ import sys
 import pytest
 
 from netreduce.testbed import Testbed, why_unusable
+from tests.root import scratch_subnet
 
 REASON = why_unusable()
 pytestmark = [pytest.mark.root, pytest.mark.skipif(REASON is not None, reason=REASON or "")]
@@ -73,7 +74,7 @@ def finish(p: subprocess.Popen) -> dict:
 def bed(request, native):
     with Testbed(hosts=1, rate="10gbit", mtu=request.param, ipv6=True,
                  name=xdp_name("m" if request.param == 1500 else "j"),
-                 subnet="10.78.231.0/24" if request.param == 1500 else "10.78.232.0/24",
+                 subnet=scratch_subnet(),
                  replace=True) as tb:
         yield tb
 
