@@ -12,6 +12,10 @@ PYTHONPATH).
    started and returned; written to PATH as JSON at exit, in the clock of
    NETREDUCE_TIMELINE (wall-clock microseconds), so the two line up. A PATH with
    ``{rank}`` in it: every rank records, to its own file.
+3. NRBENCH_SET_TO_NONE=0: ``optimizer.zero_grad()`` called without an argument zeroes
+   the gradients in place (``set_to_none=False``) instead of dropping them (torch's
+   default): the gradients' memory then lives from step to step (with
+   ``--env-variant``, each mode against itself with torch's default).
 """
 import os
 
@@ -84,6 +88,24 @@ if "{rank}" in os.environ.get("NRBENCH_PHASES", ""):  # every rank, a file each
     _probe(os.environ["NRBENCH_PHASES"].replace("{rank}", _RANK))
 elif os.environ.get("NRBENCH_PHASES") and _RANK == "0":
     _probe(os.environ["NRBENCH_PHASES"])
+
+
+def _zero_in_place() -> None:
+    import functools
+
+    import torch
+
+    zero_grad = torch.optim.Optimizer.zero_grad
+
+    @functools.wraps(zero_grad)
+    def zero_grad_in_place(self, set_to_none=False):
+        return zero_grad(self, set_to_none)
+
+    torch.optim.Optimizer.zero_grad = zero_grad_in_place
+
+
+if os.environ.get("NRBENCH_SET_TO_NONE") == "0":
+    _zero_in_place()
 
 
 def _frameworks_from_tree() -> None:
