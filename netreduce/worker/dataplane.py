@@ -14,8 +14,9 @@ from typing import Any, Callable, Dict, Optional, Tuple
 import numpy as np
 
 from netreduce import _native, config
-from netreduce.algorithms.base import check_reduction
+from netreduce.algorithms.base import OPS, check_reduction
 from netreduce.errors import AdmissionError, ControlPlaneError, DataPlaneError
+from netreduce.ops import NATIVE_DTYPES
 from netreduce.protocol import auth, data_address, messages
 from netreduce.protocol.address import format_address, resolve
 from netreduce.protocol.client import ControlConnection
@@ -64,10 +65,37 @@ def _fanout(grant: messages.RegisterReply) -> str:
     return "auto" if grant.group_optional else "multicast"
 
 
-class Request:
-    """An all-reduce in flight on the engine thread."""
+# The dtypes the engine carries as they are, by numpy dtype (ops.dtype_name's names).
+_CARRIED = {np.dtype(name): name for name in NATIVE_DTYPES if name != "bfloat16"}
+_OPS = frozenset(OPS)
 
-    def __init__(self, native_req: Any, result: np.ndarray, where: str) -> None:
+
+def _checked(src: Any, dst: Any, op: str, dtype: Optional[str]) -> Tuple[np.ndarray, np.ndarray, str]:
+    """check_reduction's (src, dst, dtype name), with one look at each array where both
+    are plain C-contiguous, writeable numpy arrays of a carried dtype, alike (what the
+    executor hands over per data message and round: ~2.6 -> ~1 us at load 20);
+    anything else, and every error, goes through check_reduction itself."""
+    if dtype is None and type(src) is np.ndarray and op in _OPS:
+        name = _CARRIED.get(src.dtype)
+        flags = src.flags
+        if name is not None and flags.c_contiguous:
+            if dst is None:
+                if flags.writeable:
+                    return src, src, name
+            elif type(dst) is np.ndarray and dst.dtype == src.dtype and \
+                    dst.nbytes == src.nbytes:
+                flags = dst.flags
+                if flags.c_contiguous and flags.writeable:
+                    return src, dst, name
+    return check_reduction(src, dst, op, dtype, "the aggregator")
+
+
+class Request:
+    """An all-reduce in flight on the engine thread. ``where`` names the connection in
+    an error: called only when the request fails (building the words per call was
+    ~3.7 us of Python at load 20, per data message and round on the executor)."""
+
+    def __init__(self, native_req: Any, result: np.ndarray, where: Callable[[], str]) -> None:
         self._req = native_req
         self._result = result
         self._where = where
@@ -79,7 +107,7 @@ class Request:
         try:
             self._req.wait()
         except _native.EngineError as exc:
-            raise _translate(exc, self._where) from None
+            raise _translate(exc, self._where()) from None
         return self._result
 
 
@@ -286,13 +314,13 @@ class Connection:
         (float32 and float64 sums, owner -1): ``dst`` receives the sum times
         ``scale``, as numpy multiplies it, in the engine's copy of each result into
         place (an Average's 1/N without a second pass over ``dst``)."""
-        src, dst, name = check_reduction(src, dst, op, dtype, "the aggregator")
+        src, dst, name = _checked(src, dst, op, dtype)
         engine = self._live()
         try:
             req = engine.submit(src, dst, _native.DTYPES[name], _native.OPS[op], owner, scale)
         except _native.EngineError as exc:
             raise _translate(exc, self._where()) from None
-        return Request(req, dst, self._where())
+        return Request(req, dst, self._where)
 
     def chunk_elements(self, accum_width: int) -> int:
         """Elements per chunk (packet) of a dtype whose slot accumulator has
