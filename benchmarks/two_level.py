@@ -30,7 +30,7 @@ import sys
 import threading
 import time
 import uuid
-from typing import Deque, Dict, List, Sequence
+from typing import Deque, Dict, List, Sequence, Union
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
@@ -140,12 +140,16 @@ def _failure(mode: str, procs: List[subprocess.Popen], errs: Dict[int, str],
 
 
 def run_mode(tb: Testbed, mode: str, size: int, iters: int, timeout: float = 300,
-             per_host: int = 1, rack_args: Sequence[str] = (), rank_timeout_s: float = 60) -> Dict:
+             per_host: int = 1, rack_args: Sequence[str] = (),
+             rank_timeout_s: Union[float, Sequence[float]] = 60) -> Dict:
     """One job in ``mode`` ('single' or 'tree'): per-rank results and per-node wire
     bytes. ``per_host`` > 1 runs that many ranks in each worker host (the launcher's
     local ranks): the hierarchical all-reduce, its shards through the tree. A rank
     that fails raises RuntimeError with every failed rank's error, the job's counters
-    at its aggregators as that rank left, and the daemons' last output lines."""
+    at its aggregators as that rank left, and the daemons' last output lines.
+    ``rank_timeout_s``: each rank's NETREDUCE_TIMEOUT, or one per rank (a rank that
+    waits longer holds the job open while the others read its counters: an
+    aggregator frees a job once every rank has left)."""
     spine = tb.hosts[SPINE].address
     daemons = []
     logs: Dict[str, Deque[str]] = {}
@@ -157,12 +161,14 @@ def run_mode(tb: Testbed, mode: str, size: int, iters: int, timeout: float = 300
         before = tb.counters()
         job = f"tb2-{mode}-" + uuid.uuid4().hex[:6]
         procs = []
+        timeouts = ([float(rank_timeout_s)] * (RANKS * per_host)
+                    if isinstance(rank_timeout_s, (int, float)) else list(rank_timeout_s))
         for r in range(RANKS * per_host):
             host = r // per_host
             env = dict(os.environ, NETREDUCE_SWITCH=f"{spine}:4791", NETREDUCE_JOB=job,
                        NETREDUCE_RANK=str(r), NETREDUCE_SIZE=str(RANKS * per_host),
                        NETREDUCE_LOCAL_RANK=str(r % per_host), NETREDUCE_LOCAL_SIZE=str(per_host),
-                       NETREDUCE_TIMEOUT=str(rank_timeout_s),
+                       NETREDUCE_TIMEOUT=str(timeouts[r]),
                        PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]))
             if mode == "tree":
                 env["NETREDUCE_RACK_SWITCH"] = f"{tb.hosts[RACKS[host * 2 // RANKS]].address}:4791"

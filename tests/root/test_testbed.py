@@ -112,9 +112,12 @@ def test_aggregator_link_carries_n_times_the_host_rate():
         for s in sources:
             assert s.wait(30) == 0
         rates = [result(s)["rate_bps"] for s in sinks]
-    # Three hosts at full rate at once: the aggregator's 3x link is not the bottleneck.
+    # Three hosts at full rate at once: the aggregator's 3x link is not the bottleneck
+    # (if it were, each would get a third). +-20 %: three sinks and sources on a loaded
+    # machine read 112.6 Mbit/s once in 31 (flakehunt2, load 18-21); the shaping's own
+    # accuracy is test_host_link_rate_within_10_percent's (one pair).
     for r in rates:
-        assert 0.90 * rate <= r <= 1.10 * rate, [f"{x / 1e6:.1f}" for x in rates]
+        assert 0.80 * rate <= r <= 1.20 * rate, [f"{x / 1e6:.1f}" for x in rates]
 
 
 def test_loss_rule_drops_about_the_asked_fraction():
