@@ -12,8 +12,8 @@ def scratch_testbed_name(tag: str) -> str:
     return f"n{os.getpid() & 0xFFFFF:05x}{tag}"
 
 
-# The /24s scratch_subnet hands out: 10.78.16.0/24 up to 10.78.199.0/24 (the fixed
-# 10.78.251-254 of test_two_level_testbed stay outside it).
+# The /24s scratch_subnet hands out: 10.78.16.0/24 up to 10.78.199.0/24 (every
+# testbed of tests/root takes one; benchmarks and helpers use other 10.x ranges).
 _FIRST, _COUNT = 16, 184
 _taken: set = set()
 
