@@ -26,7 +26,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-from typing import Dict, Iterator, Optional, Sequence
+from typing import Dict, Iterator, Sequence
 
 from netreduce.testbed import Testbed, why_unusable
 from netreduce.testbed import slurm as slurm_mod
@@ -48,14 +48,14 @@ class SlurmOnTestbed:
 
 
 @contextlib.contextmanager
-def slurm_on_testbed(tag: str, subnet: Optional[str] = None, hosts: int = 2, cpus: int = 8,
+def slurm_on_testbed(tag: str, hosts: int = 2, cpus: int = 8,
                      switch_args: Sequence[str] = ()) -> Iterator[SlurmOnTestbed]:
     base = dict(os.environ, PYTHONPATH=os.pathsep.join(
         p for p in (REPO, os.environ.get("PYTHONPATH")) if p))
     for name in ("NETREDUCE_SWITCH", "NETREDUCE_JOB_SECRET", "NETREDUCE_JOB"):
         base.pop(name, None)
     with Testbed(hosts=hosts, rate="1gbit", name=scratch_testbed_name(tag),
-                 subnet=subnet or scratch_subnet(),
+                 subnet=scratch_subnet(),
                  replace=True) as tb:
         aggregator = tb.spawn_switch(port=4791, args=["--require-secret", *switch_args], env=base)
         try:
