@@ -14,9 +14,8 @@ from typing import Any, Callable, Dict, Optional, Tuple
 import numpy as np
 
 from netreduce import _native, config
-from netreduce.algorithms.base import OPS, check_reduction
+from netreduce.algorithms.base import check_reduction
 from netreduce.errors import AdmissionError, ControlPlaneError, DataPlaneError
-from netreduce.ops import NATIVE_DTYPES
 from netreduce.protocol import auth, data_address, messages
 from netreduce.protocol.address import format_address, resolve
 from netreduce.protocol.client import ControlConnection
@@ -63,31 +62,6 @@ def _fanout(grant: messages.RegisterReply) -> str:
     if not grant.group:
         return "unicast"
     return "auto" if grant.group_optional else "multicast"
-
-
-# The dtypes the engine carries as they are, by numpy dtype (ops.dtype_name's names).
-_CARRIED = {np.dtype(name): name for name in NATIVE_DTYPES if name != "bfloat16"}
-_OPS = frozenset(OPS)
-
-
-def _checked(src: Any, dst: Any, op: str, dtype: Optional[str]) -> Tuple[np.ndarray, np.ndarray, str]:
-    """check_reduction's (src, dst, dtype name), with one look at each array where both
-    are plain C-contiguous, writeable numpy arrays of a carried dtype, alike (what the
-    executor hands over per data message and round: ~2.6 -> ~1 us at load 20);
-    anything else, and every error, goes through check_reduction itself."""
-    if dtype is None and type(src) is np.ndarray and op in _OPS:
-        name = _CARRIED.get(src.dtype)
-        flags = src.flags
-        if name is not None and flags.c_contiguous:
-            if dst is None:
-                if flags.writeable:
-                    return src, src, name
-            elif type(dst) is np.ndarray and dst.dtype == src.dtype and \
-                    dst.nbytes == src.nbytes:
-                flags = dst.flags
-                if flags.c_contiguous and flags.writeable:
-                    return src, dst, name
-    return check_reduction(src, dst, op, dtype, "the aggregator")
 
 
 class Request:
@@ -314,7 +288,7 @@ class Connection:
         (float32 and float64 sums, owner -1): ``dst`` receives the sum times
         ``scale``, as numpy multiplies it, in the engine's copy of each result into
         place (an Average's 1/N without a second pass over ``dst``)."""
-        src, dst, name = _checked(src, dst, op, dtype)
+        src, dst, name = check_reduction(src, dst, op, dtype, "the aggregator")
         engine = self._live()
         try:
             req = engine.submit(src, dst, _native.DTYPES[name], _native.OPS[op], owner, scale)

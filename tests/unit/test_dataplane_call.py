@@ -1,7 +1,7 @@
 """The flat data plane's per-call Python (issue 33, a rank's CPU per training step):
 ``Connection.allreduce_async`` builds the words that name the connection only when a
-request fails, and checks plain arrays with one look each -- the same arrays accepted,
-the same errors raised, as ``check_reduction``."""
+request fails, and ``check_reduction`` checks plain arrays with one look each -- the same
+arrays accepted, the same errors raised, as its full checks."""
 from __future__ import annotations
 
 import types
@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from netreduce import _native
+from netreduce.algorithms import base
 from netreduce.algorithms.base import check_reduction
 from netreduce.worker import dataplane
 from netreduce.worker.dataplane import Connection
@@ -82,14 +83,29 @@ def _cases() -> List[Any]:
 
 
 @pytest.mark.parametrize("case", range(len(_cases())))
-def test_checked_is_check_reduction(case):
+def test_the_one_look_is_the_full_check(case):
     src, dst, op, dtype = _cases()[case]
     try:
-        want = check_reduction(src, dst, op, dtype, "the aggregator")
+        want = base._check_in_full(src, dst, op, dtype, "the aggregator")
     except Exception as exc:  # the same error, the same words
         with pytest.raises(type(exc)) as info:
-            dataplane._checked(src, dst, op, dtype)
+            check_reduction(src, dst, op, dtype, "the aggregator")
         assert str(info.value) == str(exc)
         return
-    got = dataplane._checked(src, dst, op, dtype)
+    got = check_reduction(src, dst, op, dtype, "the aggregator")
     assert got[0] is want[0] and got[1] is want[1] and got[2] == want[2]
+
+
+def test_plain_arrays_take_one_look(monkeypatch):
+    """The executor's arrays (plain, C-contiguous, writeable, a carried dtype) never
+    reach the full checks: every caller of check_reduction gets the one look."""
+    def full(*args: Any) -> Any:
+        raise AssertionError("the full checks ran for a plain array")
+
+    monkeypatch.setattr(base, "_check_in_full", full)
+    x = np.ones(16, np.float32)
+    out = np.empty_like(x)
+    assert check_reduction(x, out, "sum", None, "netreduce")[1] is out
+    assert check_reduction(np.ones(4, np.int64), None, "max", None, "netreduce")[2] == "int64"
+    conn = _connection([_Req()])
+    assert conn.allreduce_async(x, out).wait() is out
