@@ -47,7 +47,8 @@ dp = api._communicator().dp
 x = (np.arange(400_003, dtype=np.float32) % 89) * (r + 1)
 ENGINE, AGG = @KEYS@
 def snap():
-    jobs = [list(c.counters()["jobs"].values())[0] for c in dp.connections]
+    jobs = [[j for j in c.counters()["jobs"].values() if not j.get("finished")][0]
+            for c in dp.connections]
     return [c.stats() for c in dp.connections], jobs
 for it in range(int(os.environ["OWNER_RESENDS_ITERS"])):
     nr.barrier(); (e0, a0) = snap()

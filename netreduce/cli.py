@@ -87,7 +87,7 @@ def probe(text: str, what: str = "NETREDUCE_SWITCH", timeout: float = 2.0) -> Di
     out["jobs"] = {name: {k: job.get(k) for k in ("size", "ranks", "payload_bytes",
                                                    "payload_reason", "slots_completed",
                                                    "group_unicast_copies", "epoch", "resizes",
-                                                   "drop_bad_source")}
+                                                   "drop_bad_source", "finished")}
                    for name, job in counters.get("jobs", {}).items()}
     # Contributions from addresses no rank registered (docs/operations.md, *Security*).
     out["drop_bad_source"] = counters.get("global", {}).get("drop_bad_source", 0)
@@ -152,7 +152,8 @@ def _print_aggregator(agg: Dict[str, Any], w: Any) -> None:
     if not agg["jobs"]:
         w("  no jobs admitted\n")
     for name, job in agg["jobs"].items():
-        w(f"  job '{name}' ({len(job['ranks'] or [])} of {job['size']} ranks): "
+        state = "finished; " if job.get("finished") else ""
+        w(f"  job '{name}' ({state}{len(job['ranks'] or [])} of {job['size']} ranks): "
           f"{job['payload_reason']}\n")
         if job.get("epoch"):  # an elastic job (switch/epochs.py)
             w(f"    membership epoch {job['epoch']}, resized {job.get('resizes') or 0} "

@@ -335,3 +335,17 @@ class Guard:
     def may_read(self, sess: Any, job: str) -> bool:
         return bool(sess.state.get("operator")) or sess.state.get("auth_job") == job or \
             self.is_open(job)
+
+    def verifier(self, job: str) -> Optional[str]:
+        """The public key of ``job``'s secret while a connection is bound to it; None
+        for a job admitted without one (or not known)."""
+        with self._lock:
+            return self._verifiers.get(job)
+
+    def may_read_finished(self, sess: Any, job: str, pub: Optional[str]) -> bool:
+        """Whether ``sess`` may read the kept counters of finished ``job``, whose secret's
+        key was ``pub`` (None: an open job): the operator, anyone for an open job, or a
+        connection bound to that name with the same secret."""
+        if sess.state.get("operator") or pub is None:
+            return True
+        return sess.state.get("auth_job") == job and self.verifier(job) == pub

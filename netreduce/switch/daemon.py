@@ -151,6 +151,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pending-job-timeout", type=float, default=Limits.pending_job_s,
                    help="seconds a job's ranks have to register after its first; then the "
                         "job is dropped, its registered ranks told why")
+    p.add_argument("--finished-job-s", type=float, default=Limits.finished_job_s,
+                   help="seconds a finished job's last counters stay readable (counters, "
+                        "metrics: marked finished) after its last rank leaves; 0: dropped "
+                        "with the job")
     p.add_argument("--stop-timeout", type=float, default=10.0,
                    help="on SIGTERM, seconds to wait for connected ranks to leave after "
                         "admission closes and their jobs are told; then exit 0 regardless")
@@ -314,7 +318,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         beyond_loopback=beyond and not args.require_secret),
             limits=Limits(pending_idle_s=args.handshake_timeout, max_pending=args.max_pending,
                           max_jobs=args.max_jobs, pending_jobs_per_source=args.max_pending_jobs,
-                          pending_job_s=args.pending_job_timeout), tls=tls_ctx)
+                          pending_job_s=args.pending_job_timeout,
+                          finished_job_s=args.finished_job_s), tls=tls_ctx)
     except (NetReduceError, OSError, ValueError, ssl.SSLError) as exc:
         print(f"netreduce-switch: {exc}", file=sys.stderr)
         return 2

@@ -25,6 +25,9 @@ class Limits:
     pending_jobs: int = 64              # from all sources at once
     pending_jobs_per_source: int = 4    # from one source address at once (--max-pending-jobs)
     pending_job_s: float = 300.0        # then the job is dropped (--pending-job-timeout)
+    # A finished job's last counters stay readable (counters, metrics) this long
+    # (--finished-job-s; switch/finished.py): two of Prometheus' default scrape intervals.
+    finished_job_s: float = 120.0
 
 
 class PendingConnections:

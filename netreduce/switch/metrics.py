@@ -6,7 +6,8 @@ moment, so nothing copies numbers in the background and a scrape never sees a jo
 that has already left. Names follow Prometheus conventions: counters end in
 ``_total``, sizes in ``_bytes``; ``netreduce_switch_*`` counts over the daemon's
 lifetime, ``netreduce_switch_job_*{job="..."}`` over one admitted job (the series
-go when the job's last rank leaves). docs/operations.md lists every metric."""
+stay ``--finished-job-s`` after the job's last rank leaves, with ``finished`` 1:
+switch/finished.py). docs/operations.md lists every metric."""
 from __future__ import annotations
 
 import logging
@@ -149,7 +150,9 @@ class SwitchCollector(Collector):
                     ("slots_filling", "Slot rounds begun but not complete (slot occupancy)",
                      _filling(c)),
                     ("membership_epoch", "An elastic job's membership epoch (0: not elastic)",
-                     c.get("epoch", 0))]:
+                     c.get("epoch", 0)),
+                    ("finished", "1: the job's last rank has left and these are its last "
+                     "counters, kept --finished-job-s", int(bool(c.get("finished"))))]:
                 family(GaugeMetricFamily, name, doc, []).add_metric([job], value)
         yield from fam.values()
 

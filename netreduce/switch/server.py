@@ -29,6 +29,7 @@ from netreduce.protocol import data_address
 from netreduce.protocol.address import family_of, format_address, parse_address, unmap
 from netreduce.protocol.auth import AuthError, Guard
 from netreduce.switch import dispatch, epochs, fanout, pending, window
+from netreduce.switch.finished import FinishedJobs
 from netreduce.switch import verbs  # noqa: F401  registers verbs_connect, a built-in to every server
 from netreduce.switch.commands import (DISCONNECT_HOOKS, HANDLERS, INLINE, JOB_FAILURE_HOOKS,
                                        RequestError)
@@ -140,6 +141,7 @@ class ControlServer:
         self.pending_jobs: Dict[int, JobRecord] = {}
         self.refused = {"max_jobs": 0, "pending": 0}  # refusals decided here, not natively
         self.closing_later: List[Any] = []  # (monotonic deadline, conn) of dropped jobs' ranks
+        self.finished = FinishedJobs(self.limits.finished_job_s)  # last counters, a while
         self.max_jobs = self.limits.max_jobs if self.limits.max_jobs is not None else \
             (int(aggregator.counters()["jobs_max"]) if aggregator is not None else 0)
         family = family_of(host)  # IPv6 hosts; "::" serves IPv4 ranks too, as the UDP ports
@@ -286,6 +288,7 @@ class ControlServer:
                                 created=time.monotonic())
                 self.jobs[name] = job
                 self.pending_jobs[id(job)] = job
+                self.finished.forget(name)  # this run's counters start again
                 epochs.admitted(self, job, past)
                 views = []
             elif job.size != size:
@@ -513,6 +516,9 @@ class ControlServer:
                     del self.jobs[job.name]
                 self.admitted.pop(id(job), None)
                 self.pending_jobs.pop(id(job), None)
+                view = self._job_view(job)
+                if view is not None:
+                    self.finished.keep(job.name, view, self.guard.verifier(job.name))
                 self.aggregator.remove_job(job.index)
                 log.info("job '%s' finished: pool %d freed", job.name, job.index)
 
@@ -524,6 +530,21 @@ class ControlServer:
         except AuthError as exc:
             raise RequestError(str(exc)) from None
         self.pending.settle(sess)
+
+    def _job_view(self, job: JobRecord) -> Optional[Dict[str, Any]]:
+        """One job's counters as ``counters`` shows them; None once its pool is gone."""
+        try:
+            c = dict(self.aggregator.job_counters(job.index))
+        except ValueError:
+            return None
+        if job.fanout_reason:
+            c["fanout_reason"] = job.fanout_reason
+        c.update(index=job.index, size=job.size, ranks=sorted(job.ranks),
+                 epoch=job.epoch, resizes=job.resizes,
+                 payload_bytes=job.payload_bytes, window_fit=job.window_fit,
+                 payload_reason=job.payload_reason if job.payload_final else
+                 f"pending until every rank has registered ({job.payload_reason})")
+        return c
 
     def counters(self, sess: Optional[Session] = None,
                  msg: Optional[messages.Counters] = None) -> Dict[str, Any]:
@@ -547,18 +568,16 @@ class ControlServer:
             if sess is not None and not self.guard.may_read(sess, job.name):
                 hidden += 1
                 continue
-            try:
-                c = dict(self.aggregator.job_counters(job.index))
-            except ValueError:
-                continue  # removed meanwhile
-            if job.fanout_reason:
-                c["fanout_reason"] = job.fanout_reason
-            c.update(index=job.index, size=job.size, ranks=sorted(job.ranks),
-                     epoch=job.epoch, resizes=job.resizes,
-                     payload_bytes=job.payload_bytes, window_fit=job.window_fit,
-                     payload_reason=job.payload_reason if job.payload_final else
-                     f"pending until every rank has registered ({job.payload_reason})")
-            jobs[job.name] = c
+            view = self._job_view(job)
+            if view is not None:  # None: removed meanwhile
+                jobs[job.name] = view
+        for name, view, pub in self.finished.current():  # last counters, --finished-job-s
+            if name in jobs or any(job.name == name for job in records):
+                continue  # a new run of the name is live
+            if sess is not None and not self.guard.may_read_finished(sess, name, pub):
+                hidden += 1
+                continue
+            jobs[name] = view
         g = dict(self.aggregator.counters())
         with self.lock:
             # --max-jobs counts admitted jobs; pending ones hold pools in room beside it.

@@ -113,7 +113,9 @@ def status_lines(srv: Any, address: str) -> List[str]:
     if snap.get("transport"):
         lines.append(transport_line(snap["transport"]))
     for name, c in sorted(snap["jobs"].items()):
-        lines.append(f"job '{name}' (index {c['index']}): {len(c['ranks'])}/{c['size']} ranks, "
+        state = "finished, " if c.get("finished") else ""
+        lines.append(f"job '{name}' (index {c['index']}): {state}"
+                     f"{len(c['ranks'])}/{c['size']} ranks, "
                      f"{c.get('slots', '?')} slots x {c.get('payload_bytes', '?')} B, "
                      f"packets in {c['packets_in']} out {c['packets_out']}, "
                      f"{c['bytes_reduced']} B reduced, {c['duplicates']} duplicates, "

@@ -102,6 +102,32 @@ def test_a_proof_cannot_be_replayed_or_sent_without_a_challenge(daemon):
         assert SECRET not in json.dumps(wire) and set(wire) == {"pub", "sig"}
 
 
+def test_a_finished_secret_jobs_counters_stay_its_own_and_the_operators(daemon):
+    """The counters a job leaves behind (--finished-job-s) are read as the live job's:
+    a stranger, or a reader with another secret under the same name, sees nothing."""
+    job = _job()
+    with ControlClient(daemon.address) as r0, ControlClient(daemon.address) as r1:
+        _register(r0, job, 0, 2, SECRET)
+        _register(r1, job, 1, 2, SECRET)
+        r1.call("release")
+        r0.call("release")  # the last rank out: the pool is freed, the counters kept
+        mine = r0.call("counters")["jobs"]
+        assert mine[job]["finished"] is True and mine[job]["ranks"] == [] and \
+            mine[job]["size"] == 2
+    with ControlClient(daemon.address) as stranger:
+        assert job not in stranger.call("counters")["jobs"]
+    with ControlClient(daemon.address) as guess:
+        got = guess.call("counters", job=job, **auth.prove(guess.call, "guess", job, -1))
+        assert job not in got["jobs"] and got["hidden_jobs"] >= 1
+    with ControlClient(daemon.address) as reader:
+        got = reader.call("counters", job=job, **auth.prove(reader.call, SECRET, job, -1))
+        assert got["jobs"][job]["finished"] is True
+    with ControlClient(daemon.address) as op:
+        nonce = op.call("challenge")["nonce"]
+        got = op.call("counters", operator=auth.operator_proof(OPERATOR, nonce))
+        assert got["jobs"][job]["finished"] is True
+
+
 def test_the_name_alone_cannot_watch_or_abort_a_job(daemon):
     job = _job()
     with ControlClient(daemon.address) as r0, ControlClient(daemon.address) as thief:

@@ -110,6 +110,8 @@ def out_bytes():
     total = first = 0.0
     for c in dp.connections:
         for j in c.counters()["jobs"].values():
+            if j.get("finished"):  # an earlier job's last counters (--finished-job-s)
+                continue
             mean = j["bytes_out"] / j["packets_out"] if j["packets_out"] else 0.0
             total += j["bytes_out"]
             first += j["bytes_out"] - j["retransmitted_results"] * mean

@@ -10,7 +10,7 @@ import sys
 import time
 import urllib.request
 import uuid
-from typing import Dict, List, Tuple
+from typing import Any, Dict, List, Tuple
 
 import numpy as np
 import pytest
@@ -162,7 +162,24 @@ def test_scrape_counts_the_job(daemon):
                            and f"`{name}`" not in doc})
     assert not undocumented, f"not in docs/operations.md: {undocumented}"
 
-    # The job's series leave with its last rank; the lifetime counters stay.
+    assert _get(m, "netreduce_switch_job_finished", job=job) == 0
+
+    # The job's pool leaves with its last rank; its series stay, their last values,
+    # marked finished (--finished-job-s, 120 s by default); the lifetime counters too.
+    after = _after_the_job(url)
+    assert _get(after, "netreduce_switch_slot_memory_bytes") == 0
+    assert _get(after, "netreduce_switch_reduced_bytes_total") == COUNT * 4 * SIZE
+    assert _get(after, "netreduce_switch_job_finished", job=job) == 1
+    assert _get(after, "netreduce_switch_job_ranks_registered", job=job) == 0
+    for name, labels in [("netreduce_switch_job_reduced_bytes_total", {}),
+                         ("netreduce_switch_job_slots_completed_total", {}),
+                         ("netreduce_switch_job_packets_total", {"direction": "in"})]:
+        assert _get(after, name, job=job, **labels) == _get(m, name, job=job, **labels)
+
+
+def _after_the_job(url: str) -> Dict[Any, float]:
+    """A scrape once the daemon has no job admitted (its last rank's leave is handled
+    on the daemon's loop, after the rank's close returned)."""
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         after = _scrape(url)
@@ -170,9 +187,27 @@ def test_scrape_counts_the_job(daemon):
             break
         time.sleep(0.1)
     assert _get(after, "netreduce_switch_jobs_active") == 0
-    assert not [k for k in after if k[0].startswith("netreduce_switch_job_")]
-    assert _get(after, "netreduce_switch_reduced_bytes_total") == COUNT * 4 * SIZE
-    assert _get(after, "netreduce_switch_slot_memory_bytes") == 0
+    return after
+
+
+def test_a_finished_jobs_series_go_after_finished_job_s():
+    proc, address, url = _start("--finished-job-s", "1", "--fanout", "unicast")
+    try:
+        job = "gone-" + uuid.uuid4().hex[:8]
+        for c in _one_job(address, job):
+            c.close()
+        _after_the_job(url)
+        deadline = time.monotonic() + 30  # kept 1 s; a loaded machine scrapes late
+        while time.monotonic() < deadline:
+            after = _scrape(url)
+            if not [k for k in after if k[0].startswith("netreduce_switch_job_")]:
+                break
+            time.sleep(0.2)
+        assert not [k for k in after if k[0].startswith("netreduce_switch_job_")]
+        assert _get(after, "netreduce_switch_reduced_bytes_total") == COUNT * 4 * SIZE
+    finally:
+        terminate(proc)
+        proc.stdout.close()
 
 
 def _get_version() -> str:
