@@ -26,7 +26,11 @@ Every run, on one testbed, in an order rotated from run to run:
 
 Then the floor step = max(F + max(B, t_first_all + wire + tail) + U, (d)), F, B, U the
 compute mode's; against it: the bound F + max(B, S/R) + U, the target (1.1 x the
-bound), and the measured hvd and DDP steps (per run, then medians (min-max)).
+bound), and the measured hvd and DDP steps (per run, then medians (min-max)). Where
+the machine's load moves between a run's modes, read ``hvd_own_floor_s`` beside it:
+the same time floor on the hvd step's own F, B, U (rank 0, the same steps), so that
+its step over that floor is the communication's part alone. ``--refloor RECORD``
+recomputes a record's floors and summary without measuring.
 The wire is measured on an idle machine and the first gradient under the step's
 contention: the floor is one that an all-reduce on these cores could reach only
 if sending cost no CPU beside the compute (that is (d)'s part).
@@ -129,7 +133,33 @@ def floor(run: Dict[str, Any], s_bytes: int, rate_bps: float) -> Optional[Dict[s
         if step:
             out[f"{mode}_vs_floor"] = round(step / step_floor, 4)
             out[f"{mode}_vs_target"] = round(step / (1.1 * bound), 4)
+    # The same floor on the hvd step's own forward, backward and update (rank 0, the
+    # same steps): on a machine whose load moves between the modes of a run, the
+    # compute mode's F, B, U are another minute's; this one is not.
+    hp = run.get("hvd_phases") or {}
+    if all(hp.get(k) is not None for k in ("forward", "backward", "update", "step")):
+        own = hp["forward"] + max(hp["backward"], comm) + hp["update"]
+        out["hvd_own_floor_s"] = round(own, 5)
+        out["hvd_own_bound_s"] = round(hp["forward"] + max(hp["backward"], transfer) + hp["update"], 5)
+        out["hvd_step_vs_own_floor"] = round(hp["step"] / own, 4)
+        out["hvd_step_vs_own_bound"] = round(hp["step"] / out["hvd_own_bound_s"], 4)
+        out["hvd_own_target_vs_floor"] = round(1.1 * out["hvd_own_bound_s"] / own, 4)
     return out
+
+
+def refloor(record: Dict[str, Any]) -> Dict[str, Any]:
+    """A record's floors and summary computed again from its runs' parts (this file's
+    arithmetic, e.g. after it changed): the record, updated."""
+    s_bytes = record["summary"]["S_bytes"]
+    from netreduce.testbed.plan import parse_rate
+    rate = parse_rate(record["summary"]["rate"])
+    for run in record["runs"]:
+        run["hvd_phases"] = (run.get("modes", {}).get("nr-hvd") or {}).get("phases")
+        run["floor"] = floor(run, s_bytes, rate)
+    summary = summarize(record["runs"])
+    summary.update({k: record["summary"][k] for k in ("S_bytes", "rate", "mtu", "model")})
+    record["summary"] = summary
+    return record
 
 
 def summarize(runs: List[Dict[str, Any]]) -> Dict[str, Any]:
@@ -145,6 +175,7 @@ def summarize(runs: List[Dict[str, Any]]) -> Dict[str, Any]:
         out["part." + k] = common.spread([r.get(k) for r in runs])
     for part in ("forward", "backward", "update"):
         out["compute." + part] = common.spread([(r.get("phases") or {}).get(part) for r in runs])
+        out["nr-hvd." + part] = common.spread([(r.get("hvd_phases") or {}).get(part) for r in runs])
     for mode in STEPS:
         out[mode + ".step_s"] = common.spread([(r.get("steps") or {}).get(mode) for r in runs])
         out[mode + ".wait_s"] = common.spread([(r.get("waits") or {}).get(mode) for r in runs])
@@ -249,6 +280,7 @@ def one_run(tb, args, i: int, s_bytes: int, rate: float) -> Dict[str, Any]:
     run["cores"] = os.cpu_count() or 1
     run["steps"] = {k: (m.get(k, {}).get("phases") or {}).get("step") for k in STEPS}
     run["waits"] = {k: (m.get(k, {}).get("phases") or {}).get("wait") for k in STEPS}
+    run["hvd_phases"] = hvd.get("phases")
     run["floor"] = floor(run, s_bytes, rate)
     print("  run %d floor: %s" % (i, json.dumps(run["floor"])), flush=True)
     return run
@@ -284,7 +316,16 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--testbed-name", default="nrsf")
     ap.add_argument("--subnet", default="10.77.34.0/24")
     ap.add_argument("--out", default="")
+    ap.add_argument("--refloor", default="", metavar="RECORD",
+                    help="measure nothing: RECORD's floors and summary again (rewritten in place)")
     args = ap.parse_args(argv)
+    if args.refloor:
+        with open(args.refloor) as f:
+            record = refloor(json.load(f))
+        with open(args.refloor, "w") as f:
+            json.dump(record, f, indent=1)
+        print(json.dumps(record["summary"], indent=1))
+        return 0
     from netreduce.testbed import Testbed
     from netreduce.testbed.plan import parse_rate
     s_bytes = overlap_step.gradient_bytes(args.model)
