@@ -28,8 +28,9 @@ Then the floor step = max(F + max(B, t_first_all + wire + tail) + U, (d)), F, B,
 compute mode's; against it: the bound F + max(B, S/R) + U, the target (1.1 x the
 bound), and the measured hvd and DDP steps (per run, then medians (min-max)). Where
 the machine's load moves between a run's modes, read ``hvd_own_floor_s`` beside it:
-the same time floor on the hvd step's own F, B, U (rank 0, the same steps), so that
-its step over that floor is the communication's part alone. ``--refloor RECORD``
+the same time floor on the hvd step's own F, B, U (rank 0, the same steps), B taken
+to the latest rank's backward end (``skew_ms``), and hvd's backward + wait over its
+floor max(B + skew, t_first_all + wire + tail): the communication's part alone. ``--refloor RECORD``
 recomputes a record's floors and summary without measuring.
 The wire is measured on an idle machine and the first gradient under the step's
 contention: the floor is one that an all-reduce on these cores could reach only
@@ -135,15 +136,19 @@ def floor(run: Dict[str, Any], s_bytes: int, rate_bps: float) -> Optional[Dict[s
             out[f"{mode}_vs_target"] = round(step / (1.1 * bound), 4)
     # The same floor on the hvd step's own forward, backward and update (rank 0, the
     # same steps): on a machine whose load moves between the modes of a run, the
-    # compute mode's F, B, U are another minute's; this one is not.
+    # compute mode's F, B, U are another minute's; these are not. Its backward term
+    # is the latest rank's backward end on rank 0's clock (B + skew): the last
+    # gradient (conv1's) can not be summed before the slowest rank has made it.
     hp = run.get("hvd_phases") or {}
-    if all(hp.get(k) is not None for k in ("forward", "backward", "update", "step")):
-        own = hp["forward"] + max(hp["backward"], comm) + hp["update"]
-        out["hvd_own_floor_s"] = round(own, 5)
+    if all(hp.get(k) is not None for k in ("forward", "backward", "wait", "update")):
+        skew = max(0.0, (run.get("skew_ms") or 0.0) / 1e3)
+        bw = max(hp["backward"] + skew, comm)
+        out["hvd_bw_wait_s"] = round(hp["backward"] + hp["wait"], 5)
+        out["hvd_bw_wait_floor_s"] = round(bw, 5)
+        out["hvd_bw_wait_vs_floor"] = round((hp["backward"] + hp["wait"]) / bw, 4)
+        out["hvd_own_floor_s"] = round(hp["forward"] + bw + hp["update"], 5)
         out["hvd_own_bound_s"] = round(hp["forward"] + max(hp["backward"], transfer) + hp["update"], 5)
-        out["hvd_step_vs_own_floor"] = round(hp["step"] / own, 4)
-        out["hvd_step_vs_own_bound"] = round(hp["step"] / out["hvd_own_bound_s"], 4)
-        out["hvd_own_target_vs_floor"] = round(1.1 * out["hvd_own_bound_s"] / own, 4)
+        out["hvd_own_floor_vs_bound"] = round(out["hvd_own_floor_s"] / out["hvd_own_bound_s"], 4)
     return out
 
 
@@ -154,7 +159,9 @@ def refloor(record: Dict[str, Any]) -> Dict[str, Any]:
     from netreduce.testbed.plan import parse_rate
     rate = parse_rate(record["summary"]["rate"])
     for run in record["runs"]:
-        run["hvd_phases"] = (run.get("modes", {}).get("nr-hvd") or {}).get("phases")
+        hvd = run.get("modes", {}).get("nr-hvd") or {}
+        run["hvd_phases"] = hvd.get("phases")
+        run["skew_ms"] = ((hvd.get("tail") or {}).get("median") or {}).get("skew_ms")
         run["floor"] = floor(run, s_bytes, rate)
     summary = summarize(record["runs"])
     summary.update({k: record["summary"][k] for k in ("S_bytes", "rate", "mtu", "model")})
@@ -171,7 +178,7 @@ def summarize(runs: List[Dict[str, Any]]) -> Dict[str, Any]:
         out[k] = common.spread([f.get(k) for f in floors])
     for k in ("first_gradient", "wire_over_S/R", "tail"):
         out["over_transfer_ms." + k] = common.spread([f["over_transfer_ms"][k] for f in floors], 1)
-    for k in ("t_first_ms", "wire_s", "tail_ms", "compute_ranks_cpu_s", "comm_cpu_s"):
+    for k in ("t_first_ms", "wire_s", "tail_ms", "skew_ms", "compute_ranks_cpu_s", "comm_cpu_s"):
         out["part." + k] = common.spread([r.get(k) for r in runs])
     for part in ("forward", "backward", "update"):
         out["compute." + part] = common.spread([(r.get("phases") or {}).get(part) for r in runs])
@@ -281,6 +288,7 @@ def one_run(tb, args, i: int, s_bytes: int, rate: float) -> Dict[str, Any]:
     run["steps"] = {k: (m.get(k, {}).get("phases") or {}).get("step") for k in STEPS}
     run["waits"] = {k: (m.get(k, {}).get("phases") or {}).get("wait") for k in STEPS}
     run["hvd_phases"] = hvd.get("phases")
+    run["skew_ms"] = ((hvd.get("tail") or {}).get("median") or {}).get("skew_ms")
     run["floor"] = floor(run, s_bytes, rate)
     print("  run %d floor: %s" % (i, json.dumps(run["floor"])), flush=True)
     return run

@@ -75,21 +75,25 @@ def test_summary_takes_medians_of_the_runs():
     assert s["hvd_tail_after_ms"]["landing"]["median"] == 2.0
 
 
-def test_the_hvd_steps_own_floor_from_its_own_phases():
-    hp = {"forward": 0.1, "backward": 0.3, "update": 0.05, "step": 0.7}
-    f = step_floor.floor(_run(hvd_phases=hp), S, R)
+def test_the_hvd_steps_own_floor_from_its_own_phases_and_the_ranks_skew():
+    hp = {"forward": 0.1, "backward": 0.3, "wait": 0.2, "update": 0.05, "step": 0.7}
+    f = step_floor.floor(_run(hvd_phases=hp), S, R)  # no skew: the stream binds
+    assert f["hvd_bw_wait_floor_s"] == round(0.402, 5) and f["hvd_bw_wait_s"] == 0.5
+    assert f["hvd_bw_wait_vs_floor"] == round(0.5 / 0.402, 4)
     assert f["hvd_own_floor_s"] == round(0.1 + 0.402 + 0.05, 5)
     assert f["hvd_own_bound_s"] == round(0.1 + S * 8 / R + 0.05, 5)
-    assert f["hvd_step_vs_own_floor"] == round(0.7 / f["hvd_own_floor_s"], 4)
+    f = step_floor.floor(_run(hvd_phases=hp, skew_ms=150.0), S, R)  # the last rank binds
+    assert f["hvd_bw_wait_floor_s"] == 0.45
     assert "hvd_own_floor_s" not in step_floor.floor(_run(), S, R)
 
 
 def test_refloor_recomputes_a_record():
     run = _run(loads=[1.0])
-    run["modes"] = {"nr-hvd": {"phases": {"forward": 0.1, "backward": 0.3, "update": 0.05,
-                                          "step": 0.7}}}
+    run["modes"] = {"nr-hvd": {"phases": {"forward": 0.1, "backward": 0.3, "wait": 0.2,
+                                          "update": 0.05, "step": 0.7},
+                               "tail": {"median": {"skew_ms": 150.0}}}}
     record = {"summary": {"S_bytes": S, "rate": "1gbit", "mtu": 9000, "model": "resnet18"},
               "runs": [run]}
     out = step_floor.refloor(record)
-    assert out["runs"][0]["floor"]["hvd_own_floor_s"] == round(0.1 + 0.402 + 0.05, 5)
+    assert out["runs"][0]["floor"]["hvd_own_floor_s"] == round(0.1 + 0.45 + 0.05, 5)
     assert out["summary"]["with_floor"] == 1 and out["summary"]["S_bytes"] == S
