@@ -571,8 +571,9 @@ class ControlServer:
             view = self._job_view(job)
             if view is not None:  # None: removed meanwhile
                 jobs[job.name] = view
+        live = {job.name for job in records}
         for name, view, pub in self.finished.current():  # last counters, --finished-job-s
-            if name in jobs or any(job.name == name for job in records):
+            if name in live:
                 continue  # a new run of the name is live
             if sess is not None and not self.guard.may_read_finished(sess, name, pub):
                 hidden += 1
