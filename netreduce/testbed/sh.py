@@ -9,7 +9,7 @@ import os
 import shlex
 import shutil
 import subprocess
-from typing import Optional, Sequence
+from typing import List, Optional, Sequence, Set, Tuple
 
 from netreduce.testbed.plan import TestbedError
 
@@ -91,6 +91,55 @@ def list_links() -> list:
     return names
 
 
-def netns_pids(netns: str) -> list:
-    proc = run(["ip", "netns", "pids", netns], check=False)
-    return [int(p) for p in proc.stdout.split() if p.isdigit()]
+NETNS_DIR = "/run/netns"
+
+
+def netns_ids(namespaces: Sequence[str]) -> Set[Tuple[int, int]]:
+    """(device, inode) of each named namespace: what a process inside it shows as
+    /proc/PID/ns/net, also after the name is gone."""
+    ids = set()
+    for ns in namespaces:
+        try:
+            st = os.stat(os.path.join(NETNS_DIR, ns))
+        except OSError:
+            continue
+        ids.add((st.st_dev, st.st_ino))
+    return ids
+
+
+def _entering(argv: List[bytes], names: Set[str]) -> bool:
+    """True for `ip netns exec NAME ...` and `nsenter --net=/run/netns/NAME ...`: a
+    process on its way into NAME (it opens the namespace, then enters it, then execs)."""
+    if not argv:
+        return False
+    tool = os.path.basename(argv[0])
+    if tool == b"ip" and argv[1:3] == [b"netns", b"exec"] and len(argv) > 3:
+        return argv[3].decode(errors="replace") in names
+    if tool == b"nsenter":
+        return any(a.startswith(b"--net=") and os.path.basename(a[6:]).decode(errors="replace")
+                   in names for a in argv[1:])
+    return False
+
+
+def netns_members(namespaces: Sequence[str], ids: Set[Tuple[int, int]]) -> Set[int]:
+    """Processes inside a namespace of ``ids`` (netns_ids: found by the namespace
+    itself, so also once its name is deleted) or on their way into one of
+    ``namespaces``. `ip netns pids` alone misses a process started just before it
+    runs that has not entered yet: it enters a moment later, even after the name is
+    deleted, and lives on in the unnamed namespace."""
+    names, found = set(namespaces), set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            st = os.stat(f"/proc/{entry}/ns/net")
+            if (st.st_dev, st.st_ino) in ids:
+                found.add(int(entry))
+                continue
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue  # ended meanwhile, or not ours to read
+        if _entering(argv, names):
+            found.add(int(entry))
+    return found

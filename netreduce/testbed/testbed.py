@@ -90,13 +90,26 @@ def teardown(name: str) -> List[str]:
     crashed `up`. Returns what it removed."""
     removed = []
     namespaces = [ns for ns in sh.list_netns() if _owned(name, ns)]
-    pids = sorted({p for ns in namespaces for p in sh.netns_pids(ns)} - {os.getpid()})
-    if pids:
-        _kill_pids(pids)
-        removed += [f"pid {p}" for p in pids]
+    ids = sh.netns_ids(namespaces)
+    killed: set = set()
+
+    def end_members() -> bool:
+        pids = sorted(sh.netns_members(namespaces, ids) - killed)
+        if pids:
+            _kill_pids(pids)
+            killed.update(pids)
+            removed.extend(f"pid {p}" for p in pids)
+        return bool(pids)
+
+    end_members()
     for ns in namespaces:
         sh.run(["ip", "netns", "del", ns], check=False)
         removed.append(f"netns {ns}")
+    # A process that had opened a namespace but not yet entered it when the first
+    # look ran is inside it now (its name gone): look again until a look finds none.
+    for _ in range(20):
+        if not end_members():
+            break
     # Deleting a namespace destroys its veth end and thereby the pair, but the
     # kernel does that asynchronously; delete any root-side end still listed.
     for link in sh.list_links():

@@ -21,7 +21,8 @@ pytestmark = [pytest.mark.root, pytest.mark.skipif(REASON is not None, reason=RE
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 TOOLS = [sys.executable, os.path.join(HERE, "nettools.py")]
-NAME_L, NAME_R, NAME_A, NAME_D, NAME_M, NAME_T, NAME_X, NAME_C = map(scratch_testbed_name, "lradmtxc")
+NAME_L, NAME_R, NAME_A, NAME_D, NAME_M, NAME_T, NAME_X, NAME_C, NAME_E = \
+    map(scratch_testbed_name, "lradmtxce")
 # Each test has its own name and /24 (scratch_subnet: never one this run took before) so
 # that a failed test cannot collide with the next.
 
@@ -153,6 +154,24 @@ def test_teardown_leaves_nothing_even_on_error():
     assert leftovers(NAME_T) == []
     assert not os.path.exists(f"/run/netreduce-testbed/{NAME_T}.json")
     assert NAME_T not in subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+
+
+def test_teardown_ends_a_process_still_on_its_way_into_a_namespace(tmp_path):
+    # `ip netns exec NS CMD` opens NS, enters it, then execs CMD: started just before
+    # teardown (the test above, under load), it may not be inside yet when teardown
+    # looks, and it enters a moment later, after NS's name is gone, where it lives on.
+    # A stand-in with exactly that command line, still outside (Python running the
+    # script "netns"): teardown must end it as it ends the processes inside.
+    (tmp_path / "netns").write_text("import time\ntime.sleep(120)\n")
+    with make(NAME_E, hosts=1) as tb:
+        entering = subprocess.Popen(["ip", "netns", "exec", tb.node(0).netns, "sleep", "120"],
+                                    executable=sys.executable, cwd=tmp_path)
+    try:
+        assert entering.wait(10) is not None
+    finally:
+        entering.kill()
+        entering.wait()
+    assert leftovers(NAME_E) == []
 
 
 def test_up_refuses_to_clobber_an_existing_testbed():
