@@ -99,6 +99,7 @@ int main(int argc, char** argv) {
         h.offset = uint64_t(c) * (payload / 4);
         h.key = key;
         h.length = payload;
+        h.jumbo = payload > wire::kRoceMaxPayload;  // as the engine's (engine_open.cc)
         h.msg_id = 7 + uint32_t(rep);
         h.udp_checksum = true;
         h.group_seen = true;

@@ -119,3 +119,23 @@ def test_ordinary_values_are_numpys(simd):
             raw = _native.reduce_kernel(_native.DTYPES[dtype], _native.OPS[op], parts, simd)
             want = fold(fold(parts[0], parts[1]), parts[2])
             np.testing.assert_array_equal(np.frombuffer(raw, dtype), want)
+
+
+@pytest.mark.parametrize("simd", SIMD)
+def test_float32_sum_every_length_and_alignment_is_numpys(simd):
+    # float32 sum has a loop of its own on AVX2 (32 floats a trip, then 8, then single
+    # ones): every length through each of those edges, contributions at any 4-byte
+    # boundary (as GRO segments are), each element (a + b) + c in float32 as numpy's.
+    rng = np.random.default_rng(11)
+    code = _native.DTYPES["float32"]
+    for n in list(range(0, 72)) + [255, 256, 257, 358, 2234]:
+        for shift in (0, 1, 3):  # in 4-byte steps off a 64-byte boundary
+            parts = []
+            for _ in range(3):
+                raw = np.zeros(4 * (n + 8), np.uint8)
+                v = raw[4 * shift:4 * (shift + n)].view(np.float32)
+                v[:] = (rng.standard_normal(n) * 1e3).astype(np.float32)
+                parts.append(v)
+            got = np.frombuffer(_native.reduce_kernel(code, _native.OPS["sum"], parts, simd), np.float32)
+            want = (parts[0] + parts[1]) + parts[2]
+            assert got.tobytes() == want.tobytes(), (n, shift)
