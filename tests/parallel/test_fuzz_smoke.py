@@ -41,7 +41,7 @@ def test_sanitizer_build_and_fuzz_smoke():
     # The long runs are FUZZ_SECONDS=60 by hand (fuzz/README.md).
     # the build, started in the background at the session's start (tests/prebuild.py);
     # sanitizers.sh's own fuzz/build.sh then finds it done, or builds what it lacks
-    prebuild.wait("tests/parallel/test_fuzz_smoke.py::test_sanitizer_build_and_fuzz_smoke")
+    prebuild.wait(prebuild.FUZZ)
     env = dict(os.environ, FUZZ_SECONDS=os.environ.get("FUZZ_SECONDS", "2"), REQUIRE_ATHERIS="1")
     proc = subprocess.run(["bash", os.path.join(ROOT, "scripts", "sanitizers.sh")], cwd=ROOT,
                           env=env, capture_output=True, text=True, timeout=900)
