@@ -72,6 +72,20 @@ def _orphaned_daemons(request):
         _LEAKS.after(request.module.__name__)
 
 
+def pytest_collection_finish(session):
+    """Slow builds of the selected tests start now, niced, in the idle time of the tests
+    before them (tests/prebuild.py)."""
+    from tests import prebuild
+
+    prebuild.start({item.nodeid for item in session.items})
+
+
+def pytest_sessionfinish(session):
+    from tests import prebuild
+
+    prebuild.stop_all()
+
+
 def pytest_terminal_summary(terminalreporter):
     lines = _LEAKS.left_running() if _LEAKS is not None else []
     if lines:

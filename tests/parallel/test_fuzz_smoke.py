@@ -11,6 +11,8 @@ import subprocess
 
 import pytest
 
+from tests import prebuild
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
@@ -37,6 +39,9 @@ def test_sanitizer_build_and_fuzz_smoke():
     # replayed first whatever the time, then ~1.7 M decoder, ~6 k aggregator and ~26 k
     # control-port mutations (12-06, quiet); 5 s added ~9 s of wall time to every CI run.
     # The long runs are FUZZ_SECONDS=60 by hand (fuzz/README.md).
+    # the build, started in the background at the session's start (tests/prebuild.py);
+    # sanitizers.sh's own fuzz/build.sh then finds it done, or builds what it lacks
+    prebuild.wait(prebuild.FUZZ)
     env = dict(os.environ, FUZZ_SECONDS=os.environ.get("FUZZ_SECONDS", "2"), REQUIRE_ATHERIS="1")
     proc = subprocess.run(["bash", os.path.join(ROOT, "scripts", "sanitizers.sh")], cwd=ROOT,
                           env=env, capture_output=True, text=True, timeout=900)

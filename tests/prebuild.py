@@ -1,0 +1,88 @@
+"""Slow builds a test needs, started in the background when the session starts.
+
+The suite runs one test at a time, and most of its time one of the two cores waits: on
+a timeout a test is meant to hit, a daemon's start, a framework's import (the
+rehearsals' CPU was ~1.15 of 2 cores). On a fresh machine (CI's) two builds run inside
+one test each while nothing else runs: the sanitizer build of
+tests/parallel/test_fuzz_smoke.py (the native data plane three ways with clang, ~55
+CPU-s; fuzz/build.sh keeps its objects under ~/.cache/netreduce/fuzz, so a warm machine
+compiles nothing) and netreduce.tensorflow's graph ops (cached under
+~/.cache/netreduce/tf-ops). Started at the session's start under ``nice -n 19``, they
+take the cores' idle time instead (a niced process yields to every test's own
+processes). The fuzz test, when it comes, waits for its build and then runs
+scripts/sanitizers.sh as before: its own fuzz/build.sh finds the objects and programs
+built, or builds what is missing and shows any compiler error; a TensorFlow test that
+needs the ops meanwhile waits on their cache's lock, as concurrent ranks do. A failed or
+unfinished background build changes nothing but the time; NETREDUCE_TEST_PREBUILD=0
+starts none."""
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+from typing import Callable, Dict, List, Optional, Set, Tuple
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+FUZZ = "tests/parallel/test_fuzz_smoke.py::test_sanitizer_build_and_fuzz_smoke"
+
+
+def _tensorflow_selected(ids) -> bool:
+    return any(("tensorflow" in i or "keras" in i) for i in ids) and \
+        importlib.util.find_spec("tensorflow") is not None
+
+
+# name -> (the compiler it needs, whether the selected node ids need it, the command);
+# run from the checkout's root
+BUILDS: Dict[str, Tuple[str, Callable[[Set[str]], bool], List[str]]] = {
+    FUZZ: ("clang++", lambda ids: FUZZ in ids, ["bash", "fuzz/build.sh"]),
+    # netreduce.tensorflow's graph ops (frameworks/tensorflow/op_library.py): compiled on
+    # a fresh machine by the first TensorFlow test that builds a graph (~20 CPU-s with
+    # TensorFlow's import), while its ranks wait; a test that needs them meanwhile waits
+    # on the cache's file lock, as concurrent ranks do
+    "tf-ops": ("c++", _tensorflow_selected,
+               [sys.executable, "-m", "netreduce.tensorflow.op_library"]),
+}
+
+_running: Dict[str, subprocess.Popen] = {}
+
+
+def start(selected_ids: Set[str]) -> None:
+    """Starts, niced, each build the selected tests need whose compiler is here."""
+    if os.environ.get("NETREDUCE_TEST_PREBUILD", "1") == "0":
+        return
+    for name, (compiler, needed, cmd) in BUILDS.items():
+        if name not in _running and shutil.which(compiler) and needed(selected_ids):
+            _running[name] = subprocess.Popen(
+                ["nice", "-n", "19"] + cmd, cwd=ROOT, stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
+
+def wait(name: str, timeout: float = 600) -> Optional[int]:
+    """Waits for the background build ``name``, if one was started; its exit status
+    (None: none started). The caller's own build shows what went wrong, if anything."""
+    proc = _running.pop(name, None)
+    if proc is None:
+        return None
+    try:
+        return proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        _kill(proc)
+        return None
+
+
+def stop_all() -> None:
+    """At the session's end: a build no test waited for (deselected, interrupted) goes."""
+    for name in list(_running):
+        _kill(_running.pop(name))
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, 9)
+        except ProcessLookupError:
+            pass
+    proc.wait()
