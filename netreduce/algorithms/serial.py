@@ -67,7 +67,7 @@ class Serial:
     def call(self, fn: Callable[[], Any]) -> Any:
         """``fn()`` after every call submitted before it; on this thread when the
         queue is idle."""
-        if not self._queue and self._closed is None and self._run.acquire(blocking=False):
+        if not self._queue and self._closed is None and self._run.acquire(False):
             if not self._queue:  # nothing submitted slipped in before we took it
                 try:
                     return fn()

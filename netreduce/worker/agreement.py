@@ -325,7 +325,7 @@ class Agreement:
         path. False, with nothing done, when this is not that state: the caller takes
         the usual path. A failure raises the job's error."""
         spec, comm = self.spec, self.comm
-        if spec.lone != name or comm.timeline or not self.run_lock.acquire(blocking=False):
+        if spec.lone != name or comm.timeline or not self.run_lock.acquire(False):
             return False                        # (the executor is issuing a message)
         try:
             ids = spec.ids

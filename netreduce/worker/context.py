@@ -33,7 +33,10 @@ thread = threading.local()
 
 
 def comm() -> Communicator:
-    found = getattr(thread, "comm", None) or state.comm
+    # The thread's own dict, not getattr(thread, "comm", None): a thread without one
+    # (every thread but a process set's) would raise and catch an AttributeError on
+    # each call, ~4 µs of a steady step's ~25 µs of Python on the AMD boot (issue 33).
+    found = thread.__dict__.get("comm") or state.comm
     if found is None:
         raise NetReduceError("netreduce has not been initialized; call netreduce.init() first")
     return found

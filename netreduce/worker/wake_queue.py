@@ -51,8 +51,11 @@ class WakeQueue(queue.Queue):  # type: ignore[type-arg]
         (True) or none (False). None, leaving the queue as it is, when it holds
         anything else."""
         with self.mutex:
-            if any(item is not WAKE for item in self.queue):
-                return None
-            cleared = bool(self.queue)
-            self.queue.clear()
-            return cleared
+            q = self.queue
+            if not q:               # the steady step's usual case: no generator to build
+                return False
+            for item in q:
+                if item is not WAKE:
+                    return None
+            q.clear()
+            return True
