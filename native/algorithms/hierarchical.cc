@@ -39,6 +39,12 @@ constexpr int64_t kSpinRegrowNs = 4000;
 // alone 0.048-0.057 vs 0.079-0.129 ms, the public API 0.068-0.075 vs 0.091-0.183 ms
 // (BENCHMARKS.md, issue 33).
 constexpr int kYieldSpins = 20;
+// One host (no engine), a lone chunk of at most this many bytes: every rank reduces
+// the whole chunk itself (Whole) after one barrier, instead of its shard, a second
+// barrier and a copy of the result. Reading L whole inputs costs less than a
+// barrier's wake-ups below this (4 KiB on 4 ranks: one barrier of the two is ~half
+// the context switches of a call; BENCHMARKS.md, issue 33, tiny4).
+constexpr size_t kWholeMaxBytes = 64 * 1024;
 constexpr int kSleepMs = 20;     // futex sleep slice between checks
 constexpr int64_t kCheckUs = 50000;  // peer liveness every 50 ms of waiting
 
@@ -306,6 +312,46 @@ Status Hierarchical::StageB(Chunk& c, uint8_t* dst, DType dt) {
   return Status::Ok();
 }
 
+Status Hierarchical::Whole(const uint8_t* src, uint8_t* dst, size_t count, DType dt, Op op) {
+  const size_t es = ElementSize(dt);
+  const uint32_t s = ++serial_, slot = s % depth_;
+  chunks_++;
+  whole_++;
+  // The input slot is free once every rank has read chunk s - depth (reduced); the
+  // result slot is not used.
+  if (s > depth_) NR_RETURN_IF_ERROR(WaitAll(kReduced, s - depth_, cfg_.timeout_s));
+  auto t0 = Clock::now();
+  uint8_t* in = seg_->input(me_, slot);
+  std::memcpy(in, src, count * es);  // all of it: every rank reads every input whole
+  shm_ns_ += uint64_t(Ns(t0, Clock::now()));
+  Publish(kPosted, s);
+  NR_RETURN_IF_ERROR(WaitAll(kPosted, s, cfg_.timeout_s));
+  t0 = Clock::now();
+  // The same order (local ranks 0..L-1) and kernels as StageA's shard: the same bits
+  // on every rank, and as the sharded path's. This rank's own part is read from its
+  // input slot, not src: dst may be src, and block b of dst is written before the
+  // later ranks' block b is read.
+  const bool wide = dt == DType::kF16 || dt == DType::kBF16;
+  for (size_t b = 0; b < count; b += kBlock) {
+    const size_t m = std::min(kBlock, count - b);
+    void* acc = wide ? static_cast<void*>(acc_.data()) : static_cast<void*>(dst + b * es);
+    for (uint32_t r = 0; r < size_; ++r) {
+      Accumulate(dt, op, acc, seg_->input(r, slot) + b * es, m, r == 0);
+    }
+    if (wide) {
+      Finish(dt, acc, m);
+      std::memcpy(dst + b * es, acc, m * es);
+    }
+  }
+  shm_ns_ += uint64_t(Ns(t0, Clock::now()));
+  // Done reading the inputs (reduced); done and gathered too, for a sharded chunk
+  // s + depth that waits on them before it reuses the result slot.
+  Publish(kReduced, s);
+  Publish(kDone, s);
+  Publish(kGathered, s);
+  return Status::Ok();
+}
+
 Status Hierarchical::AllReduce(const void* src_v, void* dst_v, size_t count, DType dt, Op op) {
   if (!ValidDType(uint8_t(dt)) || !ValidOp(uint8_t(op))) {
     return InvalidArgument("unknown dtype or op code");
@@ -333,7 +379,10 @@ Status Hierarchical::AllReduce(const void* src_v, void* dst_v, size_t count, DTy
 
   std::deque<Chunk> pending;  // chunks past stage A, waiting for stage B
   Status st;
-  for (size_t off = 0; off < count && st.ok(); off += per_chunk) {
+  // Every rank takes the same branch: the same count and dtype on every rank.
+  const bool whole = engine_ == nullptr && count <= per_chunk && count * es <= kWholeMaxBytes;
+  if (whole) st = Whole(src, dst, count, dt, op);
+  for (size_t off = whole ? count : 0; off < count && st.ok(); off += per_chunk) {
     Chunk c;
     c.serial = ++serial_;
     c.offset = off;
@@ -372,6 +421,7 @@ std::map<std::string, uint64_t> Hierarchical::Stats() const {
           {"oversubscribed", oversubscribed_ ? 1u : 0u},
           {"sleeps", sleeps_.load()},
           {"wakes", wakes_.load()},
+          {"whole", whole_.load()},
           {"spin_ns", uint64_t(spin_ns_.load(std::memory_order_relaxed))}};
 }
 

@@ -16,6 +16,11 @@
 //   B1  (one chunk later) waits for the engine; done[j] = s
 //   B2  waits for every done >= s, copies result[slot] to its output; gathered[j] = s
 //
+// One host with a lone chunk of at most 64 KiB (Whole): A1, A2 with the whole
+// contribution, A3's posted barrier, then every rank reduces the whole chunk (the
+// same order, the same bits) straight into its output; reduced, done and gathered =
+// s. One barrier per call instead of two, and no result slot.
+//
 // A(s+1) runs before B(s), so the shared-memory stage of chunk s+1 overlaps the
 // network stage of chunk s. Every wait sleeps on a futex with a short timeout and,
 // between sleeps, checks the segment's abort word, this process's abort flag, the
@@ -76,6 +81,8 @@ class Hierarchical {
   };
   Status StageA(Chunk& c, const uint8_t* src, DType dt, Op op);
   Status StageB(Chunk& c, uint8_t* dst, DType dt);
+  // One host, one small chunk: every rank reduces all of it after one barrier.
+  Status Whole(const uint8_t* src, uint8_t* dst, size_t count, DType dt, Op op);
   enum Phase { kPosted, kReduced, kDone, kGathered };
   Status WaitAll(Phase phase, uint32_t target, double timeout_s);
   void Publish(Phase phase, uint32_t serial);
@@ -107,7 +114,7 @@ class Hierarchical {
   Status poisoned_;
   std::vector<float> acc_;  // float32 accumulator block for 16-bit floats
   std::atomic<uint64_t> calls_{0}, chunks_{0}, bytes_{0}, shm_ns_{0}, wait_ns_{0}, net_wait_ns_{0}, sleeps_{0},
-      wakes_{0};
+      wakes_{0}, whole_{0};
 };
 
 }  // namespace netreduce

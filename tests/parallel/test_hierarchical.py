@@ -239,6 +239,82 @@ def test_wait_for_a_late_peer_stops_spinning_and_sleeps():
     assert wakes1 >= 20, got    # and the late rank's post woke it each time
 
 
+def _mixed_rank(r, n, q_seg, q_out):
+    import numpy as np
+
+    from netreduce import _native
+    try:
+        if r == 0:
+            seg = _native.ShmSegment.create(n, 64 * 1024, 2)
+            for _ in range(n - 1):
+                q_seg.put((os.getpid(), seg.fd, seg.nonce))
+        else:
+            pid, fd, nonce = q_seg.get(timeout=30)
+            seg = _native.ShmSegment.attach(pid, fd, nonce, r)
+        h = _native.Hierarchical(seg, None, list(range(n)), "testhost", 10.0)
+        h.start(10.0)
+        bad = []
+        # small (one barrier, every rank reduces it whole) and multi-chunk (sharded)
+        # calls interleaved, so that each path reuses the slots the other left
+        for step, (count, dtype, op, inplace) in enumerate(
+                [(1024, "float32", "sum", True), (40000, "float32", "sum", False),
+                 (1, "float32", "max", False), (1024, "float16", "sum", True),
+                 (16384, "float32", "sum", False), (16385, "float32", "sum", True),
+                 (3000, "bfloat16", "sum", False), (777, "int32", "min", True)] * 6):
+            parts = [np.random.default_rng(1000 * step + q).standard_normal(count)
+                     for q in range(n)]
+            if dtype == "int32":
+                parts = [(p * 1000).astype(np.int32) for p in parts]
+            elif dtype == "bfloat16":   # the top half of float32 bit patterns
+                parts = [(p.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+                         for p in parts]
+            else:
+                parts = [p.astype(dtype) for p in parts]
+            if dtype == "bfloat16":     # summed in float32, truncated bits compared below
+                wide = [(p.astype(np.uint32) << 16).view(np.float32) for p in parts]
+            else:
+                wide = [p.astype(np.float32) if dtype == "float16" else p for p in parts]
+            want = wide[0].copy()
+            for p in wide[1:]:          # ranks in order 0..n-1, as the kernels add them
+                want = {"sum": np.add, "max": np.maximum, "min": np.minimum}[op](want, p)
+            src = parts[r].copy()
+            dst = src if inplace else np.empty_like(src)
+            h.allreduce(src, dst, _native.DTYPES[dtype], _native.OPS[op])
+            if dtype == "float16":
+                ok = np.array_equal(dst, want.astype(np.float16))
+            elif dtype == "bfloat16":   # rounding to bfloat16 may differ from truncation by 1
+                ok = np.all(np.abs(dst.astype(np.int64) - (want.view(np.uint32) >> 16)) <= 1)
+            else:
+                ok = np.array_equal(dst, want)
+            if not ok:
+                bad.append((step, count, dtype))
+        q_out.put((r, bad, h.stats()["whole"] > 0))
+    except Exception as exc:
+        q_out.put((r, f"{type(exc).__name__}: {exc}", False))
+
+
+def test_small_one_host_all_reduces_take_one_barrier_and_stay_exact():
+    # One host, a lone chunk of at most 64 KiB: every rank reduces the whole chunk
+    # after one barrier (Hierarchical::Whole); interleaved with multi-chunk calls that
+    # take the sharded path, every result is the reference (ranks added in order),
+    # in place or not.
+    import multiprocessing as mp
+    ctx = mp.get_context("fork")
+    n = 4
+    q_seg, q_out = ctx.Queue(), ctx.Queue()
+    procs = [ctx.Process(target=_mixed_rank, args=(r, n, q_seg, q_out)) for r in range(n)]
+    for p in procs:
+        p.start()
+    try:
+        got = sorted(q_out.get(timeout=120) for _ in range(n))
+    finally:
+        for p in procs:
+            p.join(10)
+            if p.is_alive():
+                p.kill()
+    assert got == [(r, [], True) for r in range(n)], got
+
+
 def test_native_stage_fails_fast_when_a_peer_dies_without_any_coordinator():
     # The shared-memory waits alone (no aggregator, no negotiation to report the
     # death): a SIGKILLed peer is seen through its pidfd, and a peer that failed
