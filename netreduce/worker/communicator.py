@@ -475,15 +475,21 @@ class Communicator:
     def begin_message(self) -> bool:
         """The executor starts an agreement's own data-plane message: a failure from
         here on aborts the data plane under it (_fail). False once the job failed."""
-        with self._lock:
+        self._lock.acquire()    # (not `with`: see claim)
+        try:
             if self._failure is not None:
                 return False
             self._executing = ROUND_SEQ
             return True
+        finally:
+            self._lock.release()
 
     def end_message(self) -> None:
-        with self._lock:
+        self._lock.acquire()
+        try:
             self._executing = None
+        finally:
+            self._lock.release()
 
     def renegotiate(self, tensors: List[Tensor]) -> None:
         """Tensors an agreement gave up on go to the coordinator, as if just submitted
@@ -502,17 +508,23 @@ class Communicator:
         refused meanwhile, as for any other. False, claiming nothing, when the job
         failed or stops or ``name`` is in flight already: the caller then takes the
         usual path, which raises the reason."""
-        with self._lock:
+        # acquire/release, not `with`: a `with` binds __enter__ and __exit__ anew, ~0.5 µs
+        # more per hold on the AMD boot, and a steady step holds this lock four times.
+        self._lock.acquire()
+        try:
             if self._failure is not None or self._stopping or name in self._inflight:
                 return False
             self._inflight[name] = _CLAIMED
             return True
+        finally:
+            self._lock.release()
 
     def unclaim(self, name: str, tensor: Optional[Tensor] = None) -> None:
         """The claimed step of ``name`` is over; ``tensor``: what it became instead, a
         submission still waiting (its message did not complete it). A failure
         recorded meanwhile fails that one as it failed the others in flight."""
-        with self._lock:
+        self._lock.acquire()    # (not `with`: see claim)
+        try:
             if self._inflight.get(name) is not _CLAIMED:
                 return
             if tensor is None:
@@ -520,6 +532,8 @@ class Communicator:
                 return
             self._inflight[name] = tensor
             failure, after = self._failure, self._fail_after
+        finally:
+            self._lock.release()
         if failure is not None:
             self._fail(failure, after, abort=False)
 
