@@ -332,11 +332,15 @@ class Agreement:
             if ids is None or spec.lone != name or spec.sigs[0] != sig or self.held:
                 return False
             i = ids[0]
-            with self.lock:
+            lock = self.lock            # acquire/release, not `with` (~0.5 µs a hold here:
+            lock.acquire()              # Communicator.claim)
+            try:
                 known = comm.cache.id_of.get(name)
                 if self.off or self.pending or self.invalidate or self.joins or self.leaving \
                         or known is None or known[0] != i or known[1] != sig or i in self.banned:
                     return False
+            finally:
+                lock.release()
             if not comm.claim(name):
                 return False
             t = None

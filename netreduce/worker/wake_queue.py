@@ -50,12 +50,15 @@ class WakeQueue(queue.Queue):  # type: ignore[type-arg]
         """When only wake-ups are queued: clear them, and say whether there were any
         (True) or none (False). None, leaving the queue as it is, when it holds
         anything else."""
-        with self.mutex:
+        self.mutex.acquire()        # (not `with`: a steady step calls this; see
+        try:                        # Communicator.claim)
             q = self.queue
-            if not q:               # the steady step's usual case: no generator to build
+            if not q:               # the steady step's usual case
                 return False
             for item in q:
                 if item is not WAKE:
                     return None
             q.clear()
             return True
+        finally:
+            self.mutex.release()
