@@ -1,4 +1,5 @@
-"""Slow builds a test needs, started in the background when the session starts.
+"""Slow builds and reference runs a test needs, started in the background when the
+session starts.
 
 The suite runs one test at a time, and most of its time one of the two cores waits: on
 a timeout a test is meant to hit, a daemon's start, a framework's import (the
@@ -12,7 +13,13 @@ take the cores' idle time instead (a niced process yields to every test's own
 processes). The fuzz test, when it comes, waits for its build and then runs
 scripts/sanitizers.sh as before: its own fuzz/build.sh finds the objects and programs
 built, or builds what is missing and shows any compiler error; a TensorFlow test that
-needs the ops meanwhile waits on their cache's lock, as concurrent ranks do. A failed or
+needs the ops meanwhile waits on their cache's lock, as concurrent ranks do. The same
+holds for two peers' answers a fresh machine computes inside a test: the gloo runs
+tests/parallel/test_torch_fsdp.py compares against (~/.cache/netreduce/fsdp-gloo, three
+2- and 4-rank torch jobs) and Horovod's answers of the reducescatter comparison
+(~/.cache/netreduce/horovod-answers, one 2-rank horovodrun): each test file computes
+them itself, keyed as before, when run as a module; the test waits for its background
+run, then reads the cache or, where that run failed, runs the peer itself. A failed or
 unfinished background build changes nothing but the time; NETREDUCE_TEST_PREBUILD=0
 starts none."""
 from __future__ import annotations
@@ -27,6 +34,9 @@ from typing import Callable, Dict, List, Optional, Set, Tuple
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 FUZZ = "tests/parallel/test_fuzz_smoke.py::test_sanitizer_build_and_fuzz_smoke"
+FSDP_GLOO = "tests/parallel/test_torch_fsdp.py::test_fsdp_matches_gloo"
+HOROVOD_ANSWERS = ("tests/parallel/test_torch_reducescatter.py"
+                   "::test_reducescatter_allgather_alltoall_match_horovod")
 
 
 def _tensorflow_selected(ids) -> bool:
@@ -34,7 +44,11 @@ def _tensorflow_selected(ids) -> bool:
         importlib.util.find_spec("tensorflow") is not None
 
 
-# name -> (the compiler it needs, whether the selected node ids need it, the command);
+def _selected(prefix: str) -> Callable[[Set[str]], bool]:
+    return lambda ids: any(i.startswith(prefix) for i in ids)
+
+
+# name -> (the program it needs, whether the selected node ids need it, the command);
 # run from the checkout's root
 BUILDS: Dict[str, Tuple[str, Callable[[Set[str]], bool], List[str]]] = {
     FUZZ: ("clang++", lambda ids: FUZZ in ids, ["bash", "fuzz/build.sh"]),
@@ -44,13 +58,19 @@ BUILDS: Dict[str, Tuple[str, Callable[[Set[str]], bool], List[str]]] = {
     # on the cache's file lock, as concurrent ranks do
     "tf-ops": ("c++", _tensorflow_selected,
                [sys.executable, "-m", "netreduce.tensorflow.op_library"]),
+    # peers' answers (~35 CPU-s of torch jobs, ~8 s of horovodrun on a fresh machine):
+    # the test module computes what its test reads from the cache
+    FSDP_GLOO: (sys.executable, _selected(FSDP_GLOO),
+                [sys.executable, "-m", "tests.parallel.test_torch_fsdp"]),
+    HOROVOD_ANSWERS: ("horovodrun", _selected(HOROVOD_ANSWERS),
+                      [sys.executable, "-m", "tests.parallel.test_torch_reducescatter"]),
 }
 
 _running: Dict[str, subprocess.Popen] = {}
 
 
 def start(selected_ids: Set[str]) -> None:
-    """Starts, niced, each build the selected tests need whose compiler is here."""
+    """Starts, niced, each build the selected tests need whose program is here."""
     if os.environ.get("NETREDUCE_TEST_PREBUILD", "1") == "0":
         return
     for name, (compiler, needed, cmd) in BUILDS.items():
