@@ -69,9 +69,19 @@ BUILDS: Dict[str, Tuple[str, Callable[[Set[str]], bool], List[str]]] = {
 _running: Dict[str, subprocess.Popen] = {}
 
 
+def _launched() -> bool:
+    """A rank's own session under a launcher (tests/parallel/launched.py: the TensorFlow
+    and torch suites, one pytest per rank, started by a test of the session that
+    already started these): it would start one more of each per rank, and its ranks
+    build the TF ops they need under the cache's lock themselves."""
+    from netreduce.environment import discover
+
+    return discover().size > 1
+
+
 def start(selected_ids: Set[str]) -> None:
     """Starts, niced, each build the selected tests need whose program is here."""
-    if os.environ.get("NETREDUCE_TEST_PREBUILD", "1") == "0":
+    if os.environ.get("NETREDUCE_TEST_PREBUILD", "1") == "0" or _launched():
         return
     for name, (compiler, needed, cmd) in BUILDS.items():
         if name not in _running and shutil.which(compiler) and needed(selected_ids):
