@@ -34,6 +34,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from typing import Callable, Dict, List, Optional, Set, Tuple
 
@@ -73,6 +74,9 @@ BUILDS: Dict[str, Tuple[str, Callable[[Set[str]], bool], List[str]]] = {
 }
 
 _running: Dict[str, subprocess.Popen] = {}
+_watcher: Optional[threading.Thread] = None
+_lock = threading.Lock()
+WATCH_S = 0.5  # a rank's first half second at nice 0; a /proc scan is ~4 ms of CPU here
 
 
 def _launched() -> bool:
@@ -95,6 +99,10 @@ def start(selected_ids: Set[str]) -> None:
                 ["nice", "-n", "19"] + cmd, cwd=ROOT, stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
             _nice_autogroup(_running[name].pid)
+    global _watcher
+    if _running and _watcher is None and os.path.exists("/proc/self/autogroup"):
+        _watcher = threading.Thread(target=_watch, name="prebuild nice", daemon=True)
+        _watcher.start()
 
 
 def _nice_autogroup(pid: int, nice: int = 19) -> None:
@@ -112,15 +120,67 @@ def _nice_autogroup(pid: int, nice: int = 19) -> None:
             return
 
 
+def _sessions_below(roots: Set[int]) -> List[int]:
+    """The session leaders among the descendants of ``roots``: netreduce-run and
+    horovodrun start each rank in a session of its own, which under autogroups is a
+    scheduling group of its own at nice 0 whatever the rank's nice."""
+    parent: Dict[int, int] = {}
+    leaders: List[int] = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # gone meanwhile
+        pid = int(entry)
+        parent[pid] = int(fields[1])
+        if int(fields[3]) == pid:  # its own session's leader
+            leaders.append(pid)
+    below = []
+    for pid in leaders:
+        up = parent.get(pid, 0)
+        for _ in range(32):
+            if up in roots:
+                below.append(pid)
+                break
+            if up <= 1:
+                break
+            up = parent.get(up, 0)
+    return below
+
+
+def _watch() -> None:
+    """While background builds run: each new session under one (a rank) gets its group
+    at nice 19 too, as the build's own."""
+    global _watcher
+    done: Set[int] = set()
+    while True:
+        with _lock:  # wait() takes a build out of _running and its groups back to 0
+            roots = {p.pid for p in list(_running.values()) if p.poll() is None}
+            if not roots:
+                _watcher = None
+                return
+            for pid in _sessions_below(roots):
+                if pid not in done:
+                    done.add(pid)
+                    _nice_autogroup(pid)
+        time.sleep(WATCH_S)
+
+
 def wait(name: str, timeout: float = 600) -> Optional[int]:
     """Waits for the background build ``name``, if one was started; its exit status
     (None: none started). The caller's own build shows what went wrong, if anything."""
-    proc = _running.pop(name, None)
-    if proc is None:
-        return None
-    # a test waits on it now: the rest of the build no longer takes only idle time (under
-    # others' load a group at nice 19 would get next to nothing while the test waits)
-    _nice_autogroup(proc.pid, 0)
+    with _lock:
+        proc = _running.pop(name, None)
+        if proc is None:
+            return None
+        # a test waits on it now: the rest of the build no longer takes only idle time
+        # (under others' load a group at nice 19 would get next to nothing meanwhile)
+        _nice_autogroup(proc.pid, 0)
+        for pid in _sessions_below({proc.pid}):
+            _nice_autogroup(pid, 0)
     try:
         return proc.wait(timeout)
     except subprocess.TimeoutExpired:
