@@ -1,32 +1,32 @@
-"""Slow builds and reference runs a test needs, started in the background when the
-session starts.
+"""Slow builds and peers' reference runs a test needs, started in the background when
+the session starts.
 
 The suite runs one test at a time, and most of its time one of the two cores waits: on
 a timeout a test is meant to hit, a daemon's start, a framework's import (the
-rehearsals' CPU was ~1.15 of 2 cores). On a fresh machine (CI's) two builds run inside
-one test each while nothing else runs: the sanitizer build of
+rehearsals' CPU was ~1.15 of 2 cores). On a fresh machine (CI's) four caches are filled
+inside one test each while nothing else runs: the sanitizer build of
 tests/parallel/test_fuzz_smoke.py (the native data plane three ways with clang, ~55
-CPU-s; fuzz/build.sh keeps its objects under ~/.cache/netreduce/fuzz, so a warm machine
-compiles nothing) and netreduce.tensorflow's graph ops (cached under
-~/.cache/netreduce/tf-ops). Started at the session's start under ``nice -n 19``, they
-take the cores' idle time instead (a niced process yields to every test's own
-processes). Each runs in a session of its own (killed as a group), and where the kernel
-groups the scheduling by session (autogroup, /proc/sys/kernel/sched_autogroup_enabled)
-a niced process yields only inside its session's group; so the group's own nice is set
-to 19 too (/proc/PID/autogroup). Without it, on the AMD boot of 12-07, a `nice -n 19`
-spinner in its own session took 1.68 CPU-s of one core in 3.5 s beside a nice-0
-spinner's 0.89; with it 0.03 against 1.24. The fuzz test, when it comes, waits for its build and then runs
-scripts/sanitizers.sh as before: its own fuzz/build.sh finds the objects and programs
-built, or builds what is missing and shows any compiler error; a TensorFlow test that
-needs the ops meanwhile waits on their cache's lock, as concurrent ranks do. The same
-holds for two peers' answers a fresh machine computes inside a test: the gloo runs
-tests/parallel/test_torch_fsdp.py compares against (~/.cache/netreduce/fsdp-gloo, three
-2- and 4-rank torch jobs) and Horovod's answers of the reducescatter comparison
-(~/.cache/netreduce/horovod-answers, one 2-rank horovodrun): each test file computes
-them itself, keyed as before, when run as a module; the test waits for its background
-run, then reads the cache or, where that run failed, runs the peer itself. A failed or
-unfinished background build changes nothing but the time; NETREDUCE_TEST_PREBUILD=0
-starts none."""
+CPU-s; ~/.cache/netreduce/fuzz), netreduce.tensorflow's graph ops (tf-ops), the gloo
+runs tests/parallel/test_torch_fsdp.py compares against (fsdp-gloo: three 2- and 4-rank
+torch jobs) and Horovod's answers of the reducescatter comparison (horovod-answers: one
+2-rank horovodrun); a warm machine computes none of them. Started at the session's
+start under ``nice -n 19``, they take the cores' idle time instead. The fuzz test waits
+for its build, then runs scripts/sanitizers.sh as before (its own fuzz/build.sh finds
+everything built, or builds what is missing and shows any compiler error); a TensorFlow
+test that needs the ops meanwhile waits on their cache's lock, as concurrent ranks do;
+the two peers' tests wait for their run (the test module run as a program computes
+what the test reads, keyed as the test keys it), then read the cache or, where that
+run failed, run the peer themselves. A failed or unfinished background run changes
+nothing but the time; NETREDUCE_TEST_PREBUILD=0 starts none.
+
+Niced for real: each build runs in a session of its own (killed as a group), and where
+the kernel schedules by session (autogroups, /proc/sys/kernel/sched_autogroup_enabled)
+a task's nice counts only inside its session's group. So the group itself is set to
+nice 19 (/proc/PID/autogroup), and so is each session a build's launcher starts below
+it (netreduce-run and horovodrun start every rank in one); a build a test waits for
+goes back to 0. Without it, on the AMD boot of 12-07, a `nice -n 19` spinner in its own
+session took as much of a core as a nice-0 one beside it (1.33 against 1.27 CPU-s in
+3.5 s; benchmarks/results/issue33/citime2_autogroup_probe.txt); with it 0.01."""
 from __future__ import annotations
 
 import importlib.util
