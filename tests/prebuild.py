@@ -105,19 +105,22 @@ def start(selected_ids: Set[str]) -> None:
         _watcher.start()
 
 
-def _nice_autogroup(pid: int, nice: int = 19) -> None:
+def _nice_autogroup(pid: int, nice: int = 19) -> bool:
     """The session's scheduling group of ``pid`` at ``nice``, where the kernel has
     autogroups (at 19 its members yield to every other session's, the tests' among
-    them; back to 0 needs root's CAP_SYS_NICE, else the group stays at 19)."""
+    them). False only where that was refused: back to 0 needs CAP_SYS_NICE (root)."""
     for _ in range(3):
         try:
             with open(f"/proc/{pid}/autogroup", "w") as f:
                 f.write(str(nice))
-            return
+            return True
         except BlockingIOError:  # EAGAIN: without CAP_SYS_ADMIN one change per 0.1 s
             time.sleep(0.11)
+        except PermissionError:
+            return False
         except OSError:  # no autogroup here (or the build has ended already): nice alone
-            return
+            return True
+    return True
 
 
 def _sessions_below(roots: Set[int]) -> List[int]:
@@ -177,8 +180,12 @@ def wait(name: str, timeout: float = 600) -> Optional[int]:
         if proc is None:
             return None
         # a test waits on it now: the rest of the build no longer takes only idle time
-        # (under others' load a group at nice 19 would get next to nothing meanwhile)
-        _nice_autogroup(proc.pid, 0)
+        # (under others' load a group at nice 19 would get next to nothing meanwhile);
+        # where it cannot get its priority back (not root) it goes, and the test builds
+        # or runs the peer itself, at the test's priority
+        if not _nice_autogroup(proc.pid, 0):
+            _kill(proc)
+            return None
         for pid in _sessions_below({proc.pid}):
             _nice_autogroup(pid, 0)
     try:
