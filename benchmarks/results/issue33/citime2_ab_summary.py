@@ -36,7 +36,10 @@ for k, pr in enumerate(pairs, 1):
     br = next(r for r in pr if r[0] == "branch")
     ratios.append(br[2] / base[2])
     ratios4.append(br[3] / base[3])
-    b_w.append(base[2]); n_w.append(br[2]); b_4.append(base[3]); n_4.append(br[3])
+    b_w.append(base[2])
+    n_w.append(br[2])
+    b_4.append(base[3])
+    n_4.append(br[3])
     print(f"{k} | {pr[0][4]}, {pr[1][4]} | {base[2]:.1f} ({base[3]:.1f}) | {br[2]:.1f} ({br[3]:.1f}) | "
           f"{ratios[-1]:.2f} ({ratios4[-1]:.2f})")
 
