@@ -6,6 +6,7 @@ submissions, grouped calls, autograd, and Horovod's errors.
 Run on every rank at once by tests/parallel/test_torch_launch.py (2 and 3 ranks).
 """
 import itertools
+import os
 
 import pytest
 
@@ -16,6 +17,7 @@ from tests.parallel.launched import LAUNCHED, only_when_launched_by  # noqa: E40
 if LAUNCHED:
     import netreduce.torch as hvd
 
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DTYPES = [torch.int32, torch.int64, torch.float16, torch.float32, torch.float64]
 DIMS = [1, 2, 3]
 
@@ -299,53 +301,69 @@ print("SAME " + json.dumps({"rank": r, "out": out}), flush=True)
 """
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(LAUNCHED, reason="starts its own jobs")
-def test_reducescatter_allgather_alltoall_match_horovod():
-    """The same script under horovodrun (Horovod 0.28.1-gloo) and netreduce-run,
-    2 ranks: every value, shape, gradient and the scalar error text agree."""
+def _run_same(cmd, extra):
+    """{rank: the answers} of _SAME_AS_HOROVOD run as ``cmd`` (2 ranks)."""
     import json
-    import os
     import subprocess
+    env = dict(os.environ, OMP_NUM_THREADS="1", NETREDUCE_TIMEOUT="30",
+               PYTHONPATH=os.pathsep.join(p for p in (_ROOT, os.environ.get("PYTHONPATH")) if p))
+    proc = subprocess.run(cmd, cwd=_ROOT, env=dict(env, **extra), stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    got = {}
+    for line in proc.stdout.splitlines():
+        if "SAME " in line:
+            rec = json.loads(line.split("SAME ", 1)[1])
+            got[rec["rank"]] = rec["out"]
+    assert sorted(got) == [0, 1], proc.stdout[-3000:]
+    return got
+
+
+def horovod_answers():
+    """Horovod's answers to _SAME_AS_HOROVOD under horovodrun, 2 ranks. They are a
+    function of the script and of Horovod's, torch's and Python's versions: kept under
+    ~/.cache/netreduce/horovod-answers keyed by those (horovodrun runs again when one
+    changes; netreduce's side always runs). tests/prebuild.py runs this module in the
+    background at the session's start, so a fresh machine computes them in idle time."""
+    import hashlib
+    import json
     import sys
+    from importlib.metadata import version
     from tests.peers import require_horovodrun
     horovodrun = require_horovodrun()
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = dict(os.environ, OMP_NUM_THREADS="1", NETREDUCE_TIMEOUT="30",
-               PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
-
-    def run(cmd, extra):
-        proc = subprocess.run(cmd, cwd=root, env=dict(env, **extra), stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True, timeout=240)
-        assert proc.returncode == 0, proc.stdout[-4000:]
-        got = {}
-        for line in proc.stdout.splitlines():
-            if "SAME " in line:
-                rec = json.loads(line.split("SAME ", 1)[1])
-                got[rec["rank"]] = rec["out"]
-        assert sorted(got) == [0, 1], proc.stdout[-3000:]
-        return got
-    # Horovod's answers are a function of the script and of Horovod's, torch's and
-    # Python's versions: kept under ~/.cache/netreduce/horovod-answers keyed by those
-    # (horovodrun runs again when one changes; netreduce's side always runs).
-    import hashlib
-    from importlib.metadata import version
     key = hashlib.sha256("\0".join([_SAME_AS_HOROVOD, version("horovod"), torch.__version__,
                                      sys.version]).encode()).hexdigest()[:32]
     cache = os.path.join(os.environ.get("NETREDUCE_CACHE") or os.path.expanduser("~/.cache/netreduce"),
                          "horovod-answers", f"reducescatter-{key}.json")
     if os.path.exists(cache):
         with open(cache) as f:
-            horovod = {int(r): v for r, v in json.load(f).items()}
-    else:
-        horovod = run([horovodrun, "-np", "2", "--gloo", "-H", "localhost:2",
-                       sys.executable, "-c", _SAME_AS_HOROVOD], {"USE_HOROVOD": "1"})
-        os.makedirs(os.path.dirname(cache), exist_ok=True)
-        with open(cache + f".{os.getpid()}.tmp", "w") as f:
-            json.dump(horovod, f)
-        os.replace(cache + f".{os.getpid()}.tmp", cache)
-    ours = run([sys.executable, "-m", "netreduce.launcher", "-np", "2", "--",
-                sys.executable, "-c", _SAME_AS_HOROVOD], {})
+            return {int(r): v for r, v in json.load(f).items()}
+    horovod = _run_same([horovodrun, "-np", "2", "--gloo", "-H", "localhost:2",
+                         sys.executable, "-c", _SAME_AS_HOROVOD], {"USE_HOROVOD": "1"})
+    os.makedirs(os.path.dirname(cache), exist_ok=True)
+    with open(cache + f".{os.getpid()}.tmp", "w") as f:
+        json.dump(horovod, f)
+    os.replace(cache + f".{os.getpid()}.tmp", cache)
+    return horovod
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(LAUNCHED, reason="starts its own jobs")
+def test_reducescatter_allgather_alltoall_match_horovod():
+    """The same script under horovodrun (Horovod 0.28.1-gloo) and netreduce-run,
+    2 ranks: every value, shape, gradient and the scalar error text agree."""
+    import sys
+    from tests import prebuild
+    # the answers' background run, if one was started (tests/prebuild.py): then the
+    # cache has them, or (that run failed) horovodrun runs here as without it
+    prebuild.wait(prebuild.HOROVOD_ANSWERS)
+    horovod = horovod_answers()
+    ours = _run_same([sys.executable, "-m", "netreduce.launcher", "-np", "2", "--",
+                      sys.executable, "-c", _SAME_AS_HOROVOD], {})
     for rank in (0, 1):
         for key, value in horovod[rank].items():
             assert ours[rank].get(key) == value, (rank, key, ours[rank].get(key), value)
+
+
+if __name__ == "__main__":
+    horovod_answers()
