@@ -191,9 +191,11 @@ Status UdpTransport::SendSegmented(OutPacket* pkts, size_t n) {
       // The kernel takes a run as one byte stream and cuts it every r.seg bytes, so
       // iovec boundaries need not be datagram boundaries: one packet's trailer and
       // the next one's header leave as one iovec, copied together (kJoinBytes at
-      // most each). Each iovec costs the kernel a user copy of its own (~0.1 us on
-      // this testbed's AMD boot, no ERMS), and at MTU 1500 three per 1432-byte
-      // payload were ~1/8 of a 1 Gbit/s rank's CPU (BENCHMARKS.md, nap1500).
+      // most each). Each iovec costs the kernel a user copy of its own: a 44-datagram
+      // MTU 1500 send took ~1.7 us less with 88 iovecs than with 132 on this
+      // testbed's AMD boot (no ERMS), ~2 ms of a 1 Gbit/s rank's ~76 ms per 64 MiB
+      // (BENCHMARKS.md, nap1500). Copying the payloads too (one iovec per run) costs
+      // more in memcpy than the kernel saves.
       iovec* open = nullptr;  // the last iovec, if it is a joined one still open
       uint32_t i = r.first;
       for (uint32_t k = 0; k < r.count; ++k) {
