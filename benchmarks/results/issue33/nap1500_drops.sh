@@ -14,4 +14,4 @@ while kill -0 $BG 2>/dev/null; do
 done
 echo "$(basename $TREE) NoPorts InErrors RcvbufErrors: agg ${last[n15-agg]} | h0 ${last[n15-h0]} | h1 ${last[n15-h1]} | h2 ${last[n15-h2]} | h3 ${last[n15-h3]}"
 python3 -c "
-import json;r=[x for x in json.load(open('/tmp/nap_drops_run.json'))['records'] if x['impl']=='netreduce'][0];print(' resends/rank', r.get('retransmits_per_rank'), 'time', round(r['time_s']*1e3,1), 'cpu', round(r['cpu_s_per_allreduce']*1e3,1))"
+import json;r=[x for x in json.load(open('/tmp/nap_drops_run.json'))['records'] if x['impl']=='netreduce'][0];print(' resends/rank', round(r['retransmits_per_rank'],2), 'timeout_probes', round(r['timeout_probes_per_rank'],2), 'spurious', round(r['spurious_retransmits_per_rank'],2), 'fast', r['fast_retransmits_per_rank'], 'time', round(r['time_s']*1e3,1), 'cpu', round(r['cpu_s_per_allreduce']*1e3,1), 'busy', round(r['machine_busy'],2), 'waits', round(r['waits_per_rank']), 'naps', round(r['naps_per_rank']))"
