@@ -117,6 +117,7 @@ class UdpTransport : public Transport {
   // GSO: the batch's packets grouped into runs (gso_runs.h), their iovecs.
   GsoRuns gso_plan_;
   std::vector<iovec> run_iovs_;
+  std::vector<uint8_t> run_joined_;  // small pieces of a run copied into one iovec
   // GRO: receive buffers the coalesced datagrams land in (64 KiB + a stagger each, so
   // that they do not all map to the same cache sets), and the segments of the last
   // receive that did not fit the caller's descriptors.
