@@ -244,13 +244,7 @@ def _mixed_rank(r, n, q_seg, q_out):
 
     from netreduce import _native
     try:
-        if r == 0:
-            seg = _native.ShmSegment.create(n, 64 * 1024, 2)
-            for _ in range(n - 1):
-                q_seg.put((os.getpid(), seg.fd, seg.nonce))
-        else:
-            pid, fd, nonce = q_seg.get(timeout=30)
-            seg = _native.ShmSegment.attach(pid, fd, nonce, r)
+        seg = _shared_segment(r, n, q_seg)
         h = _native.Hierarchical(seg, None, list(range(n)), "testhost", 10.0)
         h.start(10.0)
         bad = []
@@ -298,20 +292,8 @@ def test_small_one_host_all_reduces_take_one_barrier_and_stay_exact():
     # after one barrier (Hierarchical::Whole); interleaved with multi-chunk calls that
     # take the sharded path, every result is the reference (ranks added in order),
     # in place or not.
-    import multiprocessing as mp
-    ctx = mp.get_context("fork")
     n = 4
-    q_seg, q_out = ctx.Queue(), ctx.Queue()
-    procs = [ctx.Process(target=_mixed_rank, args=(r, n, q_seg, q_out)) for r in range(n)]
-    for p in procs:
-        p.start()
-    try:
-        got = sorted(q_out.get(timeout=120) for _ in range(n))
-    finally:
-        for p in procs:
-            p.join(10)
-            if p.is_alive():
-                p.kill()
+    got, _ = _forked_ranks(_mixed_rank, n, timeout=120)
     assert got == [(r, [], True) for r in range(n)], got
 
 
