@@ -58,6 +58,26 @@ inline int64_t Ns(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(b - a).count();
 }
 
+// Reduces `len` elements of every local rank's part (part_of(r): its first element),
+// ranks in order 0..ranks-1, into `out`, block by block; 16-bit floats through the
+// float32 accumulator `wide_acc` (kBlock floats). The same order and kernels wherever
+// it runs, so a shard (StageA) and a whole chunk (Whole) get the same bits.
+template <typename PartOf>
+void ReduceParts(DType dt, Op op, uint32_t ranks, float* wide_acc, uint8_t* out, size_t len,
+                 PartOf part_of) {
+  const size_t es = ElementSize(dt);
+  const bool wide = dt == DType::kF16 || dt == DType::kBF16;
+  for (size_t b = 0; b < len; b += kBlock) {
+    const size_t m = std::min(kBlock, len - b);
+    void* acc = wide ? static_cast<void*>(wide_acc) : static_cast<void*>(out + b * es);
+    for (uint32_t r = 0; r < ranks; ++r) Accumulate(dt, op, acc, part_of(r) + b * es, m, r == 0);
+    if (wide) {
+      Finish(dt, acc, m);  // float32 -> 16 bits, into the block's first half
+      std::memcpy(out + b * es, acc, m * es);
+    }
+  }
+}
+
 const char* PhaseName(int p) {
   static const char* kNames[] = {"input", "reduce-scatter", "shard result", "all-gather"};
   return kNames[p];
@@ -273,19 +293,9 @@ Status Hierarchical::StageA(Chunk& c, const uint8_t* src, DType dt, Op op) {
   if (s > depth_) NR_RETURN_IF_ERROR(WaitAll(kGathered, s - depth_, cfg_.timeout_s));
   t0 = Clock::now();
   uint8_t* out = seg_->result(slot) + lo * es;
-  const bool wide = dt == DType::kF16 || dt == DType::kBF16;
-  for (size_t b = 0; b < len; b += kBlock) {
-    const size_t m = std::min(kBlock, len - b);
-    void* acc = wide ? static_cast<void*>(acc_.data()) : static_cast<void*>(out + b * es);
-    for (uint32_t r = 0; r < size_; ++r) {
-      const uint8_t* part = (r == me_ ? mine : seg_->input(r, slot)) + (lo + b) * es;
-      Accumulate(dt, op, acc, part, m, r == 0);
-    }
-    if (wide) {
-      Finish(dt, acc, m);  // float32 -> 16 bits, into the block's first half
-      std::memcpy(out + b * es, acc, m * es);
-    }
-  }
+  ReduceParts(dt, op, size_, acc_.data(), out, len, [&](uint32_t r) {
+    return (r == me_ ? mine : seg_->input(r, slot)) + lo * es;
+  });
   shm_ns_ += uint64_t(Ns(t0, Clock::now()));
   Publish(kReduced, s);
   if (engine_ != nullptr && len > 0) c.request = engine_->Submit(out, out, len, dt, op);
@@ -327,22 +337,11 @@ Status Hierarchical::Whole(const uint8_t* src, uint8_t* dst, size_t count, DType
   Publish(kPosted, s);
   NR_RETURN_IF_ERROR(WaitAll(kPosted, s, cfg_.timeout_s));
   t0 = Clock::now();
-  // The same order (local ranks 0..L-1) and kernels as StageA's shard: the same bits
-  // on every rank, and as the sharded path's. This rank's own part is read from its
-  // input slot, not src: dst may be src, and block b of dst is written before the
-  // later ranks' block b is read.
-  const bool wide = dt == DType::kF16 || dt == DType::kBF16;
-  for (size_t b = 0; b < count; b += kBlock) {
-    const size_t m = std::min(kBlock, count - b);
-    void* acc = wide ? static_cast<void*>(acc_.data()) : static_cast<void*>(dst + b * es);
-    for (uint32_t r = 0; r < size_; ++r) {
-      Accumulate(dt, op, acc, seg_->input(r, slot) + b * es, m, r == 0);
-    }
-    if (wide) {
-      Finish(dt, acc, m);
-      std::memcpy(dst + b * es, acc, m * es);
-    }
-  }
+  // Every rank gets the sharded path's bits (ReduceParts). This rank's own part is read
+  // from its input slot, not src: dst may be src, and block b of dst is written before
+  // the later ranks' block b is read.
+  ReduceParts(dt, op, size_, acc_.data(), dst, count,
+              [&](uint32_t r) { return static_cast<const uint8_t*>(seg_->input(r, slot)); });
   shm_ns_ += uint64_t(Ns(t0, Clock::now()));
   // Done reading the inputs (reduced); done and gathered too, for a sharded chunk
   // s + depth that waits on them before it reuses the result slot.
