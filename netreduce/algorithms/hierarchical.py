@@ -143,13 +143,10 @@ class Hierarchical:
     def _vote_step(self, src: np.ndarray, buf: np.ndarray, out: np.ndarray, factor: float,
                    ranks: int) -> int:
         native = self._live()
-
-        def step() -> int:
-            try:
-                return native.vote_step(src, buf, out, factor, ranks)
-            except _native.EngineError as exc:
-                raise self._error(native, exc) from None
-        return self._serial.call(step)
+        try:
+            return self._serial.call(native.vote_step, src, buf, out, factor, ranks)
+        except _native.EngineError as exc:
+            raise self._error(native, exc) from None
 
     def _live(self) -> Any:
         if self._native is None:

@@ -64,17 +64,18 @@ class Serial:
         self._thread: Optional[threading.Thread] = None
         self._closed: Optional[str] = None
 
-    def call(self, fn: Callable[[], Any]) -> Any:
-        """``fn()`` after every call submitted before it; on this thread when the
-        queue is idle."""
+    def call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` after every call submitted before it; on this thread when the
+        queue is idle. (The arguments are passed, not bound in a closure: a steady
+        step calls this once per step, and a closure is one more frame and object.)"""
         if not self._queue and self._closed is None and self._run.acquire(False):
             if not self._queue:  # nothing submitted slipped in before we took it
                 try:
-                    return fn()
+                    return fn(*args)
                 finally:
                     self._run.release()
             self._run.release()
-        return self.submit(fn).wait()
+        return self.submit(lambda: fn(*args)).wait()
 
     def submit(self, fn: Callable[[], Any]) -> SerialRequest:
         """Queue ``fn`` behind every earlier call; returns at once."""
