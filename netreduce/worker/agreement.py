@@ -345,8 +345,11 @@ class Agreement:
                 return False
             t = None
             try:
-                if not self._only_wakes():
+                cleared = self.q.clear_wakes()  # _only_wakes, one frame less
+                if cleared is None:
                     return False
+                if cleared:
+                    self.owed = True
                 now = time.monotonic()
                 self.last_message, self.hot = now, True
                 comm.cache.hits += 1
@@ -465,29 +468,39 @@ class Agreement:
         return any(t.seq < 0 for t in self.joins)
 
     def issue(self, buf: np.ndarray, op: str, fill: Optional[Callable[[], None]] = None,
-              send: Optional[Callable[[], None]] = None,
               out: Optional[np.ndarray] = None) -> bool:
         """One of the agreement's own data-plane messages (a round, a speculative
-        step), ``fill()`` first writing this rank's part into ``buf``, ``send()``
-        where given instead of the plain all-reduce of ``buf`` (into ``out``, or in
-        place): from before the fill
-        to the end, a failure reported aborts the data plane under it. False when the
-        job had failed or the message did (reported here: the plain executor takes
-        over)."""
+        step), ``fill()`` first writing this rank's part into ``buf``, then the
+        all-reduce of ``buf`` (into ``out``, or in place): from before the fill to the
+        end, a failure reported aborts the data plane under it. False when the job had
+        failed or the message did (reported here: the plain executor takes over)."""
         comm = self.comm
         if not comm.begin_message():
             return False
         try:
             if fill is not None:
                 fill()
-            if send is not None:
-                send()
-            else:
-                comm.dp.allreduce(buf, out, op=op)
+            comm.dp.allreduce(buf, out, op=op)
             return True
         except Exception as exc:
             self._message_failed(exc)
             return False
+        finally:
+            comm.end_message()
+
+    def issue_call(self, fn: Callable[..., int], *args: Any) -> Optional[int]:
+        """issue() for a message that is one call, ``fn(*args)`` (a steady step's
+        native vote_step, Speculation.run_lone): what it returned, or None when the job
+        had failed or the message did (reported, as by issue). The arguments are passed,
+        not bound: a steady step comes here once per step."""
+        comm = self.comm
+        if not comm.begin_message():
+            return None
+        try:
+            return fn(*args)
+        except Exception as exc:
+            self._message_failed(exc)
+            return None
         finally:
             comm.end_message()
 

@@ -103,9 +103,7 @@ class Speculation:
         # user's thread (Agreement.steady: its own dtype on the wire, no prescale, a
         # float result); None otherwise
         self.lone: Optional[str] = None
-        self.lone_in: Optional[np.ndarray] = None   # its data and output, during run_lone
-        self.lone_out: Optional[np.ndarray] = None
-        self.outcome = 0        # what the algorithm's vote_step said (run_lone)
+        self.lone_in: Optional[np.ndarray] = None   # its data, during run_lone's _fill_lone
         # the algorithm whose vote_step (the whole message in one native call:
         # native/algorithms/vote_step.h) run_lone uses, if it has one
         self.step_dp: Any = None
@@ -238,17 +236,18 @@ class Speculation:
         dp = ag.comm.dp
         if dp is not self.step_dp:              # (failover may change the path)
             self.step_dp, self.step_fn = dp, getattr(dp, "vote_step", None)
-        self.lone_in, self.lone_out = array, output
         # fill, message, votes, copy-out in one native call (arrays in the machine's
         # byte order: numpy's builtin dtype objects)
         if self.step_fn is not None and array.dtype is self.buf.dtype is output.dtype:
-            if not ag.issue(self.buf, "sum", send=self._send_lone):
-                self.lone_in = self.lone_out = None
+            outcome = ag.issue_call(self.step_fn, array, self.buf, output, self.out_factor[0],
+                                    ag.comm.size)
+            if outcome is None:
                 return None
-            outcome, other = self.outcome, self.outcome == 2
+            other = outcome == 2
         else:
+            self.lone_in = array
             if not ag.issue(self.buf, "sum", self._fill_lone):
-                self.lone_in = self.lone_out = None
+                self.lone_in = None
                 return None
             votes = self.votes.tolist()
             outcome = 1 if votes[0] == ag.comm.size else 0
@@ -260,7 +259,6 @@ class Speculation:
                     output[...] = self.shaped[0]
                 else:   # what scale_into does for a float tensor, without its dispatch
                     np.multiply(self.shaped[0], factor, out=output)
-        self.lone_out = None
         ag.rounds += 1
         if not outcome:
             self.misses += 1
@@ -275,13 +273,6 @@ class Speculation:
         if other:
             self.disarm()       # a round next: it sees what we did not
         return True
-
-    def _send_lone(self) -> None:
-        """run_lone's message in one call of the algorithm (Agreement.issue calls it)."""
-        array, self.lone_in = self.lone_in, None
-        assert self.step_fn is not None
-        self.outcome = self.step_fn(array, self.buf, self.lone_out, self.out_factor[0],
-                                    self.ag.comm.size)
 
     def _fill_lone(self) -> None:
         """run_lone's part of the message (Agreement.issue calls it)."""
