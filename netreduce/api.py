@@ -200,6 +200,9 @@ def _auto_name(kind: str) -> str:
 # without error are kept: bad input goes the checking way every time.
 _SIGS: dict = {}
 _SIGS_MAX = 4096
+# name -> (its last steady call's dtype, shape, op, factors as passed; the ReduceOp;
+# the Signature): _steady's memo, bounded as _SIGS is
+_STEADY: dict = {}
 
 
 def _sig(kind: str, array: np.ndarray, op: Optional[ReduceOp], pre: Any, post: Any,
@@ -278,9 +281,26 @@ def _steady(array: np.ndarray, op: Any, name: str, pre: Any, post: Any,
     agreement = _comm().agreement
     if agreement is None or agreement.spec.lone != name:
         return None
-    op = as_op(op)
     array = check_array(array)
-    sig = _sig("allreduce", array, op, pre, post, -1, dtype)
+    # The name's last call, as the caller passed it: the same again (every step of a
+    # training loop) reuses its op and signature, with no as_op or _sig call (whose key
+    # hashes the ReduceOp in Python). Types are compared too, as _sig's key does.
+    given = (array.dtype, array.shape, op.__class__, op, pre.__class__, pre,
+             post.__class__, post, dtype)
+    last = _STEADY.get(name)
+    if last is not None and last[0] == given:
+        op, sig = last[1], last[2]
+    else:
+        op = as_op(op)
+        sig = _sig("allreduce", array, op, pre, post, -1, dtype)
+        try:            # (a factor that is unhashable may be mutable: not kept)
+            hash((pre, post))
+        except TypeError:
+            pass
+        else:
+            if len(_STEADY) >= _SIGS_MAX:
+                _STEADY.clear()
+            _STEADY[name] = (given, op, sig)
     if inplace and not array.flags.writeable:
         return None
     output = array if inplace else np.empty_like(array)
