@@ -341,15 +341,15 @@ class Agreement:
                     return False
             finally:
                 lock.release()
-            if not comm.claim(name):
+            cleared = self.q.clear_wakes()      # _only_wakes, one frame less
+            if cleared is None:
+                return False
+            if cleared:
+                self.owed = True                # (if the claim fails, the usual path's wait puts it)
+            if not comm.claim(name):            # and the message begins
                 return False
             t = None
             try:
-                cleared = self.q.clear_wakes()  # _only_wakes, one frame less
-                if cleared is None:
-                    return False
-                if cleared:
-                    self.owed = True
                 now = time.monotonic()
                 self.last_message, self.hot = now, True
                 comm.cache.hits += 1
@@ -358,7 +358,7 @@ class Agreement:
                     done = spec.run_lone(array, output, now)
                 finally:
                     self.stepping = None
-                self._pace(False)
+                self.quiet_since, self.gap = None, IDLE_S  # _pace(False)
                 if done is None:                # failed (reported): the job's error
                     failure = comm.failure()
                     raise copy.copy(failure) if failure is not None else NetReduceError(
@@ -372,7 +372,7 @@ class Agreement:
                 t.seq = BITS_SEQ
                 handle._helper = self.help
             finally:
-                comm.unclaim(name, t)
+                comm.unclaim(name, t)           # and the message ends
             with self.lock:
                 self.pending[i] = t
                 self.since[i] = now
@@ -488,21 +488,16 @@ class Agreement:
         finally:
             comm.end_message()
 
-    def issue_call(self, fn: Callable[..., int], *args: Any) -> Optional[int]:
-        """issue() for a message that is one call, ``fn(*args)`` (a steady step's
-        native vote_step, Speculation.run_lone): what it returned, or None when the job
-        had failed or the message did (reported, as by issue). The arguments are passed,
-        not bound: a steady step comes here once per step."""
-        comm = self.comm
-        if not comm.begin_message():
-            return None
+    def step_call(self, fn: Callable[..., int], *args: Any) -> Optional[int]:
+        """A message that is one call, ``fn(*args)`` (a steady step's native vote_step,
+        Speculation.run_lone), inside the message Communicator.claim began (Agreement.
+        steady): what it returned, or None when it failed (reported, as by issue). The
+        arguments are passed, not bound: a steady step comes here once per step."""
         try:
             return fn(*args)
         except Exception as exc:
             self._message_failed(exc)
             return None
-        finally:
-            comm.end_message()
 
     def _message_failed(self, exc: Exception) -> None:
         """A round or a speculative message raised: report it (the plain executor

@@ -505,26 +505,31 @@ class Communicator:
     def claim(self, name: str) -> bool:
         """A steady step of ``name`` runs on the caller's thread with no Tensor
         (Agreement.steady): ``name`` is in flight, so a second submission of it is
-        refused meanwhile, as for any other. False, claiming nothing, when the job
-        failed or stops or ``name`` is in flight already: the caller then takes the
-        usual path, which raises the reason."""
+        refused meanwhile, as for any other, and its message begins (begin_message: a
+        failure from here on aborts the data plane under it). False, claiming nothing,
+        when the job failed or stops or ``name`` is in flight already: the caller then
+        takes the usual path, which raises the reason. One hold of the lock for both:
+        a steady step comes here once per step."""
         # acquire/release, not `with`: a `with` binds __enter__ and __exit__ anew, ~0.5 µs
-        # more per hold on the AMD boot, and a steady step holds this lock four times.
+        # more per hold on the AMD boot.
         self._lock.acquire()
         try:
             if self._failure is not None or self._stopping or name in self._inflight:
                 return False
             self._inflight[name] = _CLAIMED
+            self._executing = ROUND_SEQ
             return True
         finally:
             self._lock.release()
 
     def unclaim(self, name: str, tensor: Optional[Tensor] = None) -> None:
-        """The claimed step of ``name`` is over; ``tensor``: what it became instead, a
-        submission still waiting (its message did not complete it). A failure
-        recorded meanwhile fails that one as it failed the others in flight."""
+        """The claimed step of ``name`` is over, its message ended (end_message);
+        ``tensor``: what it became instead, a submission still waiting (its message did
+        not complete it). A failure recorded meanwhile fails that one as it failed the
+        others in flight."""
         self._lock.acquire()    # (not `with`: see claim)
         try:
+            self._executing = None
             if self._inflight.get(name) is not _CLAIMED:
                 return
             if tensor is None:

@@ -228,9 +228,9 @@ class Speculation:
     def run_lone(self, array: np.ndarray, output: np.ndarray, now: float) -> Optional[bool]:
         """run() for G's lone tensor, submitted here and nothing else (Agreement.steady
         checked that, so this rank's part is a vote of 1, ``other`` 0 and ``array``),
-        on the caller's thread: True when ``output`` holds the result, False when the
-        sums were discarded (disarmed: a round next), None when the message failed
-        (reported)."""
+        on the caller's thread, inside the message its Communicator.claim began: True
+        when ``output`` holds the result, False when the sums were discarded (disarmed:
+        a round next), None when the message failed (reported)."""
         ag = self.ag
         assert self.buf is not None and self.votes is not None
         dp = ag.comm.dp
@@ -239,8 +239,8 @@ class Speculation:
         # fill, message, votes, copy-out in one native call (arrays in the machine's
         # byte order: numpy's builtin dtype objects)
         if self.step_fn is not None and array.dtype is self.buf.dtype is output.dtype:
-            outcome = ag.issue_call(self.step_fn, array, self.buf, output, self.out_factor[0],
-                                    ag.comm.size)
+            outcome = ag.step_call(self.step_fn, array, self.buf, output, self.out_factor[0],
+                                   ag.comm.size)
             if outcome is None:
                 return None
             other = outcome == 2
