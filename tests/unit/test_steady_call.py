@@ -4,6 +4,7 @@ submission and its wait would issue, with no Tensor, Handle or hand-off. Ranks a
 threads on the fakes, whose fabric fails any message that differs between ranks, so
 every test also checks that the one-call path and the usual one send the same
 messages in the same order."""
+import threading
 import time
 
 import numpy as np
@@ -60,6 +61,40 @@ def test_average_and_postscale_as_on_the_usual_path(ranks):
     results = ranks(2).run(fn)
     for step in range(12):
         want = _want(2, step) * np.float32(0.25)
+        for outs, _ in results:
+            assert np.array_equal(outs[step], want), (step, outs[step], want)
+    assert all(hits >= 4 for _, hits in results)
+
+
+def test_a_steady_name_called_another_way_follows_the_call(ranks):
+    """api._steady reuses a name's last ReduceOp and signature only for the very same
+    call: the op given another way (a name, Horovod's integer), a postscale of another
+    value or type, and a mutable factor changed in place each do what the call says."""
+    factor = np.array(1.0)                    # 0-d: unhashable, changed in place below
+
+    def fn(r):
+        outs = []
+        for step in range(30):
+            x, phase = _data(r, step), min(step // 6, 3)
+            if phase == 0:
+                out = nr.allreduce(x, op=nr.Sum, name="g")
+            elif phase == 1:
+                out = nr.allreduce(x, op="sum" if step % 2 else 1, name="g")  # 1: Horovod's Sum
+            elif phase == 2:
+                out = nr.allreduce(x, op=nr.Sum, name="g", postscale_factor=2.0 if step % 2 else 2)
+            else:
+                if r == 0:              # steady at 3, then 0.5 under the same object
+                    factor[...] = 3.0 if step < 26 else 0.5
+                ranks_barrier()
+                out = nr.allreduce(x, op=nr.Sum, name="g", postscale_factor=factor)
+                ranks_barrier()
+            outs.append(out)
+        return outs, _spec().lone_hits
+    ranks_barrier = threading.Barrier(2).wait
+    results = ranks(2).run(fn)
+    for step in range(30):
+        scale = (1, 1, 2, 3.0 if step < 26 else 0.5)[min(step // 6, 3)]
+        want = _want(2, step) * np.float32(scale)
         for outs, _ in results:
             assert np.array_equal(outs[step], want), (step, outs[step], want)
     assert all(hits >= 4 for _, hits in results)
