@@ -323,9 +323,8 @@ def _commit(path: str = REPO) -> str:
 
 
 def _daemon_cpu_s(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    from common import proc_stat  # this checkout's (benchmarks/ is sys.path[0])
+    return proc_stat.cpu_seconds(pid)
 
 
 def drive_join(args: argparse.Namespace) -> None:

@@ -19,6 +19,7 @@ import time
 import torch
 
 import netreduce.torch as hvd
+from common import proc_stat  # this checkout's (benchmarks/ is sys.path[0])
 from netreduce.worker import context
 
 
@@ -34,17 +35,10 @@ def threads_cpu() -> dict:
     (the main thread apart: it also fills and checks the gradients, outside the
     measured window of proc_cpu_ms_per_step)."""
     out: dict = {}
-    tick = os.sysconf("SC_CLK_TCK")
     named = {t.native_id: t.name for t in threading.enumerate()}  # Python's own names
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{tid}/comm") as f:
-                name = "main" if int(tid) == os.getpid() else named.get(int(tid)) or f.read().strip()
-            with open(f"/proc/self/task/{tid}/stat") as f:
-                fields = f.read().rpartition(")")[2].split()
-        except OSError:
-            continue
-        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    for stat in proc_stat.threads():
+        name = "main" if stat.pid == os.getpid() else named.get(stat.pid) or stat.comm
+        out[name] = out.get(name, 0.0) + stat.cpu_seconds
     return out
 
 

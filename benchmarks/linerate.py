@@ -69,18 +69,12 @@ def thread_cpu(pid: int) -> Dict[str, float]:
     """utime+stime per thread name of process `pid` (threads of one name summed): the
     aggregator's data threads are nr-data-N, an engine's nr-engine."""
     out: Dict[str, float] = {}
-    tick = os.sysconf("SC_CLK_TCK")
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{tid}/comm") as f:
-                name = f.read().strip()
-            with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    tick = common.proc_stat.TICKS
+    for stat in common.proc_stat.threads(pid):
+        name, tid = stat.comm, stat.pid
+        out[name] = out.get(name, 0.0) + stat.cpu_seconds
         # user and system time apart: the data path's own code against the kernel's
-        out[name + ":user"] = out.get(name + ":user", 0.0) + int(fields[11]) / tick
+        out[name + ":user"] = out.get(name + ":user", 0.0) + stat.utime / tick
         # how often the thread slept and was woken (each wake-up is a schedule and a poll)
         try:
             with open(f"/proc/{pid}/task/{tid}/status") as f:

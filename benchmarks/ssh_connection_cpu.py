@@ -22,16 +22,11 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-TICK = os.sysconf("SC_CLK_TCK")
-
 
 def _reaped_cpu_s(pids) -> float:
-    total = 0
-    for pid in pids:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        total += int(fields[13]) + int(fields[14])  # cutime, cstime
-    return total / TICK
+    from benchmarks.common import proc_stat
+    stats = [proc_stat.read(pid) for pid in pids]
+    return sum(s.cutime + s.cstime for s in stats) / proc_stat.TICKS
 
 
 def main() -> None:

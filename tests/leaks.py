@@ -11,6 +11,8 @@ import os
 import signal
 from typing import Dict, List, Tuple
 
+from netreduce.testbed import proc_stat
+
 _TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -30,12 +32,10 @@ def _orphans(since_ticks: int) -> Dict[int, str]:
                 cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
             if "netreduce.switch" not in cmd and "netreduce-switch" not in cmd:
                 continue
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
+            stat = proc_stat.read(entry)
         except OSError:
             continue  # gone meanwhile
-        ppid, start = int(fields[1]), int(fields[19])
-        if ppid == 1 and start >= since_ticks:
+        if stat.ppid == 1 and stat.starttime >= since_ticks:
             found[int(entry)] = cmd
     return found
 

@@ -38,6 +38,8 @@ import threading
 import time
 from typing import Callable, Dict, List, Optional, Set, Tuple
 
+from netreduce.testbed import proc_stat
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 FUZZ = "tests/parallel/test_fuzz_smoke.py::test_sanitizer_build_and_fuzz_smoke"
@@ -129,18 +131,10 @@ def _sessions_below(roots: Set[int]) -> List[int]:
     scheduling group of its own at nice 0 whatever the rank's nice."""
     parent: Dict[int, int] = {}
     leaders: List[int] = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue  # gone meanwhile
-        pid = int(entry)
-        parent[pid] = int(fields[1])
-        if int(fields[3]) == pid:  # its own session's leader
-            leaders.append(pid)
+    for p in proc_stat.processes():
+        parent[p.pid] = p.ppid
+        if p.session == p.pid:  # its own session's leader
+            leaders.append(p.pid)
     below = []
     for pid in leaders:
         up = parent.get(pid, 0)

@@ -7,6 +7,6 @@ a bridge, rate-limited veth links, random loss. See docs/testbed.md.
 """
 from netreduce.testbed.plan import (AGGREGATOR, NS_IFNAME, Node, Plan, TestbedError,  # noqa: F401
                                     format_rate, make_plan, parse_rate)
+from netreduce.testbed.proc_stat import cpu_seconds as process_cpu_seconds  # noqa: F401
 from netreduce.testbed.sh import why_unusable  # noqa: F401
-from netreduce.testbed.testbed import (SwitchHandle, Testbed, leftovers,  # noqa: F401
-                                       process_cpu_seconds, teardown)
+from netreduce.testbed.testbed import SwitchHandle, Testbed, leftovers, teardown  # noqa: F401

@@ -35,7 +35,7 @@ import time
 from typing import Dict, List, Optional, Sequence
 
 from netreduce.process import terminate
-from netreduce.testbed import sh
+from netreduce.testbed import proc_stat, sh
 from netreduce.testbed.plan import (NS_IFNAME, Node, Plan, TestbedError, format_rate, make_plan,
                                     tbf_burst_bytes, tbf_limit_bytes)
 
@@ -65,22 +65,12 @@ def _kill_pids(pids: Sequence[int], grace_s: float = 3.0) -> None:
     alive = list(pids)
     while alive and time.monotonic() < deadline:
         time.sleep(0.05)
-        alive = [p for p in alive if _running(p)]
+        alive = [p for p in alive if proc_stat.alive(p)]
     for pid in alive:
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-
-
-def _running(pid: int) -> bool:
-    """True while `pid` exists and is not a zombie (a zombie of one of our own
-    children has ended; only its parent's wait() is missing)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def teardown(name: str) -> List[str]:
@@ -158,17 +148,10 @@ class SwitchHandle:
             self.log.append(line.rstrip("\n"))
 
     def cpu_seconds(self) -> float:
-        return process_cpu_seconds(self.pid)
+        return proc_stat.cpu_seconds(self.pid)
 
     def stop(self, timeout: float = 5.0) -> None:
         terminate(self.proc, timeout)
-
-
-def process_cpu_seconds(pid: int) -> float:
-    """user+system CPU seconds of a process (all its threads), from /proc."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 class Testbed:

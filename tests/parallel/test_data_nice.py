@@ -8,23 +8,14 @@ import os
 import pytest
 
 from netreduce.switch.settings import DEFAULTS, aggregator_args
+from netreduce.testbed import proc_stat
 
 _native = pytest.importorskip("netreduce._native")
 
 
 def _data_thread_nices() -> list:
     """The nice of every nr-data-* thread of this process (/proc/self/task/*/stat)."""
-    out = []
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{tid}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        comm = stat[stat.index("(") + 1:stat.rindex(")")]
-        if comm.startswith("nr-data-"):
-            out.append(int(stat.rsplit(")", 1)[1].split()[16]))
-    return out
+    return [t.nice for t in proc_stat.threads() if t.comm.startswith("nr-data-")]
 
 
 def _started(**kw):

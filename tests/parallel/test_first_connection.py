@@ -13,6 +13,7 @@ import time
 import uuid
 
 from netreduce.switch.child import free_aggregator_port, spawn
+from netreduce.testbed import proc_stat
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -90,12 +91,5 @@ def test_netreduce_run_stops_the_ranks_when_its_aggregator_does_not_start(tmp_pa
     for name in os.listdir(tmp_path):  # a rank that got as far as its first line is gone
         with open(tmp_path / name) as f:
             pid = int(f.read() or 0)
-        assert pid and not os.path.exists(f"/proc/{pid}") or _zombie(pid), pid
-
-
-def _zombie(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] == "Z"
-    except FileNotFoundError:
-        return True
+        # gone or a zombie (an empty file: killed between its open and its write)
+        assert not (pid and proc_stat.alive(pid)), pid

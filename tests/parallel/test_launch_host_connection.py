@@ -12,7 +12,8 @@ import time
 import pytest
 
 from netreduce.launcher import spawn
-from tests.parallel.test_launch_spawn import FAKE_SSH, _alive
+from netreduce.testbed import proc_stat
+from tests.parallel.test_launch_spawn import FAKE_SSH
 
 
 @pytest.fixture
@@ -72,10 +73,10 @@ def test_ranks_of_a_host_share_one_connection_and_keep_their_own_output_signals_
     # A signal reaches its rank only; stopping one rank leaves the other running.
     ranks[2].send_signal(signal.SIGTERM)
     assert ranks[2].wait(10) == 12
-    assert ranks[3].poll() is None and _alive(pid3)
+    assert ranks[3].poll() is None and proc_stat.alive(pid3)
     ranks[3].disconnect()  # the host's last rank: the connection closes, the keeper stops it
     assert ranks[3].wait(10) == 13
-    assert conn.proc.wait(10) is not None and not _alive(keeper2)
+    assert conn.proc.wait(10) is not None and not proc_stat.alive(keeper2)
     out.close()
     printed = capfd.readouterr()
     for r in (2, 3):

@@ -14,6 +14,7 @@ import time
 import pytest
 
 from netreduce.launcher import spawn
+from netreduce.testbed import proc_stat
 
 FAKE_SSH = """#!/bin/sh
 while [ $# -gt 0 ]; do case "$1" in -o|-p|-i) shift 2;; -*) shift;; *) break;; esac; done
@@ -57,14 +58,6 @@ def _start(tmp_path, capsys_out, rank=5):
     return r, out, pid
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def test_remote_rank_gets_its_environment_on_stdin_and_its_signals(fake_ssh, capfd):
     tmp_path = fake_ssh
     r, out, pid = _start(tmp_path, capfd)
@@ -90,7 +83,7 @@ def test_closed_connection_stops_the_remote_rank(fake_ssh, capfd):
     r, out, pid = _start(tmp_path, capfd)
     r.disconnect()
     assert r.wait(10) == 7  # the keeper's SIGTERM, which the rank turns into 7
-    assert not _alive(pid)
+    assert not proc_stat.alive(pid)
     out.close()
 
 

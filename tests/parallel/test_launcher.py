@@ -12,6 +12,8 @@ import time
 
 import pytest
 
+from netreduce.testbed import proc_stat
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -27,24 +29,11 @@ def run_launcher(args, timeout=60.0, **env):
                           capture_output=True, text=True, timeout=timeout, cwd=ROOT)
 
 
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # a zombie still answers kill(0): look at its state
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 def wait_gone(pids, within: float) -> list:
     deadline = time.monotonic() + within
-    while time.monotonic() < deadline and any(alive(p) for p in pids):
+    while time.monotonic() < deadline and any(proc_stat.alive(p) for p in pids):
         time.sleep(0.05)
-    return [p for p in pids if alive(p)]
+    return [p for p in pids if proc_stat.alive(p)]
 
 
 # A rank that records its pid and the pid of a child it started, then sleeps; the
@@ -160,7 +149,7 @@ def test_signals_are_forwarded_and_nothing_survives(tmp_path, signum):
             time.sleep(0.05)
         pids = read_pids(tmp_path, 2)
         # the embedded aggregator is a child of the launcher too
-        switch = [p for p in _children(launcher.pid) if "netreduce.switch" in _cmdline(p)]
+        switch = [p for p in proc_stat.children(launcher.pid) if "netreduce.switch" in _cmdline(p)]
         assert len(switch) == 1
         pids += switch
         t0 = time.monotonic()
@@ -175,18 +164,6 @@ def test_signals_are_forwarded_and_nothing_survives(tmp_path, signum):
             launcher.wait()
         launcher.stdout.close()
         launcher.stderr.close()
-
-
-def _parent(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().split(")")[-1].split()[1])
-    except (FileNotFoundError, ValueError, IndexError, ProcessLookupError):
-        return -1
-
-
-def _children(pid: int) -> list:
-    return [int(p) for p in os.listdir("/proc") if p.isdigit() and _parent(int(p)) == pid]
 
 
 def _cmdline(pid: int) -> str:

@@ -23,6 +23,7 @@ import time
 
 import pytest
 
+from netreduce.testbed import proc_stat
 from tests.procs import ROOT
 
 WORKER = os.path.join(ROOT, "tests", "parallel", "torchrun_elastic_worker.py")
@@ -41,19 +42,6 @@ def _records(out):
         with open(path) as f:
             rows += [json.loads(line) for line in f if line.strip()]
     return rows
-
-
-def _children(pid: int):
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
-                        found.append(int(entry))
-            except (OSError, ValueError, IndexError):
-                pass
-    return found
 
 
 @pytest.mark.slow  # torchrun's own rendezvous rounds take ~20 s per change
@@ -102,7 +90,7 @@ def test_torchrun_nodes_leave_and_come_back(tmp_path):
         first = agent("A")
         second = agent("B")
         wait_for(lambda: any(r.get("size") == 4 and r["step"] >= 10 for r in _records(out)))
-        victims = _children(second.pid)
+        victims = proc_stat.children(second.pid)
         os.killpg(second.pid, signal.SIGKILL)  # the node: its agent and its workers
         for pid in victims:
             try:

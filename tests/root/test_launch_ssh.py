@@ -22,6 +22,7 @@ import pytest
 from netreduce.launcher import spawn
 from netreduce.testbed import Testbed, why_unusable
 from netreduce.testbed import sshd
+from netreduce.testbed import proc_stat
 from tests.root import scratch_subnet, scratch_testbed_name
 
 REASON = why_unusable() or sshd.why_unusable()
@@ -115,19 +116,11 @@ def _keepers() -> dict:
     return found
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def _gone_within(pids, seconds):
     deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+    while time.monotonic() < deadline and any(proc_stat.alive(p) for p in pids):
         time.sleep(0.05)
-    return [p for p in pids if _alive(p)]
+    return [p for p in pids if proc_stat.alive(p)]
 
 
 @pytest.mark.timeout(120)
