@@ -73,6 +73,8 @@ class Engine::Message {
   size_t FirstOf(int64_t c) const { return size_t(c) * chunk_elems_; }
   size_t ElemsOf(int64_t c) const { return std::min(chunk_elems_, req_.count - FirstOf(c)); }
   void DueBy(int64_t at) { next_due_ = std::min(next_due_, at); }
+  // An early (evidence) or held chunk's deadline was set to `at` (NapLimit).
+  void EvidenceBy(int64_t at) { evidence_by_ = std::min(evidence_by_, at); }
 
   // message_chunks.cc: the send side.
   void QueueSend(engine_run::SlotTrack& t);
@@ -94,7 +96,7 @@ class Engine::Message {
 
   // message_timers.cc
   void Resend(engine_run::SlotTrack& t, int64_t now);
-  int64_t NapLimit(int64_t now, int64_t rto) const;
+  int64_t NapLimit(int64_t now, int64_t rto, int64_t want);
 
   Engine& e_;
   Request& req_;
@@ -125,6 +127,12 @@ class Engine::Message {
   // timeouts earlier than next_due_).
   int64_t next_due_ = 0;
   int64_t last_sweep_rto_ = 0;
+  // A lower bound of the earliest deadline of an early or held chunk (every place that
+  // sets one lowers it; NapLimit's walk makes it exact again), and when the sweep last
+  // walked every slot: while no lane is quiet and no such deadline has come, a sweep
+  // has nothing to resend and looks at the lanes only (SweepTimers).
+  int64_t evidence_by_ = 0;
+  int64_t last_walk_us_ = 0;
   std::vector<engine_run::SlotTrack*> probes_, held_probes_;  // the sweep's, per lane
   uint64_t tx_ = 0;  // packets queued so far, in the order they leave (SlotTrack::last_tx)
   bool first_of_batch_ = true;  // the next result is the first of its receive batch
