@@ -127,12 +127,6 @@ class Engine::Message {
   // timeouts earlier than next_due_).
   int64_t next_due_ = 0;
   int64_t last_sweep_rto_ = 0;
-  // A lower bound of the earliest deadline of an early or held chunk (every place that
-  // sets one lowers it; NapLimit's walk makes it exact again), and when the sweep last
-  // walked every slot: while no lane is quiet and no such deadline has come, a sweep
-  // has nothing to resend and looks at the lanes only (SweepTimers).
-  int64_t evidence_by_ = 0;
-  int64_t last_walk_us_ = 0;
   std::vector<engine_run::SlotTrack*> probes_, held_probes_;  // the sweep's, per lane
   uint64_t tx_ = 0;  // packets queued so far, in the order they leave (SlotTrack::last_tx)
   bool first_of_batch_ = true;  // the next result is the first of its receive batch
@@ -147,6 +141,13 @@ class Engine::Message {
   std::uniform_real_distribution<double> coin_{0.0, 1.0};
   // Last: the fields above keep their places (the per-result path reads them).
   engine_nap::NapClock nap_;  // the results' delivery rate, the nap it allows
+  // After nap_, so that the fields above keep their places too. A lower bound of the
+  // earliest deadline of an early or held chunk (every place that sets one lowers it;
+  // NapLimit's walk makes it exact again), and when the sweep last walked every slot:
+  // while no lane is quiet and no such deadline has come, a sweep has nothing to
+  // resend and looks at the lanes only (SweepTimers).
+  int64_t evidence_by_ = 0;
+  int64_t last_walk_us_ = 0;
 };
 
 }  // namespace netreduce
