@@ -73,6 +73,8 @@ class Engine::Message {
   size_t FirstOf(int64_t c) const { return size_t(c) * chunk_elems_; }
   size_t ElemsOf(int64_t c) const { return std::min(chunk_elems_, req_.count - FirstOf(c)); }
   void DueBy(int64_t at) { next_due_ = std::min(next_due_, at); }
+  // An early (evidence) or held chunk's deadline was set to `at` (NapLimit).
+  void EvidenceBy(int64_t at) { evidence_by_ = std::min(evidence_by_, at); }
 
   // message_chunks.cc: the send side.
   void QueueSend(engine_run::SlotTrack& t);
@@ -94,7 +96,7 @@ class Engine::Message {
 
   // message_timers.cc
   void Resend(engine_run::SlotTrack& t, int64_t now);
-  int64_t NapLimit(int64_t now, int64_t rto) const;
+  int64_t NapLimit(int64_t now, int64_t rto, int64_t want);
 
   Engine& e_;
   Request& req_;
@@ -139,6 +141,13 @@ class Engine::Message {
   std::uniform_real_distribution<double> coin_{0.0, 1.0};
   // Last: the fields above keep their places (the per-result path reads them).
   engine_nap::NapClock nap_;  // the results' delivery rate, the nap it allows
+  // After nap_, so that the fields above keep their places too. A lower bound of the
+  // earliest deadline of an early or held chunk (every place that sets one lowers it;
+  // NapLimit's walk makes it exact again), and when the sweep last walked every slot:
+  // while no lane is quiet and no such deadline has come, a sweep has nothing to
+  // resend and looks at the lanes only (SweepTimers).
+  int64_t evidence_by_ = 0;
+  int64_t last_walk_us_ = 0;
 };
 
 }  // namespace netreduce

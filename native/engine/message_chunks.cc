@@ -130,7 +130,11 @@ void Engine::Message::StartChunk(SlotTrack& t, int64_t c, int64_t now) {
   const bool tail = !e_.cfg_.transport && c + int64_t(e_.window_) >= nchunks_ &&
                     IsLaneTail(c, nchunks_, base_, e_.window_, e_.cfg_.threads);
   t.probe = tail && t.head;
-  if (t.probe) t.early = true, t.deadline_us = now + TailProbeUs(e_.srtt_us_, kReorderFloorUs, t.rto_us);
+  if (t.probe) {
+    t.early = true;
+    t.deadline_us = now + TailProbeUs(e_.srtt_us_, kReorderFloorUs, t.rto_us);
+    EvidenceBy(t.deadline_us);
+  }
   DueBy(t.deadline_us);
   QueueSend(t);
   t.first_tx = t.last_tx;

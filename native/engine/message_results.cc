@@ -26,7 +26,7 @@ Status Engine::Message::AwaitResults() {
   const bool caught_up = !drained_full_[0] && (!e_.group_ || !drained_full_[1]);
   int64_t nap = nap_.NapUs(uint64_t(std::min<int64_t>(remaining_, e_.window_)), caught_up);
   if (nap > 0) {
-    nap = std::min(nap, NapLimit(now, e_.Rto()) - now);
+    nap = std::min(nap, NapLimit(now, e_.Rto(), now + nap) - now);
     if (nap < engine_nap::kMinNapUs) nap = 0;
   }
   if (nap > 0) {
@@ -90,6 +90,7 @@ void Engine::Message::HeldNotice(const wire::Header& h) {
     t.early = t.probe = t.overtaken = false;
     t.deadline_us = rx_now_ + t.rto_us;
     DueBy(t.deadline_us);
+    EvidenceBy(t.deadline_us);  // a bound only: an asked chunk is neither early nor held
     if (probe_walk_[t.lane] < kMaxProbeWalk) {
       probe_walk_[t.lane]++;
       next_probe_[t.lane] = 0;
@@ -110,6 +111,7 @@ void Engine::Message::HeldNotice(const wire::Header& h) {
   t.held = true;
   t.early = t.probe = t.overtaken = false;
   t.deadline_us = rx_now_ + t.rto_us;
+  EvidenceBy(t.deadline_us);
   lane_progress_[t.lane] = rx_now_;  // the path answers: no timeout probe yet
 }
 
@@ -240,6 +242,7 @@ void Engine::Message::Complete(SlotTrack& t, bool repeat_seen, bool in_lane_orde
     o.early = o.overtaken = true;
     o.deadline_us = std::min(o.deadline_us, t_now + reorder_us);
     DueBy(o.deadline_us);
+    EvidenceBy(o.deadline_us);
   }
   const size_t later = order.size() - pos - 1;  // outstanding chunks of the lane after t
   SlotTrack* expected = later > 0 ? &slots_[order[pos + 1]] : nullptr;
@@ -252,6 +255,7 @@ void Engine::Message::Complete(SlotTrack& t, bool repeat_seen, bool in_lane_orde
     expected->deadline_us = std::min(expected->deadline_us,
                                      std::max(t_now + e_.GapTimeout(), expected->last_send_us + e_.min_rtt_us_));
     DueBy(expected->deadline_us);
+    EvidenceBy(expected->deadline_us);
   }
   --remaining_;
   const int64_t next = t.chunk + int64_t(e_.window_);
