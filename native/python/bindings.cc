@@ -472,6 +472,19 @@ PYBIND11_MODULE(_native, m) {
   // A RoCEv2 datagram's UDP payload for `payload_bytes`: header, padded payload, ICRC.
   m.def("datagram_bytes", [](size_t payload_bytes) { return wire::DatagramBytes(payload_bytes); },
         py::arg("payload_bytes"));
+  // engine/nap.h's NapRest over a scripted run of messages, for tests: each message's
+  // verdict ("off": its naps cost rate, "kept", "-": not judged) in turn; whether each
+  // message was allowed to nap. A resting message is not judged (it did not nap).
+  m.def("nap_rest_script", [](const std::vector<std::string>& verdicts) {
+    engine_nap::NapRest rest;
+    std::vector<bool> allowed;
+    for (const std::string& v : verdicts) {
+      const bool may = rest.Start();
+      allowed.push_back(may);
+      if (may) rest.Judged(v == "off", v == "kept");
+    }
+    return allowed;
+  }, py::arg("verdicts"));
 
   // The slot arithmetic alone (reduce/kernels.cc), for tests against numpy: inputs
   // (buffers of `dtype` on the wire) folded in the order given, as a slot folds
