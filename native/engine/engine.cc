@@ -119,7 +119,8 @@ Engine::Message::Message(Engine& e, Request& req)
       probes_(e.cfg_.threads, nullptr),
       held_probes_(e.cfg_.threads, nullptr),
       nap_(uint64_t(std::min<int64_t>(nchunks_, int64_t(e.window_))),
-           uint64_t(kGroBufBytes / wire::DatagramBytes(e.cfg_.payload_bytes)), e.nap_rest_.Start()) {
+           uint64_t(kGroBufBytes / wire::DatagramBytes(e.cfg_.payload_bytes)),
+           e.nap_rest_.Start()) {
   e.next_seq_ += uint64_t(nchunks_);
   e.messages_++;
   if (!rs_.clean) {  // a failed message left chunks behind (the engine refuses work after
