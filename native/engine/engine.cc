@@ -119,8 +119,8 @@ Engine::Message::Message(Engine& e, Request& req)
       probes_(e.cfg_.threads, nullptr),
       held_probes_(e.cfg_.threads, nullptr),
       nap_(uint64_t(std::min<int64_t>(nchunks_, int64_t(e.window_))),
-           uint64_t(kGroBufBytes / wire::DatagramBytes(e.cfg_.payload_bytes)), e.nap_rest_ == 0) {
-  if (e.nap_rest_ > 0) e.nap_rest_--;
+           uint64_t(kGroBufBytes / wire::DatagramBytes(e.cfg_.payload_bytes)),
+           e.nap_rest_.Start()) {
   e.next_seq_ += uint64_t(nchunks_);
   e.messages_++;
   if (!rs_.clean) {  // a failed message left chunks behind (the engine refuses work after
@@ -143,10 +143,9 @@ void Engine::Message::Finish() {
     e_.reorder_quiet_ = 0;
   }
   e_.late_seen_ = false;
-  if (nap_.Off()) {  // its naps cost throughput: the next messages do not try
-    Bump(e_.nap_offs_);
-    e_.nap_rest_ = engine_nap::kRestMessages;
-  }
+  // Its naps cost throughput: it stopped; kOffStrikes in a row, the next messages rest.
+  if (nap_.Off()) Bump(e_.nap_offs_);
+  e_.nap_rest_.Judged(nap_.Off(), nap_.Kept());
 }
 
 }  // namespace netreduce

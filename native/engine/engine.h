@@ -18,6 +18,7 @@
 #include "common/fanout.h"
 #include "common/status.h"
 #include "engine/group_watch.h"
+#include "engine/nap.h"
 #include "reduce/dtype.h"
 #include "transport/make_transport.h"
 
@@ -165,8 +166,8 @@ class Engine {
   uint32_t reorder_quiet_ = 0;
   bool late_seen_ = false;  // this message saw such a resend
   int64_t reorder_step_us_ = 0;  // when the window last widened
-  // Messages left that do not nap: a message's naps cost delivery rate (engine/nap.h).
-  uint32_t nap_rest_ = 0;
+  // Whether a message may nap: messages whose naps cost delivery rate (engine/nap.h).
+  engine_nap::NapRest nap_rest_;
   std::mt19937_64 rng_;
 
   std::mutex mu_;

@@ -8,6 +8,7 @@
 
 #include <functional>
 #include <memory>
+#include <tuple>
 
 #include "aggregator/aggregator.h"
 #include "aggregator/path_payload.h"
@@ -472,6 +473,33 @@ PYBIND11_MODULE(_native, m) {
   // A RoCEv2 datagram's UDP payload for `payload_bytes`: header, padded payload, ICRC.
   m.def("datagram_bytes", [](size_t payload_bytes) { return wire::DatagramBytes(payload_bytes); },
         py::arg("payload_bytes"));
+  // engine/nap.h's NapRest over a scripted run of messages, for tests: each message's
+  // verdict ("off": its naps cost rate, "kept", "-": not judged) in turn; whether each
+  // message was allowed to nap. A resting message is not judged (it did not nap).
+  m.def("nap_rest_script", [](const std::vector<std::string>& verdicts) {
+    engine_nap::NapRest rest;
+    std::vector<bool> allowed;
+    for (const std::string& v : verdicts) {
+      const bool may = rest.Start();
+      allowed.push_back(may);
+      if (may) rest.Judged(v == "off", v == "kept");
+    }
+    return allowed;
+  }, py::arg("verdicts"));
+  // engine/nap.h's NapClock over scripted drains, for tests: per (time us, datagrams,
+  // outstanding) the drain, then the nap it allows (caught up), taken if not 0.
+  m.def("nap_clock_script", [](uint64_t skip, uint64_t coalesced,
+                               const std::vector<std::tuple<int64_t, uint64_t, uint64_t>>& drains) {
+    engine_nap::NapClock clock(skip, coalesced, true);
+    std::vector<int64_t> naps;
+    for (const auto& [t, n, outstanding] : drains) {
+      clock.Drained(t, n);
+      const int64_t nap = clock.NapUs(outstanding, true);
+      if (nap > 0) clock.Napping();
+      naps.push_back(nap);
+    }
+    return py::make_tuple(naps, clock.Off());
+  }, py::arg("skip"), py::arg("coalesced"), py::arg("drains"));
 
   // The slot arithmetic alone (reduce/kernels.cc), for tests against numpy: inputs
   // (buffers of `dtype` on the wire) folded in the order given, as a slot folds
