@@ -31,6 +31,18 @@ time between messages, and the wait from the last message's end to the step's en
 The record (benchmarks/results/issue33/overlap_{keras,mxnet}_UTC.json) keeps every
 run with its load average; the summary is medians with (min, max).
 
+Each mode also records the whole machine's CPU over rank 0's timed steps (``machine_cpu``,
+overlap_step.py's: busy fraction, every rank process's and the aggregator's CPU-seconds
+per step; the compute mode's over whole steps run back to back after its F/B/U
+timings). ``--floor`` adds a part to each run's rotation, the paced do-nothing floor
+of benchmarks/cpu_bounds.py on the same testbed (rounds of ``--floor-bytes``), and
+reads every step against the run's CPU floor, step_floor.py's (d): (the compute mode's
+ranks' CPU per step + the floor's CPU for the step's S bytes, 4 ranks and the
+reflector) / the cores (``cpu_floor_of``; the summary's ``cpu_floor``):
+
+    python3 benchmarks/overlap_frameworks.py keras --runs 5 --steps 3 --warmup 1 \
+        --modes nr-hvd,compute,tf-mwms --floor
+
 Paired A/B of two versions of the adapter: ``--code base=DIR`` and a mode ``MODE@base``
 run MODE with netreduce (and netreduce.mxnet) from checkout DIR, built in place, in
 the same rotation as the others (mxnet; the workers import the adapter from the
@@ -71,6 +83,25 @@ def _med(vals: List[float]) -> float:
 
 
 # --- workers (one per testbed host) ---------------------------------------------------------
+def _threads_cpu() -> Dict[int, Any]:
+    """This process's threads now: {tid: (name, CPU-seconds)} (/proc/self/task)."""
+    from netreduce.testbed import proc_stat
+    return {t.pid: (t.comm, t.cpu_seconds) for t in proc_stat.threads("self")}
+
+
+def _own_cpu(before: Dict[int, Any], steps: int) -> Dict[str, Any]:
+    """This process's CPU-seconds per step since ``before`` (``_threads_cpu``): the
+    whole process's, and per thread name (TensorFlow's pools name their threads
+    alike; netreduce's engine, executor and agreement threads have their own)."""
+    names: Dict[str, List[float]] = {}
+    for tid, (name, cpu) in _threads_cpu().items():
+        names.setdefault(name, []).append(cpu - before.get(tid, (name, 0.0))[1])
+    per = {n: round(sum(v) / steps, 4) for n, v in names.items() if sum(v) > 0}
+    return {"cpu_s_per_step": round(sum(per.values()), 4),
+            "threads": {n: len(v) for n, v in names.items()},
+            "by_thread_name": dict(sorted(per.items(), key=lambda kv: -kv[1]))}
+
+
 def keras_worker(args: argparse.Namespace) -> Dict[str, Any]:
     import tensorflow as tf
     tf.config.threading.set_intra_op_parallelism_threads(1)
@@ -116,19 +147,27 @@ def keras_worker(args: argparse.Namespace) -> Dict[str, Any]:
                 (out[-1] if isinstance(out, list) else out).numpy()
                 t[key].append(time.perf_counter() - t0)
         f, fb, fbu = _med(t["f"]), _med(t["fb"]), _med(t["fbu"])
+        cpu_stamps = []  # whole steps back to back: the window of the ranks' CPU per step
+        before = _threads_cpu()
+        for _ in range(args.steps):
+            t0 = _now_us()
+            train_step(x, y).numpy()
+            cpu_stamps.append([t0, _now_us()])
         return dict(result, forward=f, backward=fb - f, update=fbu - fb, step=fbu,
-                    samples=t)
+                    samples=t, cpu_stamps=cpu_stamps, own_cpu=_own_cpu(before, args.steps))
     for _ in range(args.warmup):
         train_step(x, y)
     barrier()
     stamps = []
+    before = _threads_cpu()
     for _ in range(args.steps):
         t0 = _now_us()
         loss = train_step(x, y)
         np.asarray(strategy.experimental_local_results(loss)[0] if strategy else loss)
         stamps.append([t0, _now_us()])
+    own = _own_cpu(before, args.steps)
     barrier()
-    return dict(result, stamps=stamps)
+    return dict(result, stamps=stamps, own_cpu=own)
 
 
 def _adapter_from(tree: str) -> None:
@@ -219,9 +258,12 @@ def mxnet_worker(args: argparse.Namespace) -> Dict[str, Any]:
         step()
     if mode == "compute":
         t: Dict[str, List[float]] = {"forward": [], "backward": [], "update": [], "step": []}
+        cpu_stamps = []
         for _ in range(args.steps):
+            t0 = _now_us()
             step(t)
-        return dict(result, samples=t, **{k: _med(v) for k, v in t.items()})
+            cpu_stamps.append([t0, _now_us()])
+        return dict(result, samples=t, cpu_stamps=cpu_stamps, **{k: _med(v) for k, v in t.items()})
     barrier()
     stamps = []
     for _ in range(args.steps):
@@ -278,10 +320,12 @@ def run_mode(tb, label: str, args: argparse.Namespace, tmp: str) -> Dict[str, An
     per_rank: List[Dict[str, str]] = [{"NRBENCH_RANK": str(r)} for r in range(n)]
     cleanup, helpers = [], []
     logs = [os.path.join(tmp, f"worker{r}.log") for r in range(n)]
+    sampler = common.MachineCPUSampler()  # the whole machine and each rank's process
     try:
         if mode.startswith("nr-"):
             sw = tb.spawn_switch(args=shlex.split(args.switch_args))
             cleanup.append(sw.stop)
+            sampler.watch("aggregator", sw.pid)
             base.update(NETREDUCE_SWITCH=f"{sw.address[0]}:{sw.address[1]}",
                         NETREDUCE_JOB=f"ov{args.target}-{uuid.uuid4().hex[:8]}",
                         NETREDUCE_SIZE=str(n), NETREDUCE_LOCAL_SIZE="1")
@@ -300,6 +344,8 @@ def run_mode(tb, label: str, args: argparse.Namespace, tmp: str) -> Dict[str, An
         elif mode == "dist_sync":  # a scheduler on host 0, a server per host
             helpers += start_ps_lite(tb, python, base, per_rank, list(tb.hosts), tmp)
         procs = []
+        sampler.__enter__()
+        cleanup.append(lambda: sampler.__exit__(None))
         for r in range(n):
             env = launch.worker_env(dict(base, **per_rank[r]))
             for proxy in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY",
@@ -308,6 +354,7 @@ def run_mode(tb, label: str, args: argparse.Namespace, tmp: str) -> Dict[str, An
             with open(logs[r], "w") as log:
                 procs.append(tb.popen(r, argv, env=env, cwd=ROOT, stdout=log,
                                       stderr=subprocess.STDOUT))
+            sampler.watch("ranks", procs[-1].pid)
         t0 = time.monotonic()
         try:
             _wait_workers(procs, helpers, args.timeout, f"{mode} N={n}", tmp)
@@ -325,6 +372,11 @@ def run_mode(tb, label: str, args: argparse.Namespace, tmp: str) -> Dict[str, An
                 break
     if "params" not in record:
         return dict(record, error=f"no RESULT line: worker 0: {common.log_tail(logs[0])}")
+    timed = record.get("stamps") or record.get("cpu_stamps")
+    if timed:  # rank 0's timed steps are back to back: their starts and the last end
+        import overlap_step
+        record["machine_cpu"] = overlap_step.machine_cpu(
+            sampler, [[a] for a, _ in timed] + [[timed[-1][1]]], os.cpu_count() or 1)
     if "stamps" in record:
         steps = [b - a for a, b in record["stamps"]]
         record["step"] = round(_med(steps) / 1e6, 5)
@@ -374,6 +426,47 @@ def waits(path: str, stamps: List[List[float]]) -> Dict[str, Any]:
     return {"median": med, "typical_step": typical, "steps": per}
 
 
+def cpu_floor_of(run: Dict[str, Any], ranks: int, cores: int) -> Optional[Dict[str, Any]]:
+    """The run's CPU floor (step_floor's (d), its arithmetic: ``comm_cpu_of``,
+    ``cpu_floor``): the compute mode's ranks' CPU-seconds per step (whole processes,
+    its stamped whole steps) plus the paced floor's CPU for the step's S gradient bytes
+    (``ranks`` floor ranks and the reflector, scaled per byte from the run's ``floor``
+    part), over the cores. Beside it, each mode's step over the floor and its own CPU
+    per step (ranks, aggregator, machine busy); ``cpu_floor_daemon_s`` puts the
+    netreduce mode's measured aggregator in place of the reflector. None without the
+    compute mode's CPU, the floor or the bound."""
+    import step_floor
+    res, fl, bnd = run.get("modes") or {}, run.get("floor") or {}, run.get("bound") or {}
+    comp = (res.get("compute") or {}).get("machine_cpu") or {}
+    if comp.get("ranks_cpu_s_per_step") is None or "rank_cpu_s" not in fl or "bound_s" not in bnd:
+        return None
+    comm = step_floor.comm_cpu_of(fl, ranks, fl["round_bytes"], bnd["S_bytes"])
+    floor_s = step_floor.cpu_floor(comp["ranks_cpu_s_per_step"], comm["comm_cpu_s"], cores)
+    out: Dict[str, Any] = {
+        "compute_ranks_cpu_s": comp["ranks_cpu_s_per_step"], "compute_busy": comp.get("busy_fraction"),
+        "comm_rank_cpu_s": comm["rank_cpu_s"], "comm_aggregator_cpu_s": comm["aggregator_cpu_s"],
+        "comm_cpu_s": comm["comm_cpu_s"], "cores": cores, "cpu_floor_s": round(floor_s, 5),
+        "bound_s": bnd["bound_s"], "cpu_floor_vs_bound": round(floor_s / bnd["bound_s"], 4),
+        "target_vs_cpu_floor": round(1.1 * bnd["bound_s"] / floor_s, 4)}
+    for mode, rec in res.items():
+        mc = rec.get("machine_cpu") or {}
+        if mode == "compute" or not rec.get("step"):
+            continue
+        out[f"{mode}_vs_cpu_floor"] = round(rec["step"] / floor_s, 4)
+        out[f"{mode}_busy"] = mc.get("busy_fraction")
+        out[f"{mode}_ranks_cpu_s"] = mc.get("ranks_cpu_s_per_step")
+        out[f"{mode}_cpu_bound_s"] = mc.get("cpu_bound_s")  # all the machine's CPU / cores
+        if mc.get("ranks_cpu_s_per_step") is not None:  # what the ranks spend past the compute
+            out[f"{mode}_ranks_cpu_over_compute_s"] = round(
+                mc["ranks_cpu_s_per_step"] - comp["ranks_cpu_s_per_step"], 4)
+        if mc.get("aggregator_cpu_s_per_step") is not None:
+            out[f"{mode}_aggregator_cpu_s"] = mc["aggregator_cpu_s_per_step"]
+            daemon = step_floor.cpu_floor(comp["ranks_cpu_s_per_step"], ranks * comm["rank_cpu_s"]
+                                          + mc["aggregator_cpu_s_per_step"], cores)
+            out[f"{mode}_cpu_floor_daemon_s"] = round(daemon, 5)
+    return out
+
+
 def describe(tl: Dict[str, Any], indent: str = "      ") -> str:
     m, out = tl["median"], []
     out.append(indent + "medians, ms after the step starts: gradients reach the core %s..%s; "
@@ -389,6 +482,7 @@ def describe(tl: Dict[str, Any], indent: str = "      ") -> str:
 
 
 def driver(args: argparse.Namespace) -> str:
+    import common
     from netreduce.testbed import Testbed, why_unusable
     from netreduce.testbed.plan import parse_rate
 
@@ -396,6 +490,7 @@ def driver(args: argparse.Namespace) -> str:
     if reason:
         raise SystemExit(f"overlap_frameworks.py: {reason}")
     modes = args.modes.split(",") if args.modes else list(MODES[args.target])
+    parts = modes + (["floor"] if args.floor else [])
     rate = parse_rate(args.rate)
     runs: List[Dict[str, Any]] = []
     path = ""
@@ -404,9 +499,20 @@ def driver(args: argparse.Namespace) -> str:
     with Testbed(hosts=args.np, rate=args.rate, mtu=args.mtu, name=args.testbed_name,
                  subnet=args.subnet, replace=True) as tb:
         for i in range(args.runs):
-            order = modes[i % len(modes):] + modes[:i % len(modes)]
+            order = parts[i % len(parts):] + parts[:i % len(parts)]
             res: Dict[str, Any] = {}
+            floor_rec: Dict[str, Any] = {}
             for mode in order:
+                if mode == "floor":  # step_floor's (d): the paced floor, this testbed
+                    import step_floor
+                    load = os.getloadavg()[0]
+                    try:
+                        floor_rec = step_floor.comm_cpu(tb, args, common.parse_size(args.floor_bytes))
+                    except Exception as exc:  # keep the run's modes
+                        floor_rec = {"error": repr(exc)}
+                    floor_rec["load"] = [load, os.getloadavg()[0]]
+                    print(f"  run {i} floor: {json.dumps(floor_rec)}", flush=True)
+                    continue
                 with tempfile.TemporaryDirectory(prefix=f"nrovfw-{mode}-") as tmp:
                     res[mode] = r = run_mode(tb, mode, args, tmp)
                 what = r.get("error") or (
@@ -417,6 +523,8 @@ def driver(args: argparse.Namespace) -> str:
                 if "timeline" in r:
                     print(describe(r["timeline"]), flush=True)
             run: Dict[str, Any] = {"run": i, "order": order, "modes": res}
+            if floor_rec:
+                run["floor"] = floor_rec
             comp = res.get("compute", {})
             if "forward" in comp:
                 s_bytes = 4 * comp["params"]
@@ -430,6 +538,8 @@ def driver(args: argparse.Namespace) -> str:
                     if res.get(mode, {}).get("step"):
                         run[f"{mode}_step_vs_bound"] = round(res[mode]["step"]
                                                              / run["bound"]["bound_s"], 4)
+            if args.floor:
+                run["cpu_floor"] = cpu_floor_of(run, args.np, os.cpu_count() or 1)
             peer = next((m for m in modes if not m.startswith("nr-") and m != "compute"), None)
             for mode in [m for m in modes if m.startswith("nr-")]:
                 if peer and res.get(mode, {}).get("step") and res.get(peer, {}).get("step"):
@@ -439,7 +549,7 @@ def driver(args: argparse.Namespace) -> str:
                 if res.get(mode, {}).get("step") and res.get(label, {}).get("step"):
                     run[f"{mode}_speedup_vs_{label}"] = round(res[label]["step"] / res[mode]["step"], 4)
             runs.append(run)
-            print("  " + json.dumps({k: v for k, v in run.items() if k not in ("modes", "order")}),
+            print("  " + json.dumps({k: v for k, v in run.items() if k not in ("modes", "order", "floor")}),
                   flush=True)
             path = write(args, modes, runs, path)  # after every run: a cut-short run keeps its runs
     print(json.dumps(json.load(open(path))["summary"], indent=1))
@@ -463,10 +573,18 @@ def write(args: argparse.Namespace, modes: List[str], runs: List[Dict[str, Any]]
                          "wire_tx_per_step_MB": common.spread(
                              [x["wire_tx"] / (args.steps + args.warmup) / 1e6
                               if x.get("wire_tx") else None for x in recs], 1)}
+        for part in ("busy_fraction", "ranks_cpu_s_per_step", "aggregator_cpu_s_per_step",
+                     "cpu_bound_s"):
+            summary[mode]["machine_cpu." + part] = common.spread(
+                [(x.get("machine_cpu") or {}).get(part) for x in recs])
         tls = [x["timeline"]["median"] for x in recs if x.get("timeline")]
         if tls:
             summary[mode]["timeline_ms"] = {k: common.spread([t.get(k) for t in tls], 1)
                                             for k in tls[0]}
+    floors = [r["cpu_floor"] for r in runs if r.get("cpu_floor")]
+    if floors:
+        summary["cpu_floor"] = {k: common.spread([f.get(k) for f in floors])
+                                for k in floors[0] if k != "cores"}
     summary["load_1min"] = common.spread([x["load"][0] for r in runs for x in r["modes"].values()], 2)
     os.makedirs(OUT, exist_ok=True)
     path = path or args.out or os.path.join(
@@ -502,6 +620,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--code", action="append", default=[], metavar="NAME=DIR",
                     help="a checkout (built in place) that modes MODE@NAME take the adapter "
                     "from (mxnet)")
+    ap.add_argument("--floor", action="store_true",
+                    help="each run also measures the paced floor (benchmarks/step_floor.py's (d)) "
+                    "and reads every step against the CPU floor; needs the compute mode")
+    ap.add_argument("--floor-bytes", default="64M", help="bytes per floor round (scaled per byte to S)")
+    ap.add_argument("--floor-rounds", type=int, default=5)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--mode", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -515,6 +638,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             ap.error(f"unknown mode {mode!r} for {args.target}")
         if code and (args.target != "mxnet" or code not in codes):
             ap.error(f"{label}: MODE@NAME needs the mxnet target and --code NAME=DIR")
+    if args.floor and "compute" not in (args.modes.split(",") if args.modes else MODES[args.target]):
+        ap.error("--floor needs the compute mode (the ranks' CPU per step without communication)")
     if args.keep:
         os.makedirs(args.keep, exist_ok=True)
     driver(args)

@@ -99,6 +99,28 @@ def first_gradients(rank_steps: List[List[List[float]]], rank_subs: List[Dict[st
             "steps": len(all_ms)}
 
 
+def comm_cpu_of(floor_rec: Dict[str, Any], ranks: int, floor_bytes: int, s_bytes: int
+                ) -> Dict[str, float]:
+    """(d)'s communication part from one paced-floor record (cpu_bounds.floor_point's
+    ``rank_cpu_s`` and ``aggregator_cpu_s``, CPU-seconds per round of ``floor_bytes``
+    per rank), scaled per byte to ``s_bytes`` (a step's gradient bytes): every floor
+    rank's CPU and the reflector's, the least any INA all-reduce of those bytes costs on
+    this testbed. The floor's cost per byte is flat past a few windows (it sends and
+    receives each datagram once, sleeping between windows), so rounds of 64 MiB stand
+    for a 244 MB step as well as rounds of its own size."""
+    scale = s_bytes / floor_bytes
+    rank, agg = floor_rec["rank_cpu_s"] * scale, floor_rec["aggregator_cpu_s"] * scale
+    return {"rank_cpu_s": round(rank, 5), "aggregator_cpu_s": round(agg, 5),
+            "comm_cpu_s": round(ranks * rank + agg, 5), "scale": round(scale, 5)}
+
+
+def cpu_floor(ranks_cpu_s: float, comm_cpu_s: float, cores: int) -> float:
+    """(d) in seconds: the compute's CPU-seconds per step (every rank's whole process,
+    compute mode) plus the communication's least (``comm_cpu_of``), over the cores: a
+    step on this machine can not be shorter, whatever the link allows."""
+    return (ranks_cpu_s + comm_cpu_s) / cores
+
+
 def floor(run: Dict[str, Any], s_bytes: int, rate_bps: float) -> Optional[Dict[str, Any]]:
     """The floor step of one run from its parts (seconds unless named _ms):
     ``phases`` {forward, backward, update} of the compute mode, ``t_first_ms`` (the
@@ -117,13 +139,13 @@ def floor(run: Dict[str, Any], s_bytes: int, rate_bps: float) -> Optional[Dict[s
     bound = f + max(b, transfer) + u
     comm = run["t_first_ms"] / 1e3 + run["wire_s"] + run["tail_ms"] / 1e3
     time_floor = f + max(b, comm) + u
-    cpu_floor = (run["compute_ranks_cpu_s"] + run["comm_cpu_s"]) / run["cores"]
-    step_floor = max(time_floor, cpu_floor)
+    cpu_floor_s = cpu_floor(run["compute_ranks_cpu_s"], run["comm_cpu_s"], run["cores"])
+    step_floor = max(time_floor, cpu_floor_s)
     out: Dict[str, Any] = {
         "bound_s": round(bound, 5), "target_s": round(1.1 * bound, 5), "transfer_s": round(transfer, 5),
         "backward_wait_floor_s": round(max(b, comm), 5), "comm_span_s": round(comm, 5),
-        "time_floor_s": round(time_floor, 5), "cpu_floor_s": round(cpu_floor, 5),
-        "floor_s": round(step_floor, 5), "binds": "cpu" if cpu_floor > time_floor else "time",
+        "time_floor_s": round(time_floor, 5), "cpu_floor_s": round(cpu_floor_s, 5),
+        "floor_s": round(step_floor, 5), "binds": "cpu" if cpu_floor_s > time_floor else "time",
         "target_vs_floor": round(1.1 * bound / step_floor, 4),
         # what the time floor adds to S/R past backward's end: the first gradient, the
         # engine's rate below the link's (headers, the pipeline's fill), the landing
@@ -236,19 +258,21 @@ def wire(tb, iters: int) -> Dict[str, Any]:
             "wire_s": statistics.median(rec["one"])}
 
 
-def comm_cpu(tb, args, s_bytes: int) -> Dict[str, Any]:
+def comm_cpu(tb, args, s_bytes: int, round_bytes: int = 0) -> Dict[str, Any]:
     """(d)'s communication part: cpu_bounds' paced floor at this testbed's rate and MTU,
-    rounds of S bytes: every rank's CPU and the reflector's per round."""
+    rounds of ``round_bytes`` (S bytes when 0), scaled per byte to S: every rank's CPU
+    and the reflector's per S bytes (``comm_cpu_of``). ``args``: rate, mtu, floor_rounds."""
     from netreduce.testbed.plan import parse_rate
     window = common.parse_size("2M")
     nap = window / 8 / (parse_rate(args.rate) / 8)  # cpu_bounds --paced's nap
-    ns = argparse.Namespace(size=str(s_bytes), iters=args.floor_rounds, window="2M", fanout="group",
+    size = round_bytes or s_bytes
+    ns = argparse.Namespace(size=str(size), iters=args.floor_rounds, window="2M", fanout="group",
                             timeout=300)
     rec = cpu_bounds.floor_point(tb, ns, args.mtu, nap)
-    n = len(tb.hosts)
-    return {"rank_cpu_s": rec["rank_cpu_s"], "aggregator_cpu_s": rec["aggregator_cpu_s"],
-            "time_s": rec["time_s"], "nap_s": nap,
-            "comm_cpu_s": n * rec["rank_cpu_s"] + rec["aggregator_cpu_s"]}
+    out = comm_cpu_of(rec, len(tb.hosts), size, s_bytes)
+    return dict(out, round_bytes=size, time_s=rec["time_s"], nap_s=nap,
+                rank_sleeps=rec["rank_sleeps"], round_rank_cpu_s=rec["rank_cpu_s"],
+                round_aggregator_cpu_s=rec["aggregator_cpu_s"])
 
 
 def one_run(tb, args, i: int, s_bytes: int, rate: float) -> Dict[str, Any]:
