@@ -434,7 +434,15 @@ def cpu_floor_of(run: Dict[str, Any], ranks: int, cores: int) -> Optional[Dict[s
     part), over the cores. Beside it, each mode's step over the floor and its own CPU
     per step (ranks, aggregator, machine busy); ``cpu_floor_daemon_s`` puts the
     netreduce mode's measured aggregator in place of the reflector. None without the
-    compute mode's CPU, the floor or the bound."""
+    compute mode's CPU, the floor or the bound.
+
+    On a machine that other work shares, the steps and the bound (wall time) stretch
+    and the CPU-seconds do not: ``quiet_bound_s`` is the bound with the compute's F, B,
+    U scaled by its quiet step over its measured one (the quiet step: its ranks' CPU per
+    step over the cores, the cores all theirs; S/R stays), and each
+    mode's ``own_cpu_s`` its ranks' and aggregator's CPU per step over the cores, the
+    step it would take with the cores to itself and no wait; read those against the
+    floor when the load moved."""
     import step_floor
     res, fl, bnd = run.get("modes") or {}, run.get("floor") or {}, run.get("bound") or {}
     comp = (res.get("compute") or {}).get("machine_cpu") or {}
@@ -448,6 +456,11 @@ def cpu_floor_of(run: Dict[str, Any], ranks: int, cores: int) -> Optional[Dict[s
         "comm_cpu_s": comm["comm_cpu_s"], "cores": cores, "cpu_floor_s": round(floor_s, 5),
         "bound_s": bnd["bound_s"], "cpu_floor_vs_bound": round(floor_s / bnd["bound_s"], 4),
         "target_vs_cpu_floor": round(1.1 * bnd["bound_s"] / floor_s, 4)}
+    wall = (res.get("compute") or {}).get("step")  # F + B + U, the loop that timed them
+    if wall and all(k in bnd for k in ("forward", "backward", "update", "transfer")):
+        k = comp["ranks_cpu_s_per_step"] / cores / wall
+        quiet = k * bnd["forward"] + max(k * bnd["backward"], bnd["transfer"]) + k * bnd["update"]
+        out.update(quiet_bound_s=round(quiet, 5), quiet_target_vs_cpu_floor=round(1.1 * quiet / floor_s, 4))
     for mode, rec in res.items():
         mc = rec.get("machine_cpu") or {}
         if mode == "compute" or not rec.get("step"):
@@ -459,6 +472,10 @@ def cpu_floor_of(run: Dict[str, Any], ranks: int, cores: int) -> Optional[Dict[s
         if mc.get("ranks_cpu_s_per_step") is not None:  # what the ranks spend past the compute
             out[f"{mode}_ranks_cpu_over_compute_s"] = round(
                 mc["ranks_cpu_s_per_step"] - comp["ranks_cpu_s_per_step"], 4)
+        if mc.get("ranks_cpu_s_per_step") is not None:
+            own = (mc["ranks_cpu_s_per_step"] + (mc.get("aggregator_cpu_s_per_step") or 0.0)) / cores
+            out[f"{mode}_own_cpu_s"] = round(own, 5)
+            out[f"{mode}_own_cpu_vs_cpu_floor"] = round(own / floor_s, 4)
         if mc.get("aggregator_cpu_s_per_step") is not None:
             out[f"{mode}_aggregator_cpu_s"] = mc["aggregator_cpu_s_per_step"]
             daemon = step_floor.cpu_floor(comp["ranks_cpu_s_per_step"], ranks * comm["rank_cpu_s"]
@@ -557,8 +574,28 @@ def driver(args: argparse.Namespace) -> str:
     return path
 
 
+def refloor(path: str) -> None:
+    """RECORD's runs' CPU floors (``cpu_floor_of``, this file's arithmetic) and its
+    summary again, in place."""
+    with open(path) as f:
+        record = json.load(f)
+    s = record["summary"]
+    for run in record["runs"]:
+        run["cpu_floor"] = cpu_floor_of(run, s["ranks"], (run.get("floor") or {}).get("cores")
+                                        or os.cpu_count() or 1)
+    modes = list(record["runs"][0]["modes"])
+    words = record["command"].split()
+    ns = argparse.Namespace(target=s["target"], rate=s["rate"], mtu=s["mtu"], np=s["ranks"],
+                            batch_size=s["batch"], commit=record.get("commit", ""),
+                            steps=int(words[words.index("--steps") + 1]) if "--steps" in words else 5,
+                            warmup=int(words[words.index("--warmup") + 1]) if "--warmup" in words else 2,
+                            out=path)
+    write(ns, modes, record["runs"], path, record["command"])
+    print(json.dumps(json.load(open(path))["summary"].get("cpu_floor"), indent=1))
+
+
 def write(args: argparse.Namespace, modes: List[str], runs: List[Dict[str, Any]],
-          path: str) -> str:
+          path: str, command: str = "") -> str:
     import common
     summary: Dict[str, Any] = {"target": args.target, "rate": args.rate, "mtu": args.mtu,
                                "ranks": args.np, "batch": args.batch_size, "model": "alexnet"}
@@ -590,7 +627,7 @@ def write(args: argparse.Namespace, modes: List[str], runs: List[Dict[str, Any]]
     path = path or args.out or os.path.join(
         OUT, f"overlap_{args.target}_{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.json")
     with open(path, "w") as f:
-        json.dump({"command": "python3 benchmarks/overlap_frameworks.py " + " ".join(sys.argv[1:]),
+        json.dump({"command": command or "python3 benchmarks/overlap_frameworks.py " + " ".join(sys.argv[1:]),
                    "commit": args.commit, "summary": summary, "runs": runs}, f, indent=1)
     return path
 
@@ -627,7 +664,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--floor-rounds", type=int, default=5)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--mode", help=argparse.SUPPRESS)
+    ap.add_argument("--refloor", default="", metavar="RECORD",
+                    help="measure nothing: RECORD's CPU floors and summary again (rewritten in place)")
     args = ap.parse_args(argv)
+    if args.refloor:
+        refloor(args.refloor)
+        return 0
     if args.worker:
         worker(args)
         return 0

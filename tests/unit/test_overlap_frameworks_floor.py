@@ -62,3 +62,17 @@ def test_no_floor_without_its_parts():
     run = _run()
     run["floor"] = {"error": "floor run failed"}
     assert overlap_frameworks.cpu_floor_of(run, 4, 2) is None
+
+
+def test_quiet_bound_and_own_cpu_read_the_floor_under_load():
+    run = _run()
+    run["bound"]["transfer"] = 1.955
+    # the compute's F + B + U took 6.5 s on a shared machine while its ranks had 6.5
+    # CPU-s per step, i.e. 3.25 s of both cores: at its own share F, B, U are halved
+    run["modes"]["compute"]["step"] = 6.5
+    f = overlap_frameworks.cpu_floor_of(run, 4, 2)
+    assert f["quiet_bound_s"] == round(0.2 + max(1.45, 1.955) + 0.15, 5)
+    assert f["quiet_target_vs_cpu_floor"] == round(1.1 * f["quiet_bound_s"] / f["cpu_floor_s"], 4)
+    assert f["nr-hvd_own_cpu_s"] == round((7.9 + 0.4) / 2, 5)
+    assert f["nr-hvd_own_cpu_vs_cpu_floor"] == round(f["nr-hvd_own_cpu_s"] / f["cpu_floor_s"], 4)
+    assert "quiet_bound_s" not in overlap_frameworks.cpu_floor_of(_run(), 4, 2)
