@@ -50,6 +50,14 @@ checkout they are given, the one this script is in by default):
 
     python3 benchmarks/overlap_frameworks.py mxnet --runs 5 --code base=/tmp/base \
         --modes nr-kv,nr-kv@base,compute
+
+A mode written MODE%VARIANT (after an @CODE too) runs with the environment
+``--env-variant VARIANT:K=V[,K=V]`` gives in every rank's process (overlap_step.py's
+notation), in the same rotation: a paired A/B of a setting; each run records its step
+over MODE's (``MODE%VARIANT_step_vs_MODE``) and its ranks' CPU over MODE's:
+
+    python3 benchmarks/overlap_frameworks.py keras --runs 5 --modes nr-hvd,nr-hvd%one,compute \
+        --env-variant one:NRBENCH_TF_INTER_OP=1
 """
 from __future__ import annotations
 
@@ -104,8 +112,9 @@ def _own_cpu(before: Dict[int, Any], steps: int) -> Dict[str, Any]:
 
 def keras_worker(args: argparse.Namespace) -> Dict[str, Any]:
     import tensorflow as tf
-    tf.config.threading.set_intra_op_parallelism_threads(1)
-    tf.config.threading.set_inter_op_parallelism_threads(2)
+    # 1 and 2 unless a variant's environment says otherwise (an A/B of TF's pools)
+    tf.config.threading.set_intra_op_parallelism_threads(int(os.environ.get("NRBENCH_TF_INTRA_OP", "1")))
+    tf.config.threading.set_inter_op_parallelism_threads(int(os.environ.get("NRBENCH_TF_INTER_OP", "2")))
     import numpy as np
     from train_tensorflow import build_model, start_mode
 
@@ -306,8 +315,9 @@ def run_mode(tb, label: str, args: argparse.Namespace, tmp: str) -> Dict[str, An
     import common
     from train_mxnet import _wait_workers, start_ps_lite
 
+    import overlap_step
     n = args.np
-    mode, _, code = label.partition("@")
+    mode, code, variant = overlap_step.parse_label(label)
     record: Dict[str, Any] = {"mode": label, "load": list(os.getloadavg())}
     python = _python(args.target)
     timeline = os.path.join(tmp, "timeline.json")
@@ -317,6 +327,8 @@ def run_mode(tb, label: str, args: argparse.Namespace, tmp: str) -> Dict[str, An
     base = {"OMP_NUM_THREADS": "1", "MXNET_CPU_WORKER_NTHREADS": "1", "PYTHONUNBUFFERED": "1",
             "TF_CPP_MIN_LOG_LEVEL": "2", "NRBENCH_IFNAME": tb.ifname,
             "NRBENCH_TREE": dict(c.split("=", 1) for c in args.code)[code] if code else ROOT}
+    if variant:  # every rank's process, whatever the mode
+        base.update(args.variants[variant])
     per_rank: List[Dict[str, str]] = [{"NRBENCH_RANK": str(r)} for r in range(n)]
     cleanup, helpers = [], []
     logs = [os.path.join(tmp, f"worker{r}.log") for r in range(n)]
@@ -374,7 +386,6 @@ def run_mode(tb, label: str, args: argparse.Namespace, tmp: str) -> Dict[str, An
         return dict(record, error=f"no RESULT line: worker 0: {common.log_tail(logs[0])}")
     timed = record.get("stamps") or record.get("cpu_stamps")
     if timed:  # rank 0's timed steps are back to back: their starts and the last end
-        import overlap_step
         record["machine_cpu"] = overlap_step.machine_cpu(
             sampler, [[a] for a, _ in timed] + [[timed[-1][1]]], os.cpu_count() or 1)
     if "stamps" in record:
@@ -562,9 +573,17 @@ def driver(args: argparse.Namespace) -> str:
                 if peer and res.get(mode, {}).get("step") and res.get(peer, {}).get("step"):
                     run[f"{mode}_speedup_vs_{peer}"] = round(res[peer]["step"] / res[mode]["step"], 4)
             for label in [m for m in modes if "@" in m]:  # A/B: MODE against MODE@CODE
-                mode = label.partition("@")[0]
+                mode = label.partition("@")[0].partition("%")[0]
                 if res.get(mode, {}).get("step") and res.get(label, {}).get("step"):
                     run[f"{mode}_speedup_vs_{label}"] = round(res[label]["step"] / res[mode]["step"], 4)
+            for label in [m for m in modes if "%" in m]:  # A/B: MODE%VARIANT against MODE
+                plain = label.partition("%")[0]
+                a, b = res.get(plain, {}), res.get(label, {})
+                if a.get("step") and b.get("step"):
+                    run[f"{label}_step_vs_{plain}"] = round(b["step"] / a["step"], 4)
+                ca, cb = [(x.get("machine_cpu") or {}).get("ranks_cpu_s_per_step") for x in (a, b)]
+                if ca and cb:
+                    run[f"{label}_ranks_cpu_vs_{plain}"] = round(cb / ca, 4)
             runs.append(run)
             print("  " + json.dumps({k: v for k, v in run.items() if k not in ("modes", "order", "floor")}),
                   flush=True)
@@ -662,6 +681,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                     "and reads every step against the CPU floor; needs the compute mode")
     ap.add_argument("--floor-bytes", default="64M", help="bytes per floor round (scaled per byte to S)")
     ap.add_argument("--floor-rounds", type=int, default=5)
+    ap.add_argument("--env-variant", action="append", default=[], metavar="NAME:K=V[,K=V]",
+                    help="the environment of modes MODE%%NAME (every rank's process)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--mode", help=argparse.SUPPRESS)
     ap.add_argument("--refloor", default="", metavar="RECORD",
@@ -673,9 +694,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.worker:
         worker(args)
         return 0
+    import overlap_step
     codes = dict(c.split("=", 1) for c in args.code)
+    args.variants = overlap_step.parse_variants(args.env_variant)
     for label in (args.modes.split(",") if args.modes else []):
-        mode, _, code = label.partition("@")
+        mode, code, variant = overlap_step.parse_label(label)
+        if variant and variant not in args.variants:
+            ap.error(f"--modes: {label!r} names variant {variant!r} that no --env-variant gives")
         if mode not in MODES[args.target] + OPTIONAL[args.target]:
             ap.error(f"unknown mode {mode!r} for {args.target}")
         if code and (args.target != "mxnet" or code not in codes):
