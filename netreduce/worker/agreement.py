@@ -52,7 +52,6 @@ thread still in the data plane when the interpreter exits aborts the process.
 """
 from __future__ import annotations
 
-import copy
 import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
@@ -360,8 +359,8 @@ class Agreement:
                     self.stepping = None
                 self.quiet_since, self.gap = None, IDLE_S  # _pace(False)
                 if done is None:                # failed (reported): the job's error
-                    failure = comm.failure()
-                    raise copy.copy(failure) if failure is not None else NetReduceError(
+                    error = comm.error_for([name])
+                    raise error if error is not None else NetReduceError(
                         f"rank {comm.rank}: the steady all-reduce of '{name}' failed")
                 if done:
                     return True
