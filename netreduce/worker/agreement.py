@@ -268,7 +268,10 @@ class Agreement:
             # we have not submitted its tensor (and can fall back to the coordinator).
             wait = 0.0 if local or stopping else max(0.0, due)
             with self.lock:                     # route leaves one to a wait only if we poll
-                self.polls = self.spec.polling(self.left_at)
+                # (owed: a user thread cleared wake-ups meant for this thread after the
+                # clear above; if it set that later, it reads ``polls`` after this and
+                # wakes us itself: _settle)
+                self.polls = self.owed or self.spec.polling(self.left_at)
             if self.polls:
                 wait = min(wait, POLL_S)        # a submission left to a wait that never came
             items = q.take(wait)
@@ -326,6 +329,20 @@ class Agreement:
             self.owed = False
             self.help_wakes += 1
             q.put(WAKE)
+        self._settle()
+
+    def _settle(self) -> None:
+        """A user thread's message is over with wake-ups it cleared still owed and
+        submissions pending (another thread's, nobody waiting for them): wake the
+        executor now unless it polls, which would see them; else they would wait
+        for the idle pace. Cheap when nothing is owed: a steady step calls it."""
+        if self.owed and self.pending:
+            with self.lock:
+                pay = not self.polls
+            if pay:
+                self.owed = False
+                self.help_wakes += 1
+                self.q.wake()
 
     def _only_wakes(self) -> bool:
         """Whether the executor's queue holds only wake-ups: then they are cleared,
@@ -384,6 +401,8 @@ class Agreement:
                     raise error if error is not None else NetReduceError(
                         f"rank {comm.rank}: the steady all-reduce of '{name}' failed")
                 if done:
+                    if cleared:
+                        self._settle()          # (others' wake-ups, cleared above)
                     return True
                 # Not every rank voted for it: the submission waits for the round
                 # that follows, as route would have left it.

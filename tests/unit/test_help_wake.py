@@ -89,3 +89,16 @@ def test_a_submission_nobody_may_wait_for_wakes_an_executor_that_does_not_poll()
     assert list(agreement.q.queue) == [WAKE] and not agreement.owed
     assert sorted(agreement.pending) == [0]
     assert agreement.spec.polling(agreement.left_at)       # the pattern seen: poll
+
+
+def test_wake_ups_a_user_thread_cleared_are_paid_unless_the_executor_polls():
+    """A user thread's message cleared wake-ups put for another thread's submission
+    (``owed``), which nobody may wait for: with the executor not polling, it wakes
+    the executor itself; with the executor polling, the poll sees the submission."""
+    for polls, queued in ((False, [WAKE]), (True, [])):
+        agreement, submission = _standalone_agreement()
+        agreement.route([submission("b")])
+        assert agreement.q.clear_wakes() is True   # cleared by the user thread's message
+        agreement.owed, agreement.polls = True, polls
+        agreement._settle()
+        assert list(agreement.q.queue) == queued and agreement.owed is polls
