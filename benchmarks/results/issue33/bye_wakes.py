@@ -36,8 +36,10 @@ def cpu():
 
 nr.init()
 comm = api._communicator()
-names = {comm._exec_thread.native_id: "executor", comm._neg_thread.native_id: "negotiation",
-         comm._watch_thread.native_id: "watch", threading.get_native_id(): "main"}
+# the communicator's threads by their names (netreduce-executor, -negotiation, -watch)
+names = {t.native_id: t.name.replace("netreduce-", "") for t in threading.enumerate()
+         if t.name.startswith("netreduce-")}
+names[threading.get_native_id()] = "main"
 x = np.ones(1024, np.float32)
 steps = int(sys.argv[1]) if len(sys.argv) > 1 else 3000
 idle_s = float(sys.argv[2]) if len(sys.argv) > 2 else 10.0
