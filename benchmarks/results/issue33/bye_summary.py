@@ -1,20 +1,24 @@
 """bye's A/B summary: per run the median of its 3 repeats (ms of the slowest rank per
 4 KiB public-API all-reduce; CPU us of all ranks per all-reduce), per pair bye / main,
-then median (min-max) over the pairs. Run in this folder."""
+then median (min-max) over the pairs. Run in this folder; an argument: the set's TAG
+(bye_ab.sh), e.g. q."""
 import glob
 import json
 import re
 import statistics as st
+import sys
+
+TAG = sys.argv[1] if len(sys.argv) > 1 else ""
 
 def med(v): return st.median(v)
 cells = [("np4", "auto cycle=1 agreement"), ("np2", "auto cycle=1 agreement"),
          ("np4", "auto cycle=1 dataplane"), ("np2", "auto cycle=1 dataplane")]
-pairs = sorted({int(re.search(r"_(\d+)\.json", p).group(1)) for p in glob.glob("bye_latency_bye_*_*.json")})
+pairs = sorted({int(re.search(r"_(\d+)\.json", p).group(1)) for p in glob.glob(f"bye_latency_{TAG}bye_*_*.json")})
 rows, ratios = [], {}
 for i in pairs:
     try:
-        a = json.load(open(f"bye_latency_bye_base_{i}.json"))
-        b = json.load(open(f"bye_latency_bye_{i}.json"))
+        a = json.load(open(f"bye_latency_{TAG}bye_base_{i}.json"))
+        b = json.load(open(f"bye_latency_{TAG}bye_{i}.json"))
     except FileNotFoundError:
         continue
     line = [f"pair {i}"]
