@@ -29,8 +29,10 @@ class ControlPlaneError(NetReduceError):
 
 
 class RankFailedError(NetReduceError):
-    """Another rank of the job died, disconnected or called shutdown() while this
-    rank's operations still needed it. ``rank`` is that rank's number."""
+    """Another rank of the job died, disconnected or called shutdown(), and this
+    rank's operation needed it: raised for that operation only (one in flight then,
+    or submitted later), naming this rank, the job, the tensor and the aggregator.
+    ``rank`` is the departed rank's number."""
 
     def __init__(self, message: str, rank: int = -1) -> None:
         super().__init__(message)

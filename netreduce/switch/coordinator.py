@@ -466,7 +466,15 @@ def handle_watch(srv: Any, sess: Any, msg: messages.NegotiateWatch) -> Wait:
 
 def handle_bye(srv: Any, sess: Any, msg: messages.NegotiateBye) -> messages.Empty:
     """Clean shutdown of a rank: entries up to ``done`` were executed by it, so other
-    ranks may finish those; anything later can never complete."""
+    ranks may finish those; anything later can never complete.
+
+    The ranks that stay hear it at once (their watch), whether or not they have
+    anything in flight: what they already submitted fails now, and a transfer
+    waiting for the departed rank is cut rather than left to the data-plane timeout.
+    The message states only what happened; a rank turns it into an error for an
+    operation that needs the departed rank (naming that operation) only when it has
+    one, so a rank with nothing left to do sees no error and can shut down
+    cleanly (worker/communicator.py, Communicator.error_for)."""
     state, rank = _session(srv, sess)
     with state.cond:
         if rank not in state.left:
@@ -474,8 +482,8 @@ def handle_bye(srv: Any, sess: Any, msg: messages.NegotiateBye) -> messages.Empt
             state.gone(rank)
         state.topic.notify()  # releases this rank's own watch
         if len(state.left) < state.size:
-            state.fail(f"rank {rank} called shutdown() while this rank still had "
-                       "operations that need it", rank, msg.done)
+            state.fail(f"rank {rank} called shutdown() and left the job, whose "
+                       f"collectives need all {state.size} ranks", rank, msg.done)
     return messages.Empty()
 
 

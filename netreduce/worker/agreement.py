@@ -52,7 +52,6 @@ thread still in the data plane when the interpreter exits aborts the process.
 """
 from __future__ import annotations
 
-import copy
 import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
@@ -123,6 +122,13 @@ class Agreement:
         # or the tensor is past the agreement (in flight, landing, negotiated).
         self.owed = False
         self.help_wakes = 0                     # statistics: wake-ups put by waits
+        # Whether the executor looks at ``pending`` every POLL_S (set by it under
+        # ``lock`` before each wait): only then does route leave a submission to a
+        # wait. It polls for a second after route last left one (``left_at``), not
+        # whenever steps complete: a one-call step (steady) leaves nothing to find,
+        # and a poll is a wake-up of this thread, 100 a second (~90 µs CPU each here).
+        self.polls = False
+        self.left_at = -1.0                     # monotonic; < 0: never
         self.last_message = time.monotonic()
         self.gap = IDLE_S                       # the idle pace now (backs off when quiet)
         self.quiet_since: Optional[float] = None
@@ -175,11 +181,23 @@ class Agreement:
                 if self.live and self.vec[HEADER + i] == WAITING:
                     self._mark_live(i)
             live = self.live
-        if rest or (took and not live and not (self.spec.waited and self.spec.covered())):
+            # Left to a wait: a submission that completes the speculative group, on a
+            # rank whose user waited for the last one. Decided under ``lock``, where
+            # the executor decides whether it polls (loop): it polls for a second
+            # after such a submission, and one left while it polls is seen by its poll.
+            leave = (took and not rest and not live and self.spec.waited
+                     and self.spec.covered())
+            if leave:
+                self.left_at = time.monotonic()
+            leave = leave and self.polls
+        if rest or (took and not live and not leave):
             # A submission that completes the speculative group, on a rank whose user
             # waited for the last one, is left to the user's wait (help), or to the
             # executor's poll if no wait comes: waking the executor costs more than
-            # the step (two threads of one process contending for one core).
+            # the step (two threads of one process contending for one core). When
+            # the executor is not polling (none was left so for a second: a loop of
+            # one-call steps, Agreement.steady, leaves none), the first is not left:
+            # an async submission nobody waits for must not wait for the idle pace.
             # Nor is the executor woken while it is inside a round (``live``): it
             # clears ``live`` under ``lock`` after this, and then reads ``pending``
             # before it waits again, so it sees this submission without a wake-up
@@ -249,7 +267,12 @@ class Agreement:
             # IDLE_S at most, so that a rank waiting for us learns within that that
             # we have not submitted its tensor (and can fall back to the coordinator).
             wait = 0.0 if local or stopping else max(0.0, due)
-            if self.spec.polling():
+            with self.lock:                     # route leaves one to a wait only if we poll
+                # (owed: a user thread cleared wake-ups meant for this thread after the
+                # clear above; if it set that later, it reads ``polls`` after this and
+                # wakes us itself: _settle)
+                self.polls = self.owed or self.spec.polling(self.left_at)
+            if self.polls:
                 wait = min(wait, POLL_S)        # a submission left to a wait that never came
             items = q.take(wait)
             if not local and not self.hot and items and comm.cycle_s > 0:
@@ -306,6 +329,20 @@ class Agreement:
             self.owed = False
             self.help_wakes += 1
             q.put(WAKE)
+        self._settle()
+
+    def _settle(self) -> None:
+        """A user thread's message is over with wake-ups it cleared still owed and
+        submissions pending (another thread's, nobody waiting for them): wake the
+        executor now unless it polls, which would see them; else they would wait
+        for the idle pace. Cheap when nothing is owed: a steady step calls it."""
+        if self.owed and self.pending:
+            with self.lock:
+                pay = not self.polls
+            if pay:
+                self.owed = False
+                self.help_wakes += 1
+                self.q.wake()
 
     def _only_wakes(self) -> bool:
         """Whether the executor's queue holds only wake-ups: then they are cleared,
@@ -355,15 +392,17 @@ class Agreement:
                 comm.cache.hits += 1
                 self.stepping = name            # a failure's error names it
                 try:
-                    done = spec.run_lone(array, output, now)
+                    done = spec.run_lone(array, output)
                 finally:
                     self.stepping = None
                 self.quiet_since, self.gap = None, IDLE_S  # _pace(False)
                 if done is None:                # failed (reported): the job's error
-                    failure = comm.failure()
-                    raise copy.copy(failure) if failure is not None else NetReduceError(
+                    error = comm.error_for([name])
+                    raise error if error is not None else NetReduceError(
                         f"rank {comm.rank}: the steady all-reduce of '{name}' failed")
                 if done:
+                    if cleared:
+                        self._settle()          # (others' wake-ups, cleared above)
                     return True
                 # Not every rank voted for it: the submission waits for the round
                 # that follows, as route would have left it.

@@ -15,6 +15,10 @@ Failure: when the coordinator reports that a rank died or shut down, tensors sti
 being negotiated fail at once; groups already in the log run only if the departed
 rank executed them too (``after``), otherwise the data-plane connection is aborted so
 that a transfer waiting for the dead rank fails now, not at the data-plane timeout.
+The report reaches every rank, busy or not; it becomes an error only for an
+operation that needs the departed rank — one in flight then, or any submitted
+later — and that error names the operation (error_for). A rank with nothing left to
+do raises nothing and shuts down cleanly, as under Horovod.
 """
 from __future__ import annotations
 
@@ -37,6 +41,7 @@ from netreduce.worker import unmatched
 from netreduce.worker import group_message
 from netreduce.worker.fusion_buffer import FusionBuffer
 from netreduce.worker.handle import Handle, Tensor
+from netreduce.protocol.address import format_address
 from netreduce.protocol.messages import Failure, NegotiateReply, TensorRequest
 from netreduce.worker.negotiation import NegotiationClient
 from netreduce.worker.response_cache import ResponseCache
@@ -114,6 +119,10 @@ class Communicator:
         self._new: List[Tensor] = []
         self._failure: Optional[NetReduceError] = None
         self._fail_after: Optional[int] = None   # log entries <= this may still run
+        # The failure is the coordinator's report that another rank left or died (or
+        # the job ended there): the same text for every rank, so each operation it
+        # fails gets an error of its own that names it (error_for).
+        self._reported = False
         self._executing: Optional[int] = None    # seq the executor is running
         self._done_seq = -1                      # last seq the executor finished
         self._stopping = False
@@ -142,7 +151,7 @@ class Communicator:
     def submit(self, tensors: Sequence[Tensor]) -> None:
         with self._lock:
             if self._failure is not None:
-                raise copy.copy(self._failure)  # a fresh traceback; keeps .rank
+                raise self.error_for([t.name for t in tensors]) or self._failure
             if self._stopping:
                 raise ShutdownError(
                     f"netreduce has been shut down on rank {self.rank} of job '{self.job}' "
@@ -327,9 +336,10 @@ class Communicator:
 
     def _fail_from(self, f: Failure) -> None:
         """The coordinator reported the job failed."""
-        self._fail(RankFailedError(f.message, f.rank), f.after, abort=True)
+        self._fail(RankFailedError(f.message, f.rank), f.after, abort=True, reported=True)
 
-    def _fail(self, error: NetReduceError, after: Optional[int], abort: bool) -> None:
+    def _fail(self, error: NetReduceError, after: Optional[int], abort: bool,
+              reported: bool = False) -> None:
         """Record the first failure; fail what can no longer complete.
 
         A rank that left cleanly (``after`` = the last log entry it executed) may have
@@ -339,6 +349,7 @@ class Communicator:
         has read the log past ``after``; _on_reply calls back here as it reads."""
         with self._lock:
             if self._failure is None:
+                self._reported = reported  # before _failure: error_for reads them unlocked
                 self._failure, self._fail_after = error, after
             error, after = self._failure, self._fail_after
             caught_up = after is None or self.neg.next_seq > after
@@ -386,8 +397,9 @@ class Communicator:
                 if self._inflight.get(t.name) is t:
                     del self._inflight[t.name]
                     finished.append(t)
+        named = error is not None and error is self._failure and self._reported
         for t in finished:
-            t.handle._finish_one(error)
+            t.handle._finish_one(self.error_for([t.name]) if named else error)
 
     # --- executor thread ---------------------------------------------------------------
     def _execute_loop(self) -> None:
@@ -462,6 +474,21 @@ class Communicator:
     def failure(self) -> Optional[NetReduceError]:
         """The job's first failure (None while it runs)."""
         return self._failure
+
+    def error_for(self, names: Sequence[str]) -> Optional[NetReduceError]:
+        """The error an operation on tensors ``names`` gets from the job's failure
+        (None while the job runs), a fresh instance each time. A failure the
+        coordinator reported (another rank left or died) is the same text on every
+        rank, busy or not: the error says which operation here it stopped, on which
+        rank of which job, through which aggregator, keeping RankFailedError and its
+        ``rank``. This rank's own failures already say what failed: a copy."""
+        failure = self._failure
+        if failure is None or not self._reported:
+            return copy.copy(failure)  # a fresh traceback; keeps .rank
+        return RankFailedError(
+            f"rank {self.rank} of job '{self.job}': {tensor_names(list(names))} cannot "
+            f"complete: {failure}; aggregator {format_address(self.address)}",
+            getattr(failure, "rank", -1))
 
     def busy(self) -> bool:
         """Whether any tensor of this rank is in flight (unlocked: a hint)."""

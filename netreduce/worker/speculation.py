@@ -93,7 +93,6 @@ class Speculation:
         self.lone_hits = 0                            # ... of them in one call (run_lone)
         self.misses = 0
         self.idle = 0                                 # messages where no rank had anything
-        self.last_hit = 0.0                           # monotonic
         self.waited = False     # the user was waiting for the last step (run() says why)
         # the message being issued: G's tensors this rank holds (None: not), other
         self.mine: List[Any] = []
@@ -122,10 +121,10 @@ class Speculation:
         agreement's lock; a stale answer only delays a step to the next poll)."""
         return self.ids is not None and self.idset <= self.ag.pending.keys()
 
-    def polling(self) -> bool:
+    def polling(self, left_at: float) -> bool:
         """Whether the executor looks every POLL_S for submissions that route left
-        to a wait: while armed and steps have been completing, for 1 s at most."""
-        return self.ids is not None and time.monotonic() - self.last_hit < 1.0
+        to a wait: while armed, for 1 s after route last left one (at ``left_at``)."""
+        return self.ids is not None and left_at >= 0 and time.monotonic() - left_at < 1.0
 
     def agreed(self, groups: List[Tuple[Tuple[int, ...], List[Any]]]) -> None:
         """A round agreed on ``groups`` ((ids, tensors) in execution order): arm when
@@ -211,7 +210,6 @@ class Speculation:
             self.hits += 1
             comm.groups_executed += 1
             comm.complete(mine)
-            self.last_hit = now  # (before the message: the 1 s window is coarse)
             # The user waited for this step when it ran it (help), or when its wait was
             # under way as the executor ran it (it lost the run lock to a poll): either
             # way a synchronous loop, whose next submission is left to its wait.
@@ -225,7 +223,7 @@ class Speculation:
             self.disarm()                     # a round next: it sees what we did not
         return complete
 
-    def run_lone(self, array: np.ndarray, output: np.ndarray, now: float) -> Optional[bool]:
+    def run_lone(self, array: np.ndarray, output: np.ndarray) -> Optional[bool]:
         """run() for G's lone tensor, submitted here and nothing else (Agreement.steady
         checked that, so this rank's part is a vote of 1, ``other`` 0 and ``array``),
         on the caller's thread, inside the message its Communicator.claim began: True
@@ -268,7 +266,6 @@ class Speculation:
         ag.comm.groups_executed += 1
         self.hits += 1
         self.lone_hits += 1
-        self.last_hit = now
         self.waited = True      # the user's own thread ran it: a synchronous loop
         if other:
             self.disarm()       # a round next: it sees what we did not

@@ -214,6 +214,53 @@ def test_rank_shutdown_fails_others_naming_it(ranks):
         R.comms[r].shutdown()
 
 
+def test_rank_shutdown_is_an_error_only_for_an_operation_that_needs_it(ranks, caplog):
+    """As under Horovod: a rank that called shutdown() fails the others' next
+    collective, with an error that names the departed rank, the operation, the job and
+    the aggregator; a rank with nothing pending is told nothing false (the report is
+    no claim that it had operations needing rank 1), raises nothing, logs nothing and
+    shuts down cleanly."""
+    import threading
+    import time
+    from netreduce.protocol.address import format_address
+    left = threading.Event()
+    R = ranks(3)
+    aggregator = format_address(R.server.address)
+
+    def fn(r):
+        nr.allreduce(np.ones(2, np.float32), name="warmup")
+        comm = context.thread.comm
+        if r == 1:
+            comm.shutdown()
+            left.set()
+            return None
+        assert left.wait(10)
+        deadline = time.monotonic() + 10
+        while comm.failure() is None and time.monotonic() < deadline:
+            time.sleep(0.01)                 # idle here when the report comes
+        report = str(comm.failure())
+        assert "rank 1 called shutdown()" in report and "still had operations" not in report, \
+            report
+        if r == 2:
+            return "idle"                    # then shuts down (below): no error
+        with pytest.raises(RankFailedError) as info:
+            nr.allreduce(np.ones(2, np.float32), name="later")
+        text = str(info.value)
+        assert info.value.rank == 1, text
+        for part in ("rank 0 of job 'job'", "tensor 'later'", "rank 1 called shutdown()",
+                     f"aggregator {aggregator}"):
+            assert part in text, (part, text)
+        assert "still had operations" not in text, text
+        return "told"
+    with caplog.at_level(logging.INFO, logger="netreduce"):
+        assert R.run(fn, shutdown=False) == ["told", None, "idle"]
+        for r in (0, 2):
+            R.comms[r].shutdown()
+    noise = [rec.getMessage() for rec in caplog.records
+             if rec.name.startswith("netreduce") and rec.levelno >= logging.WARNING]
+    assert not noise, noise
+
+
 def test_rank_death_fails_others_naming_it(ranks):
     def fn(r):
         nr.allreduce(np.ones(2, np.float32), name="warmup")

@@ -56,3 +56,49 @@ def test_a_submission_after_the_wake_was_taken_puts_one():
     assert agreement.q.get_nowait() is WAKE       # the executor took it
     agreement.route([submission("b")])
     assert list(agreement.q.queue) == [WAKE]
+
+
+def _armed_on_a(agreement):
+    """The speculation armed on "a" alone (id 0), its user waiting for each step:
+    the state in which route leaves the next submission of "a" to the user's wait."""
+    spec = agreement.spec
+    spec.ids, spec.idset, spec.waited = (0,), frozenset({0}), True
+
+
+def test_a_submission_is_left_to_a_wait_only_while_the_executor_polls():
+    """Left to the user's wait (no wake-up, ``owed``) only while the executor looks
+    at pending every POLL_S; then it polls for a second more after that submission."""
+    agreement, submission = _standalone_agreement()
+    _armed_on_a(agreement)
+    agreement.polls = True
+    assert agreement.route([submission("a")]) == []
+    assert list(agreement.q.queue) == [] and agreement.owed
+    assert agreement.spec.polling(agreement.left_at)
+
+
+def test_a_submission_nobody_may_wait_for_wakes_an_executor_that_does_not_poll():
+    """After a loop of one-call steps (Agreement.steady: nothing left to a wait, so
+    the executor does not poll), an async submission of the same tensor wakes the
+    executor at once: nobody may wait for it, and without the poll it would sit
+    until the idle pace (IDLE_S or more) brought the executor back. It is marked as
+    left-able, so the executor polls from its next look on."""
+    agreement, submission = _standalone_agreement()
+    _armed_on_a(agreement)
+    agreement.polls = False                  # (nothing left to a wait for a second)
+    assert agreement.route([submission("a")]) == []
+    assert list(agreement.q.queue) == [WAKE] and not agreement.owed
+    assert sorted(agreement.pending) == [0]
+    assert agreement.spec.polling(agreement.left_at)       # the pattern seen: poll
+
+
+def test_wake_ups_a_user_thread_cleared_are_paid_unless_the_executor_polls():
+    """A user thread's message cleared wake-ups put for another thread's submission
+    (``owed``), which nobody may wait for: with the executor not polling, it wakes
+    the executor itself; with the executor polling, the poll sees the submission."""
+    for polls, queued in ((False, [WAKE]), (True, [])):
+        agreement, submission = _standalone_agreement()
+        agreement.route([submission("b")])
+        assert agreement.q.clear_wakes() is True   # cleared by the user thread's message
+        agreement.owed, agreement.polls = True, polls
+        agreement._settle()
+        assert list(agreement.q.queue) == queued and agreement.owed is polls

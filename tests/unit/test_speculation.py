@@ -162,6 +162,41 @@ def test_async_submissions_complete_without_a_wait(ranks):
         assert hits >= 4
 
 
+def test_one_call_steps_leave_the_executor_unpolled_and_an_async_step_still_runs(ranks):
+    """Synchronous one-call steps (Agreement.steady) leave nothing to a wait, so the
+    executor does not poll for one (a wake-up every POLL_S for nothing); an async
+    step after them, that nobody waits for, still runs and is exact (route wakes the
+    executor for it), and the steps after it are exact."""
+    def fn(r):
+        ag = context.thread.comm.agreement
+        x = np.full(5, r + 1, np.float32)
+        for _ in range(10):
+            assert (nr.allreduce(x, op=nr.Sum, name="g") == 3).all()
+        lone, steps = ag.spec.lone_hits, 0
+        deadline = time.monotonic() + 1.5     # longer than the poll's 1 s window
+        going = 2
+        while going == 2:                       # the ranks stop at the same step
+            go = np.full(5, 1.0 if time.monotonic() < deadline else 0.0, np.float32)
+            going = int(nr.allreduce(go, op=nr.Sum, name="g")[0])
+            steps += 1
+        polled = ag.polls                       # set at the executor's every look
+        lone = ag.spec.lone_hits - lone
+        h = nr.allreduce_async(_data(r, 7, "g"), op=nr.Sum, name="g")
+        deadline = time.monotonic() + 10
+        while not nr.poll(h) and time.monotonic() < deadline:
+            time.sleep(0.0005)
+        assert nr.poll(h), "an async step never ran"
+        _check({"g": nr.synchronize(h)}, 2, 7)
+        for step in range(8, 12):
+            _check(_step(r, step, ["g"]), 2, step)
+        return polled, lone, steps
+    for polled, lone, steps in ranks(2).run(fn):
+        assert lone > 0, (lone, steps)
+        # A step that found the executor issuing an idle message took the usual path
+        # (a rank descheduled past IDLE_S under load): it may leave one to a wait.
+        assert lone < steps or not polled, (lone, steps, polled)
+
+
 @pytest.mark.parametrize("size", [2, 3])
 def test_join_during_speculation(ranks, size):
     """Horovod's join: the joined rank votes nothing; the others' steps fall back and
