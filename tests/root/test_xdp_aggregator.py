@@ -104,15 +104,18 @@ def test_capture_of_the_xdp_path_decodes_as_rocev2_with_valid_checksums(native, 
     (UC RDMA WRITE Only with Immediate), finds its IPv4 and UDP checksums good, and
     its ICRC equals an independent computation. RoCE-sized payloads (4096 B at MTU
     9000: each such frame leaves in two AF_XDP buffers)."""
-    if shutil.which("tshark") is None:
-        pytest.skip("needs tshark (Debian package 'tshark')")
+    for tool in ("tshark", "dumpcap"):  # dumpcap: Debian's wireshark-common, tshark's dependency
+        if shutil.which(tool) is None:
+            pytest.skip(f"needs {tool} (Debian package 'tshark')")
     payload = 4096 if mtu == 9000 else 1432
     pcap = tmp_path / "xdp.pcap"
     with Testbed(hosts=2, rate="10gbit", mtu=mtu, name=xdp_name("c" if mtu == 1500 else "d"),
                  subnet=scratch_subnet(), replace=True) as tb:
         switch = tb.spawn_switch(env=env(), args=["--transport", "xdp", "--payload-bytes",
                                                   str(payload), "--fanout", "unicast"])
-        cap = subprocess.Popen(["tshark", "-i", tb.aggregator.peer, "-f", "udp port 4791",
+        # dumpcap, the capture engine tshark runs: the same capture, live ~1.3 s sooner
+        # (no dissectors to load); tshark decodes the file below
+        cap = subprocess.Popen(["dumpcap", "-i", tb.aggregator.peer, "-f", "udp port 4791",
                                 "-w", str(pcap), "-q"], stderr=subprocess.DEVNULL)
         try:
             wait_for_capture_file(pcap, 30)
