@@ -281,6 +281,14 @@ class JobState:
                                             round(now - entry.first, 1)))
         return found
 
+    def next_stall(self, rank: int, stall_s: float) -> Optional[float]:
+        """When (monotonic) the next of ``rank``'s pending tensors becomes a stall
+        that stalls() would report (None: none can): the long poll wakes then."""
+        due = [entry.first + stall_s for entry in self.pending.values()
+               if rank in entry.sigs and rank not in entry.warned
+               and next(iter(entry.sigs.values())).kind != "join"]
+        return min(due, default=None)
+
     def fail(self, message: str, rank: int, after: Optional[int]) -> None:
         if self.failure is None:
             self.failure = Failure(message, rank, after)
@@ -435,8 +443,10 @@ def handle_negotiate(srv: Any, sess: Any, msg: messages.Negotiate) -> Wait:
             entries, stalls = state.since(ack), state.stalls(rank, stall_s)
             now = time.monotonic()
             if not (entries or stalls or state.failure is not None or now >= deadline):
-                # poll again no later than the next stall deadline among its tensors
-                w.due = min(deadline, now + max(stall_s / 4, 0.01))
+                # look again at the next stall deadline among its tensors (a report
+                # later than that can miss the rank's NETREDUCE_TIMEOUT, 4/3 of it)
+                stall_at = state.next_stall(rank, stall_s)
+                w.due = deadline if stall_at is None else min(deadline, max(stall_at, now + 0.01))
                 return None
             return messages.NegotiateReply(entries=entries, stalls=stalls,
                                            failure=state.failure)
