@@ -272,9 +272,7 @@ class JobState:
     def stalls(self, rank: int, stall_s: float) -> List[messages.Stall]:
         now, found = time.monotonic(), []
         for name, entry in self.pending.items():
-            if next(iter(entry.sigs.values())).kind == "join":
-                continue  # a joined rank waiting for the others is no stall
-            if rank in entry.sigs and rank not in entry.warned and now - entry.first >= stall_s:
+            if self._may_stall(entry, rank) and now - entry.first >= stall_s:
                 entry.warned.add(rank)
                 found.append(messages.Stall(name, sorted(set(range(self.size)) - set(entry.sigs)
                                                          - self.join_ranks),
@@ -285,9 +283,16 @@ class JobState:
         """When (monotonic) the next of ``rank``'s pending tensors becomes a stall
         that stalls() would report (None: none can): the long poll wakes then."""
         due = [entry.first + stall_s for entry in self.pending.values()
-               if rank in entry.sigs and rank not in entry.warned
-               and next(iter(entry.sigs.values())).kind != "join"]
+               if self._may_stall(entry, rank)]
         return min(due, default=None)
+
+    @staticmethod
+    def _may_stall(entry: Any, rank: int) -> bool:
+        """Whether ``entry`` can still be reported to ``rank`` as a stall: it submitted
+        it, has not been told yet, and it is no join (a joined rank waiting for the
+        others is no stall)."""
+        return (rank in entry.sigs and rank not in entry.warned
+                and next(iter(entry.sigs.values())).kind != "join")
 
     def fail(self, message: str, rank: int, after: Optional[int]) -> None:
         if self.failure is None:
