@@ -42,6 +42,13 @@ def threads_cpu() -> dict:
     return out
 
 
+def _help_wakes(agreement):
+    """Wake-ups the waits put on the executor's queue so far; None: a tree that does not
+    count them. The count lives on the agreement's ExecutorWakes (executor_wakes.py),
+    on the Agreement itself in older trees."""
+    return getattr(getattr(agreement, "wakes", agreement), "help_wakes", None)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=200)
@@ -79,7 +86,7 @@ def main() -> None:
         if step == args.warmup:
             cpu0 = threads_cpu()
             ag = getattr(getattr(context.comm(), "agreement", None), "rounds", 0)
-            wakes = getattr(getattr(context.comm(), "agreement", None), "help_wakes", 0)
+            wakes = _help_wakes(getattr(context.comm(), "agreement", None)) or 0
         for (p, _), f in zip(hooks, fills):
             p.grad = f.clone()
         c0, w0 = time.process_time(), time.perf_counter()
@@ -111,8 +118,9 @@ def main() -> None:
     agreement = getattr(context.comm(), "agreement", None)
     rounds = round(((agreement.rounds if agreement else 0) - ag) / args.steps, 2)
     # wake-ups the waits put on the executor's queue (None: a tree that does not count them)
-    help_wakes = (round((agreement.help_wakes - wakes) / args.steps, 2)
-                  if hasattr(agreement, "help_wakes") else None)
+    help_wakes = _help_wakes(agreement)
+    if help_wakes is not None:
+        help_wakes = round((help_wakes - wakes) / args.steps, 2)
     if prof is not None:
         prof.disable()
         prof.dump_stats(os.environ["HOOK_PROFILE"])

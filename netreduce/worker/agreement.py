@@ -62,6 +62,7 @@ from netreduce.errors import NegotiationError, NetReduceError, tensor_names
 from netreduce.protocol import fusion
 from netreduce.protocol.signature import fusion_key, nbytes
 from netreduce.worker import timeline as tl
+from netreduce.worker.executor_wakes import ExecutorWakes
 from netreduce.worker.handle import Handle, Tensor
 from netreduce.worker.pipeline import Pipeline
 from netreduce.worker.speculation import Speculation
@@ -74,7 +75,6 @@ ROUND_ROW = "(agreement rounds)"  # the timeline's row of the rounds
 INVALID, WAITING, READY = 0, 1, 2
 HEADER = 3
 MAX_WIDTH = 4096            # ids a round covers (int32 each); larger ids stay with the coordinator
-POLL_S = 0.01               # while speculating: the executor's look at submissions left to it
 IDLE_S = 0.05               # a rank with nothing follows others' rounds at this pace at most
 QUIET_S = 1.0               # ... and backs off once every rank has had nothing for this long
 NOTICE_GRACE_S = 2.0        # a failed round waits this long for the coordinator's reason
@@ -113,22 +113,9 @@ class Agreement:
         self.held: List[Tuple[int, list]] = []  # log entries received, not yet agreed
         self.received = 0                       # log entries received (v[0])
         self.hot = False                        # the last message found a rank busy
-        # A wake-up a user's wait owes the executor (help): set when route left a
-        # submission to that wait, or a help cleared wake-ups put for others
-        # (_only_wakes); cleared where the executor reads ``pending`` (the top of its
-        # loop), for then it sees every submission made before. A wait that finds it
-        # clear puts none: its submission's own wake-up is queued or was taken after
-        # it was made, or the executor is in a round it returns from to read pending,
-        # or the tensor is past the agreement (in flight, landing, negotiated).
-        self.owed = False
-        self.help_wakes = 0                     # statistics: wake-ups put by waits
-        # Whether the executor looks at ``pending`` every POLL_S (set by it under
-        # ``lock`` before each wait): only then does route leave a submission to a
-        # wait. It polls for a second after route last left one (``left_at``), not
-        # whenever steps complete: a one-call step (steady) leaves nothing to find,
-        # and a poll is a wake-up of this thread, 100 a second (~90 µs CPU each here).
-        self.polls = False
-        self.left_at = -1.0                     # monotonic; < 0: never
+        # Who wakes the executor for a submission, and when it polls instead
+        # (executor_wakes.py): decided under ``lock``.
+        self.wakes = ExecutorWakes(q, self.lock)
         self.last_message = time.monotonic()
         self.gap = IDLE_S                       # the idle pace now (backs off when quiet)
         self.quiet_since: Optional[float] = None
@@ -182,33 +169,11 @@ class Agreement:
                     self._mark_live(i)
             live = self.live
             # Left to a wait: a submission that completes the speculative group, on a
-            # rank whose user waited for the last one. Decided under ``lock``, where
-            # the executor decides whether it polls (loop): it polls for a second
-            # after such a submission, and one left while it polls is seen by its poll.
-            leave = (took and not rest and not live and self.spec.waited
-                     and self.spec.covered())
-            if leave:
-                self.left_at = time.monotonic()
-            leave = leave and self.polls
-        if rest or (took and not live and not leave):
-            # A submission that completes the speculative group, on a rank whose user
-            # waited for the last one, is left to the user's wait (help), or to the
-            # executor's poll if no wait comes: waking the executor costs more than
-            # the step (two threads of one process contending for one core). When
-            # the executor is not polling (none was left so for a second: a loop of
-            # one-call steps, Agreement.steady, leaves none), the first is not left:
-            # an async submission nobody waits for must not wait for the idle pace.
-            # Nor is the executor woken while it is inside a round (``live``): it
-            # clears ``live`` under ``lock`` after this, and then reads ``pending``
-            # before it waits again, so it sees this submission without a wake-up
-            # (a backward's hooks mostly come while a round is on the wire).
-            # Nor when a wake-up is queued and not yet taken: the executor reads
-            # ``pending`` after taking it, so it sees this submission (made before).
-            # One check-and-put under the queue's lock (with _only_wakes's clear,
-            # which then owes the wait this wake-up too).
-            self.q.wake()
-        elif took and not live:
-            self.owed = True                    # left to the user's wait (help)
+            # rank whose user waited for the last one, while the executor polls.
+            # Decided under ``lock``, where the executor decides whether it polls.
+            left = self.wakes.leave(took and not rest and not live and self.spec.waited
+                                    and self.spec.covered())
+        self.wakes.routed(bool(rest), took, live, left)
         return rest
 
     def _mark_live(self, i: int) -> None:
@@ -258,7 +223,7 @@ class Agreement:
             # Read without run_lock (only this thread changes ``held``; the rest only
             # sets how long to wait), so that a poll never delays a user's help.
             # ``owed`` cleared first: a submission that set it is in ``pending`` now.
-            self.owed = False
+            self.wakes.looked()
             local = bool(self.held or self.pending or self.invalidate)
             if stopping and not self.held and self.said_leaving:
                 return
@@ -267,14 +232,8 @@ class Agreement:
             # IDLE_S at most, so that a rank waiting for us learns within that that
             # we have not submitted its tensor (and can fall back to the coordinator).
             wait = 0.0 if local or stopping else max(0.0, due)
-            with self.lock:                     # route leaves one to a wait only if we poll
-                # (owed: a user thread cleared wake-ups meant for this thread after the
-                # clear above; if it set that later, it reads ``polls`` after this and
-                # wakes us itself: _settle)
-                self.polls = self.owed or self.spec.polling(self.left_at)
-            if self.polls:
-                wait = min(wait, POLL_S)        # a submission left to a wait that never came
-            items = q.take(wait)
+            # POLL_S while we poll (executor_wakes.py): route leaves one to a wait only then
+            items = q.take(self.wakes.wait(self.spec.armed, wait))
             if not local and not self.hot and items and comm.cycle_s > 0:
                 time.sleep(comm.cycle_s)        # woke from idle: let the burst arrive
                 items += q.take(0.0)
@@ -310,11 +269,11 @@ class Agreement:
         and wait to be woken back (two thread hand-offs per step). The run lock
         keeps one message at a time; either thread may issue it, the sequence of
         messages is the same."""
-        comm, q, spec = self.comm, self.q, self.spec
+        comm, spec = self.comm, self.spec
         while not handle._event.is_set() and spec.armed:
             self.run_lock.acquire()             # the executor may be issuing one
             try:
-                idle = self._only_wakes()
+                idle = self.wakes.only_wakes()
                 with self.lock:
                     mine = spec.ids is not None and spec.idset <= self.pending.keys()
                 if not (idle and mine and not self.held and comm.failure() is None):
@@ -322,35 +281,9 @@ class Agreement:
                 self._message(by_user=True)
             finally:
                 self.run_lock.release()
-        if not handle._event.is_set() and self.owed:
-            # Not (or no longer) ours: the executor's, which would not see it without
-            # a wake-up (``owed``). Otherwise it will: a wake per gradient still in
-            # flight when the wait after backward reaches it costs a thread hand-off.
-            self.owed = False
-            self.help_wakes += 1
-            q.put(WAKE)
-        self._settle()
-
-    def _settle(self) -> None:
-        """A user thread's message is over with wake-ups it cleared still owed and
-        submissions pending (another thread's, nobody waiting for them): wake the
-        executor now unless it polls, which would see them; else they would wait
-        for the idle pace. Cheap when nothing is owed: a steady step calls it."""
-        if self.owed and self.pending:
-            with self.lock:
-                pay = not self.polls
-            if pay:
-                self.owed = False
-                self.help_wakes += 1
-                self.q.wake()
-
-    def _only_wakes(self) -> bool:
-        """Whether the executor's queue holds only wake-ups: then they are cleared,
-        for the caller (holding run_lock) runs the message they asked for."""
-        cleared = self.q.clear_wakes()
-        if cleared:
-            self.owed = True                    # others' wake-ups: a wait owes one
-        return cleared is not None
+        # Not (or no longer) ours: the executor's (a wake-up if one is owed).
+        self.wakes.waits(handle._event.is_set())
+        self.wakes.settle(self.pending)
 
     def steady(self, name: str, sig: Any, op: Any, array: np.ndarray, output: np.ndarray) -> bool:
         """A synchronous all-reduce of ``name`` (signature ``sig``) in the steady state,
@@ -378,11 +311,11 @@ class Agreement:
                     return False
             finally:
                 lock.release()
-            cleared = self.q.clear_wakes()      # _only_wakes, one frame less
+            cleared = self.q.clear_wakes()      # wakes.only_wakes, one frame less
             if cleared is None:
                 return False
             if cleared:
-                self.owed = True                # (if the claim fails, the usual path's wait puts it)
+                self.wakes.owed = True          # (if the claim fails, the usual path's wait puts it)
             if not comm.claim(name):            # and the message begins
                 return False
             t = None
@@ -402,7 +335,7 @@ class Agreement:
                         f"rank {comm.rank}: the steady all-reduce of '{name}' failed")
                 if done:
                     if cleared:
-                        self._settle()          # (others' wake-ups, cleared above)
+                        self.wakes.settle(self.pending)  # (others' wake-ups, cleared above)
                     return True
                 # Not every rank voted for it: the submission waits for the round
                 # that follows, as route would have left it.

@@ -121,11 +121,6 @@ class Speculation:
         agreement's lock; a stale answer only delays a step to the next poll)."""
         return self.ids is not None and self.idset <= self.ag.pending.keys()
 
-    def polling(self, left_at: float) -> bool:
-        """Whether the executor looks every POLL_S for submissions that route left
-        to a wait: while armed, for 1 s after route last left one (at ``left_at``)."""
-        return self.ids is not None and left_at >= 0 and time.monotonic() - left_at < 1.0
-
     def agreed(self, groups: List[Tuple[Tuple[int, ...], List[Any]]]) -> None:
         """A round agreed on ``groups`` ((ids, tensors) in execution order): arm when
         it is one eligible group, the same as the previous agreement's. A round that

@@ -1,5 +1,5 @@
 """A user's wait puts a wake-up on the executor's queue only when the executor
-would not see the submission without one (netreduce/worker/agreement.py, ``owed``):
+would not see the submission without one (netreduce/worker/executor_wakes.py, ``owed``):
 in the wait after backward, a wake per gradient still in flight was a thread
 hand-off each."""
 from netreduce.worker.wake_queue import WAKE, WakeQueue
@@ -70,10 +70,10 @@ def test_a_submission_is_left_to_a_wait_only_while_the_executor_polls():
     at pending every POLL_S; then it polls for a second more after that submission."""
     agreement, submission = _standalone_agreement()
     _armed_on_a(agreement)
-    agreement.polls = True
+    agreement.wakes.polls = True
     assert agreement.route([submission("a")]) == []
-    assert list(agreement.q.queue) == [] and agreement.owed
-    assert agreement.spec.polling(agreement.left_at)
+    assert list(agreement.q.queue) == [] and agreement.wakes.owed
+    assert agreement.wakes.polling(agreement.spec.armed)
 
 
 def test_a_submission_nobody_may_wait_for_wakes_an_executor_that_does_not_poll():
@@ -84,11 +84,11 @@ def test_a_submission_nobody_may_wait_for_wakes_an_executor_that_does_not_poll()
     left-able, so the executor polls from its next look on."""
     agreement, submission = _standalone_agreement()
     _armed_on_a(agreement)
-    agreement.polls = False                  # (nothing left to a wait for a second)
+    agreement.wakes.polls = False            # (nothing left to a wait for a second)
     assert agreement.route([submission("a")]) == []
-    assert list(agreement.q.queue) == [WAKE] and not agreement.owed
+    assert list(agreement.q.queue) == [WAKE] and not agreement.wakes.owed
     assert sorted(agreement.pending) == [0]
-    assert agreement.spec.polling(agreement.left_at)       # the pattern seen: poll
+    assert agreement.wakes.polling(agreement.spec.armed)   # the pattern seen: poll
 
 
 def test_wake_ups_a_user_thread_cleared_are_paid_unless_the_executor_polls():
@@ -99,6 +99,22 @@ def test_wake_ups_a_user_thread_cleared_are_paid_unless_the_executor_polls():
         agreement, submission = _standalone_agreement()
         agreement.route([submission("b")])
         assert agreement.q.clear_wakes() is True   # cleared by the user thread's message
-        agreement.owed, agreement.polls = True, polls
-        agreement._settle()
-        assert list(agreement.q.queue) == queued and agreement.owed is polls
+        agreement.wakes.owed, agreement.wakes.polls = True, polls
+        agreement.wakes.settle(agreement.pending)
+        assert list(agreement.q.queue) == queued and agreement.wakes.owed is polls
+
+
+def test_a_wait_that_owes_a_wake_puts_none_behind_one_not_yet_taken():
+    """A wait about to block pays the wake-up it owes (``owed``) with the queue's
+    deduplicating wake: behind a wake-up the executor has not taken yet, a second
+    would ask nothing more (the executor reads pending after taking the first)."""
+    import threading
+    from types import SimpleNamespace
+
+    agreement, submission = _standalone_agreement()
+    agreement.route([submission("a")])               # the executor not polling: a wake
+    assert list(agreement.q.queue) == [WAKE]
+    agreement.wakes.owed = True                      # e.g. "b" left to this wait
+    agreement.help(SimpleNamespace(_event=threading.Event()))
+    assert list(agreement.q.queue) == [WAKE] and not agreement.wakes.owed
+    assert agreement.wakes.help_wakes == 1

@@ -179,7 +179,7 @@ def test_one_call_steps_leave_the_executor_unpolled_and_an_async_step_still_runs
             go = np.full(5, 1.0 if time.monotonic() < deadline else 0.0, np.float32)
             going = int(nr.allreduce(go, op=nr.Sum, name="g")[0])
             steps += 1
-        polled = ag.polls                       # set at the executor's every look
+        polled = ag.wakes.polls                 # set at the executor's every look
         lone = ag.spec.lone_hits - lone
         h = nr.allreduce_async(_data(r, 7, "g"), op=nr.Sum, name="g")
         deadline = time.monotonic() + 10
