@@ -22,7 +22,6 @@ do raises nothing and shuts down cleanly, as under Horovod.
 """
 from __future__ import annotations
 
-import copy
 import logging
 import os
 import re
@@ -33,15 +32,14 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from netreduce.errors import (ControlPlaneError, InvalidArgumentError, NegotiationError,
-                              NetReduceError, RankFailedError, ShutdownError, tensor_names)
+from netreduce.errors import NegotiationError, NetReduceError, RankFailedError
 from netreduce.ops import ReduceOp
 from netreduce.worker import timeline as tl
 from netreduce.worker import unmatched
 from netreduce.worker import group_message
+from netreduce.worker import operation_errors
 from netreduce.worker.fusion_buffer import FusionBuffer
 from netreduce.worker.handle import Handle, Tensor
-from netreduce.protocol.address import format_address
 from netreduce.protocol.messages import Failure, NegotiateReply, TensorRequest
 from netreduce.worker.negotiation import NegotiationClient
 from netreduce.worker.response_cache import ResponseCache
@@ -51,15 +49,6 @@ from netreduce.worker.agreement import GROUP_SEQ, ROUND_SEQ, Agreement
 log = logging.getLogger("netreduce")
 # Seconds a transfer under way may still finish after a rank died without shutdown().
 ABORT_GRACE_S = 1.0
-
-
-def _naming(exc: NetReduceError, prefix: str) -> NetReduceError:
-    """``exc`` (same class, same attributes such as RankFailedError.rank) with
-    ``prefix`` in front of its message, which is kept whole: it names the aggregator,
-    job and slot."""
-    named = copy.copy(exc)
-    named.args = (f"{prefix}: {exc}",) + tuple(exc.args[1:])
-    return named
 
 
 _AUTO_NAME = re.compile(r"^(\w+)\.noname\.(\d+)(?:\.|$)")  # api._auto_name's names
@@ -150,20 +139,14 @@ class Communicator:
     # --- submission (user threads) -------------------------------------------------
     def submit(self, tensors: Sequence[Tensor]) -> None:
         with self._lock:
-            if self._failure is not None:
-                raise self.error_for([t.name for t in tensors]) or self._failure
-            if self._stopping:
-                raise ShutdownError(
-                    f"netreduce has been shut down on rank {self.rank} of job '{self.job}' "
-                    f"({tensor_names([t.name for t in tensors])} not submitted); to go on, "
-                    "call netreduce.shutdown() and then netreduce.init() on every rank: the "
-                    "job restarts once all of its ranks have done so")
             names = [t.name for t in tensors]
+            if self._failure is not None:
+                raise self.error_for(names) or self._failure
+            if self._stopping:
+                raise operation_errors.after_shutdown(self.rank, self.job, names)
             for name in names:
                 if name in self._inflight or (len(names) > 1 and names.count(name) > 1):
-                    raise InvalidArgumentError(f"a tensor named '{name}' is already being reduced: "
-                                     "names must be unique among in-flight operations "
-                                     "(wait for the first with synchronize())")
+                    raise operation_errors.already_in_flight(name)
             for t in tensors:
                 self._inflight[t.name] = t
             rest = self.agreement.route(list(tensors)) if self.agreement else tensors
@@ -204,9 +187,7 @@ class Communicator:
                                                          else min(limit, due))
                     ready, _, _ = select.select(fds, [], [], wait)
                     if not ready and (due is None or wait == limit):
-                        raise ControlPlaneError(
-                            f"the aggregator at {self.address[0]}:{self.address[1]} did not "
-                            f"answer a negotiation request within {limit:.0f} s")
+                        raise operation_errors.aggregator_silent(self.address, limit)
                 if self.neg.poll_conn in ready:
                     self._poll_out = False
                     self._on_reply(self.neg.recv_poll())
@@ -327,9 +308,8 @@ class Communicator:
             reply = self.neg.watch()
         except (NetReduceError, OSError, ValueError) as exc:
             if not self._stopping:  # our own shutdown closes the connection
-                self._fail(exc if isinstance(exc, NetReduceError) else ControlPlaneError(
-                    f"watch connection to {self.address[0]}:{self.address[1]} failed: {exc}"),
-                    None, abort=True)
+                self._fail(exc if isinstance(exc, NetReduceError) else
+                           operation_errors.watch_lost(self.address, exc), None, abort=True)
             return
         if reply.failure is not None and not self._stopping:
             self._fail_from(reply.failure)
@@ -443,7 +423,7 @@ class Communicator:
             # A bug, not the data plane: the other ranks ran (or wait in) this message,
             # so this rank is out of step with them from here on: fatal for the job.
             log.error("netreduce failed to reduce %s", names, exc_info=exc)
-            error = NetReduceError(f"rank {self.rank} failed to reduce {names[:5]}: {exc!r}")
+            error = operation_errors.reducing_bug(self.rank, names, exc)
             self.complete(tensors, error)
             self.report_failure(error)
             return
@@ -454,7 +434,7 @@ class Communicator:
             return
         # Our own data plane failed: say which tensors, keeping the aggregator / job /
         # slot text that says where.
-        error = _naming(exc, f"rank {self.rank}: reducing {tensor_names(names)} failed")
+        error = operation_errors.reducing_failed(self.rank, names, exc)
         self.complete(tensors, error)
         self.report_failure(error)
 
@@ -481,14 +461,11 @@ class Communicator:
         coordinator reported (another rank left or died) is the same text on every
         rank, busy or not: the error says which operation here it stopped, on which
         rank of which job, through which aggregator, keeping RankFailedError and its
-        ``rank``. This rank's own failures already say what failed: a copy."""
-        failure = self._failure
-        if failure is None or not self._reported:
-            return copy.copy(failure)  # a fresh traceback; keeps .rank
-        return RankFailedError(
-            f"rank {self.rank} of job '{self.job}': {tensor_names(list(names))} cannot "
-            f"complete: {failure}; aggregator {format_address(self.address)}",
-            getattr(failure, "rank", -1))
+        ``rank`` (operation_errors.py). This rank's own failures already say what
+        failed: a copy. Unlocked: _failure is read before _reported, which _fail sets
+        first."""
+        return operation_errors.for_operation(self._failure, self._reported, self.rank,
+                                              self.job, self.address, names)
 
     def busy(self) -> bool:
         """Whether any tensor of this rank is in flight (unlocked: a hint)."""
@@ -581,9 +558,8 @@ class Communicator:
         with self._lock:
             doomed = [t for t in self._inflight.values() if t.seq < 0]
         for t in doomed:
-            self.complete([t], ShutdownError(
-                f"netreduce was shut down on rank {self.rank} before every rank of job "
-                f"'{self.job}' submitted tensor '{t.name}'"))
+            self.complete([t], operation_errors.shut_down_in_negotiation(self.rank, self.job,
+                                                                         t.name))
         self._exec_q.put(None)
         self._exec_thread.join(timeout)
         if self._exec_thread.is_alive():
