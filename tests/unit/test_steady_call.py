@@ -141,14 +141,24 @@ def test_a_late_rank_turns_a_steady_call_into_a_round(ranks):
 
 def test_a_name_in_flight_is_still_refused(ranks):
     """A steady name with an asynchronous submission still in flight: the second
-    submission is refused as on the usual path, and the first completes."""
+    submission is refused as on the usual path, and the first completes. Rank 1
+    submits its part only after rank 0's refusal: else a rank 0 descheduled between
+    its two calls (a loaded host) found the first complete, its second call ran as a
+    step that rank 1, gone, never joined."""
+    refused = threading.Event()
+
     def fn(r):
         for step in range(6):
             nr.allreduce(_data(r, step), op=nr.Sum, name="g")
+        if r == 1:
+            assert refused.wait(30)
         h = nr.allreduce_async(_data(r, 6), op=nr.Sum, name="g")
         if r == 0:
-            with pytest.raises(InvalidArgumentError, match="already being reduced"):
-                nr.allreduce(_data(r, 7), op=nr.Sum, name="g")
+            try:
+                with pytest.raises(InvalidArgumentError, match="already being reduced"):
+                    nr.allreduce(_data(r, 7), op=nr.Sum, name="g")
+            finally:
+                refused.set()
         return np.array_equal(nr.synchronize(h), _want(2, 6))
     assert ranks(2).run(fn) == [True, True]
 
