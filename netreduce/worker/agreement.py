@@ -282,8 +282,7 @@ class Agreement:
             finally:
                 self.run_lock.release()
         # Not (or no longer) ours: the executor's (a wake-up if one is owed).
-        self.wakes.waits(handle._event.is_set())
-        self.wakes.settle(self.pending)
+        self.wakes.waited(handle._event.is_set(), self.pending)
 
     def steady(self, name: str, sig: Any, op: Any, array: np.ndarray, output: np.ndarray) -> bool:
         """A synchronous all-reduce of ``name`` (signature ``sig``) in the steady state,

@@ -114,14 +114,19 @@ class ExecutorWakes:
             self.owed = True
         return cleared is not None
 
-    def waits(self, done: bool) -> None:
-        """A user's wait is about to block (not ``done``) on what it did not run: the
-        executor's, which would not see it without a wake-up when one is ``owed``.
-        Otherwise it will: a wake per gradient still in flight when the wait after
-        backward reaches it costs a thread hand-off. Paid even while the executor
-        polls: this wait would otherwise sit out the poll."""
-        if not done and self.owed:
+    def waited(self, done: bool, pending: Sized) -> None:
+        """A user's wait ran what it could (Agreement.help). About to block (not
+        ``done``) on what it did not run, the executor's, it pays the wake-up ``owed``:
+        the executor would not see that without one (otherwise it will: a wake per
+        gradient still in flight when the wait after backward reaches it costs a
+        thread hand-off), even while it polls: this wait would sit out the poll. Done,
+        it settles what its messages owe for others' submissions ``pending``."""
+        if not self.owed:
+            return
+        if not done:
             self.pay()
+        else:
+            self.settle(pending)
 
     def settle(self, pending: Sized) -> None:
         """A user thread's message is over with wake-ups it cleared still owed and
