@@ -54,15 +54,24 @@ def worker(args: argparse.Namespace) -> None:
                 events.append((label + "<", clock()))
         setattr(obj, name, timed)
 
-    take = rc._take
+    try:  # the executor's wake-ups: WakeQueue.take, or the module function of older trees
+        from netreduce.worker.wake_queue import WakeQueue
+        owner, attr = WakeQueue, "take"
+    except ImportError:
+        owner, attr = rc, "_take"
+    take = getattr(owner, attr)
 
     def woke(q, wait):
         items = take(q, wait)
         if items:
             events.append(("woke", clock()))
         return items
-    rc._take = woke
-    wrap(cm.Handle, "_finish_one", "finish")
+    setattr(owner, attr, woke)
+    try:
+        from netreduce.worker.handle import Handle
+    except ImportError:  # older trees kept it in the communicator
+        Handle = cm.Handle
+    wrap(Handle, "_finish_one", "finish")
     nr.init()
     comm = nr.api._g.comm
     wrap(comm, "submit", "submit")
