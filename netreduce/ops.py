@@ -12,6 +12,7 @@ import numbers
 from typing import Any, Optional
 
 import numpy as np
+from netreduce.dtypes import NATIVE_DTYPES, WIRE_DTYPE  # noqa: F401  (re-exported)
 from netreduce.errors import (InvalidArgumentError, InvalidArrayError, InvalidTypeError,
                               UnsupportedError)
 
@@ -76,22 +77,10 @@ def as_op(op) -> ReduceOp:
     return result
 
 
-# dtype name -> dtype the data plane carries it in. The native engine handles the
-# first six; small integer types ride in a wider exact integer type so that a sum of
-# up to 2**24 ranks cannot overflow on the wire (the result is cast back, wrapping
-# like numpy does).
-WIRE_DTYPE = {
-    "float32": "float32", "float64": "float64", "float16": "float16",
-    "bfloat16": "bfloat16", "int32": "int32", "int64": "int64",
-    "int8": "int32", "uint8": "int32", "int16": "int32", "uint16": "int32",
-    "uint32": "int64",
-}
+# WIRE_DTYPE (dtype name -> the dtype the data plane carries it in) and NATIVE_DTYPES
+# live in netreduce/dtypes.py, numpy-free for the daemon; imported above and re-exported.
 # numpy storage of each wire dtype (bfloat16 travels as its uint16 bit pattern)
 STORAGE = {name: np.dtype("uint16" if name == "bfloat16" else name) for name in WIRE_DTYPE}
-
-
-# What the data plane carries as it is (the aggregator's slot types: native/reduce/dtype.h).
-NATIVE_DTYPES = tuple(name for name, wire in WIRE_DTYPE.items() if name == wire)
 
 
 _NAMES = {np.dtype(name): name for name in WIRE_DTYPE if name != "bfloat16"}

@@ -517,11 +517,15 @@ class ProtocolError(InvalidArgumentError):
 
 
 _encoder = msgspec.json.Encoder()
-_request_decoder = msgspec.json.Decoder(AnyRequest)
 _envelope_decoder = msgspec.json.Decoder(Envelope)
 _head_decoder = msgspec.json.Decoder(Head)
-_reply_decoders: Dict[type, Any] = {rep: msgspec.json.Decoder(rep) for _, rep in COMMANDS.values()}
 _any_decoder = msgspec.json.Decoder()
+# The typed decoders are built on first use: a decoder reads its types' annotations
+# when it is made, and only an aggregator decodes requests, a client the replies of
+# the few commands it sends (all of them made at import were ~7 ms of every daemon's
+# and rank's start, at the suite's 1,000+ starts).
+_request_decoder: Optional[Any] = None
+_reply_decoders: Dict[type, Any] = {}
 
 
 def encode_request(request: Request) -> bytes:
@@ -531,6 +535,9 @@ def encode_request(request: Request) -> bytes:
 
 def decode_request(line: bytes) -> Request:
     """The request a line holds; ProtocolError naming the command and the field."""
+    global _request_decoder
+    if _request_decoder is None:
+        _request_decoder = msgspec.json.Decoder(AnyRequest)
     try:
         return _request_decoder.decode(line)
     except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as exc:
@@ -572,7 +579,10 @@ def decode_envelope(line: bytes) -> Envelope:
 
 
 def decode_reply(line: bytes, kind: Type[Reply]) -> Reply:
-    return _reply_decoders[kind].decode(line)
+    decoder = _reply_decoders.get(kind)
+    if decoder is None:  # two threads may both make one: either is the same decoder
+        decoder = _reply_decoders[kind] = msgspec.json.Decoder(kind)
+    return decoder.decode(line)
 
 
 def decode_any(line: bytes) -> Any:

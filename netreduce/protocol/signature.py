@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
-from netreduce.ops import STORAGE, WIRE_DTYPE
+from netreduce.dtypes import WIRE_DTYPE, WIRE_ITEMSIZE
 
 class Signature(NamedTuple):
     """What every rank must submit alike for a tensor name. A tuple still (a plain
@@ -86,4 +86,4 @@ def nbytes(sig: Sig) -> int:
         return 0
     # math.prod, not numpy's: the executor calls this per tensor per round, and a numpy
     # reduction over a short tuple costs ~3 µs; () -> 1, as before
-    return int(math.prod(sig.shape)) * STORAGE[WIRE_DTYPE[sig.dtype]].itemsize
+    return int(math.prod(sig.shape)) * WIRE_ITEMSIZE[WIRE_DTYPE[sig.dtype]]

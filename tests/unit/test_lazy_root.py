@@ -20,10 +20,10 @@ FORBIDDEN = ("netreduce.worker", "netreduce.algorithms", "netreduce.api",
              "netreduce.torch", "netreduce.tensorflow", "netreduce.mxnet")
 
 
-def loaded_after(code: str) -> List[str]:
-    """The netreduce modules a fresh interpreter holds after running ``code``."""
+def loaded_after(code: str, prefix: str = "netreduce") -> List[str]:
+    """The modules under ``prefix`` a fresh interpreter holds after running ``code``."""
     probe = (f"{code}\nimport json, sys\n"
-             "print(json.dumps(sorted(m for m in sys.modules if m.startswith('netreduce'))))")
+             f"print(json.dumps(sorted(m for m in sys.modules if m.startswith({prefix!r}))))")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                          timeout=60, cwd=ROOT, check=True).stdout
     return json.loads(out.splitlines()[-1])
@@ -37,6 +37,15 @@ def test_the_daemon_loads_no_worker_code():
     modules = loaded_after("import netreduce.switch.daemon")
     assert "netreduce.switch.daemon" in modules
     assert forbidden(modules) == []
+
+
+def test_the_daemon_starts_without_numpy():
+    # The daemon holds no array: numpy's import was ~0.1 s of each of the suite's
+    # hundreds of daemon starts (netreduce/dtypes.py). Its --help and its command set
+    # (the coordinator's too) load here.
+    assert loaded_after("import netreduce.switch.daemon\n"
+                        "netreduce.switch.daemon.build_parser()", prefix="numpy") == []
+    assert loaded_after("import netreduce.ops", prefix="numpy") != []  # the probe sees it
 
 
 def test_the_check_sees_a_worker_module_when_one_loads():

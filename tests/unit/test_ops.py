@@ -96,6 +96,15 @@ def test_small_ints_ride_wider_wire_types():
     assert wire.tolist() == [-1, 100]
 
 
+def test_the_numpy_free_sizes_are_numpys():
+    # netreduce/dtypes.py states each wire dtype's size without numpy (for the daemon's
+    # signatures); the worker's numpy storage must agree, every dtype.
+    from netreduce import dtypes
+    assert set(dtypes.WIRE_ITEMSIZE) == set(dtypes.WIRE_DTYPE.values())
+    for wire, size in dtypes.WIRE_ITEMSIZE.items():
+        assert ops.STORAGE[wire].itemsize == size, wire
+
+
 @pytest.mark.parametrize("call, builtin", [
     (lambda: ops.as_op("median"), ValueError),
     (lambda: ops.as_op(3.5), TypeError),
