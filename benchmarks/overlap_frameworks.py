@@ -191,6 +191,7 @@ def keras_worker(args: argparse.Namespace) -> Dict[str, Any]:
         train_step(x, y)
     barrier()
     stamps = []
+    engine0 = _engine_stats()
     before = _threads_cpu()
     for _ in range(args.steps):
         t0 = _now_us()
@@ -198,8 +199,22 @@ def keras_worker(args: argparse.Namespace) -> Dict[str, Any]:
         np.asarray(strategy.experimental_local_results(loss)[0] if strategy else loss)
         stamps.append([t0, _now_us()])
     own = _own_cpu(before, args.steps)
+    engine1 = _engine_stats()
     barrier()
+    if engine0 and engine1:  # the engine's waits and naps per step (its Stats counters)
+        own["engine_per_step"] = {k: round((engine1[k] - engine0.get(k, 0)) / args.steps, 1)
+                                  for k in ("waits", "naps", "nap_us", "nap_offs", "packets_received")
+                                  if k in engine1}
     return dict(result, stamps=stamps, own_cpu=own)
+
+
+def _engine_stats() -> Dict[str, int]:
+    """This rank's engine counters (the data plane's stats), {} without netreduce."""
+    try:
+        import netreduce as _nr
+        return dict(_nr.api._communicator().dp.stats()) if _nr.is_initialized() else {}
+    except Exception:  # a mode without a netreduce data plane, or one without stats
+        return {}
 
 
 def _adapter_from(tree: str) -> None:
