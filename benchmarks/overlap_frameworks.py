@@ -91,10 +91,26 @@ def _med(vals: List[float]) -> float:
 
 
 # --- workers (one per testbed host) ---------------------------------------------------------
+def _ctx_switches(tid: int) -> List[int]:
+    """Thread ``tid``'s [voluntary, nonvoluntary] context switches so far (its status)."""
+    out = [0, 0]
+    try:
+        with open(f"/proc/self/task/{tid}/status") as f:
+            for line in f:
+                if line.startswith("voluntary_ctxt_switches:"):
+                    out[0] = int(line.split()[1])
+                elif line.startswith("nonvoluntary_ctxt_switches:"):
+                    out[1] = int(line.split()[1])
+    except OSError:
+        pass  # ended meanwhile
+    return out
+
+
 def _threads_cpu() -> Dict[int, Any]:
-    """This process's threads now: {tid: (name, CPU-seconds)} (/proc/self/task)."""
+    """This process's threads now: {tid: (name, CPU-seconds, [voluntary, nonvoluntary]
+    context switches)} (/proc/self/task)."""
     from netreduce.testbed import proc_stat
-    return {t.pid: (t.comm, t.cpu_seconds) for t in proc_stat.threads("self")}
+    return {t.pid: (t.comm, t.cpu_seconds, _ctx_switches(t.pid)) for t in proc_stat.threads("self")}
 
 
 def _own_cpu(before: Dict[int, Any], steps: int) -> Dict[str, Any]:
@@ -102,12 +118,19 @@ def _own_cpu(before: Dict[int, Any], steps: int) -> Dict[str, Any]:
     whole process's, and per thread name (TensorFlow's pools name their threads
     alike; netreduce's engine, executor and agreement threads have their own)."""
     names: Dict[str, List[float]] = {}
-    for tid, (name, cpu) in _threads_cpu().items():
-        names.setdefault(name, []).append(cpu - before.get(tid, (name, 0.0))[1])
+    switches: Dict[str, List[float]] = {}  # per thread name: [voluntary, nonvoluntary]
+    for tid, (name, cpu, ctx) in _threads_cpu().items():
+        _, cpu0, ctx0 = before.get(tid, (name, 0.0, [0, 0]))
+        names.setdefault(name, []).append(cpu - cpu0)
+        acc = switches.setdefault(name, [0.0, 0.0])
+        acc[0] += ctx[0] - ctx0[0]
+        acc[1] += ctx[1] - ctx0[1]
     per = {n: round(sum(v) / steps, 4) for n, v in names.items() if sum(v) > 0}
     return {"cpu_s_per_step": round(sum(per.values()), 4),
             "threads": {n: len(v) for n, v in names.items()},
-            "by_thread_name": dict(sorted(per.items(), key=lambda kv: -kv[1]))}
+            "by_thread_name": dict(sorted(per.items(), key=lambda kv: -kv[1])),
+            "ctx_switches_per_step": {n: [round(v / steps, 1), round(nv / steps, 1)]
+                                      for n, (v, nv) in switches.items() if v + nv > 0}}
 
 
 def keras_worker(args: argparse.Namespace) -> Dict[str, Any]:
@@ -168,6 +191,7 @@ def keras_worker(args: argparse.Namespace) -> Dict[str, Any]:
         train_step(x, y)
     barrier()
     stamps = []
+    engine0 = _engine_stats()
     before = _threads_cpu()
     for _ in range(args.steps):
         t0 = _now_us()
@@ -175,8 +199,22 @@ def keras_worker(args: argparse.Namespace) -> Dict[str, Any]:
         np.asarray(strategy.experimental_local_results(loss)[0] if strategy else loss)
         stamps.append([t0, _now_us()])
     own = _own_cpu(before, args.steps)
+    engine1 = _engine_stats()
     barrier()
+    if engine0 and engine1:  # the engine's waits and naps per step (its Stats counters)
+        own["engine_per_step"] = {k: round((engine1[k] - engine0.get(k, 0)) / args.steps, 1)
+                                  for k in ("waits", "naps", "nap_us", "nap_offs", "packets_received")
+                                  if k in engine1}
     return dict(result, stamps=stamps, own_cpu=own)
+
+
+def _engine_stats() -> Dict[str, int]:
+    """This rank's engine counters (the data plane's stats), {} without netreduce."""
+    try:
+        import netreduce as _nr
+        return dict(_nr.api._communicator().dp.stats()) if _nr.is_initialized() else {}
+    except Exception:  # a mode without a netreduce data plane, or one without stats
+        return {}
 
 
 def _adapter_from(tree: str) -> None:
@@ -437,6 +475,21 @@ def waits(path: str, stamps: List[List[float]]) -> Dict[str, Any]:
     return {"median": med, "typical_step": typical, "steps": per}
 
 
+def _plain(label: str) -> str:
+    """MODE of a label MODE[@CODE][%VARIANT]."""
+    return label.partition("@")[0].partition("%")[0]
+
+
+def mode_line(label: str, r: Dict[str, Any]) -> str:
+    """One run's result of mode ``label`` in a line: the compute mode's F, B and U (any
+    @CODE or %VARIANT of it too), another mode's step."""
+    if r.get("error"):
+        return r["error"]
+    if _plain(label) == "compute":
+        return f"F {r['forward']:.3f} B {r['backward']:.3f} U {r['update']:.3f} s"
+    return f"step {r['step']:.3f} s ({r['step_min_max'][0]:.3f}-{r['step_min_max'][1]:.3f})"
+
+
 def cpu_floor_of(run: Dict[str, Any], ranks: int, cores: int) -> Optional[Dict[str, Any]]:
     """The run's CPU floor (step_floor's (d), its arithmetic: ``comm_cpu_of``,
     ``cpu_floor``): the compute mode's ranks' CPU-seconds per step (whole processes,
@@ -474,7 +527,7 @@ def cpu_floor_of(run: Dict[str, Any], ranks: int, cores: int) -> Optional[Dict[s
         out.update(quiet_bound_s=round(quiet, 5), quiet_target_vs_cpu_floor=round(1.1 * quiet / floor_s, 4))
     for mode, rec in res.items():
         mc = rec.get("machine_cpu") or {}
-        if mode == "compute" or not rec.get("step"):
+        if _plain(mode) == "compute" or not rec.get("step"):
             continue
         out[f"{mode}_vs_cpu_floor"] = round(rec["step"] / floor_s, 4)
         out[f"{mode}_busy"] = mc.get("busy_fraction")
@@ -543,11 +596,7 @@ def driver(args: argparse.Namespace) -> str:
                     continue
                 with tempfile.TemporaryDirectory(prefix=f"nrovfw-{mode}-") as tmp:
                     res[mode] = r = run_mode(tb, mode, args, tmp)
-                what = r.get("error") or (
-                    f"F {r['forward']:.3f} B {r['backward']:.3f} U {r['update']:.3f} s"
-                    if mode == "compute" else f"step {r['step']:.3f} s "
-                    f"({r['step_min_max'][0]:.3f}-{r['step_min_max'][1]:.3f})")
-                print(f"  run {i} {mode}: {what}; load {r['load'][0]:.1f}", flush=True)
+                print(f"  run {i} {mode}: {mode_line(mode, r)}; load {r['load'][0]:.1f}", flush=True)
                 if "timeline" in r:
                     print(describe(r["timeline"]), flush=True)
             run: Dict[str, Any] = {"run": i, "order": order, "modes": res}
@@ -568,7 +617,7 @@ def driver(args: argparse.Namespace) -> str:
                                                              / run["bound"]["bound_s"], 4)
             if args.floor:
                 run["cpu_floor"] = cpu_floor_of(run, args.np, os.cpu_count() or 1)
-            peer = next((m for m in modes if not m.startswith("nr-") and m != "compute"), None)
+            peer = next((m for m in modes if not m.startswith("nr-") and _plain(m) != "compute"), None)
             for mode in [m for m in modes if m.startswith("nr-")]:
                 if peer and res.get(mode, {}).get("step") and res.get(peer, {}).get("step"):
                     run[f"{mode}_speedup_vs_{peer}"] = round(res[peer]["step"] / res[mode]["step"], 4)

@@ -76,3 +76,16 @@ def test_quiet_bound_and_own_cpu_read_the_floor_under_load():
     assert f["nr-hvd_own_cpu_s"] == round((7.9 + 0.4) / 2, 5)
     assert f["nr-hvd_own_cpu_vs_cpu_floor"] == round(f["nr-hvd_own_cpu_s"] / f["cpu_floor_s"], 4)
     assert "quiet_bound_s" not in overlap_frameworks.cpu_floor_of(_run(), 4, 2)
+
+
+def test_a_variant_of_the_compute_mode_is_read_as_the_compute_mode():
+    # compute%VARIANT (TF's pools A/B) has F, B, U and no stamps: its line is the compute
+    # mode's (the driver raised KeyError 'step_min_max' on it), and it is no step to read
+    # against the floor
+    fbu = {"forward": 0.25, "backward": 2.6, "update": 0.3, "step": 3.15,
+           "machine_cpu": {"ranks_cpu_s_per_step": 6.4}}
+    assert overlap_frameworks.mode_line("compute%one", fbu) == "F 0.250 B 2.600 U 0.300 s"
+    assert overlap_frameworks.mode_line("nr-hvd%one", {"step": 4.4, "step_min_max": [4.3, 4.6]}) \
+        == "step 4.400 s (4.300-4.600)"
+    f = overlap_frameworks.cpu_floor_of(_run(**{"compute%one": fbu}), 4, 2)
+    assert "nr-hvd_vs_cpu_floor" in f and not any(k.startswith("compute%one") for k in f)
