@@ -24,6 +24,7 @@ or a changed meaning bumps PROTOCOL_VERSION.
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, Dict, List, Optional, Tuple, Type, Union
 
 import msgspec
@@ -520,12 +521,15 @@ _encoder = msgspec.json.Encoder()
 _envelope_decoder = msgspec.json.Decoder(Envelope)
 _head_decoder = msgspec.json.Decoder(Head)
 _any_decoder = msgspec.json.Decoder()
-# The typed decoders are built on first use: a decoder reads its types' annotations
-# when it is made, and only an aggregator decodes requests, a client the replies of
-# the few commands it sends (all of them made at import were ~7 ms of every daemon's
-# and rank's start, at the suite's 1,000+ starts).
-_request_decoder: Optional[Any] = None
-_reply_decoders: Dict[type, Any] = {}
+
+
+@functools.lru_cache(maxsize=None)
+def _decoder(kind: Any) -> Any:
+    """The typed decoder of ``kind``, made on first use: a decoder reads its types'
+    annotations when it is made, and only an aggregator decodes requests, a client the
+    replies of the few commands it sends (all of them made at import were ~7 ms of
+    every daemon's and rank's start, at the suite's 1,000+ starts)."""
+    return msgspec.json.Decoder(kind)
 
 
 def encode_request(request: Request) -> bytes:
@@ -535,11 +539,8 @@ def encode_request(request: Request) -> bytes:
 
 def decode_request(line: bytes) -> Request:
     """The request a line holds; ProtocolError naming the command and the field."""
-    global _request_decoder
-    if _request_decoder is None:
-        _request_decoder = msgspec.json.Decoder(AnyRequest)
     try:
-        return _request_decoder.decode(line)
+        return _decoder(AnyRequest).decode(line)
     except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as exc:
         raise _refusal(line, exc) from None
 
@@ -579,10 +580,7 @@ def decode_envelope(line: bytes) -> Envelope:
 
 
 def decode_reply(line: bytes, kind: Type[Reply]) -> Reply:
-    decoder = _reply_decoders.get(kind)
-    if decoder is None:  # two threads may both make one: either is the same decoder
-        decoder = _reply_decoders[kind] = msgspec.json.Decoder(kind)
-    return decoder.decode(line)
+    return _decoder(kind).decode(line)
 
 
 def decode_any(line: bytes) -> Any:
