@@ -622,7 +622,7 @@ def driver(args: argparse.Namespace) -> str:
                 if peer and res.get(mode, {}).get("step") and res.get(peer, {}).get("step"):
                     run[f"{mode}_speedup_vs_{peer}"] = round(res[peer]["step"] / res[mode]["step"], 4)
             for label in [m for m in modes if "@" in m]:  # A/B: MODE against MODE@CODE
-                mode = label.partition("@")[0].partition("%")[0]
+                mode = _plain(label)
                 if res.get(mode, {}).get("step") and res.get(label, {}).get("step"):
                     run[f"{mode}_speedup_vs_{label}"] = round(res[label]["step"] / res[mode]["step"], 4)
             for label in [m for m in modes if "%" in m]:  # A/B: MODE%VARIANT against MODE
