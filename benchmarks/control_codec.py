@@ -39,6 +39,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 
 import msgspec  # noqa: E402
 
+from netreduce.protocol.codec import Envelope, encode_reply, encode_request  # noqa: E402
 from netreduce.protocol import messages as m  # noqa: E402
 
 
@@ -96,13 +97,13 @@ def typed(encoding: str) -> Dict[str, Tuple[Callable[[], Any], ...]]:
         enc = msgspec.json.Encoder()
         req_dec = msgspec.json.Decoder(m.AnyRequest)
         rep_dec = {k: msgspec.json.Decoder(k) for k in m.REPLY_OF.values()}
-        env = msgspec.json.Decoder(m.Envelope)
+        env = msgspec.json.Decoder(Envelope)
 
         def rq(q: Any) -> Callable[[], bytes]:
-            return lambda: m.encode_request(q)
+            return lambda: encode_request(q)
 
         def rp(p: Any, rid: Any) -> Callable[[], bytes]:
-            return lambda: m.encode_reply(p, rid)
+            return lambda: encode_reply(p, rid)
 
         def dp(kind: Any) -> Callable[[bytes], Any]:
             d = rep_dec[kind]

@@ -63,7 +63,7 @@ def worker_scale(args: argparse.Namespace) -> None:
     steps of one tensor each."""
     import asyncio
 
-    from netreduce.protocol import messages
+    from netreduce.protocol import codec, messages
     from netreduce.protocol.signature import Signature
     try:
         from netreduce.worker.response_cache import ResponseCache
@@ -73,12 +73,12 @@ def worker_scale(args: argparse.Namespace) -> None:
     sig = Signature("allreduce", "float32", (1024,), "sum")
 
     async def call(reader: Any, writer: Any, msg: Any) -> Any:
-        writer.write(messages.encode_request(msg))
+        writer.write(codec.encode_request(msg))
         line = await reader.readline()
-        env = messages.decode_envelope(line)
+        env = codec.decode_envelope(line)
         if not env.ok:
             raise RuntimeError(env.error)
-        return messages.decode_reply(line, messages.REPLY_OF[type(msg)])
+        return codec.decode_reply(line, messages.REPLY_OF[type(msg)])
 
     async def rank(r: int, joined: List[float]) -> List[float]:
         reader, writer = await asyncio.open_connection(host, int(port), limit=1 << 24)

@@ -28,7 +28,7 @@ import sys
 import atheris
 
 from netreduce import _native
-from netreduce.protocol import auth, messages
+from netreduce.protocol import auth, codec, messages
 from netreduce.protocol.auth import Guard
 from netreduce.switch import coordinator, dispatch, payload, pending, server  # (handlers register)
 from netreduce.switch.settings import aggregator_args
@@ -54,7 +54,7 @@ def _tame(line: bytes) -> bytes:
     Read with the daemon's own decoder (it skips unknown keys it need not read, so it
     takes lines a generic JSON parser refuses)."""
     try:
-        msg = messages.decode_request(line)
+        msg = codec.decode_request(line)
     except Exception:
         return line
     if isinstance(msg, messages.NegotiateWatch):
@@ -64,7 +64,7 @@ def _tame(line: bytes) -> bytes:
         if hasattr(msg, field):
             setattr(msg, field, 0.0)
             tamed = True
-    return messages.encode_request(msg).rstrip(b"\n") if tamed else line
+    return codec.encode_request(msg).rstrip(b"\n") if tamed else line
 
 
 def _close(sess: server.Session) -> None:

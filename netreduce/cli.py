@@ -16,7 +16,7 @@ import numpy as np
 import netreduce
 from netreduce import config, environment
 from netreduce.errors import ControlPlaneError
-from netreduce.protocol import auth, messages
+from netreduce.protocol import auth, codec, messages
 from netreduce.protocol.address import format_address, parse_address, resolve
 from netreduce.protocol.client import ControlClient
 from netreduce.protocol.socket_buffers import receive_buffer_note, size_words
@@ -79,7 +79,7 @@ def probe(text: str, what: str = "NETREDUCE_SWITCH", timeout: float = 2.0) -> Di
         # aggregator=True: an address named on the command line is an aggregator's, so
         # TLS with NETREDUCE_TLS_CA even when it is not among this host's knobs.
         with ControlClient(address, timeout=timeout, aggregator=True) as client:
-            counters = messages.to_builtins(client.request(messages.Counters(), timeout=timeout))
+            counters = codec.to_builtins(client.request(messages.Counters(), timeout=timeout))
     except ControlPlaneError as exc:
         out["unreachable"] = str(exc)
         return out

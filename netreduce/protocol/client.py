@@ -1,5 +1,5 @@
 """The one client connection to a control port (an aggregator's, or a job's own
-rendezvous): what the schema library (netreduce/protocol/messages.py, msgspec) does
+rendezvous): what the schema and its codec (protocol/messages.py, codec.py) do
 not do — the socket (TLS with NETREDUCE_TLS_CA: protocol/tls.py), line framing,
 request ids, the protocol version said first, and errors that name what answered.
 
@@ -26,7 +26,7 @@ import msgspec
 
 from netreduce._version import __version__
 from netreduce.errors import ControlPlaneError
-from netreduce.protocol import messages, tls
+from netreduce.protocol import codec, messages, tls
 from netreduce.protocol.address import Address, format_address, parse_address  # noqa: F401
 
 Deliver = Callable[[Any], None]  # gets the typed reply, or the ControlPlaneError
@@ -56,7 +56,7 @@ class ControlConnection:
         self._greeted = False
         # The version exchange goes out at once, its answer is read with the first
         # reply: no round trip of its own.
-        self._write(messages.encode_request(messages.Hello(
+        self._write(codec.encode_request(messages.Hello(
             id=HELLO_ID, version=messages.PROTOCOL_VERSION, software=f"netreduce {__version__}")),
             "hello")
 
@@ -99,10 +99,10 @@ class ControlConnection:
         """``cmd`` by name with ``fields`` (validated against the schema before it is
         sent); the reply's fields as a dict."""
         try:
-            msg = messages.build(cmd, **fields)
-        except messages.ProtocolError as exc:
+            msg = codec.build(cmd, **fields)
+        except codec.ProtocolError as exc:
             raise ControlPlaneError(f"aggregator {self.where}: {exc}") from None
-        return messages.to_builtins(self.request(msg, timeout))
+        return codec.to_builtins(self.request(msg, timeout))
 
     # --- the socket ----------------------------------------------------------------
     def _post(self, msg: messages.Request, deliver: Optional[Deliver]) -> int:
@@ -113,7 +113,7 @@ class ControlConnection:
             msg.id = rid
             self._waiting[rid] = (messages.REPLY_OF[type(msg)], deliver)
             try:
-                self._write(messages.encode_request(msg), messages.command(msg))
+                self._write(codec.encode_request(msg), messages.command(msg))
             except ControlPlaneError:
                 self._waiting.pop(rid, None)
                 raise
@@ -166,7 +166,7 @@ class ControlConnection:
         """(request id, reply or ControlPlaneError) of one line; the first line
         answers the version exchange."""
         try:
-            env = messages.decode_envelope(line)
+            env = codec.decode_envelope(line)
         except (msgspec.DecodeError, msgspec.ValidationError):
             text = line.decode("utf-8", "replace").strip()
             shown = text[:60] + ("…" if len(text) > 60 else "")
@@ -191,7 +191,7 @@ class ControlConnection:
             return rid, (ControlPlaneError(f"aggregator {self.where}: {env.error or 'refused'}"),
                          deliver)
         try:
-            return rid, (messages.decode_reply(line, kind), deliver)
+            return rid, (codec.decode_reply(line, kind), deliver)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             return rid, (ControlPlaneError(f"aggregator {self.where} sent a reply this rank "
                                            f"cannot read ({exc}): a different netreduce "

@@ -8,8 +8,8 @@ import logging
 from typing import Any, Dict, Optional
 
 from netreduce._version import __version__
-from netreduce.protocol import messages
-from netreduce.protocol.messages import ProtocolError
+from netreduce.protocol import codec, messages
+from netreduce.protocol.codec import ProtocolError
 from netreduce.switch.commands import HANDLERS, RequestError, register_handler
 from netreduce.switch.waits import resolve
 
@@ -28,7 +28,7 @@ def greet(sess: Any, msg: messages.Request) -> "tuple[bytes, bool]":
     if not isinstance(msg, messages.Hello):
         log.warning("refused control connection from %s: it sent '%s' without a protocol "
                     "version (protocol 1, an older netreduce)", sess.peer, messages.command(msg))
-        return messages.encode_error(
+        return codec.encode_error(
             f"{me}, but the client sent '{messages.command(msg)}' without saying its protocol "
             "version (protocol 1: a netreduce from before the versioned protocol); run the "
             "same netreduce version on the ranks and the aggregators", msg.id), False
@@ -36,11 +36,11 @@ def greet(sess: Any, msg: messages.Request) -> "tuple[bytes, bool]":
         theirs = f" ({msg.software})" if msg.software else ""
         log.warning("refused control connection from %s: protocol %d%s, this aggregator "
                     "speaks %d", sess.peer, msg.version, theirs, mine)
-        return messages.encode_error(
+        return codec.encode_error(
             f"{me}, but the client{theirs} speaks control protocol {msg.version}; run the "
             "same netreduce version on the ranks and the aggregators", msg.id), False
     sess.version = msg.version
-    return messages.encode_reply(messages.HelloReply(
+    return codec.encode_reply(messages.HelloReply(
         version=mine, software=f"netreduce-switch {__version__}"), msg.id), True
 
 
@@ -59,19 +59,19 @@ def reply_line(msg: messages.Request, result: Optional[messages.Reply],
     daemon never returns its internals (a binding's signature, a traceback) to a
     client. fuzz/control_fuzzer.py drives this."""
     if error is None:
-        return messages.encode_reply(result, msg.id)
+        return codec.encode_reply(result, msg.id)
     if isinstance(error, (RequestError, ProtocolError)):
-        return messages.encode_error(str(error), msg.id)
+        return codec.encode_error(str(error), msg.id)
     cmd = messages.command(msg)
     if isinstance(error, UNUSABLE):
         # Values the schema let through but a handler (or the binding) could not use,
         # e.g. a dtype no tensor has: hostile or broken input, refused by its kind only
         # (the text may be the binding's) and logged quietly (a stranger could flood).
         log.debug("control request '%s' refused: %r", cmd, msg, exc_info=error)
-        return messages.encode_error(f"malformed '{cmd}' request: the aggregator cannot use "
+        return codec.encode_error(f"malformed '{cmd}' request: the aggregator cannot use "
                                      f"its values ({type(error).__name__})", msg.id)
     log.error("control request '%s' failed: %r", cmd, msg, exc_info=error)
-    return messages.encode_error(f"the aggregator could not serve '{cmd}': an internal error "
+    return codec.encode_error(f"the aggregator could not serve '{cmd}': an internal error "
                                  "(logged by the aggregator)", msg.id)
 
 
@@ -84,9 +84,9 @@ def answer(srv: Any, sess: Any, line: bytes) -> bytes:
     """One request line -> its reply line, waiting on this thread if the handler
     returns a Wait (the fuzzer and the unit tests drive this)."""
     try:
-        msg = messages.decode_request(line)
+        msg = codec.decode_request(line)
     except ProtocolError as exc:
-        return messages.encode_error(str(exc), exc.rid)
+        return codec.encode_error(str(exc), exc.rid)
     if sess.version is None or isinstance(msg, messages.Hello):
         return greet(sess, msg)[0]
     try:

@@ -36,7 +36,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Deque, Dict, List, Optional, Set, Tuple
 
-from netreduce.protocol import messages
+from netreduce.protocol import codec
 from netreduce.switch.waits import Wait
 
 log = logging.getLogger("netreduce.switch")
@@ -327,7 +327,7 @@ class EventLoop:
         self._watch(conn)
 
     def refuse(self, conn: Conn, limit: int) -> None:
-        self.send(conn, messages.encode_error(f"request longer than {limit} bytes (the control "
+        self.send(conn, codec.encode_error(f"request longer than {limit} bytes (the control "
                                               "port's limit); closing the connection"))
         self.close_after_write(conn)
 
@@ -339,7 +339,7 @@ class EventLoop:
         self._flush(conn)
 
     def send(self, conn: Conn, line: bytes) -> None:
-        """Queue one encoded reply line (messages.encode_reply / encode_error)."""
+        """Queue one encoded reply line (codec.encode_reply / encode_error)."""
         if conn.closed:
             return
         conn.wbuf += line

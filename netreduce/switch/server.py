@@ -24,7 +24,7 @@ import time
 from typing import Any, Dict, List, Optional
 
 from netreduce.errors import NetReduceError
-from netreduce.protocol import messages
+from netreduce.protocol import codec, messages
 from netreduce.protocol import data_address
 from netreduce.protocol.address import family_of, format_address, parse_address, unmap
 from netreduce.protocol.auth import AuthError, Guard
@@ -199,9 +199,9 @@ class ControlServer:
         """One request line: answered now, parked as a Wait, or run on the pool."""
         sess = conn.sess
         try:
-            msg = messages.decode_request(line)
-        except messages.ProtocolError as exc:  # names the command and the field
-            loop.send(conn, messages.encode_error(str(exc), exc.rid))
+            msg = codec.decode_request(line)
+        except codec.ProtocolError as exc:  # names the command and the field
+            loop.send(conn, codec.encode_error(str(exc), exc.rid))
             return
         if sess.version is None or isinstance(msg, messages.Hello):
             reply, agreed = dispatch.greet(sess, msg)

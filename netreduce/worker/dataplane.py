@@ -16,7 +16,7 @@ import numpy as np
 from netreduce import _native, config
 from netreduce.algorithms.base import check_reduction
 from netreduce.errors import AdmissionError, ControlPlaneError, DataPlaneError
-from netreduce.protocol import auth, data_address, messages
+from netreduce.protocol import auth, codec, data_address, messages
 from netreduce.protocol.address import format_address, resolve
 from netreduce.protocol.client import ControlConnection
 from netreduce.protocol.socket_buffers import receive_buffer_note
@@ -349,7 +349,7 @@ class Connection:
     def counters(self) -> Dict[str, Any]:
         """The aggregator's counters (global and per job)."""
         self._live()
-        return messages.to_builtins(self._control.request(messages.Counters()))
+        return codec.to_builtins(self._control.request(messages.Counters()))
 
     def close(self) -> None:
         """Release the engine and this rank's place in the job; closing twice is

@@ -14,7 +14,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from netreduce import config
 from netreduce.errors import ControlPlaneError, NetReduceError
-from netreduce.protocol import auth, messages
+from netreduce.protocol import auth, codec, messages
 from netreduce.protocol.address import format_address, parse_address
 from netreduce.protocol.client import ControlConnection
 
@@ -96,7 +96,7 @@ class Rendezvous:
             self._bind(self._watch)
         reply = self._watch.request(messages.RvWatch(gen=gen, wait=WATCH_WAIT_S, **self._ident),
                                     timeout=WATCH_WAIT_S + self.timeout)
-        return {} if reply.gen < 0 else messages.to_builtins(reply)
+        return {} if reply.gen < 0 else codec.to_builtins(reply)
 
     def close(self) -> None:
         self._calls.close()

@@ -15,7 +15,7 @@ import pytest
 
 from netreduce import _native
 from netreduce.worker import dataplane
-from netreduce.protocol import auth, messages
+from netreduce.protocol import auth, codec
 from netreduce.protocol.client import ControlClient
 from netreduce.errors import AdmissionError, ControlPlaneError
 from netreduce.switch import spawn
@@ -98,7 +98,7 @@ def test_a_proof_cannot_be_replayed_or_sent_without_a_challenge(daemon):
             with pytest.raises(ControlPlaneError, match="does not verify"):
                 register(thief, job, 1, 2, auth=proof)
         # The proof carries no secret: only a public key and a signature.
-        wire = messages.to_builtins(proof)
+        wire = codec.to_builtins(proof)
         assert SECRET not in json.dumps(wire) and set(wire) == {"pub", "sig"}
 
 

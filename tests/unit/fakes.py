@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Optional
 
 import numpy as np
 
-from netreduce.protocol import messages
+from netreduce.protocol import codec, messages
 from netreduce.switch import coordinator as coord
 from netreduce.switch.dispatch import greet
 from netreduce.switch.waits import resolve
@@ -57,17 +57,17 @@ class FakeControlServer:
                     try:
                         if fn is None:
                             raise coord.RequestError(f"'{messages.command(msg)}' is not served")
-                        line = messages.encode_reply(resolve(fn(fake, sess, msg)), msg.id)
+                        line = codec.encode_reply(resolve(fn(fake, sess, msg)), msg.id)
                     except coord.RequestError as exc:
-                        line = messages.encode_error(str(exc), msg.id)
+                        line = codec.encode_error(str(exc), msg.id)
                     write(line)
 
                 try:
                     for line in self.rfile:
                         try:
-                            msg = messages.decode_request(line)
-                        except messages.ProtocolError as exc:
-                            write(messages.encode_error(str(exc), exc.rid))
+                            msg = codec.decode_request(line)
+                        except codec.ProtocolError as exc:
+                            write(codec.encode_error(str(exc), exc.rid))
                             continue
                         if isinstance(msg, messages.Hello) or sess.version is None:
                             reply, agreed = greet(sess, msg)

@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from netreduce.protocol import messages
+from netreduce.protocol import codec
 from netreduce.switch import coordinator as coord
 from netreduce.switch.waits import resolve
 
@@ -12,8 +12,8 @@ from netreduce.switch.waits import resolve
 def _blocking(handler, cmd):
     """A handler called as the server calls it (the request decoded into its type,
     a Wait resolved on this thread); its reply as plain values, as on the wire."""
-    return lambda srv, sess, fields: messages.to_builtins(
-        resolve(handler(srv, sess, messages.build(cmd, **fields))))
+    return lambda srv, sess, fields: codec.to_builtins(
+        resolve(handler(srv, sess, codec.build(cmd, **fields))))
 
 
 hello_, negotiate_, watch_ = (_blocking(coord.handle_hello, "negotiate_hello"),

@@ -9,7 +9,7 @@ import json
 import msgspec
 import pytest
 
-from netreduce.protocol import messages
+from netreduce.protocol import codec, messages
 from netreduce.switch import dispatch, server
 from netreduce.switch import daemon, rendezvous, service  # noqa: F401  (commands register)
 
@@ -84,10 +84,10 @@ def test_every_command_has_a_reply_type_and_round_trips():
     # a type msgspec cannot decode fails here, not in a rank)
     for _, rep in messages.COMMANDS.values():
         try:
-            assert isinstance(messages.decode_reply(b"{}", rep), rep)
+            assert isinstance(codec.decode_reply(b"{}", rep), rep)
         except msgspec.ValidationError:  # a required field missing: decoded all the same
             pass
     msg = messages.Negotiate(id=4, reqs=[3, messages.TensorRequest("t", "allreduce", "float32",
                                                                    [2, 3], "sum")], ack=1)
-    back = messages.decode_request(messages.encode_request(msg))
+    back = codec.decode_request(codec.encode_request(msg))
     assert back == msg and back.reqs[1].signature().shape == (2, 3)

@@ -27,7 +27,7 @@ from typing import Any, Callable, Dict, Optional
 
 from netreduce._version import __version__
 from netreduce.errors import NetReduceError
-from netreduce.protocol import auth, messages, tls
+from netreduce.protocol import auth, codec, messages, tls
 
 log = logging.getLogger("netreduce.elastic")
 
@@ -111,18 +111,18 @@ class DriverServer:
     def _answer(self, sess: _Session, line: bytes) -> "tuple[bytes, bool]":
         """A request line -> (its reply line, whether the connection stays open)."""
         try:
-            msg = messages.decode_request(line)
-        except messages.ProtocolError as exc:
-            return messages.encode_error(str(exc), exc.rid), sess.greeted
+            msg = codec.decode_request(line)
+        except codec.ProtocolError as exc:
+            return codec.encode_error(str(exc), exc.rid), sess.greeted
         if not sess.greeted:
             return self._greet(sess, msg)
         try:
-            return messages.encode_reply(self._dispatch(sess, msg), msg.id), True
+            return codec.encode_reply(self._dispatch(sess, msg), msg.id), True
         except (BadRequest, auth.AuthError) as exc:
-            return messages.encode_error(str(exc), msg.id), True
+            return codec.encode_error(str(exc), msg.id), True
         except Exception:  # a handler's bug must not end the driver, nor go to a worker
             log.exception("elastic driver: request %r failed", msg)
-            return messages.encode_error(f"the elastic driver could not serve "
+            return codec.encode_error(f"the elastic driver could not serve "
                                          f"'{messages.command(msg)}' (an internal error, "
                                          "logged by netreduce-run)", msg.id), True
 
@@ -132,10 +132,10 @@ class DriverServer:
         if not isinstance(msg, messages.Hello) or msg.version != mine:
             theirs = (f"protocol {msg.version}" if isinstance(msg, messages.Hello) else
                       f"'{messages.command(msg)}' without a protocol version")
-            return messages.encode_error(f"{me}, but the worker sent {theirs}; run the same "
+            return codec.encode_error(f"{me}, but the worker sent {theirs}; run the same "
                                          "netreduce on the workers as netreduce-run", msg.id), False
         sess.greeted = True
-        return messages.encode_reply(messages.HelloReply(
+        return codec.encode_reply(messages.HelloReply(
             version=mine, software=f"netreduce-run {__version__}"), msg.id), True
 
     def _dispatch(self, sess: _Session, msg: messages.Request) -> messages.Reply:
