@@ -5,7 +5,7 @@ mode, with each rank's spinning process idle ("idle") or busy ("busy": 4 spinnin
 processes on the host's cores, as 4 ranks' backward), modes rotated per iteration and
 trees (--code NAME=DIR, the aggregator from the same tree) alternated per run. Per
 mode and rank: seconds per message, the engine's stats, every thread's CPU, run delay
-and switches (/proc schedstat and status), the aggregator's threads' too (rank 0);
+and switches (netreduce/testbed/proc_stat.py: schedstat and status), the aggregator's threads' too (rank 0);
 "busynN" also renices the aggregator's threads to -N for that mode. As root:
 
     python3 benchmarks/busy_rate.py --code main=DIR --code new=. --iters 4 --runs 6 \
@@ -32,16 +32,14 @@ def spinner(ev, stop):
 
 
 def sched(pid):
+    from common import proc_stat  # this checkout's (benchmarks/ is sys.path[0])
     out = {}
-    base = "/proc/%s/task" % pid
-    for tid in os.listdir(base):
+    for tid in os.listdir("/proc/%s/task" % pid):
         try:
-            comm = open("%s/%s/comm" % (base, tid)).read().strip()
-            cpu, delay, n = map(int, open("%s/%s/schedstat" % (base, tid)).read().split())
-            st = open("%s/%s/status" % (base, tid)).read()
-            vol = int(st.split("voluntary_ctxt_switches:")[1].split()[0])
-            inv = int(st.split("nonvoluntary_ctxt_switches:")[1].split()[0])
-        except (OSError, IndexError, ValueError):
+            comm = open("/proc/%s/task/%s/comm" % (pid, tid)).read().strip()
+            cpu, delay, n = proc_stat.schedstat(pid, tid)
+            vol, inv = proc_stat.ctx_switches(pid, tid)
+        except (OSError, IndexError, ValueError, KeyError):
             continue
         out[tid + ":" + comm] = [cpu, delay, n, vol, inv]
     return out

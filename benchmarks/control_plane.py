@@ -440,11 +440,11 @@ def _percentiles(vals: List[float]) -> Dict[str, float]:
 
 
 def _threads(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("Threads:"):
-                return int(line.split()[1])
-    return -1
+    from common import proc_stat  # this checkout's (benchmarks/ is sys.path[0])
+    try:
+        return proc_stat.status_int(pid, "Threads")
+    except KeyError:
+        return -1
 
 
 VARIANTS = {  # name -> (code, env)

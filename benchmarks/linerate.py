@@ -77,8 +77,7 @@ def thread_cpu(pid: int) -> Dict[str, float]:
         out[name + ":user"] = out.get(name + ":user", 0.0) + stat.utime / tick
         # how often the thread slept and was woken (each wake-up is a schedule and a poll)
         try:
-            with open(f"/proc/{pid}/task/{tid}/status") as f:
-                sw = sum(int(ln.split()[1]) for ln in f if ln.startswith("voluntary_ctxt_switches"))
+            sw = common.proc_stat.ctx_switches(pid, tid)[0]
             out[name + ":sleeps"] = out.get(name + ":sleeps", 0.0) + sw
         except OSError:
             pass

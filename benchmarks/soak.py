@@ -102,11 +102,11 @@ def worker(deadline: float, max_elems: int) -> None:
 
 # --- driver ----------------------------------------------------------------------
 def rss_kib(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    return 0
+    from common import proc_stat  # this checkout's (benchmarks/ is sys.path[0])
+    try:
+        return proc_stat.status_int(pid, "VmRSS")
+    except KeyError:
+        return 0
 
 
 class Rank:

@@ -1,4 +1,6 @@
-"""A process's or thread's /proc/PID/stat, parsed in this one place (proc(5)).
+"""A process's or thread's /proc/PID/stat, parsed in this one place (proc(5)), and
+beside it the two other per-task files the tests and benchmarks read: ``status``
+(context switches, threads, resident memory) and ``schedstat`` (run and wait time).
 
 The second field, the command name in parentheses, is whatever the process or thread
 named itself (prctl(PR_SET_NAME), pthread_setname_np, up to 15 bytes): it may hold
@@ -12,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Iterator, List, Union
+from typing import Dict, Iterator, List, Tuple, Union
 
 TICKS = os.sysconf("SC_CLK_TCK")   # clock ticks a second, the unit of the times below
 
@@ -52,11 +54,43 @@ def parse(text: str) -> Stat:
                 cutime=int(f[13]), cstime=int(f[14]), nice=int(f[16]), starttime=int(f[19]))
 
 
+def _task(pid: Union[int, str], tid: Union[int, str, None], name: str) -> str:
+    return f"/proc/{pid}/{name}" if tid is None else f"/proc/{pid}/task/{tid}/{name}"
+
+
 def read(pid: Union[int, str] = "self", tid: Union[int, str, None] = None) -> Stat:
     """Process ``pid``'s record, or its thread ``tid``'s; OSError when it is gone."""
-    path = f"/proc/{pid}/stat" if tid is None else f"/proc/{pid}/task/{tid}/stat"
-    with open(path) as f:
+    with open(_task(pid, tid, "stat")) as f:
         return parse(f.read())
+
+
+def status(pid: Union[int, str] = "self", tid: Union[int, str, None] = None) -> Dict[str, str]:
+    """Process ``pid``'s /proc/PID/status (or its thread ``tid``'s): {field: its text}
+    ("Threads": "5", "VmRSS": "1234 kB"); OSError when it is gone."""
+    with open(_task(pid, tid, "status")) as f:
+        return {k: v.strip() for k, _, v in (line.partition(":") for line in f)}
+
+
+def status_int(pid: Union[int, str], field: str, tid: Union[int, str, None] = None) -> int:
+    """The number a status field starts with: "Threads" its threads, "VmRSS" its
+    resident KiB; KeyError when the field is absent (VmRSS of a zombie)."""
+    return int(status(pid, tid)[field].split()[0])
+
+
+def ctx_switches(pid: Union[int, str] = "self", tid: Union[int, str, None] = None) -> Tuple[int, int]:
+    """(voluntary, nonvoluntary) context switches so far of process ``pid`` (all its
+    threads) or of its thread ``tid``: a voluntary one is a sleep (a wait, a blocking
+    call), a nonvoluntary one a preemption. OSError when it is gone."""
+    st = status(pid, tid)
+    return int(st["voluntary_ctxt_switches"]), int(st["nonvoluntary_ctxt_switches"])
+
+
+def schedstat(pid: Union[int, str] = "self", tid: Union[int, str, None] = None) -> Tuple[int, int, int]:
+    """(on-CPU ns, ns waiting to run, timeslices) of process ``pid`` or its thread
+    ``tid`` (/proc/PID/schedstat); OSError when it is gone."""
+    with open(_task(pid, tid, "schedstat")) as f:
+        cpu, wait, slices = map(int, f.read().split())
+    return cpu, wait, slices
 
 
 def cpu_seconds(pid: Union[int, str]) -> float:

@@ -15,6 +15,7 @@ from netreduce.worker import dataplane
 from netreduce.protocol.client import ControlClient
 from netreduce.errors import AdmissionError, ControlPlaneError
 from netreduce.switch import spawn
+from netreduce.testbed import proc_stat
 from tests.raw_register import register
 
 MIB = 1 << 20
@@ -28,11 +29,7 @@ OVERHEAD = 48 * MIB               # allowed beyond the limit: threads, sockets, 
 
 
 def _rss(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise KeyError("VmRSS")
+    return proc_stat.status_int(pid, "VmRSS") * 1024
 
 
 def _fill(conn) -> None:

@@ -11,14 +11,10 @@ import json
 import uuid
 
 from netreduce.switch import spawn
+from netreduce.testbed import proc_stat
 from tests.raw_wire import greet_async
 
 RANKS = 200
-
-
-def _threads(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith("Threads:"))
 
 
 async def _call(reader, writer, msg):
@@ -69,7 +65,7 @@ async def _job(address, job, steps, pid, die=None):
 
     async def sample():
         await joined.wait()
-        threads_while_parked.append(_threads(pid))
+        threads_while_parked.append(proc_stat.status_int(pid, "Threads"))
 
     results = await asyncio.gather(*(rank(r) for r in range(RANKS)), sample())
     return results[:-1], threads_while_parked[0]
@@ -78,7 +74,7 @@ async def _job(address, job, steps, pid, die=None):
 def test_two_hundred_ranks_join_and_negotiate_on_one_event_loop():
     proc = spawn(host="127.0.0.1", port=0)
     try:
-        idle_threads = _threads(proc.proc.pid)
+        idle_threads = proc_stat.status_int(proc.proc.pid, "Threads")
         seen, threads = asyncio.run(_job(proc.address, "scale-" + uuid.uuid4().hex[:6], 4,
                                          proc.proc.pid))
         assert all(s == seen[0] for s in seen)  # one global order

@@ -14,6 +14,7 @@ import uuid
 import numpy as np
 import pytest
 
+from netreduce.testbed import proc_stat
 from netreduce.worker import dataplane
 from netreduce.protocol.client import ControlClient
 from netreduce.switch import spawn
@@ -22,14 +23,6 @@ from tests.raw_wire import connect, greet
 
 FLOOD = 10_000
 IDLE_S = 2.0  # --handshake-timeout of the daemon under test
-
-
-def _status(pid: int, field: str) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise KeyError(field)
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +88,7 @@ def test_a_refusal_names_the_command_and_the_field(daemon):
 
 def test_a_100_mb_line_is_refused_without_reading_it_into_memory(daemon):
     pid = daemon.proc.pid
-    before = _status(pid, "VmRSS")
+    before = proc_stat.status_int(pid, "VmRSS")
     s = socket.create_connection(daemon.address, timeout=10)
     chunk = b"x" * (1 << 20)
     sent = 0
@@ -118,7 +111,7 @@ def test_a_100_mb_line_is_refused_without_reading_it_into_memory(daemon):
     if data:
         assert b"longer than" in data, data[:200]
     assert sent < 100 << 20 or data, "the daemon swallowed 100 MB"
-    assert _status(pid, "VmRSS") < before + 32 * 1024, "a long line grew the daemon's memory"
+    assert proc_stat.status_int(pid, "VmRSS") < before + 32 * 1024, "a long line grew the daemon's memory"
     with ControlClient(daemon.address) as c:
         assert c.call("ping") == {}
 
@@ -183,13 +176,13 @@ def test_ten_thousand_connections_at_once_while_a_job_stays_exact(daemon):
         at_start = len(socks)
         assert run_ranks(_legit, 3, daemon.address, job, 30, timeout=300) == [30] * 3
         print(f"flood: {at_start} connections open when the job started, {len(socks)} when "
-              f"it ended, threads in the daemon {_status(pid, 'Threads')}")
+              f"it ended, threads in the daemon {proc_stat.status_int(pid, 'Threads')}")
         t.join(300)
         assert not errors, errors[:3]
         assert len(socks) == FLOOD
         # Unbound connections are capped (--max-pending, default 1024): the daemon shut
         # the oldest down instead of holding 10,000 threads.
-        assert _status(pid, "Threads") < 1024 + 64
+        assert proc_stat.status_int(pid, "Threads") < 1024 + 64
         closed = 0
         for s in socks[:FLOOD // 2]:
             s.settimeout(IDLE_S * 10)

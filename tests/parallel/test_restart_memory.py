@@ -15,19 +15,12 @@ import uuid
 import pytest
 
 from netreduce.switch import spawn
+from netreduce.testbed import proc_stat
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 CYCLES, WARMUP, EVERY = 500, 100, 50
 SLACK_KIB = 1536  # allocator noise; the leak was ~5,600 KiB over the measured cycles
-
-
-def _rss_kib(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    raise KeyError("VmRSS")
 
 
 @pytest.mark.slow
@@ -46,7 +39,7 @@ def test_daemon_rss_is_flat_through_500_restarts_of_a_job():
             assert procs[0].stdout is not None
             for line in procs[0].stdout:  # rank 0 reports the cycle it finished
                 rec = json.loads(line)
-                rss[rec["cycle"]] = _rss_kib(sw.proc.pid)
+                rss[rec["cycle"]] = proc_stat.status_int(sw.proc.pid, "VmRSS")
                 assert rec["wrong"] == 0, rec
             for r, p in enumerate(procs):
                 assert p.wait(timeout=120) == 0, f"rank {r}: {p.stderr.read()[-3000:]}"

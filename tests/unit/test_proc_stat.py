@@ -1,4 +1,4 @@
-"""/proc/PID/stat, parsed in one place (netreduce/testbed/proc_stat.py): a command name
+"""/proc/PID/stat (and status, schedstat), parsed in one place (netreduce/testbed/proc_stat.py): a command name
 may hold spaces and ')', and the fields after it still read right."""
 import ctypes
 import os
@@ -89,6 +89,35 @@ def test_nothing_else_parses_proc_pid_stat():
     places = [ROOT / "netreduce", ROOT / "frameworks", ROOT / "tests", ROOT / "scripts"]
     files = [p for top in places for p in top.rglob("*.py")]
     files += list((ROOT / "benchmarks").glob("*.py"))  # not its results' one-off probes
+    home = ROOT / "netreduce" / "testbed" / "proc_stat.py"
+    found = [str(p.relative_to(ROOT)) for p in files
+             if p != home and p != pathlib.Path(__file__).resolve()
+             and pattern.search(p.read_text(errors="replace"))]
+    assert found == []
+
+
+def test_status_and_schedstat_of_a_thread():
+    """A thread's status and schedstat, read by the one reader: a sleep is a voluntary
+    context switch of the sleeping thread, counted in its own status."""
+    tid = threading.get_native_id()
+    before = proc_stat.ctx_switches("self", tid)
+    time.sleep(0.01)
+    after = proc_stat.ctx_switches("self", tid)
+    assert after[0] > before[0] and after[1] >= before[1]
+    assert proc_stat.status_int("self", "Threads") >= 1
+    assert proc_stat.status_int(os.getpid(), "VmRSS") > 0  # KiB
+    assert proc_stat.status("self", tid)["Pid"] == str(tid)
+    cpu_ns, wait_ns, slices = proc_stat.schedstat("self", tid)
+    assert cpu_ns > 0 and wait_ns >= 0 and slices > 0
+
+
+def test_nothing_else_reads_proc_pid_status():
+    """Context switches, threads and RSS (/proc/PID/status, schedstat) have one reader too."""
+    pattern = re.compile(r"/proc/(\{[^}]*\}|self|%s)(/task/(\{[^}]*\}|%s))?/(status|schedstat)\b"
+                         r"|ctxt_switches")
+    places = [ROOT / "netreduce", ROOT / "frameworks", ROOT / "tests", ROOT / "scripts"]
+    files = [p for top in places for p in top.rglob("*.py")]
+    files += list((ROOT / "benchmarks").glob("*.py"))
     home = ROOT / "netreduce" / "testbed" / "proc_stat.py"
     found = [str(p.relative_to(ROOT)) for p in files
              if p != home and p != pathlib.Path(__file__).resolve()
