@@ -1,7 +1,7 @@
-"""benchmarks/overlap_frameworks.py's CPU floor of a run (step_floor.py's (d) for the
+"""benchmarks/overlap_fw_record.py: overlap_frameworks.py's CPU floor of a run (step_floor.py's (d) for the
 Keras and MXNet steps): the paced floor's CPU scaled per byte to the step's gradient
 bytes, the compute mode's ranks' CPU, over the cores; each mode's step against it."""
-from benchmarks import overlap_frameworks, step_floor
+from benchmarks import overlap_fw_record, step_floor
 
 S = 244_403_200  # AlexNet's float32 gradients, bytes
 ROUND = 64 << 20
@@ -28,7 +28,7 @@ def test_comm_cpu_scales_the_floor_per_byte():
 
 
 def test_cpu_floor_is_compute_plus_comm_over_the_cores():
-    f = overlap_frameworks.cpu_floor_of(_run(), 4, 2)
+    f = overlap_fw_record.cpu_floor_of(_run(), 4, 2)
     comm = (4 * 0.05 + 0.15) * S / ROUND
     assert f["comm_cpu_s"] == round(comm, 5)
     assert f["cpu_floor_s"] == round((6.5 + comm) / 2, 5)
@@ -44,7 +44,7 @@ def test_cpu_floor_is_compute_plus_comm_over_the_cores():
 
 
 def test_a_peer_without_an_aggregator_and_a_failed_mode():
-    f = overlap_frameworks.cpu_floor_of(
+    f = overlap_fw_record.cpu_floor_of(
         _run(**{"tf-mwms": {"step": 6.0, "machine_cpu": {"ranks_cpu_s_per_step": 9.0}},
                 "nr-strategy": {"error": "boom"}}), 4, 2)
     assert f["tf-mwms_vs_cpu_floor"] == round(6.0 / f["cpu_floor_s"], 4)
@@ -55,13 +55,13 @@ def test_a_peer_without_an_aggregator_and_a_failed_mode():
 def test_no_floor_without_its_parts():
     run = _run()
     run["modes"]["compute"] = {"forward": 0.4}  # no machine_cpu
-    assert overlap_frameworks.cpu_floor_of(run, 4, 2) is None
+    assert overlap_fw_record.cpu_floor_of(run, 4, 2) is None
     run = _run()
     del run["floor"]
-    assert overlap_frameworks.cpu_floor_of(run, 4, 2) is None
+    assert overlap_fw_record.cpu_floor_of(run, 4, 2) is None
     run = _run()
     run["floor"] = {"error": "floor run failed"}
-    assert overlap_frameworks.cpu_floor_of(run, 4, 2) is None
+    assert overlap_fw_record.cpu_floor_of(run, 4, 2) is None
 
 
 def test_quiet_bound_and_own_cpu_read_the_floor_under_load():
@@ -70,12 +70,12 @@ def test_quiet_bound_and_own_cpu_read_the_floor_under_load():
     # the compute's F + B + U took 6.5 s on a shared machine while its ranks had 6.5
     # CPU-s per step, i.e. 3.25 s of both cores: at its own share F, B, U are halved
     run["modes"]["compute"]["step"] = 6.5
-    f = overlap_frameworks.cpu_floor_of(run, 4, 2)
+    f = overlap_fw_record.cpu_floor_of(run, 4, 2)
     assert f["quiet_bound_s"] == round(0.2 + max(1.45, 1.955) + 0.15, 5)
     assert f["quiet_target_vs_cpu_floor"] == round(1.1 * f["quiet_bound_s"] / f["cpu_floor_s"], 4)
     assert f["nr-hvd_own_cpu_s"] == round((7.9 + 0.4) / 2, 5)
     assert f["nr-hvd_own_cpu_vs_cpu_floor"] == round(f["nr-hvd_own_cpu_s"] / f["cpu_floor_s"], 4)
-    assert "quiet_bound_s" not in overlap_frameworks.cpu_floor_of(_run(), 4, 2)
+    assert "quiet_bound_s" not in overlap_fw_record.cpu_floor_of(_run(), 4, 2)
 
 
 def test_a_variant_of_the_compute_mode_is_read_as_the_compute_mode():
@@ -84,8 +84,8 @@ def test_a_variant_of_the_compute_mode_is_read_as_the_compute_mode():
     # against the floor
     fbu = {"forward": 0.25, "backward": 2.6, "update": 0.3, "step": 3.15,
            "machine_cpu": {"ranks_cpu_s_per_step": 6.4}}
-    assert overlap_frameworks.mode_line("compute%one", fbu) == "F 0.250 B 2.600 U 0.300 s"
-    assert overlap_frameworks.mode_line("nr-hvd%one", {"step": 4.4, "step_min_max": [4.3, 4.6]}) \
+    assert overlap_fw_record.mode_line("compute%one", fbu) == "F 0.250 B 2.600 U 0.300 s"
+    assert overlap_fw_record.mode_line("nr-hvd%one", {"step": 4.4, "step_min_max": [4.3, 4.6]}) \
         == "step 4.400 s (4.300-4.600)"
-    f = overlap_frameworks.cpu_floor_of(_run(**{"compute%one": fbu}), 4, 2)
+    f = overlap_fw_record.cpu_floor_of(_run(**{"compute%one": fbu}), 4, 2)
     assert "nr-hvd_vs_cpu_floor" in f and not any(k.startswith("compute%one") for k in f)
