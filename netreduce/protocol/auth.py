@@ -65,8 +65,7 @@ def job_secret() -> str:
     if not path:
         return value
     try:
-        with open(path, "rb") as f:
-            from_file = f.read().strip().decode()
+        from_file = read_secret_file(path).decode()
     except (OSError, UnicodeDecodeError) as exc:
         raise AdmissionError(f"NETREDUCE_JOB_SECRET_FILE={path}: cannot read the job's secret: "
                              f"{exc}") from None
@@ -140,10 +139,16 @@ def prove(call: Callable[..., Dict[str, Any]], secret: str, job: str, rank: int)
     return {"auth": {"pub": proof.pub, "sig": proof.sig}}
 
 
+def read_secret_file(path: str) -> bytes:
+    """A secret's file's bytes, surrounding whitespace stripped (the newline an editor or
+    `xxd -p` leaves is no part of the secret): the job's, the operator's, a job key's."""
+    with open(path, "rb") as f:
+        return f.read().strip()
+
+
 def read_operator_secret(path: str) -> bytes:
     """The operator's secret: the file's bytes, surrounding whitespace stripped."""
-    with open(path, "rb") as f:
-        data = f.read().strip()
+    data = read_secret_file(path)
     if len(data) < 16:
         raise ConfigError(f"operator secret file {path} holds {len(data)} bytes; use at least 16 "
                          "(e.g. `head -c 32 /dev/urandom | xxd -p > FILE`)")

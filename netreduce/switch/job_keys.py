@@ -42,8 +42,7 @@ def _key_of(job: str, value: str, where: str, folder: str) -> str:
     if value.startswith("@"):
         path = os.path.join(folder, value[1:])
         try:
-            with open(path, "rb") as f:
-                value = f.read().strip().decode()
+            value = auth.read_secret_file(path).decode()
         except (OSError, UnicodeDecodeError) as exc:
             raise ConfigError(f"{where}: job '{job}': cannot read its secret from {path}: "
                              f"{exc}") from None

@@ -83,13 +83,7 @@ def add_process_set(process_set: Any) -> ProcessSet:
         _next_id[0] += 1
         _sets[ps.process_set_id] = ps
     if context.rank() in ps.ranks:
-        try:
-            ps.comm = context.sub_communicator(f"ps{ps.process_set_id}", ps.ranks.index(context.rank()),
-                                            len(ps.ranks))
-        except BaseException:
-            with _lock:
-                _sets.pop(ps.process_set_id, None)
-            raise
+        _open_communicator(ps, f"ps{ps.process_set_id}")
     return ps
 
 
@@ -108,14 +102,19 @@ def add_members_only(ranks: Sequence[int]) -> ProcessSet:
         _group_counts[digest] = nth + 1
         ps.process_set_id = f"g{digest}.{nth}"
         _sets[ps.process_set_id] = ps
+    _open_communicator(ps, ps.process_set_id)
+    return ps
+
+
+def _open_communicator(ps: ProcessSet, job: str) -> None:
+    """This rank's communicator of registered set ``ps``, its sub-job named ``job``; a set
+    whose communicator cannot open is registered no more."""
     try:
-        ps.comm = context.sub_communicator(ps.process_set_id, ps.ranks.index(context.rank()),
-                                        len(ps.ranks))
+        ps.comm = context.sub_communicator(job, ps.ranks.index(context.rank()), len(ps.ranks))
     except BaseException:
         with _lock:
             _sets.pop(ps.process_set_id, None)
         raise
-    return ps
 
 
 _group_counts: Dict[str, int] = {}
