@@ -302,6 +302,16 @@ def machine_description() -> Dict[str, object]:
     }
 
 
+def commit_of(tree: str) -> str:
+    """The short commit checkout ``tree`` has out (its HEAD, not what its working tree
+    changed), for a record; "" where git cannot say."""
+    try:
+        return subprocess.run(["git", "-C", tree, "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
 def command_line() -> str:
     return shlex.join([os.path.relpath(sys.argv[0]) if os.path.exists(sys.argv[0]) else sys.argv[0],
                        *sys.argv[1:]])

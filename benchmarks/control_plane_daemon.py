@@ -1,13 +1,10 @@
 """The netreduce-switch that benchmarks/control_plane.py's modes run, from a checkout
-(this one, or ``--before``/``--code``'s), and what they read of it and of the tree."""
+(this one, or ``--before``/``--code``'s), and how many threads it runs."""
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
 
 
 def spawn_switch(pythonpath: str, *extra: str):
@@ -18,14 +15,6 @@ def spawn_switch(pythonpath: str, *extra: str):
     line = proc.stdout.readline()
     addr = line.split("listening on ")[1].split()[0]
     return proc, addr
-
-
-def commit_of(path: str = REPO) -> str:
-    try:
-        return subprocess.run(["git", "-C", path, "rev-parse", "--short", "HEAD"],
-                              capture_output=True, text=True, timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return ""
 
 
 def threads_of(pid: int) -> int:

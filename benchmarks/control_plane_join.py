@@ -14,8 +14,8 @@ import time
 import uuid
 from typing import Any, Dict, List
 
-from common import pid_cpu_seconds
-from control_plane_daemon import commit_of, spawn_switch
+from common import commit_of, pid_cpu_seconds
+from control_plane_daemon import spawn_switch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)

@@ -14,7 +14,8 @@ import time
 import uuid
 from typing import Any, Dict, List
 
-from control_plane_daemon import commit_of, spawn_switch, threads_of
+from common import commit_of
+from control_plane_daemon import spawn_switch, threads_of
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -146,7 +147,7 @@ def drive_scale(args: argparse.Namespace) -> Dict[str, Any]:
     if args.rounds:
         rounds = [max(o["rounds"][i] for o in outs) for i in range(args.steps)]
         rec["agreement_round_ms_median"] = round(statistics.median(rounds[1:]) * 1e3, 2)
-    rec.update(load_end=os.getloadavg()[0], commit=commit_of(),
+    rec.update(load_end=os.getloadavg()[0], commit=commit_of(REPO),
                utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
     print(json.dumps(rec))
     return rec

@@ -487,8 +487,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 print(f"# FAILED aggregator MTU {mtu}: {exc}", flush=True)
                 runs.append({"run": i, "mtu": mtu, "error": str(exc)})
     summary = summarize(runs)
-    commit = subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"],
-                            capture_output=True, text=True).stdout.strip()
+    commit = common.commit_of(REPO)
     os.makedirs(OUT, exist_ok=True)
     path = args.out or os.path.join(OUT, f"cpu_bounds_{utc}.json")
     with open(path, "w") as f:

@@ -42,19 +42,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 OUT = os.path.join(HERE, "results", "issue33")
 sys.path.insert(0, HERE)
-from common import spread as _spread  # noqa: E402
+from common import commit_of, spread as _spread  # noqa: E402
 
 
 def _utc() -> str:
     return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-
-
-def _commit() -> str:
-    try:
-        return subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"],
-                              capture_output=True, text=True, timeout=10).stdout.strip()
-    except OSError:
-        return ""
 
 
 def _run(cmd: List[str], timeout: float) -> None:
@@ -70,7 +62,7 @@ def _write(name: str, args: argparse.Namespace, summary: Dict[str, Any], runs: A
     path = args.out or os.path.join(OUT, f"{name}_{_utc()}.json")
     with open(path, "w") as f:
         json.dump({"command": "python3 benchmarks/issue33.py " + " ".join(sys.argv[1:]),
-                   "commit": _commit(), "utc": _utc(), "summary": summary, "runs": runs}, f, indent=1)
+                   "commit": commit_of(REPO), "utc": _utc(), "summary": summary, "runs": runs}, f, indent=1)
     print(json.dumps(summary, indent=1))
     print(f"# wrote {path}")
     return path

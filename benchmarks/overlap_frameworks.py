@@ -64,7 +64,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 from typing import Any, Dict, List, Optional
@@ -93,8 +92,7 @@ def driver(args: argparse.Namespace) -> str:
     rate = parse_rate(args.rate)
     runs: List[Dict[str, Any]] = []
     path = ""
-    args.commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
-                                 capture_output=True, text=True).stdout.strip()  # at the start
+    args.commit = common.commit_of(ROOT)  # at the start
     with Testbed(hosts=args.np, rate=args.rate, mtu=args.mtu, name=args.testbed_name,
                  subnet=args.subnet, replace=True) as tb:
         for i in range(args.runs):

@@ -87,14 +87,6 @@ def _utc() -> str:
     return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
 
 
-def _commit() -> str:
-    try:
-        return subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
-                              capture_output=True, text=True, timeout=10).stdout.strip()
-    except OSError:
-        return ""
-
-
 def _median(vals: List[float]) -> Optional[float]:
     return statistics.median(vals) if vals else None
 
@@ -336,7 +328,7 @@ def write_record(path: str, args: argparse.Namespace, modes: List[str], runs: Li
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     with open(path, "w") as f:
         json.dump({"command": "python3 benchmarks/overlap_step.py " + " ".join(sys.argv[1:]),
-                   "commit": _commit(), "utc": _utc(), "summary": summary, "runs": runs}, f,
+                   "commit": common.commit_of(ROOT), "utc": _utc(), "summary": summary, "runs": runs}, f,
                   indent=1)
     return summary
 
