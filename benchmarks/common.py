@@ -229,8 +229,25 @@ def wire_counters(ifname: Optional[str]) -> Optional[Dict[str, int]]:
 
 # --- description ----------------------------------------------------------------
 def _version(module: str) -> Optional[str]:
+    """``module``'s version, from its installed distribution's metadata where it has one:
+    importing it only to read ``__version__`` cost a driver that never uses torch ~2.8
+    CPU-s (the whole of benchmarks/train.py's own CPU besides its ranks'). The same
+    string (torch's "2.13.0+cpu" included); a module already imported, or importable
+    without metadata (a source tree on PYTHONPATH), is asked as before."""
+    import importlib.metadata
+    import importlib.util
+
+    mod = sys.modules.get(module)
+    if mod is None:
+        try:
+            return importlib.metadata.version(module)
+        except Exception:  # no distribution (or broken metadata): ask the module itself
+            pass
     try:
-        mod = __import__(module)
+        if mod is None:
+            if importlib.util.find_spec(module) is None:
+                return None
+            mod = __import__(module)
         return getattr(mod, "__version__", "?")
     except Exception:
         return None

@@ -1,5 +1,6 @@
 """Horovod's own elastic example, pytorch_synthetic_benchmark_elastic.py (tests/parallel/data),
-with its one import changed to ``import netreduce.torch as hvd``, under netreduce-run with
+with its one import changed to ``import netreduce.torch as hvd`` (and, first, the test's
+torchvision shim), under netreduce-run with
 horovodrun's elastic flags: it trains through a host added and the same host removed
 by the discovery script, and rank 0 reports the job's throughput at the end."""
 from __future__ import annotations
@@ -24,12 +25,15 @@ EXAMPLE = os.path.join(ROOT, "tests", "parallel", "data", "pytorch_synthetic_ben
 # beside the CPU torch: its import then fails on two op schemas it registers fake
 # kernels for. The models need none of the ops; declaring the schemas first lets it
 # import (shared/research/torchvision.md). Only used when the plain import fails.
-SITECUSTOMIZE = '''
+# A module the example imports first, not a sitecustomize.py on PYTHONPATH: that ran in
+# every Python process of the job, so netreduce-run and its aggregator each imported
+# torch and torchvision (~2.8 CPU-s each) before the workers could start.
+TORCHVISION_CPU = '''
 try:
     import torchvision  # noqa: F401
 except RuntimeError:
     import sys
-    for name in [m for m in sys.modules if m.startswith("torchvision")]:
+    for name in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
         del sys.modules[name]
     import torch
     _lib = torch.library.Library("torchvision", "FRAGMENT")
@@ -39,22 +43,23 @@ except RuntimeError:
 
 
 def _torchvision_models(tmp_path) -> str:
-    """A PYTHONPATH folder under which ``from torchvision import models`` works, or skip
-    where torchvision is not installed. (Not probed by importing it: that is torch's and
-    torchvision's start-up again, seconds; an installed torchvision that fails to import
-    fails the test, in the workers' output.)"""
+    """The line that, first in a script in ``tmp_path``, makes ``from torchvision import
+    models`` work there, or skip where torchvision is not installed. (Not probed by
+    importing it: that is torch's and torchvision's start-up again, seconds; an installed
+    torchvision that fails to import fails the test, in the workers' output.)"""
     if importlib.util.find_spec("torchvision") is None:
         pytest.skip("torchvision is not installed (scripts/install.sh test installs 0.28.0)")
-    (tmp_path / "sitecustomize.py").write_text(SITECUSTOMIZE)
-    return str(tmp_path)
+    (tmp_path / "shim_torchvision.py").write_text(TORCHVISION_CPU)
+    return "import shim_torchvision  # noqa: F401  (the test's: torchvision beside the CPU torch)\n"
 
 
 def test_horovods_elastic_pytorch_example_through_a_host_added_and_removed(tmp_path):
-    site = _torchvision_models(tmp_path)
+    first_line = _torchvision_models(tmp_path)
     source = open(EXAMPLE).read()
     assert source.count("import horovod.torch as hvd") == 1
-    example = tmp_path / "example.py"
-    example.write_text(source.replace("import horovod.torch as hvd", "import netreduce.torch as hvd"))
+    example = tmp_path / "example.py"  # beside shim_torchvision.py: its folder is sys.path[0]
+    example.write_text(first_line +
+                       source.replace("import horovod.torch as hvd", "import netreduce.torch as hvd"))
     hosts = tmp_path / "hosts.txt"
     hosts.write_text("localhost:1\n127.0.0.1:1\n")
     discover = tmp_path / "discover.sh"
@@ -63,7 +68,7 @@ def test_horovods_elastic_pytorch_example_through_a_host_added_and_removed(tmp_p
     # The driver announces the added host at once and the job waits for its worker at the
     # next commit, as horovodrun does: else the short example could end before it is up.
     env = dict(os.environ, OMP_NUM_THREADS="1", NETREDUCE_ELASTIC_AHEAD="0",
-               PYTHONPATH=os.pathsep.join(p for p in (site, ROOT, os.environ.get("PYTHONPATH")) if p))
+               PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
     log = open(tmp_path / "out.log", "w+")
     proc = subprocess.Popen(
         [sys.executable, "-m", "netreduce.launcher", "-np", "2", "--min-np", "1", "--max-np", "3",
