@@ -261,6 +261,61 @@ def test_wait_for_a_late_peer_stops_spinning_and_sleeps():
     assert wakes1 >= 20, got    # and the late rank's post woke it each time
 
 
+def _left_after_posting_rank(r, n, q_seg, q_out, early_pid):
+    import signal
+    import time
+
+    import numpy as np
+
+    from netreduce import _native
+    try:
+        seg = _shared_segment(r, n, q_seg)
+        h = _native.Hierarchical(seg, None, list(range(n)), "testhost", 10.0)
+        h.start(10.0)
+        a = np.full(1024, r + 1, dtype=np.float32)
+        if r == 1:
+            while not (early_pid.value and _asleep(early_pid.value)):
+                time.sleep(0.001)  # rank 0 waits for this rank, asleep on the futex
+            time.sleep(0.1)  # past its liveness check interval (50 ms of waiting)
+            # Woken by this rank's post but not run (a loaded host) until this rank
+            # has finished the call and exited: the test's parent resumes it then.
+            os.kill(early_pid.value, signal.SIGSTOP)
+        else:
+            early_pid.value = os.getpid()
+        h.allreduce(a, a, _native.DTYPES["float32"], _native.OPS["sum"])
+        q_out.put((r, sorted(set(a.tolist()))))
+    except Exception as exc:
+        q_out.put((r, f"{type(exc).__name__}: {exc}"))
+
+
+def test_a_peer_that_posted_and_left_is_no_failure():
+    # The last all-reduce of a job: rank 0 waits (asleep) for rank 1, which posts, takes
+    # its result and exits before rank 0 runs again. Rank 0 then finds rank 1 gone at its
+    # liveness check, but what it waited for is there: it must finish the call (it
+    # failed it: "local rank 1 ... exited during a shared-memory all-reduce").
+    import multiprocessing as mp
+    import signal
+    ctx = mp.get_context("fork")
+    q_seg, q_out, early_pid = ctx.Queue(), ctx.Queue(), ctx.Value("i", 0, lock=False)
+    procs = [ctx.Process(target=_left_after_posting_rank, args=(r, 2, q_seg, q_out, early_pid))
+             for r in range(2)]
+    for p in procs:
+        p.start()
+    try:
+        procs[1].join(30)
+        assert procs[1].exitcode == 0, procs[1].exitcode
+        os.kill(procs[0].pid, signal.SIGCONT)
+        got = sorted(q_out.get(timeout=30) for _ in range(2))
+    finally:
+        for p in procs:
+            if p.is_alive():
+                os.kill(p.pid, signal.SIGCONT)
+            p.join(10)
+            if p.is_alive():
+                p.kill()
+    assert got == [(0, [3.0]), (1, [3.0])], got
+
+
 def _mixed_rank(r, n, q_seg, q_out):
     import numpy as np
 
