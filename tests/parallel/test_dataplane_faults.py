@@ -267,6 +267,16 @@ def test_retransmissions_back_off_exponentially(switch):
     assert f"({sent} retransmissions)" in str(info.value)
 
 
+def _state(pid: int) -> str:
+    """Its threads' state letters (/proc/PID/task/*/stat), one if they agree: T once
+    SIGSTOP stopped every thread."""
+    states = set()
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{tid}/stat") as f:
+            states.add(f.read().rsplit(")", 1)[1].split()[0])
+    return "".join(sorted(states))
+
+
 def test_spurious_retransmissions_are_recognised():
     # The aggregator stalls (SIGSTOP) while both ranks' packets wait in its socket: the
     # ranks time out and resend. Resumed, it completes each slot from the originals and
@@ -294,6 +304,8 @@ def test_spurious_retransmissions_are_recognised():
                 start = time.monotonic()
                 os.kill(sw.proc.pid, signal.SIGSTOP)
                 try:
+                    while _state(sw.proc.pid) != "T" and time.monotonic() < start + 5:
+                        time.sleep(0.001)  # stopped, every thread, before the ranks send
                     reqs = [c.allreduce_async(a) for c, a in zip(conns, data)]
                     # until both ranks resent at least twice (a loaded host may take a
                     # while to run their timers); bounded by the ranks' own 20 s timeout
@@ -304,6 +316,7 @@ def test_spurious_retransmissions_are_recognised():
                         time.sleep(0.05)
                 finally:
                     stalled = time.monotonic() - start
+                    state = _state(sw.proc.pid)  # still T (stopped), unless resumed
                     os.kill(sw.proc.pid, signal.SIGCONT)
                 for req in reqs:
                     req.wait()
@@ -316,7 +329,7 @@ def test_spurious_retransmissions_are_recognised():
                     # every counter, not pytest's shortened repr (it once failed with
                     # resent 0 at load 8: flake_E_test_dataplane_faults_132906.txt)
                     assert resent >= 2 and 1 <= needless <= resent, \
-                        f"stall {stall} ({stalled:.2f} s), rank {rank}: {stats}"
+                        f"stall {stall} ({stalled:.2f} s, daemon {state}), rank {rank}: {stats}"
         finally:
             for c in conns:
                 c.close()
