@@ -19,6 +19,7 @@ from netreduce.worker import dataplane
 from netreduce.protocol.client import ControlClient
 from netreduce.errors import AdmissionError, ControlPlaneError, DataPlaneError
 from netreduce.switch import spawn
+from netreduce.testbed import proc_stat
 from tests.parallel.ranks import run_ranks
 from tests.raw_register import data_socket, register
 
@@ -268,13 +269,9 @@ def test_retransmissions_back_off_exponentially(switch):
 
 
 def _state(pid: int) -> str:
-    """Its threads' state letters (/proc/PID/task/*/stat), one if they agree: T once
-    SIGSTOP stopped every thread."""
-    states = set()
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        with open(f"/proc/{pid}/task/{tid}/stat") as f:
-            states.add(f.read().rsplit(")", 1)[1].split()[0])
-    return "".join(sorted(states))
+    """Its threads' state letters (/proc, netreduce/testbed/proc_stat.py), one if they
+    agree: T once SIGSTOP stopped every thread."""
+    return "".join(sorted({t.state for t in proc_stat.threads(pid)}))
 
 
 def test_spurious_retransmissions_are_recognised():

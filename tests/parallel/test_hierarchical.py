@@ -193,11 +193,11 @@ def test_more_local_ranks_than_cpus_yield_and_stay_exact():
 
 
 def _asleep(pid):
-    """Whether process ``pid``'s main thread is asleep (state S in /proc/PID/stat)."""
+    """Whether process ``pid``'s main thread is asleep (state S)."""
+    from netreduce.testbed import proc_stat
     try:
-        with open(f"/proc/{pid}/task/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "S"
-    except OSError:
+        return proc_stat.read(pid, pid).state == "S"
+    except (OSError, ValueError, IndexError):
         return False
 
 
