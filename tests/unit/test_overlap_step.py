@@ -61,6 +61,14 @@ def test_a_variant_is_read_against_its_own_mode_and_its_own_peers():
     assert "nr-ddp_step_vs_plain" not in run
 
 
+def _sampled_after(sampler, t_us):
+    """Until the sampler's thread has taken a sample at or after ``t_us``: a loaded
+    host may not run that thread for longer than any sleep here (it failed at load 13
+    when the first sample inside the window came after the pages were touched)."""
+    while not any(s[0] >= t_us for s in list(sampler.samples)):
+        time.sleep(0.005)
+
+
 def test_ranks_minor_faults_are_sampled_beside_their_cpu():
     cpu, faults = common.pid_cpu_and_faults(os.getpid())
     assert cpu > 0 and faults > 0
@@ -68,10 +76,11 @@ def test_ranks_minor_faults_are_sampled_beside_their_cpu():
     sampler.watch("ranks", os.getpid())
     with sampler:
         t0 = time.time_ns() / 1000.0
-        time.sleep(0.05)
+        _sampled_after(sampler, t0)  # one sample inside the window before the faults
         pages = bytearray(64 << 20)  # 64 MiB, zeroed: each 4 KiB page touched once
         pages[::4096] = b"\1" * len(pages[::4096])
-        time.sleep(0.05)
+        touched = time.time_ns() / 1000.0
+        _sampled_after(sampler, touched)  # and one after them
         t1 = time.time_ns() / 1000.0
     w = sampler.window(t0, t1)
     # 16384 pages of 4 KiB; 32 of 2 MiB where transparent huge pages are always on
