@@ -34,14 +34,13 @@ def spinner(ev, stop):
 def sched(pid):
     from common import proc_stat  # this checkout's (benchmarks/ is sys.path[0])
     out = {}
-    for tid in os.listdir("/proc/%s/task" % pid):
+    for t in proc_stat.threads(pid):
         try:
-            comm = open("/proc/%s/task/%s/comm" % (pid, tid)).read().strip()
-            cpu, delay, n = proc_stat.schedstat(pid, tid)
-            vol, inv = proc_stat.ctx_switches(pid, tid)
+            cpu, delay, n = proc_stat.schedstat(pid, t.pid)
+            vol, inv = proc_stat.ctx_switches(pid, t.pid)
         except (OSError, IndexError, ValueError, KeyError):
-            continue
-        out[tid + ":" + comm] = [cpu, delay, n, vol, inv]
+            continue  # ended meanwhile
+        out[f"{t.pid}:{t.comm}"] = [cpu, delay, n, vol, inv]
     return out
 
 
