@@ -83,17 +83,20 @@ def test_a_thread_named_with_a_parenthesis():
         t.join()
 
 
-def test_nothing_else_parses_proc_pid_stat():
-    """One concept, one place (docs/design.md, "Where each concept lives")."""
-    pattern = re.compile(r"/proc/(\{[^}]*\}|self)(/task/\{[^}]*\})?/stat\b")
+def _readers_besides_proc_stat(pattern: "re.Pattern[str]") -> list:
+    """The project's Python files, proc_stat.py and this test aside, that match ``pattern``."""
     places = [ROOT / "netreduce", ROOT / "frameworks", ROOT / "tests", ROOT / "scripts"]
     files = [p for top in places for p in top.rglob("*.py")]
     files += list((ROOT / "benchmarks").glob("*.py"))  # not its results' one-off probes
     home = ROOT / "netreduce" / "testbed" / "proc_stat.py"
-    found = [str(p.relative_to(ROOT)) for p in files
-             if p != home and p != pathlib.Path(__file__).resolve()
-             and pattern.search(p.read_text(errors="replace"))]
-    assert found == []
+    return [str(p.relative_to(ROOT)) for p in files
+            if p != home and p != pathlib.Path(__file__).resolve()
+            and pattern.search(p.read_text(errors="replace"))]
+
+
+def test_nothing_else_parses_proc_pid_stat():
+    """One concept, one place (docs/design.md, "Where each concept lives")."""
+    assert _readers_besides_proc_stat(re.compile(r"/proc/(\{[^}]*\}|self)(/task/\{[^}]*\})?/stat\b")) == []
 
 
 def test_status_and_schedstat_of_a_thread():
@@ -115,11 +118,4 @@ def test_nothing_else_reads_proc_pid_status():
     """Context switches, threads and RSS (/proc/PID/status, schedstat) have one reader too."""
     pattern = re.compile(r"/proc/(\{[^}]*\}|self|%s)(/task/(\{[^}]*\}|%s))?/(status|schedstat)\b"
                          r"|ctxt_switches")
-    places = [ROOT / "netreduce", ROOT / "frameworks", ROOT / "tests", ROOT / "scripts"]
-    files = [p for top in places for p in top.rglob("*.py")]
-    files += list((ROOT / "benchmarks").glob("*.py"))
-    home = ROOT / "netreduce" / "testbed" / "proc_stat.py"
-    found = [str(p.relative_to(ROOT)) for p in files
-             if p != home and p != pathlib.Path(__file__).resolve()
-             and pattern.search(p.read_text(errors="replace"))]
-    assert found == []
+    assert _readers_besides_proc_stat(pattern) == []
