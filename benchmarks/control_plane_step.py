@@ -97,6 +97,18 @@ def _one_step_run(code_path: str, addr: str, env_extra: Dict[str, str], args,
     return max(ms)
 
 
+def _print_over_dataplane(table, first_cycle, fmt):
+    """Each agreement/before cell of ``table`` less its algorithm's dataplane cell (at
+    the first cycle), per repeat (the cells of a repeat ran back to back)."""
+    for key, vals in table.items():
+        alg, cycle, name = key.split()
+        floor = table.get(f"{alg} cycle={first_cycle} dataplane")
+        if name in ("agreement", "before") and floor:
+            extra = [v - f for v, f in zip(vals, floor)]
+            print(f"{f'{alg} {cycle} {name} - dataplane':40s} {statistics.median(extra):7{fmt}}  "
+                  f"[{' '.join(f'{v:{fmt}}' for v in extra)}]")
+
+
 def drive_step(args: argparse.Namespace) -> None:
     paths = {"after": REPO, "before": args.before}
     names = [v for v in args.variants.split(",") if v != "before" or args.before]
@@ -128,23 +140,11 @@ def drive_step(args: argparse.Namespace) -> None:
     # What negotiation adds per step: the public-API step minus the algorithm alone
     # (the target: <= 0.1 ms); per repeat, as the cells of a repeat ran back to back.
     first = args.cycles.split(",")[0]
-    for key, vals in results.items():
-        alg, cycle, name = key.split()
-        floor = results.get(f"{alg} cycle={first} dataplane")
-        if name in ("agreement", "before") and floor:
-            extra = [v - f for v, f in zip(vals, floor)]
-            print(f"{f'{alg} {cycle} {name} - dataplane':40s} {statistics.median(extra):7.3f}  "
-                  f"[{' '.join(f'{v:.3f}' for v in extra)}]")
+    _print_over_dataplane(results, first, ".3f")
     print("# CPU µs per all-reduce, all ranks' processes summed (every thread), median [runs]")
     for key, vals in cpu.items():
         print(f"{key:40s} {statistics.median(vals):7.1f}  [{' '.join(f'{v:.1f}' for v in vals)}]")
-    for key, vals in cpu.items():  # the control cost of a step in CPU, per repeat
-        alg, cycle, name = key.split()
-        floor = cpu.get(f"{alg} cycle={first} dataplane")
-        if name in ("agreement", "before") and floor:
-            extra = [v - f for v, f in zip(vals, floor)]
-            print(f"{f'{alg} {cycle} {name} - dataplane':40s} {statistics.median(extra):7.1f}  "
-                  f"[{' '.join(f'{v:.1f}' for v in extra)}]")
+    _print_over_dataplane(cpu, first, ".1f")  # the control cost of a step in CPU, per repeat
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"command": " ".join(sys.argv), "load": os.getloadavg(),
