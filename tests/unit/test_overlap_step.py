@@ -65,7 +65,9 @@ def _sampled_after(sampler, t_us):
     """Until the sampler's thread has taken a sample at or after ``t_us``: a loaded
     host may not run that thread for longer than any sleep here (it failed at load 13
     when the first sample inside the window came after the pages were touched)."""
+    deadline = time.monotonic() + 60.0
     while not any(s[0] >= t_us for s in list(sampler.samples)):
+        assert time.monotonic() < deadline, "the sampler took no sample in 60 s"
         time.sleep(0.005)
 
 
