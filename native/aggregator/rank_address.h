@@ -21,6 +21,25 @@
 
 namespace netreduce {
 
+// The writer's side of the seqlock both records below use: take the odd sequence
+// number with a CAS (two writers at once stay correct), store the words, release the
+// even one. Rare (a rank's first packet, the control plane), so one copy serves both.
+template <int N>
+inline void SeqlockWrite(std::atomic<uint32_t>& seq, std::atomic<uint64_t> (&words)[N],
+                         const uint64_t* n) {
+  uint32_t s = seq.load(std::memory_order_relaxed);
+  for (;;) {
+    if (s & 1) {
+      s = seq.load(std::memory_order_relaxed);
+      continue;
+    }
+    if (seq.compare_exchange_weak(s, s + 1, std::memory_order_acquire)) break;
+  }
+  std::atomic_thread_fence(std::memory_order_release);
+  for (int i = 0; i < N; ++i) words[i].store(n[i], std::memory_order_relaxed);
+  seq.store(s + 2, std::memory_order_release);
+}
+
 class RankAddress {
  public:
   void Load(Endpoint* peer, IpAddr* local) const {
@@ -69,17 +88,7 @@ class RankAddress {
       n[4] = 0;
     }
     if (Holds(n)) return;
-    uint32_t s = seq_.load(std::memory_order_relaxed);
-    for (;;) {
-      if (s & 1) {
-        s = seq_.load(std::memory_order_relaxed);
-        continue;
-      }
-      if (seq_.compare_exchange_weak(s, s + 1, std::memory_order_acquire)) break;
-    }
-    std::atomic_thread_fence(std::memory_order_release);
-    for (int i = 0; i < kWords; ++i) words_[i].store(n[i], std::memory_order_relaxed);
-    seq_.store(s + 2, std::memory_order_release);
+    SeqlockWrite(seq_, words_, n);
   }
 
  private:
@@ -195,19 +204,7 @@ class BoundSource {
       if (seq_.load(std::memory_order_relaxed) == s1) return w;
     }
   }
-  void Write(const uint64_t* n) {
-    uint32_t s = seq_.load(std::memory_order_relaxed);
-    for (;;) {
-      if (s & 1) {
-        s = seq_.load(std::memory_order_relaxed);
-        continue;
-      }
-      if (seq_.compare_exchange_weak(s, s + 1, std::memory_order_acquire)) break;
-    }
-    std::atomic_thread_fence(std::memory_order_release);
-    for (int i = 0; i < kWords; ++i) words_[i].store(n[i], std::memory_order_relaxed);
-    seq_.store(s + 2, std::memory_order_release);
-  }
+  void Write(const uint64_t* n) { SeqlockWrite(seq_, words_, n); }
 
   std::atomic<uint32_t> seq_{0};
   std::atomic<uint64_t> words_[kWords] = {};
