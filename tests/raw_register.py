@@ -3,8 +3,9 @@ address (docs/protocol.md, *Control: admission*), as dataplane.Connection sends 
 The aggregator takes a rank's contributions from that address only."""
 from __future__ import annotations
 
+import contextlib
 import socket
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from netreduce.protocol.address import format_address
 
@@ -40,3 +41,25 @@ def register(client: Any, job: str, rank: int, size: int, sock: Optional[socket.
     else:
         where = format_address((client._sock.getsockname()[0], 9))  # discard: never sent from
     return client.call("register", job=job, rank=rank, size=size, data_address=where, **fields)
+
+
+@contextlib.contextmanager
+def two_ranks(address: Any, job: str, timeout: float = 10.0
+              ) -> Iterator[Tuple[Any, List[socket.socket], Dict[str, Any]]]:
+    """Ranks 0 and 1 of a 2-rank ``job`` registered by hand on the aggregator at
+    ``address``, each with its own data socket (receives wait at most ``timeout`` s).
+    Yields rank 0's control client (for its ``counters``), the two sockets and rank 0's
+    grant; closes the sockets and the connections on exit."""
+    from netreduce.protocol.client import ControlClient
+
+    with ControlClient(address) as c0, ControlClient(address) as c1:
+        socks = [data_socket(c0), data_socket(c1)]
+        try:
+            grant = register(c0, job, 0, 2, socks[0])
+            register(c1, job, 1, 2, socks[1])
+            for s in socks:
+                s.settimeout(timeout)
+            yield c0, socks, grant
+        finally:
+            for s in socks:
+                s.close()

@@ -19,7 +19,7 @@ from netreduce.protocol.address import format_address
 from netreduce.protocol.client import ControlClient
 from netreduce.switch import spawn
 from netreduce.switch.settings import aggregator_args
-from tests.raw_register import data_socket, jumbo_packet as _packet, register
+from tests.raw_register import data_socket, jumbo_packet as _packet, register, two_ranks
 
 I32 = 4
 
@@ -58,14 +58,10 @@ def daemon(request):
 
 def test_only_the_registered_address_is_answered(daemon):
     job = "addr-" + uuid.uuid4().hex[:6]
-    with ControlClient(daemon.address) as c0, ControlClient(daemon.address) as c1:
-        socks = [data_socket(c0), data_socket(c1)]
+    with two_ranks(daemon.address, job) as (c0, socks, grant):
         stranger = data_socket(c0)  # the same host, another port: never registered
-        grant = register(c0, job, 0, 2, socks[0])
-        register(c1, job, 1, 2, socks[1])
         try:
-            for s in socks + [stranger]:
-                s.settimeout(10)
+            stranger.settimeout(10)
             dst = (daemon.address[0], grant["data_port"])
             head = {"length": 64, "key": grant["key"], "slot": 3, "psn": 3, "msg_id": 7,
                     "dtype": I32}
@@ -104,8 +100,7 @@ def test_only_the_registered_address_is_answered(daemon):
             assert "3 of its packets came from an address none of its ranks registered" in \
                 text.getvalue()
         finally:
-            for s in socks + [stranger]:
-                s.close()
+            stranger.close()
 
 
 def test_a_data_address_not_where_the_rank_connects_from_is_refused(daemon):

@@ -21,7 +21,7 @@ from netreduce.errors import AdmissionError, ControlPlaneError, DataPlaneError
 from netreduce.switch import spawn
 from netreduce.testbed import proc_stat
 from tests.parallel.ranks import run_ranks
-from tests.raw_register import data_socket, register
+from tests.raw_register import data_socket, register, two_ranks
 
 
 def _free_port() -> int:
@@ -164,48 +164,39 @@ def test_wrong_key_on_a_live_job_is_counted_on_that_job(switch):
 
 def test_duplicate_is_added_once_and_a_late_one_gets_the_stored_result(switch):
     job = "dup-" + uuid.uuid4().hex[:6]
-    with ControlClient(switch.address) as c0, ControlClient(switch.address) as c1:
-        socks = [data_socket(c0), data_socket(c1)]
-        grant = register(c0, job, 0, 2, socks[0])
-        register(c1, job, 1, 2, socks[1])
-        try:
-            for s in socks:
-                s.settimeout(10)
-            data = [np.arange(16, dtype=np.float32), np.full(16, 10, np.float32)]
-            head = {"jumbo": 1, "length": 64, "key": grant["key"], "slot": 3, "psn": 3,
-                    "msg_id": 7}
-            pkts = [_packet(dict(head, dest_qp=(grant["job_index"] << 12) | r), data[r].tobytes())
-                    for r in range(2)]
-            dst = (switch.address[0], grant["data_port"])
+    with two_ranks(switch.address, job) as (c0, socks, grant):
+        data = [np.arange(16, dtype=np.float32), np.full(16, 10, np.float32)]
+        head = {"jumbo": 1, "length": 64, "key": grant["key"], "slot": 3, "psn": 3,
+                "msg_id": 7}
+        pkts = [_packet(dict(head, dest_qp=(grant["job_index"] << 12) | r), data[r].tobytes())
+                for r in range(2)]
+        dst = (switch.address[0], grant["data_port"])
 
-            def result(r):
-                pkt = socks[r].recv(65536)
-                h = _native.decode_header(pkt)
-                assert h["result"] and h["dest_qp"] == (grant["job_index"] << 12) | r, h
-                assert (h["slot"], h["psn"], h["msg_id"]) == (3, 3, 7), h
-                return np.frombuffer(pkt[32:32 + 64], np.float32)
+        def result(r):
+            pkt = socks[r].recv(65536)
+            h = _native.decode_header(pkt)
+            assert h["result"] and h["dest_qp"] == (grant["job_index"] << 12) | r, h
+            assert (h["slot"], h["psn"], h["msg_id"]) == (3, 3, 7), h
+            return np.frombuffer(pkt[32:32 + 64], np.float32)
 
-            socks[0].sendto(pkts[0], dst)
-            socks[0].sendto(pkts[0], dst)  # again while the slot waits for rank 1
-            socks[1].sendto(pkts[1], dst)
-            for r in range(2):
-                np.testing.assert_array_equal(result(r), data[0] + data[1])
-            c = c0.call("counters")["jobs"][job]
-            assert (c["duplicates"], c["retransmitted_results"]) == (1, 0), c
-            assert c["bytes_reduced"] == 2 * 64 and c["slots_completed"] == 1, c
-            # rank 0 lost its result and retransmits: the slot answers from its store,
-            # to rank 0 only, and adds nothing
-            socks[0].sendto(pkts[0], dst)
-            np.testing.assert_array_equal(result(0), data[0] + data[1])
-            c = c0.call("counters")["jobs"][job]
-            assert (c["duplicates"], c["retransmitted_results"]) == (2, 1), c
-            assert c["bytes_reduced"] == 2 * 64 and c["slots_completed"] == 1, c
-            socks[1].settimeout(0.2)
-            with pytest.raises(socket.timeout):
-                socks[1].recv(65536)
-        finally:
-            for s in socks:
-                s.close()
+        socks[0].sendto(pkts[0], dst)
+        socks[0].sendto(pkts[0], dst)  # again while the slot waits for rank 1
+        socks[1].sendto(pkts[1], dst)
+        for r in range(2):
+            np.testing.assert_array_equal(result(r), data[0] + data[1])
+        c = c0.call("counters")["jobs"][job]
+        assert (c["duplicates"], c["retransmitted_results"]) == (1, 0), c
+        assert c["bytes_reduced"] == 2 * 64 and c["slots_completed"] == 1, c
+        # rank 0 lost its result and retransmits: the slot answers from its store,
+        # to rank 0 only, and adds nothing
+        socks[0].sendto(pkts[0], dst)
+        np.testing.assert_array_equal(result(0), data[0] + data[1])
+        c = c0.call("counters")["jobs"][job]
+        assert (c["duplicates"], c["retransmitted_results"]) == (2, 1), c
+        assert c["bytes_reduced"] == 2 * 64 and c["slots_completed"] == 1, c
+        socks[1].settimeout(0.2)
+        with pytest.raises(socket.timeout):
+            socks[1].recv(65536)
 
 
 def test_closed_connection_refuses_clearly(switch):

@@ -14,9 +14,8 @@ import numpy as np
 
 from netreduce import _native
 from netreduce.worker import dataplane
-from netreduce.protocol.client import ControlClient
 from tests.parallel.ranks import rank_barrier, run_ranks
-from tests.raw_register import data_socket, register
+from tests.raw_register import two_ranks
 
 I32 = 4  # _native dtype code of int32 (docs/protocol.md)
 
@@ -28,43 +27,34 @@ def _packet(fields: dict, payload: bytes) -> bytes:  # jumbo: ICRC 0
 
 def test_the_aggregator_answers_a_held_contribution_that_asks_and_only_that(switch):
     job = "held-" + uuid.uuid4().hex[:6]
-    with ControlClient(switch.address) as c0, ControlClient(switch.address) as c1:
-        socks = [data_socket(c0), data_socket(c1)]
-        grant = register(c0, job, 0, 2, socks[0])
-        register(c1, job, 1, 2, socks[1])
-        try:
-            for s in socks:
-                s.settimeout(10)
-            data = [np.arange(16, dtype=np.int32), np.full(16, 10, np.int32)]
-            head = {"length": 64, "key": grant["key"], "slot": 2, "psn": 2, "msg_id": 5,
-                    "dtype": I32}
-            qpn = [(grant["job_index"] << 12) | r for r in range(2)]
-            dst = (switch.address[0], grant["data_port"])
-            # rank 0 asks twice (its first send and a probe): two notices, to it alone
-            for _ in range(2):
-                socks[0].sendto(_packet(dict(head, dest_qp=qpn[0], ack_req=1), data[0].tobytes()),
-                                dst)
-                pkt = socks[0].recv(65536)
-                h = _native.decode_header(pkt)
-                assert h["result"] and h["held"] and h["length"] == 0 and not h["ack_req"], h
-                assert (h["dest_qp"], h["slot"], h["psn"], h["msg_id"]) == (qpn[0], 2, 2, 5), h
-            # rank 1 completes the round without asking: results to both, no notice
-            socks[1].sendto(_packet(dict(head, dest_qp=qpn[1]), data[1].tobytes()), dst)
-            for r in range(2):
-                h = _native.decode_header(pkt := socks[r].recv(65536))
-                assert h["result"] and not h["held"] and h["length"] == 64, h
-                np.testing.assert_array_equal(np.frombuffer(pkt[32:96], np.int32),
-                                              data[0] + data[1])
-            # asking after the round completed gets the stored result, not a notice
-            socks[0].sendto(_packet(dict(head, dest_qp=qpn[0], ack_req=1), data[0].tobytes()), dst)
-            h = _native.decode_header(socks[0].recv(65536))
+    with two_ranks(switch.address, job) as (c0, socks, grant):
+        data = [np.arange(16, dtype=np.int32), np.full(16, 10, np.int32)]
+        head = {"length": 64, "key": grant["key"], "slot": 2, "psn": 2, "msg_id": 5,
+                "dtype": I32}
+        qpn = [(grant["job_index"] << 12) | r for r in range(2)]
+        dst = (switch.address[0], grant["data_port"])
+        # rank 0 asks twice (its first send and a probe): two notices, to it alone
+        for _ in range(2):
+            socks[0].sendto(_packet(dict(head, dest_qp=qpn[0], ack_req=1), data[0].tobytes()),
+                            dst)
+            pkt = socks[0].recv(65536)
+            h = _native.decode_header(pkt)
+            assert h["result"] and h["held"] and h["length"] == 0 and not h["ack_req"], h
+            assert (h["dest_qp"], h["slot"], h["psn"], h["msg_id"]) == (qpn[0], 2, 2, 5), h
+        # rank 1 completes the round without asking: results to both, no notice
+        socks[1].sendto(_packet(dict(head, dest_qp=qpn[1]), data[1].tobytes()), dst)
+        for r in range(2):
+            h = _native.decode_header(pkt := socks[r].recv(65536))
             assert h["result"] and not h["held"] and h["length"] == 64, h
-            c = c0.call("counters")["jobs"][job]
-            assert c["held_notices"] == 2 and c["slots_completed"] == 1, c
-            assert c["bytes_reduced"] == 2 * 64 and c["retransmitted_results"] == 1, c
-        finally:
-            for s in socks:
-                s.close()
+            np.testing.assert_array_equal(np.frombuffer(pkt[32:96], np.int32),
+                                          data[0] + data[1])
+        # asking after the round completed gets the stored result, not a notice
+        socks[0].sendto(_packet(dict(head, dest_qp=qpn[0], ack_req=1), data[0].tobytes()), dst)
+        h = _native.decode_header(socks[0].recv(65536))
+        assert h["result"] and not h["held"] and h["length"] == 64, h
+        c = c0.call("counters")["jobs"][job]
+        assert c["held_notices"] == 2 and c["slots_completed"] == 1, c
+        assert c["bytes_reduced"] == 2 * 64 and c["retransmitted_results"] == 1, c
 
 
 class _Fake:
