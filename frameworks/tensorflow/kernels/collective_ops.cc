@@ -181,37 +181,22 @@ absl::Status alltoall_shapes(InferenceContext* c) {
 #define NETREDUCE_TYPES \
   "{int8, uint8, int16, uint16, int32, uint32, int64, half, bfloat16, float, double, bool}"
 
-REGISTER_OP("NetreduceAllreduce")
-    .Input("tensors: T")
-    .Output("outputs: T")
-    .Attr("T: list(" NETREDUCE_TYPES ") >= 1")
-    .Attr("spec: string")
-    .SetIsStateful()
-    .SetShapeFn(netreduce_tf::same_shapes);
+// A collective over a list of tensors (one output each, shapes by SHAPES) and its CPU
+// kernel: every op but alltoall, which takes one tensor and its splits.
+#define NETREDUCE_LIST_OP(NAME, SHAPES)          \
+  REGISTER_OP(NAME)                              \
+      .Input("tensors: T")                       \
+      .Output("outputs: T")                      \
+      .Attr("T: list(" NETREDUCE_TYPES ") >= 1") \
+      .Attr("spec: string")                      \
+      .SetIsStateful()                           \
+      .SetShapeFn(SHAPES);                       \
+  REGISTER_KERNEL_BUILDER(Name(NAME).Device(tensorflow::DEVICE_CPU), netreduce_tf::CollectiveOp)
 
-REGISTER_OP("NetreduceBroadcast")
-    .Input("tensors: T")
-    .Output("outputs: T")
-    .Attr("T: list(" NETREDUCE_TYPES ") >= 1")
-    .Attr("spec: string")
-    .SetIsStateful()
-    .SetShapeFn(netreduce_tf::same_shapes);
-
-REGISTER_OP("NetreduceAllgather")
-    .Input("tensors: T")
-    .Output("outputs: T")
-    .Attr("T: list(" NETREDUCE_TYPES ") >= 1")
-    .Attr("spec: string")
-    .SetIsStateful()
-    .SetShapeFn(netreduce_tf::unknown_first_dim);
-
-REGISTER_OP("NetreduceReducescatter")
-    .Input("tensors: T")
-    .Output("outputs: T")
-    .Attr("T: list(" NETREDUCE_TYPES ") >= 1")
-    .Attr("spec: string")
-    .SetIsStateful()
-    .SetShapeFn(netreduce_tf::unknown_first_dim);
+NETREDUCE_LIST_OP("NetreduceAllreduce", netreduce_tf::same_shapes);
+NETREDUCE_LIST_OP("NetreduceBroadcast", netreduce_tf::same_shapes);
+NETREDUCE_LIST_OP("NetreduceAllgather", netreduce_tf::unknown_first_dim);
+NETREDUCE_LIST_OP("NetreduceReducescatter", netreduce_tf::unknown_first_dim);
 
 REGISTER_OP("NetreduceAlltoall")
     .Input("tensor: T")
@@ -222,15 +207,6 @@ REGISTER_OP("NetreduceAlltoall")
     .Attr("spec: string")
     .SetIsStateful()
     .SetShapeFn(netreduce_tf::alltoall_shapes);
-
-REGISTER_KERNEL_BUILDER(Name("NetreduceAllreduce").Device(tensorflow::DEVICE_CPU),
-                        netreduce_tf::CollectiveOp);
-REGISTER_KERNEL_BUILDER(Name("NetreduceBroadcast").Device(tensorflow::DEVICE_CPU),
-                        netreduce_tf::CollectiveOp);
-REGISTER_KERNEL_BUILDER(Name("NetreduceAllgather").Device(tensorflow::DEVICE_CPU),
-                        netreduce_tf::CollectiveOp);
-REGISTER_KERNEL_BUILDER(Name("NetreduceReducescatter").Device(tensorflow::DEVICE_CPU),
-                        netreduce_tf::CollectiveOp);
 REGISTER_KERNEL_BUILDER(Name("NetreduceAlltoall").Device(tensorflow::DEVICE_CPU),
                         netreduce_tf::CollectiveOp);
 
