@@ -267,15 +267,21 @@ def test_job_secret_at_the_spine(tree):
     _check_once(results, cases)
 
 
-def _mixed(rank, size, spine, racks, job):
-    if rank < 2:
-        os.environ["NETREDUCE_RACK_SWITCH"] = "%s:%d" % racks[0]
-    try:  # the last rank to register asks for its grant inside connect()
-        with dataplane.connect(spine, job, rank, size, timeout=3.0) as conn:
+def _first_error(spine, job, rank, size, timeout):
+    """What a rank's connect() and first all-reduce end in: the error's text, or "no
+    error" (the last rank to register asks for its grant inside connect())."""
+    try:
+        with dataplane.connect(spine, job, rank, size, timeout=timeout) as conn:
             conn.allreduce(np.ones(10, dtype=np.float32))
     except NetReduceError as exc:
         return str(exc)
     return "no error"
+
+
+def _mixed(rank, size, spine, racks, job):
+    if rank < 2:
+        os.environ["NETREDUCE_RACK_SWITCH"] = "%s:%d" % racks[0]
+    return _first_error(spine, job, rank, size, timeout=3.0)
 
 
 def test_rack_on_some_ranks_only_is_refused_by_name(tree):
@@ -377,12 +383,7 @@ def test_owner_delivery_through_the_tree(tree):
 def _deterministic(rank, size, spine, racks, job):
     os.environ["NETREDUCE_RACK_SWITCH"] = "%s:%d" % racks[rank * len(racks) // size]
     os.environ["NETREDUCE_DETERMINISTIC"] = "1"
-    try:
-        with dataplane.connect(spine, job, rank, size, timeout=5.0) as conn:
-            conn.allreduce(np.ones(10, dtype=np.float32))
-    except NetReduceError as exc:
-        return str(exc)
-    return "no error"
+    return _first_error(spine, job, rank, size, timeout=5.0)
 
 
 def test_deterministic_mode_is_refused_through_racks(tree):
