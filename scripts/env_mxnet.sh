@@ -26,6 +26,7 @@ stamp="$venv/.netreduce-stamp"
 want="$("$PYTHON" -c 'import sys; print(sys.version.split()[0])') ${pins[*]}"
 
 say() { echo "env_mxnet: $*"; }
+. scripts/apt_install.sh
 
 # libmxnet.so links the system's OpenMP and quadmath runtimes (the wheel brings its
 # own openblas and libgfortran.so.3); the rest is glibc and libstdc++.
@@ -34,15 +35,7 @@ known=$(ldconfig -p)
 for lib in libgomp.so.1:libgomp1 libquadmath.so.0:libquadmath0 libstdc++.so.6:libstdc++6; do
     grep -qF "${lib%%:*}" <<<"$known" || missing+=("${lib##*:}")
 done
-if [ ${#missing[@]} -gt 0 ]; then
-    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-        say "apt-get install ${missing[*]}"
-        export DEBIAN_FRONTEND=noninteractive
-        apt-get update -qq && apt-get install -y -qq "${missing[@]}" >/dev/null
-    else
-        echo "env_mxnet: missing ${missing[*]} (not root): mxnet will not import" >&2
-    fi
-fi
+apt_install env_mxnet "mxnet will not import" "${missing[@]}"
 
 if [ ! -x "$venv/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     say "creating $venv (${pins[*]})"

@@ -9,6 +9,7 @@ set -euo pipefail
 what=${1:-main}
 cd "$(dirname "$0")/.."
 say() { echo "install.sh: $*"; }
+. scripts/apt_install.sh
 
 apt_pkgs=()
 need() { command -v "$1" >/dev/null 2>&1 || apt_pkgs+=("$2"); }
@@ -55,15 +56,8 @@ need clang clang
 need xdp-loader xdp-tools
 # The verbs transport (native/transport/verbs, docs/verbs.md): libibverbs' headers.
 [ -e /usr/include/infiniband/verbs.h ] || apt_pkgs+=(libibverbs-dev)
-if [ ${#apt_pkgs[@]} -gt 0 ]; then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    say "apt-get install ${apt_pkgs[*]} (Debian packages; a minute or more)"
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq && apt-get install -y -qq "${apt_pkgs[@]}" >/dev/null
-  else
-    echo "install.sh: missing ${apt_pkgs[*]} (not root: tests that need them will be skipped)" >&2
-  fi
-fi
+# (apt_install says "install.sh: apt-get install ..." before it starts)
+apt_install install.sh "tests that need them will be skipped" "${apt_pkgs[@]}"
 
 py=${PYTHON:-python3}
 into=$($py -c 'import sys; print(sys.prefix)')
