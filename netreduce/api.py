@@ -307,28 +307,29 @@ def _steady(array: np.ndarray, op: Any, name: str, pre: Any, post: Any,
     return output if agreement.steady(name, sig, op, array, output) else None
 
 
+def _allreduce_now(array: np.ndarray, op: Any, name: Optional[str], pre: Any, post: Any,
+                   dtype: Optional[str], inplace: bool) -> np.ndarray:
+    """allreduce and allreduce_: a named call in the steady state in one call on this
+    thread (_steady), any other submitted and waited for."""
+    if name is not None:
+        out = _steady(array, op, name, pre, post, dtype, inplace)
+        if out is not None:
+            return out
+    return allreduce_async(array, op, name, pre, post, inplace=inplace, dtype=dtype).wait()
+
+
 def allreduce(array: np.ndarray, op: ReduceOp = ReduceOp.Average, name: Optional[str] = None,
               prescale_factor: float = 1.0, postscale_factor: float = 1.0, *,
               dtype: Optional[str] = None) -> np.ndarray:
     """All-reduce ``array`` across ranks; returns a new array."""
-    if name is not None:
-        out = _steady(array, op, name, prescale_factor, postscale_factor, dtype, False)
-        if out is not None:
-            return out
-    return allreduce_async(array, op, name, prescale_factor, postscale_factor,
-                           dtype=dtype).wait()
+    return _allreduce_now(array, op, name, prescale_factor, postscale_factor, dtype, False)
 
 
 def allreduce_(array: np.ndarray, op: ReduceOp = ReduceOp.Average, name: Optional[str] = None,
                prescale_factor: float = 1.0, postscale_factor: float = 1.0, *,
                dtype: Optional[str] = None) -> np.ndarray:
     """All-reduce ``array`` in place; returns it."""
-    if name is not None:
-        out = _steady(array, op, name, prescale_factor, postscale_factor, dtype, True)
-        if out is not None:
-            return out
-    return allreduce_async(array, op, name, prescale_factor, postscale_factor,
-                           inplace=True, dtype=dtype).wait()
+    return _allreduce_now(array, op, name, prescale_factor, postscale_factor, dtype, True)
 
 
 def grouped_allreduce_async(arrays: Sequence[np.ndarray], op: ReduceOp = ReduceOp.Average,
