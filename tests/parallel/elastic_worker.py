@@ -11,38 +11,23 @@ exits 1 at step 3), ELASTIC_HOLD=5,20 (after committing those steps, wait — at
 until the driver's host update has reached this worker: the test changes the hosts
 when it sees the step, and the change then takes effect at the next commit whatever
 the machine's load)."""
-import json
 import os
 import sys
 import time
 
 import numpy as np
+from elastic_log import hold_for_update, start_record
 
 import netreduce as nr
 from netreduce import config, elastic
 from netreduce.ops import ReduceOp
-from netreduce.worker import elastic_member
-
-
-def hold_for_update(timeout: float = 60.0) -> None:
-    member = elastic_member.member()
-    deadline = time.monotonic() + timeout
-    while member.pending()[0] <= member.synced and time.monotonic() < deadline:
-        time.sleep(0.05)
 
 
 def main() -> None:
     steps = int(os.environ.get("ELASTIC_STEPS", "60"))
     holds = {int(s) for s in os.environ.get("ELASTIC_HOLD", "").split(",") if s}
     pause = float(os.environ.get("ELASTIC_PAUSE", "0.05"))
-    name = config.get("NETREDUCE_ELASTIC_WORKER").replace(":", "_")
-    log = open(os.path.join(os.environ["ELASTIC_OUT"], name + ".jsonl"), "a")
-
-    def write(record):
-        log.write(json.dumps(record) + "\n")
-        log.flush()
-
-    write({"pid": os.getpid()})
+    write = start_record()
     nr.init()
     state = elastic.ObjectState(nr.broadcast_object, nr.rank, step=0, w=np.zeros(64),
                                 sizes=[])

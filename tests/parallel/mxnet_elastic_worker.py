@@ -5,27 +5,18 @@ a Gluon net trained with DistributedTrainer (SGD with momentum) inside
 Writes $ELASTIC_OUT/<host>_<slot>.jsonl: {"pid"} at start, one line per step {epoch,
 rank, size, step, t}, and {"final"} with the parameters' and the trainer's momentum's
 bytes (equal on every survivor if the state was synced and every step averaged)."""
-import json
 import os
 import time
 
 import mxnet as mx
 import numpy as np
+from elastic_log import start_record
 
 import netreduce.mxnet as hvd
 from netreduce import config
 
 STEPS = int(os.environ.get("ELASTIC_STEPS", "40"))
-name = config.get("NETREDUCE_ELASTIC_WORKER").replace(":", "_")
-log = open(os.path.join(os.environ["ELASTIC_OUT"], name + ".jsonl"), "a")
-
-
-def write(record):
-    log.write(json.dumps(record) + "\n")
-    log.flush()
-
-
-write({"pid": os.getpid()})
+write = start_record()
 hvd.init()
 mx.random.seed(hvd.rank())  # different starts: the sync must make them equal
 net = mx.gluon.nn.Dense(3, in_units=4)

@@ -7,30 +7,19 @@ Each rank writes $ELASTIC_OUT/<host>_<slot>.jsonl: {"pid"} at start, one line pe
 epoch end {epoch, rank, size, w: the weights' bytes, lr}, and {"final"} at the end.
 ELASTIC_HOLD=2,5: after those epochs, wait until the driver's host update has reached
 this worker (elastic_worker.py says why)."""
-import json
 import os
 import time
 
 import keras
 import numpy as np
 import tensorflow as tf
+from elastic_log import hold_for_update, start_record
 
 import netreduce.tensorflow.keras as hvd
-from netreduce import config
-from netreduce.worker import elastic_member
 
 EPOCHS, BATCHES = int(os.environ.get("ELASTIC_EPOCHS", "8")), 5
 HOLDS = {int(e) for e in os.environ.get("ELASTIC_HOLD", "").split(",") if e}
-name = config.get("NETREDUCE_ELASTIC_WORKER").replace(":", "_")
-log = open(os.path.join(os.environ["ELASTIC_OUT"], name + ".jsonl"), "a")
-
-
-def write(record):
-    log.write(json.dumps(record) + "\n")
-    log.flush()
-
-
-write({"pid": os.getpid()})
+write = start_record()
 hvd.init()
 lr = 0.01
 keras.utils.set_random_seed(hvd.rank())  # different starts: the sync must make them equal
@@ -53,10 +42,7 @@ class Record(keras.callbacks.Callback):
                "w": weights.hex(), "lr": float(self.model.optimizer.learning_rate.numpy()),
                "t": time.time()})
         if state.epoch in HOLDS:
-            member = elastic_member.member()
-            deadline = time.monotonic() + 60
-            while member.pending()[0] <= member.synced and time.monotonic() < deadline:
-                time.sleep(0.05)
+            hold_for_update()
 
 
 callbacks = [hvd.elastic.UpdateEpochStateCallback(state), hvd.elastic.UpdateBatchStateCallback(state),
