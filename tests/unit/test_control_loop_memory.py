@@ -16,20 +16,11 @@ import weakref
 
 from netreduce.switch import coordinator
 from netreduce.switch.server import ControlServer
-from tests.raw_wire import connect
+from tests.raw_wire import connect, read_line as _reply
 
 
 def _line(sock: socket.socket, msg: dict) -> None:
     sock.sendall(json.dumps(msg).encode() + b"\n")
-
-
-def _reply(sock: socket.socket) -> dict:
-    buf = b""
-    while not buf.endswith(b"\n"):
-        chunk = sock.recv(65536)
-        assert chunk, "the control port closed the connection"
-        buf += chunk
-    return json.loads(buf)
 
 
 def _hello(srv: ControlServer, job: str, rank: int) -> socket.socket:
