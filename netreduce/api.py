@@ -101,11 +101,7 @@ def _init() -> None:
                 started.algorithm.close()
                 started.stop()
                 raise
-            comm.topology = topo
-            _g.comm, _g.topology, _g.switch = comm, topo, started
-            if not _g.atexit_registered:
-                atexit.register(shutdown)
-                _g.atexit_registered = True
+            _publish(comm, topo, started)
             return
         dp = None
         try:
@@ -132,13 +128,18 @@ def _init() -> None:
             if switch_proc is not None:
                 switch_proc.stop()
             raise
-        comm.topology = topo
-        _g.comm, _g.topology, _g.switch = comm, topo, switch_proc
-        if not _g.atexit_registered:
-            # A script that never calls shutdown() must still say goodbye (else the
-            # other ranks see a crash) and must not leave its embedded aggregator.
-            atexit.register(shutdown)
-            _g.atexit_registered = True
+        _publish(comm, topo, switch_proc)
+
+
+def _publish(comm: Any, topo: Any, switch: Any) -> None:
+    """init's last step, on either path: the joined job is this process's, and is left
+    at exit. A script that never calls shutdown() must still say goodbye (else the
+    other ranks see a crash) and must not leave its embedded aggregator."""
+    comm.topology = topo
+    _g.comm, _g.topology, _g.switch = comm, topo, switch
+    if not _g.atexit_registered:
+        atexit.register(shutdown)
+        _g.atexit_registered = True
 
 
 def shutdown() -> None:
