@@ -30,21 +30,11 @@ if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
 import netreduce as nr  # noqa: E402
+from tests.bf16 import from_bf16, to_bf16  # noqa: E402
 from netreduce.errors import NetReduceError  # noqa: E402
 
 DTYPES = ("float32", "float64", "float16", "bfloat16", "int32", "int64")
 OPS = {"sum": nr.Sum, "min": nr.Min, "max": nr.Max}
-
-
-def to_bf16(x: np.ndarray) -> np.ndarray:
-    """float32 -> bfloat16 bits, round to nearest even (the kernels' rounding)."""
-    bits = x.astype(np.float32).view(np.uint32).astype(np.uint64)
-    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
-    return bits.astype(np.uint16)
-
-
-def from_bf16(b: np.ndarray) -> np.ndarray:
-    return (b.astype(np.uint32) << 16).view(np.float32)
 
 
 def data(dtype: str, rank: int, count: int, seed: int, exact: bool) -> np.ndarray:

@@ -23,19 +23,10 @@ if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
 import netreduce as nr  # noqa: E402
+from tests.bf16 import from_bf16, to_bf16  # noqa: E402
 
 COUNT = 1003  # whole vectors and a tail, in one packet
 DTYPES = ("float32", "float64", "float16", "bfloat16")
-
-
-def to_bf16(x: np.ndarray) -> np.ndarray:
-    bits = x.astype(np.float32).view(np.uint32).astype(np.uint64)
-    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
-    return bits.astype(np.uint16)
-
-
-def from_bf16(b: np.ndarray) -> np.ndarray:
-    return (b.astype(np.uint32) << 16).view(np.float32)
 
 
 def values(rank: int, size: int) -> np.ndarray:
