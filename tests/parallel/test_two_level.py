@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 import uuid
 
@@ -24,6 +26,7 @@ from netreduce.worker import dataplane
 from netreduce.protocol.client import ControlClient
 from netreduce.errors import NetReduceError
 from tests.parallel.ranks import rank_barrier, run_ranks
+from tests.procs import ROOT, collect
 
 PAYLOAD = 65464
 F32_PER_PACKET = PAYLOAD // 4
@@ -294,39 +297,37 @@ def test_rack_on_some_ranks_only_is_refused_by_name(tree):
         assert message != "no error"
 
 
-@pytest.mark.slow
-def test_public_api_negotiates_at_the_spine(tree):
-    """netreduce.init/allreduce on every rank: negotiation at the spine, data through
-    the racks; every dtype x op x size exact and identical on every rank."""
-    import json
-    import subprocess
-    import sys
+def _rack_ranks(spine, racks, job, timeout, *args):
+    """Four multi_aggregator_worker.py ranks (ARGS its mode), two per rack aggregator,
+    negotiating at the spine; flat (one host: auto would take shared memory);
+    NETREDUCE_TIMEOUT ``timeout``."""
     here = os.path.dirname(os.path.abspath(__file__))
-    repo = os.path.dirname(os.path.dirname(here))
-    spine, racks = tree()
-    job = _job()
     procs = []
     for r in range(4):
         env = dict(os.environ, NETREDUCE_SWITCH="%s:%d" % spine.address,
                    NETREDUCE_RACK_SWITCH="%s:%d" % racks[r // 2].address, NETREDUCE_JOB=job,
-                   NETREDUCE_RANK=str(r), NETREDUCE_SIZE="4", NETREDUCE_TIMEOUT="20",
-                   NETREDUCE_ALGORITHM="flat",  # one host: auto would take shared memory
-                   PYTHONPATH=os.pathsep.join([repo, os.environ.get("PYTHONPATH", "")]))
+                   NETREDUCE_RANK=str(r), NETREDUCE_SIZE="4", NETREDUCE_TIMEOUT=timeout,
+                   NETREDUCE_ALGORITHM="flat",
+                   PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
         procs.append(subprocess.Popen(
-            [sys.executable, os.path.join(here, "multi_aggregator_worker.py"), "exact"],
+            [sys.executable, os.path.join(here, "multi_aggregator_worker.py"), *args],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    results = []
-    try:
-        for p in procs:
-            out, err = p.communicate(timeout=240)
-            lines = [ln for ln in out.splitlines() if ln.startswith("{")]
-            assert p.returncode == 0 and lines, err[-3000:]
-            results.append(json.loads(lines[-1]))
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+    return procs
+
+
+def _reported(result):
+    """Whether tests.procs.collect found the rank's JSON line (not only its exit)."""
+    return bool(set(result) - {"returncode", "stderr"})
+
+
+@pytest.mark.slow
+def test_public_api_negotiates_at_the_spine(tree):
+    """netreduce.init/allreduce on every rank: negotiation at the spine, data through
+    the racks; every dtype x op x size exact and identical on every rank."""
+    spine, racks = tree()
+    results = collect(_rack_ranks(spine, racks, _job(), "20", "exact"), timeout=240)
+    for r in results:
+        assert r["returncode"] == 0 and _reported(r), r["stderr"]
     for r in results:
         assert "failure" not in r and r["algorithm"] == "flat" and r["checked"] == 72, r
     assert len({r["digest"] for r in results}) == 1
@@ -399,24 +400,9 @@ def test_killed_rack_aggregator_is_named_on_every_rank(tree, tmp_path):
     """Rack 1's daemon SIGKILLed mid-job: the spine sees its control connection close
     and fails the job's negotiation, so every rank's error names rack 1's aggregator,
     the ranks of rack 0 too (a timeout would name only their own path)."""
-    import json
-    import subprocess
-    import sys
-    import time
-    here = os.path.dirname(os.path.abspath(__file__))
-    repo = os.path.dirname(os.path.dirname(here))
     spine, racks = tree()
-    job, flag = _job(), str(tmp_path / "go")
-    procs = []
-    for r in range(4):
-        env = dict(os.environ, NETREDUCE_SWITCH="%s:%d" % spine.address,
-                   NETREDUCE_RACK_SWITCH="%s:%d" % racks[r // 2].address, NETREDUCE_JOB=job,
-                   NETREDUCE_RANK=str(r), NETREDUCE_SIZE="4", NETREDUCE_TIMEOUT="30",
-                   NETREDUCE_ALGORITHM="flat",
-                   PYTHONPATH=os.pathsep.join([repo, os.environ.get("PYTHONPATH", "")]))
-        procs.append(subprocess.Popen(
-            [sys.executable, os.path.join(here, "multi_aggregator_worker.py"), "kill", flag],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    flag = str(tmp_path / "go")
+    procs = _rack_ranks(spine, racks, _job(), "30", "kill", flag)
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and not all(
@@ -425,17 +411,14 @@ def test_killed_rack_aggregator_is_named_on_every_rank(tree, tmp_path):
         racks[1].proc.kill()
         racks[1].proc.wait()
         open(flag, "w").close()
-        results = []
+    except BaseException:
         for p in procs:
-            out, err = p.communicate(timeout=120)
-            lines = [ln for ln in out.splitlines() if ln.startswith("{")]
-            assert lines, err[-3000:]
-            results.append(json.loads(lines[-1]))
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+            p.kill()
+            p.wait()
+        raise
+    results = collect(procs, timeout=120)  # (kills whatever is left)
+    for r in results:
+        assert _reported(r), r["stderr"]
     dead = "%s:%d" % racks[1].address
     for r in results:
         assert "failure" not in r, r
