@@ -153,22 +153,17 @@ def test_nan_of_a_verbs_peer_or_a_udp_rank_reaches_both_as_numpy_has_it(agg):
 
 
 def test_a_verbs_peer_is_refused_where_a_nic_could_not_reach_it():
-    a = _native.Aggregator(**aggregator_args(host="127.0.0.1", port=0, threads=2))
-    a.start()
-    try:
-        index = a.add_job(1, 1, 0)
-        with pytest.raises(ValueError, match="--threads 1"):
-            a.attach_verbs_peer(index, 0, PEER, WORKER_QPN, RING_VA, RKEY, ENTRIES, STRIDE)
-    finally:
-        a.stop()
-    a = _native.Aggregator(**aggregator_args(host="127.0.0.1", port=0, threads=1))
-    a.start()
-    try:
-        index = a.add_job(1, 1, 0)
-        with pytest.raises(ValueError, match="4791"):
-            a.attach_verbs_peer(index, 0, PEER, WORKER_QPN, RING_VA, RKEY, ENTRIES, STRIDE)
-    finally:
-        a.stop()
+    # two data threads (a NIC sends every packet to one port), then one thread on a data
+    # port other than RoCEv2's 4791
+    for threads, refusal in ((2, "--threads 1"), (1, "4791")):
+        a = _native.Aggregator(**aggregator_args(host="127.0.0.1", port=0, threads=threads))
+        a.start()
+        try:
+            index = a.add_job(1, 1, 0)
+            with pytest.raises(ValueError, match=refusal):
+                a.attach_verbs_peer(index, 0, PEER, WORKER_QPN, RING_VA, RKEY, ENTRIES, STRIDE)
+        finally:
+            a.stop()
 
 
 def test_a_queue_pair_on_another_address_than_the_rank_registered_is_refused(agg):
