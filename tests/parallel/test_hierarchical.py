@@ -288,7 +288,7 @@ def _left_after_posting_rank(r, n, q_seg, q_out, early_pid):
         else:
             early_pid.value = os.getpid()
         h.allreduce(a, a, _native.DTYPES["float32"], _native.OPS["sum"])
-        q_out.put((r, sorted(set(a.tolist()))))
+        q_out.put((r, sorted(set(a.tolist())), h.failed_rank))
     except Exception as exc:
         q_out.put((r, f"{type(exc).__name__}: {exc}"))
 
@@ -318,7 +318,8 @@ def test_a_peer_that_posted_and_left_is_no_failure():
             p.join(10)
             if p.is_alive():
                 p.kill()
-    assert got == [(0, [3.0]), (1, [3.0])], got
+    # and no failure recorded: failed_rank names a peer only for a call its exit failed
+    assert got == [(0, [3.0], -1), (1, [3.0], -1)], got
 
 
 def _mixed_rank(r, n, q_seg, q_out):
