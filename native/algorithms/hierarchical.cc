@@ -165,6 +165,14 @@ void Hierarchical::Poison(const Status& st) {
 }
 
 Status Hierarchical::Check() {
+  int dead = -1;
+  Status st = Liveness(&dead);
+  if (dead >= 0) failed_rank_ = cfg_.ranks[dead];
+  return st;
+}
+
+Status Hierarchical::Liveness(int* dead) {
+  *dead = -1;
   if (aborted_) {
     std::lock_guard<std::mutex> lock(abort_mu_);
     return Aborted(abort_reason_);
@@ -173,15 +181,15 @@ Status Hierarchical::Check() {
   if (w != 0) {
     return Aborted(std::string("the shared-memory all-reduce failed on ") + hdr_->abort_reason);
   }
-  const int dead = peers_.FirstDead();
-  if (dead >= 0) {
+  const int exited = peers_.FirstDead();
+  if (exited >= 0) {
     // A peer that failed first poisons the segment before it exits: if it did, its
     // reason names the rank that really died (this one may just have left after it).
     if (hdr_->abort_word.load(std::memory_order_acquire) != 0) {
       return Aborted(std::string("the shared-memory all-reduce failed on ") + hdr_->abort_reason);
     }
-    failed_rank_ = cfg_.ranks[dead];
-    return Aborted(Who(uint32_t(dead)) + " exited during a shared-memory all-reduce");
+    *dead = exited;
+    return Aborted(Who(uint32_t(exited)) + " exited during a shared-memory all-reduce");
   }
   return Status::Ok();
 }
@@ -259,13 +267,13 @@ Status Hierarchical::WaitAll(Phase phase, uint32_t target, double timeout_s) {
         // Liveness first, then the word once more: a peer may post what this rank waits
         // for, finish its call and exit (a job's last all-reduce) before this rank, woken
         // but not run on a loaded host, gets here. That is no failure, and the data is
-        // in the segment. In this order a post made before the exit is seen.
-        const int failed_before = failed_rank_.load();
-        const Status st = Check();
-        if (shm::Reached(w->load(std::memory_order_seq_cst), target)) {
-          failed_rank_.store(failed_before);
-          break;
-        }
+        // in the segment. In this order a post made before the exit is seen. Liveness
+        // records nothing: the exit is this call's failure only if the word was not
+        // reached, and only then is the rank recorded (failed_rank()).
+        int dead = -1;
+        const Status st = Liveness(&dead);
+        if (shm::Reached(w->load(std::memory_order_seq_cst), target)) break;
+        if (dead >= 0) failed_rank_ = cfg_.ranks[dead];
         NR_RETURN_IF_ERROR(st);
         if (Ns(t0, now) >= int64_t(timeout_s * 1e9)) {
           return Timeout("waited " + std::to_string(int(timeout_s)) + " s for " + Who(r) +

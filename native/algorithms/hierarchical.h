@@ -87,7 +87,10 @@ class Hierarchical {
   Status WaitAll(Phase phase, uint32_t target, double timeout_s);
   void Publish(Phase phase, uint32_t serial);
   shm::Counter* Counters(Phase phase) const;
-  Status Check();  // abort word, own abort flag, dead peers
+  Status Check();  // Liveness, and records a dead peer as failed_rank()
+  // The abort word, this rank's own abort flag, dead peers: the status a wait fails with,
+  // recording nothing; *dead is the local rank whose exit it names, or -1.
+  Status Liveness(int* dead);
   void Poison(const Status& st);
   void ShardOf(size_t n, uint32_t rank, size_t* lo, size_t* len) const;
   std::string Who(uint32_t local_rank) const;

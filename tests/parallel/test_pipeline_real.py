@@ -101,11 +101,20 @@ for _ in range(3):
     nr.synchronize(nr.allreduce_async(x, op=nr.Sum, name="big", inplace=True))
     x.fill(1)
 assert pipeline.groups > 0                            # agreed and sent in flight
+if r == 1:
+    # killed with its message on the wire: at once after the executor submits it. A
+    # main thread polling pipeline.flying() every 0.5 ms could miss the whole flight
+    # on a loaded host; rank 1 then left after the message landed and the others
+    # completed it (flake2_D_test_pipeline_algorithms_170948.txt, load 6.9).
+    start = pipeline.start
+    def start_and_die(group):
+        start(group)
+        os._exit(0)
+    pipeline.start = start_and_die
 h = nr.allreduce_async(x, op=nr.Sum, name="big", inplace=True)
 if r == 1:
-    while not pipeline.flying() and not h.done():
-        time.sleep(0.0005)
-    os._exit(0)                                       # killed with its message on the wire
+    nr.synchronize(h)                                 # does not return: rank 1 exits
+    os._exit(3)
 t0 = time.monotonic()
 try:
     nr.synchronize(h)
