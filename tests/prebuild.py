@@ -43,9 +43,10 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
-from typing import Callable, Dict, List, Optional, Set, Tuple
+from typing import IO, Callable, Dict, List, Optional, Set, Tuple
 
 from netreduce.testbed import proc_stat
 
@@ -55,6 +56,7 @@ FUZZ = "tests/parallel/test_fuzz_smoke.py::test_sanitizer_build_and_fuzz_smoke"
 FSDP_GLOO = "tests/parallel/test_torch_fsdp.py::test_fsdp_matches_gloo"
 HOROVOD_ANSWERS = ("tests/parallel/test_torch_reducescatter.py"
                    "::test_reducescatter_allgather_alltoall_match_horovod")
+RAY = "tests/parallel/test_ray.py"
 
 
 def _tensorflow_selected(ids) -> bool:
@@ -64,6 +66,12 @@ def _tensorflow_selected(ids) -> bool:
 
 def _selected(prefix: str) -> Callable[[Set[str]], bool]:
     return lambda ids: any(i.startswith(prefix) for i in ids)
+
+
+def _ray_driven(ids) -> bool:
+    """A test of test_ray.py that reads its driver's run (all but the arguments' check)."""
+    return any(i.startswith(RAY + "::") and "::test_config_arguments" not in i for i in ids) \
+        and importlib.util.find_spec("ray") is not None
 
 
 # name -> (the program it needs, whether the selected node ids need it, the command);
@@ -82,9 +90,16 @@ BUILDS: Dict[str, Tuple[str, Callable[[Set[str]], bool], List[str]]] = {
                 [sys.executable, "-m", "tests.parallel.test_torch_fsdp"]),
     HOROVOD_ANSWERS: ("horovodrun", _selected(HOROVOD_ANSWERS),
                       [sys.executable, "-m", "tests.parallel.test_torch_reducescatter"]),
+    # Ray's driver (tests/parallel/ray_driver.py: a local Ray cluster, a TorchTrainer
+    # and a RayExecutor job, ~38 s and ~60 CPU-s quietly, most of it Ray's and torch's
+    # process starts): the module fixture reads the RESULT line of this run's output
+    # (output(RAY)), or runs the driver itself where this run failed. Nothing is
+    # cached: each session runs the driver once, as before.
+    RAY: (sys.executable, _ray_driven, [sys.executable, "-m", "tests.parallel.test_ray"]),
 }
 
 _running: Dict[str, subprocess.Popen] = {}
+_outputs: Dict[str, "IO[bytes]"] = {}  # name -> its stdout and stderr (an unlinked file)
 _watcher: Optional[threading.Thread] = None
 _lock = threading.Lock()
 WATCH_S = 0.5  # a rank's first half second at nice 0; a /proc scan is ~4 ms of CPU here
@@ -107,9 +122,10 @@ def start(selected_ids: Set[str]) -> None:
     compile_bytecode()
     for name, (compiler, needed, cmd) in BUILDS.items():
         if name not in _running and shutil.which(compiler) and needed(selected_ids):
+            _outputs[name] = tempfile.TemporaryFile()
             _running[name] = subprocess.Popen(
                 ["nice", "-n", "19"] + cmd, cwd=ROOT, stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+                stdout=_outputs[name], stderr=subprocess.STDOUT, start_new_session=True)
             _nice_autogroup(_running[name].pid)
     global _watcher
     if _running and _watcher is None and os.path.exists("/proc/self/autogroup"):
@@ -208,10 +224,23 @@ def wait(name: str, timeout: float = 600) -> Optional[int]:
         return None
 
 
+def output(name: str) -> str:
+    """What the background run ``name`` wrote (stdout and stderr); "" where none ran.
+    Read once wait() has returned its exit status."""
+    f = _outputs.pop(name, None)
+    if f is None:
+        return ""
+    with f:
+        f.seek(0)
+        return f.read().decode(errors="replace")
+
+
 def stop_all() -> None:
     """At the session's end: a build no test waited for (deselected, interrupted) goes."""
     for name in list(_running):
         _kill(_running.pop(name))
+    for name in list(_outputs):
+        _outputs.pop(name).close()
 
 
 def _kill(proc: subprocess.Popen) -> None:
