@@ -41,6 +41,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -57,6 +58,7 @@ FSDP_GLOO = "tests/parallel/test_torch_fsdp.py::test_fsdp_matches_gloo"
 HOROVOD_ANSWERS = ("tests/parallel/test_torch_reducescatter.py"
                    "::test_reducescatter_allgather_alltoall_match_horovod")
 RAY = "tests/parallel/test_ray.py"
+SOFTROCE = "tests/softroce/test_softroce.py"
 
 
 def _tensorflow_selected(ids) -> bool:
@@ -96,6 +98,13 @@ BUILDS: Dict[str, Tuple[str, Callable[[Set[str]], bool], List[str]]] = {
     # (output(RAY)), or runs the driver itself where this run failed. Nothing is
     # cached: each session runs the driver once, as before.
     RAY: (sys.executable, _ray_driven, [sys.executable, "-m", "tests.parallel.test_ray"]),
+    # the Soft-RoCE module's bed and QEMU guest (TCG: ~40 s and ~40 CPU-s quietly, the
+    # guest's boot ~8 s of it): its fixture moves this run's record and files into its
+    # own folder, or boots the guest itself where this run's guest never reported a
+    # status. Its bridge, tap and nftables table are named for this run's pid; SIGTERM
+    # takes them down (stop_all)
+    SOFTROCE: ("qemu-system-x86_64", _selected(SOFTROCE + "::"),
+               [sys.executable, "-m", "tests.softroce.test_softroce"]),
 }
 
 _running: Dict[str, subprocess.Popen] = {}
@@ -243,10 +252,24 @@ def stop_all() -> None:
         _outputs.pop(name).close()
 
 
-def _kill(proc: subprocess.Popen) -> None:
+def _kill(proc: subprocess.Popen, grace: float = 15) -> None:
+    """The run's session: SIGTERM to its process group first (the Soft-RoCE run takes
+    its bridge, tap and table down on it), then SIGKILL after ``grace`` seconds to
+    whatever of the session is left, process groups of its own included (coreutils'
+    timeout, around the guest's QEMU, makes one)."""
     if proc.poll() is None:
         try:
-            os.killpg(proc.pid, 9)
+            os.killpg(proc.pid, signal.SIGTERM)
         except ProcessLookupError:
             pass
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            pass
+    for p in proc_stat.processes():
+        if p.session == proc.pid:
+            try:
+                os.kill(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
     proc.wait()
