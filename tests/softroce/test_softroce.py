@@ -152,11 +152,12 @@ def _record(output: str, work: Path) -> Optional[dict]:
         return None
     folder = Path(lines[-1][len("RECORD "):])
     ran = json.loads((folder / "record.json").read_text())
+    if ran["rc"] in (254, 255):  # the guest boots again in ``work``, left as it was
+        shutil.rmtree(folder, ignore_errors=True)
+        return None
     for entry in folder.iterdir():
         shutil.move(str(entry), str(work / entry.name))
     folder.rmdir()
-    if ran["rc"] in (254, 255):
-        return None
     return _read(ran, work)
 
 
