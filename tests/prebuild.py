@@ -41,11 +41,13 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
-from typing import Callable, Dict, List, Optional, Set, Tuple
+from typing import IO, Callable, Dict, List, Optional, Set, Tuple
 
 from netreduce.testbed import proc_stat
 
@@ -55,6 +57,8 @@ FUZZ = "tests/parallel/test_fuzz_smoke.py::test_sanitizer_build_and_fuzz_smoke"
 FSDP_GLOO = "tests/parallel/test_torch_fsdp.py::test_fsdp_matches_gloo"
 HOROVOD_ANSWERS = ("tests/parallel/test_torch_reducescatter.py"
                    "::test_reducescatter_allgather_alltoall_match_horovod")
+RAY = "tests/parallel/test_ray.py"
+SOFTROCE = "tests/softroce/test_softroce.py"
 
 
 def _tensorflow_selected(ids) -> bool:
@@ -64,6 +68,12 @@ def _tensorflow_selected(ids) -> bool:
 
 def _selected(prefix: str) -> Callable[[Set[str]], bool]:
     return lambda ids: any(i.startswith(prefix) for i in ids)
+
+
+def _ray_driven(ids) -> bool:
+    """A test of test_ray.py that reads its driver's run (all but the arguments' check)."""
+    return any(i.startswith(RAY + "::") and "::test_config_arguments" not in i for i in ids) \
+        and importlib.util.find_spec("ray") is not None
 
 
 # name -> (the program it needs, whether the selected node ids need it, the command);
@@ -82,9 +92,23 @@ BUILDS: Dict[str, Tuple[str, Callable[[Set[str]], bool], List[str]]] = {
                 [sys.executable, "-m", "tests.parallel.test_torch_fsdp"]),
     HOROVOD_ANSWERS: ("horovodrun", _selected(HOROVOD_ANSWERS),
                       [sys.executable, "-m", "tests.parallel.test_torch_reducescatter"]),
+    # Ray's driver (tests/parallel/ray_driver.py: a local Ray cluster, a TorchTrainer
+    # and a RayExecutor job, ~38 s and ~60 CPU-s quietly, most of it Ray's and torch's
+    # process starts): the module fixture reads the RESULT line of this run's output
+    # (output(RAY)), or runs the driver itself where this run failed. Nothing is
+    # cached: each session runs the driver once, as before.
+    RAY: (sys.executable, _ray_driven, [sys.executable, "-m", "tests.parallel.test_ray"]),
+    # the Soft-RoCE module's bed and QEMU guest (TCG: ~40 s and ~40 CPU-s quietly, the
+    # guest's boot ~8 s of it): its fixture moves this run's record and files into its
+    # own folder, or boots the guest itself where this run's guest never reported a
+    # status. Its bridge, tap and nftables table are named for this run's pid; SIGTERM
+    # takes them down (stop_all)
+    SOFTROCE: ("qemu-system-x86_64", _selected(SOFTROCE + "::"),
+               [sys.executable, "-m", "tests.softroce.test_softroce"]),
 }
 
 _running: Dict[str, subprocess.Popen] = {}
+_outputs: Dict[str, "IO[bytes]"] = {}  # name -> its stdout and stderr (an unlinked file)
 _watcher: Optional[threading.Thread] = None
 _lock = threading.Lock()
 WATCH_S = 0.5  # a rank's first half second at nice 0; a /proc scan is ~4 ms of CPU here
@@ -107,9 +131,10 @@ def start(selected_ids: Set[str]) -> None:
     compile_bytecode()
     for name, (compiler, needed, cmd) in BUILDS.items():
         if name not in _running and shutil.which(compiler) and needed(selected_ids):
+            _outputs[name] = tempfile.TemporaryFile()
             _running[name] = subprocess.Popen(
                 ["nice", "-n", "19"] + cmd, cwd=ROOT, stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+                stdout=_outputs[name], stderr=subprocess.STDOUT, start_new_session=True)
             _nice_autogroup(_running[name].pid)
     global _watcher
     if _running and _watcher is None and os.path.exists("/proc/self/autogroup"):
@@ -208,16 +233,43 @@ def wait(name: str, timeout: float = 600) -> Optional[int]:
         return None
 
 
+def output(name: str) -> str:
+    """What the background run ``name`` wrote (stdout and stderr); "" where none ran.
+    Read once wait() has returned its exit status."""
+    f = _outputs.pop(name, None)
+    if f is None:
+        return ""
+    with f:
+        f.seek(0)
+        return f.read().decode(errors="replace")
+
+
 def stop_all() -> None:
     """At the session's end: a build no test waited for (deselected, interrupted) goes."""
     for name in list(_running):
         _kill(_running.pop(name))
+    for name in list(_outputs):
+        _outputs.pop(name).close()
 
 
-def _kill(proc: subprocess.Popen) -> None:
+def _kill(proc: subprocess.Popen, grace: float = 15) -> None:
+    """The run's session: SIGTERM to its process group first (the Soft-RoCE run takes
+    its bridge, tap and table down on it), then SIGKILL after ``grace`` seconds to
+    whatever of the session is left, process groups of its own included (coreutils'
+    timeout, around the guest's QEMU, makes one)."""
     if proc.poll() is None:
         try:
-            os.killpg(proc.pid, 9)
+            os.killpg(proc.pid, signal.SIGTERM)
         except ProcessLookupError:
             pass
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            pass
+    for p in proc_stat.processes():
+        if p.session == proc.pid:
+            try:
+                os.kill(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
     proc.wait()
