@@ -18,7 +18,6 @@ import sys
 import tempfile
 import threading
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Optional
 
 import pytest
@@ -138,8 +137,7 @@ def _read(ran: dict, work: Path) -> dict:
     guest = json.loads(result_file.read_text()) if result_file.exists() else {"phases": []}
     log = (rundir / "out.log").read_text() if (rundir / "out.log").exists() else ""
     console = (rundir / "console.log").read_text()[-3000:] if (rundir / "console.log").exists() else ""
-    bed = SimpleNamespace(guest_ip=ran["guest_ip"], lossy_ip=ran["lossy_ip"])
-    return dict(ran, guest=guest, pcap=work / "roce.pcap", rundir=rundir, bed=bed, log=log,
+    return dict(ran, guest=guest, pcap=work / "roce.pcap", rundir=rundir, log=log,
                 console=console)
 
 
@@ -214,11 +212,11 @@ def test_lossless_phases_saw_no_sequence_errors(run):
 
 
 def test_capture_is_valid_rocev2(run):
-    bed = run["bed"]
+    guest_ip, lossy_ip = run["guest_ip"], run["lossy_ip"]
     packets = roce_pcap.read(run["pcap"])
     writes = [p for p in packets if p.opcode in (0x2B, 0x0B)]
-    to_guest = [p for p in writes if p.dst == bed.guest_ip]
-    from_guest = [p for p in writes if p.src == bed.guest_ip]
+    to_guest = [p for p in writes if p.dst == guest_ip]
+    from_guest = [p for p in writes if p.src == guest_ip]
     assert len(to_guest) > 2000 and len(from_guest) > 2000, (len(to_guest), len(from_guest))
     # UC and RC RDMA WRITE Only with Immediate, and RC Acknowledge (ACK/NAK)
     assert {p.opcode for p in packets} == {0x2B, 0x0B, 0x11}
@@ -227,7 +225,7 @@ def test_capture_is_valid_rocev2(run):
     # No PSN skipped on any stream the network did not drop from: the guest's QPs, and
     # the lossless aggregator's per-QP sequences. (RC go-back-N may repeat PSNs; the
     # lossy aggregator's output chain drops before the bridge, so its skips are real.)
-    for p0 in {(p.src, p.dst, p.opcode) for p in writes if p.src != bed.lossy_ip}:
+    for p0 in {(p.src, p.dst, p.opcode) for p in writes if p.src != lossy_ip}:
         stream = [p for p in writes if (p.src, p.dst, p.opcode) == p0]
         assert not any(roce_pcap.psn_skips(stream).values()), p0
     summary = roce_pcap.tshark_summary(run["pcap"])
@@ -241,8 +239,7 @@ def test_guest_rdma_stack_accepted_every_result(run):
     before = _counters(run["rundir"] / "counters_before.txt")
     after = _counters(run["rundir"] / "counters_after.txt")
     received = after.get("rcvd_pkts", 0) - before.get("rcvd_pkts", 0)
-    bed = run["bed"]
-    to_guest = [p for p in roce_pcap.read(run["pcap"]) if p.dst == bed.guest_ip]
+    to_guest = [p for p in roce_pcap.read(run["pcap"]) if p.dst == run["guest_ip"]]
     # Every packet that reached the guest was taken by its RDMA stack: what the bridge
     # carried to the guest, less what the host's tap dropped before QEMU read it (a
     # loaded host's doing, repaired by the protocol like any loss; may include an ARP).
