@@ -5,7 +5,6 @@ numpy on every rank, identical bytes on every rank, and every aggregator's link
 carried its share. Needs root; skipped with the reason otherwise."""
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -15,6 +14,7 @@ import uuid
 import pytest
 
 from netreduce.testbed import Testbed, why_unusable
+from tests.procs import collect_ok
 from tests.root import scratch_subnet, scratch_testbed_name
 
 REASON = why_unusable()
@@ -56,12 +56,7 @@ def test_exact_over_aggregators_in_their_own_hosts(k):
                            PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]))
                 procs.append(tb.popen(r, [sys.executable, WORKER, "exact"], env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-            results = []
-            for p in procs:
-                out, err = p.communicate(timeout=300)
-                lines = [ln for ln in out.splitlines() if ln.startswith("{")]
-                assert p.returncode == 0 and lines, err[-3000:]
-                results.append(json.loads(lines[-1]))
+            results = collect_ok(procs, timeout=300)
             after = tb.counters()
         finally:
             for proc in daemons:

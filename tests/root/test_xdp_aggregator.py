@@ -10,7 +10,6 @@ kernel sockets, or exits with the reason under --no-xdp-fallback. Needs root, th
 transport built and (for the capture) tshark."""
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -25,7 +24,7 @@ import pytest
 
 from netreduce.protocol.client import ControlClient
 from netreduce.testbed import Testbed, why_unusable
-from tests.procs import collect_ok
+from tests.procs import collect_ok, last_json
 from tests.root import scratch_subnet, wait_for_capture_file
 from tests.root.test_xdp_transport import native, xdp_name  # noqa: F401  (fixture)
 
@@ -252,7 +251,7 @@ def test_xdp_path_checks_every_icrc_whatever_the_sender_says(native):
                          cwd=REPO)
         finally:
             switch.stop()
-    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    seen = last_json(out.stdout)
     counters, transport = seen["counters"], seen["transport"]
     assert transport["port_stats"][0]["rx_xsk"] > 0, transport  # it came through AF_XDP
     assert counters["drop_bad_icrc"] == 1 and counters["slots_completed"] == 0, counters
