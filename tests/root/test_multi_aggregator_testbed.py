@@ -8,14 +8,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 import uuid
 
 import pytest
 
 from netreduce.testbed import Testbed, why_unusable
 from tests.procs import collect_ok
-from tests.root import scratch_subnet, scratch_testbed_name
+from tests.root import listening_switch, scratch_subnet, scratch_testbed_name
 
 REASON = why_unusable()
 pytestmark = [pytest.mark.root, pytest.mark.skipif(REASON is not None, reason=REASON or "")]
@@ -34,17 +33,7 @@ def test_exact_over_aggregators_in_their_own_hosts(k):
         try:
             for i in range(k):
                 node = tb.hosts[RANKS + i]
-                proc = tb.popen(node, [sys.executable, "-m", "netreduce.switch", "--host",
-                                       node.address, "--port", "4791", "--allow-open-jobs"],
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-                deadline = time.monotonic() + 30
-                line = ""
-                while time.monotonic() < deadline and "listening on" not in line:
-                    line = proc.stdout.readline()
-                    if not line:
-                        break
-                assert "listening on" in line, f"aggregator in {node.netns} did not start"
-                daemons.append(proc)
+                daemons.append(listening_switch(tb, node, node.address)[0])
             switch = ",".join(f"{tb.hosts[RANKS + i].address}:4791" for i in range(k))
             before = tb.counters()
             job = "tbm-" + uuid.uuid4().hex[:6]
