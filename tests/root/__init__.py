@@ -3,8 +3,9 @@ import os
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
-from typing import Dict, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 
 def scratch_testbed_name(tag: str) -> str:
@@ -73,3 +74,22 @@ def listening_switch(tb, node, host: str, *extra: str, env: Optional[Dict[str, s
             break
     proc.kill()
     raise AssertionError(f"netreduce-switch in {node.netns} did not start: {''.join(seen)}")
+
+
+LOSS_WORKER = str(Path(__file__).resolve().parents[2] / "benchmarks" / "loss.py")
+
+
+def loss_worker_reports(tb, switch, hosts: int, n: int, max_elems: int, seed: int,
+                        env: Dict[str, str]) -> List[dict]:
+    """benchmarks/loss.py's worker on testbed hosts 0..hosts-1, one rank each, in a job
+    of its own at ``switch``: N all-reduces of up to MAX_ELEMS elements (SEED's), 60 s
+    per call; each rank's report (tests.procs.collect_ok)."""
+    from tests.procs import collect_ok
+    host, port = switch.address
+    job = "loss-" + uuid.uuid4().hex[:6]
+    procs = [tb.popen(r, [sys.executable, LOSS_WORKER, "worker", host, str(port), job, str(r),
+                          str(hosts), "--n", str(n), "--max-elems", str(max_elems),
+                          "--seed", str(seed), "--timeout", "60"],
+                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+             for r in range(hosts)]
+    return collect_ok(procs, timeout=300)

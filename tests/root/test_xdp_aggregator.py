@@ -18,14 +18,13 @@ import struct
 import subprocess
 import sys
 import time
-import uuid
 
 import pytest
 
 from netreduce.protocol.client import ControlClient
 from netreduce.testbed import Testbed, why_unusable
-from tests.procs import collect_ok, last_json
-from tests.root import scratch_subnet, wait_for_capture_file
+from tests.procs import last_json
+from tests.root import loss_worker_reports, scratch_subnet, wait_for_capture_file
 from tests.root.test_xdp_transport import native, xdp_name  # noqa: F401  (fixture)
 
 REASON = why_unusable()
@@ -33,7 +32,6 @@ pytestmark = [pytest.mark.root, pytest.mark.skipif(REASON is not None, reason=RE
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
-LOSS_WORKER = os.path.join(REPO, "benchmarks", "loss.py")
 XDP_WORKER = os.path.join(HERE, "xdp_worker.py")
 
 
@@ -42,14 +40,7 @@ def env():
 
 
 def run_stream(tb, switch, hosts: int, n: int, max_elems: int, seed: int):
-    host, port = switch.address
-    job = "xdp-" + uuid.uuid4().hex[:6]
-    procs = [tb.popen(r, [sys.executable, LOSS_WORKER, "worker", host, str(port), job, str(r),
-                          str(hosts), "--n", str(n), "--max-elems", str(max_elems),
-                          "--seed", str(seed), "--timeout", "60"],
-                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env())
-             for r in range(hosts)]
-    return collect_ok(procs, timeout=300)
+    return loss_worker_reports(tb, switch, hosts, n, max_elems, seed, env())
 
 
 def transport_of(switch) -> dict:
