@@ -19,6 +19,12 @@ what the test reads, keyed as the test keys it), then read the cache or, where t
 run failed, run the peer themselves. A failed or unfinished background run changes
 nothing but the time; NETREDUCE_TEST_PREBUILD=0 starts none.
 
+A run that writes files for its test (the Soft-RoCE run's record folder under /tmp,
+the Ray driver's scratch folder) names each as it makes it (files_line): where no test
+read that run's output (its test deselected, the session interrupted, the run
+failed), stop_all removes them with the run, finished or not. A cache (the fuzz
+build, the TF ops, the peers' answers) is kept on purpose and named by no such line.
+
 Niced for real: each build runs in a session of its own (killed as a group), and where
 the kernel schedules by session (autogroups, /proc/sys/kernel/sched_autogroup_enabled)
 a task's nice counts only inside its session's group. So the group itself is set to
@@ -106,6 +112,8 @@ BUILDS: Dict[str, Tuple[str, Callable[[Set[str]], bool], List[str]]] = {
     SOFTROCE: ("qemu-system-x86_64", _selected(SOFTROCE + "::"),
                [sys.executable, "-m", "tests.softroce.test_softroce"]),
 }
+
+FILES = "FILES "  # a background run's line naming a file or folder it wrote for its test
 
 _running: Dict[str, subprocess.Popen] = {}
 _outputs: Dict[str, "IO[bytes]"] = {}  # name -> its stdout and stderr (an unlinked file)
@@ -244,12 +252,40 @@ def output(name: str) -> str:
         return f.read().decode(errors="replace")
 
 
+def files_line(path: str) -> str:
+    """What a background run prints (and flushes) as it makes ``path``, a file or
+    folder for its test under the temporary folder: stop_all removes it where no test
+    reads the run's output."""
+    return FILES + os.path.abspath(path)
+
+
 def stop_all() -> None:
-    """At the session's end: a build no test waited for (deselected, interrupted) goes."""
+    """At the session's end: a build no test waited for (deselected, interrupted) goes,
+    and so do the files of each run whose output no test read (output()), finished
+    or not."""
     for name in list(_running):
         _kill(_running.pop(name))
     for name in list(_outputs):
-        _outputs.pop(name).close()
+        _remove_files(output(name))
+
+
+def files(text: str) -> List[str]:
+    """The files and folders a run's output ``text`` names (files_line), in order."""
+    return [line[len(FILES):] for line in text.splitlines() if line.startswith(FILES)]
+
+
+def _remove_files(text: str) -> None:
+    """The files and folders a run's output names, under the temporary folder only (a
+    stray line is no reason to remove anything else)."""
+    tmp = os.path.abspath(tempfile.gettempdir())
+    for named in files(text):
+        path = os.path.abspath(named)
+        if os.path.commonpath([tmp, path]) != tmp or path == tmp:
+            continue
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+        elif os.path.lexists(path):
+            os.unlink(path)
 
 
 def _kill(proc: subprocess.Popen, grace: float = 15) -> None:

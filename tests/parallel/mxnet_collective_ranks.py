@@ -14,7 +14,7 @@ import pytest
 
 mx = pytest.importorskip("mxnet")
 
-from tests.parallel.launched import LAUNCHED, only_when_launched_by  # noqa: E402
+from tests.parallel.launched import LAUNCHED, initialized_by, only_when_launched_by  # noqa: E402
 
 pytestmark = only_when_launched_by("tests/parallel/test_mxnet_collectives.py")
 
@@ -26,11 +26,7 @@ DTYPES = ["float32", "float64", "float16", "int32", "int64", "uint8", "int8"]
 FLOATS = ["float32", "float64", "float16"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def initialized():
-    hvd.init()
-    yield
-    hvd.barrier()
+initialized = initialized_by("netreduce.mxnet")
 
 
 def _data(r, rows, tail, dtype):

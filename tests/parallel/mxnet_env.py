@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import subprocess
+import sys
 
 import pytest
 
@@ -53,3 +55,20 @@ def rank_env() -> dict:
                 "MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE"):
         env.pop(var, None)
     return env
+
+
+def run_ranks_file(name: str, ranks: int, at_least: int, timeout: float) -> None:
+    """tests/parallel/``name`` as a pytest session on every rank of a netreduce-run
+    job of ``ranks`` ranks, with the venv's python (the launcher and aggregator are this
+    environment's); fails unless the job succeeded and every rank passed at least
+    ``at_least`` tests and skipped none (a skip would hide a rank that never ran them)."""
+    python = mxnet_python()
+    cmd = [sys.executable, "-m", "netreduce.launcher", "-np", str(ranks), "--", python, "-m",
+           "pytest", "-q", "-x", "-p", "no:cacheprovider",
+           os.path.join(ROOT, "tests", "parallel", name)]
+    proc = subprocess.run(cmd, cwd=ROOT, env=rank_env(), stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-6000:]
+    passed = [int(n) for n in re.findall(r"(\d+) passed", proc.stdout)]
+    assert len(passed) == ranks and min(passed) >= at_least, proc.stdout[-3000:]
+    assert "skipped" not in proc.stdout, proc.stdout[-3000:]

@@ -3,6 +3,7 @@ cluster it starts ends with it): Ray Train's TorchTrainer with NetReduceConfig, 
 netreduce's RayExecutor, both with 2 CPU workers. Prints one line, RESULT <json>."""
 import json
 import os
+import shutil
 import sys
 import tempfile
 
@@ -13,6 +14,7 @@ from ray.train.torch import TorchTrainer
 
 from netreduce.launcher.ray_executor import RayExecutor
 from netreduce.torch.ray_train import NetReduceConfig
+from tests.prebuild import files_line
 
 STEPS, LR, WORKERS = 8, 0.05, 2
 TRUE_W = [1.0, -2.0, 3.0, 0.5]
@@ -94,11 +96,17 @@ def alive(pid):
 
 def main():
     ray.init(num_cpus=2 * WORKERS, include_dashboard=False, log_to_driver=False)
+    # each worker's report, read back here (then the folder goes); named for
+    # tests/prebuild.py, which removes it where this run is killed first
     out = tempfile.mkdtemp(prefix="nr-ray-")
-    result = TorchTrainer(train_loop, train_loop_config={"out": out},
-                          scaling_config=ScalingConfig(num_workers=WORKERS),
-                          torch_config=NetReduceConfig()).fit()
-    ranks = [json.load(open(os.path.join(out, f))) for f in sorted(os.listdir(out))]
+    print(files_line(out), flush=True)
+    try:
+        result = TorchTrainer(train_loop, train_loop_config={"out": out},
+                              scaling_config=ScalingConfig(num_workers=WORKERS),
+                              torch_config=NetReduceConfig()).fit()
+        ranks = [json.load(open(os.path.join(out, f))) for f in sorted(os.listdir(out))]
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
     pid = ranks[0]["aggregator_pid"] if ranks else None
     trainer = {"error": repr(result.error) if result.error else None, "ranks": ranks,
                "reference": reference_weights(),

@@ -25,7 +25,7 @@ import pytest
 
 from netreduce.errors import NetReduceError
 from netreduce.process import free_tcp_port
-from tests.procs import report
+from tests.procs import collect
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
@@ -76,23 +76,7 @@ def launch(tmp_path, n: int, env_extra: Dict[str, str], mode: str = "exact", ste
             on_mark()
         killer = threading.Thread(target=watch, daemon=True)
         killer.start()
-    results = []
-    try:
-        for p in procs:
-            try:
-                out, err = p.communicate(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                for q in procs:  # faulthandler prints every thread's stack on SIGABRT
-                    if q.poll() is None:
-                        q.send_signal(signal.SIGABRT)
-                tails = [q.communicate(timeout=30)[1][-12000:] for q in procs]
-                pytest.fail(f"ranks still running after {timeout} s:\n" + "\n---\n".join(tails))
-            results.append(report(p, out, err))
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+    results = collect(procs, timeout, stacks=True)  # PYTHONFAULTHANDLER above
     if killer is not None:
         killer.join(5)
     return results

@@ -7,7 +7,6 @@ agree; nothing may hang (run_ranks' timeout). Timings are benchmarks/loss.py's."
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import subprocess
@@ -23,6 +22,7 @@ from netreduce.protocol.client import ControlClient
 from netreduce.errors import DataPlaneError
 from netreduce.switch import spawn
 from tests.parallel.ranks import run_ranks
+from tests.procs import last_json
 from tests.raw_register import register
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -127,8 +127,8 @@ def _relay(port: int):
         proc.send_signal(signal.SIGTERM)
         try:
             out, _ = proc.communicate(timeout=10)
-            counters.update(json.loads(out.strip().splitlines()[-1]))
-        except (subprocess.TimeoutExpired, ValueError, IndexError):
+            counters.update(last_json(out) or {})
+        except (subprocess.TimeoutExpired, ValueError):
             proc.kill()
             proc.wait()
 

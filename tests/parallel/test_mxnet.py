@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from netreduce.environment import discover
-from tests.parallel.mxnet_env import ROOT, mxnet_python, rank_env
+from tests.parallel.mxnet_env import ROOT, mxnet_python, rank_env, run_ranks_file
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(discover().size > 1, reason="already running under a launcher")]
@@ -20,16 +20,7 @@ pytestmark = [pytest.mark.slow,
 
 @pytest.mark.parametrize("ranks", [2, 3])
 def test_mxnet_suite(ranks):
-    python = mxnet_python()
-    cmd = [sys.executable, "-m", "netreduce.launcher", "-np", str(ranks), "--", python, "-m",
-           "pytest", "-q", "-x", "-p", "no:cacheprovider",
-           os.path.join(ROOT, "tests", "parallel", "mxnet_ranks.py")]
-    proc = subprocess.run(cmd, cwd=ROOT, env=rank_env(), stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-6000:]
-    passed = [int(n) for n in re.findall(r"(\d+) passed", proc.stdout)]
-    assert len(passed) == ranks and min(passed) >= 17, proc.stdout[-3000:]
-    assert "skipped" not in proc.stdout, proc.stdout[-3000:]
+    run_ranks_file("mxnet_ranks.py", ranks, at_least=17, timeout=300)
 
 
 SUMMARY = re.compile(r"loss (\d+\.\d+) -> (\d+\.\d+) \((fell|DID NOT FALL)\).*weights "

@@ -17,6 +17,7 @@ import pytest
 from netreduce import _native
 from netreduce.protocol.socket_buffers import rmem_max
 from tests.parallel.test_switch_signals import Daemon
+from tests.procs import collect_ok
 from tests.raw_register import register
 
 ASKED = int(_native.engine_receive_buffer_asked)
@@ -104,11 +105,7 @@ def _job(prefixes, address, job):
     procs = [subprocess.Popen([*pre, sys.executable, "-c", WINDOW, address[0], str(address[1]),
                                str(rank), job], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True) for rank, pre in enumerate(prefixes)]
-    outs = [p.communicate(timeout=120) for p in procs]
-    for p, (out, err) in zip(procs, outs):
-        assert p.returncode == 0, err
-    import json
-    return [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
+    return collect_ok(procs, timeout=120)
 
 
 @capped

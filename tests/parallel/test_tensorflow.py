@@ -11,7 +11,7 @@ import itertools
 import numpy as np
 import pytest
 
-from tests.parallel.launched import LAUNCHED, only_when_launched_by, skip_module_unless_launched
+from tests.parallel.launched import LAUNCHED, initialized_by, only_when_launched_by, skip_module_unless_launched
 
 pytestmark = only_when_launched_by("tests/parallel/test_tensorflow_launch.py")
 skip_module_unless_launched(pytestmark)  # before TensorFlow's import
@@ -28,11 +28,7 @@ DIMS = [0, 1, 2, 3]
 MODES = ["eager", "function"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def initialized():
-    hvd.init()
-    yield
-    hvd.barrier()
+initialized = initialized_by("netreduce.tensorflow")
 
 
 def _random(dim, dtype, seed=1234):

@@ -8,7 +8,7 @@ Started on every rank by tests/parallel/test_tensorflow_launch.py (2 and 3 ranks
 import numpy as np
 import pytest
 
-from tests.parallel.launched import LAUNCHED, only_when_launched_by, skip_module_unless_launched
+from tests.parallel.launched import LAUNCHED, initialized_by, only_when_launched_by, skip_module_unless_launched
 
 pytestmark = only_when_launched_by("tests/parallel/test_tensorflow_launch.py")
 skip_module_unless_launched(pytestmark)  # before TensorFlow's import
@@ -22,11 +22,7 @@ if LAUNCHED:
 MODES = ["eager", "function"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def initialized():
-    hvd.init()
-    yield
-    hvd.barrier()
+initialized = initialized_by("netreduce.tensorflow")
 
 
 def _call(mode, fn, *args):

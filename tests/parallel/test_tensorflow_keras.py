@@ -9,7 +9,7 @@ Started on every rank by tests/parallel/test_tensorflow_launch.py.
 import numpy as np
 import pytest
 
-from tests.parallel.launched import LAUNCHED, only_when_launched_by, skip_module_unless_launched
+from tests.parallel.launched import LAUNCHED, initialized_by, only_when_launched_by, skip_module_unless_launched
 
 pytestmark = only_when_launched_by("tests/parallel/test_tensorflow_launch.py")
 skip_module_unless_launched(pytestmark)  # before TensorFlow's import
@@ -24,11 +24,7 @@ if LAUNCHED:
 FEATURES, PER_RANK_BATCH = 6, 4
 
 
-@pytest.fixture(scope="module", autouse=True)
-def initialized():
-    hvd.init()
-    yield
-    nrtf.barrier()
+initialized = initialized_by("netreduce.tensorflow.keras", barrier_in="netreduce.tensorflow")
 
 
 def _data(rows_per_rank=24):

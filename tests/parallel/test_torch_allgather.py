@@ -17,7 +17,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from netreduce.environment import discover  # noqa: E402
-from tests.parallel.launched import LAUNCHED, only_when_launched_by  # noqa: E402
+from tests.parallel.launched import LAUNCHED, initialized_by, only_when_launched_by  # noqa: E402
 
 launched = only_when_launched_by("tests/parallel/test_torch_launch.py")
 
@@ -30,11 +30,7 @@ DIMS = [1, 2, 3]
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-@pytest.fixture(scope="module")
-def initialized():
-    hvd.init()
-    yield
-    hvd.barrier()
+initialized = initialized_by("netreduce.torch", autouse=False)
 
 
 def _mine(rank, dim, dtype):

@@ -6,7 +6,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from tests.parallel.launched import LAUNCHED, only_when_launched_by  # noqa: E402
+from tests.parallel.launched import LAUNCHED, initialized_by, only_when_launched_by  # noqa: E402
 
 pytestmark = only_when_launched_by("tests/parallel/test_torch_launch.py")
 
@@ -14,11 +14,7 @@ if LAUNCHED:
     import netreduce.torch as hvd
 
 
-@pytest.fixture(scope="module", autouse=True)
-def initialized():
-    hvd.init()
-    yield
-    hvd.barrier()
+initialized = initialized_by("netreduce.torch")
 
 
 def _model():

@@ -12,7 +12,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from tests.parallel.launched import LAUNCHED, only_when_launched_by  # noqa: E402
+from tests.parallel.launched import LAUNCHED, initialized_by, only_when_launched_by  # noqa: E402
 
 if LAUNCHED:
     import netreduce.torch as hvd
@@ -22,14 +22,7 @@ DTYPES = [torch.int32, torch.int64, torch.float16, torch.float32, torch.float64]
 DIMS = [1, 2, 3]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def initialized():
-    if not LAUNCHED:
-        yield
-        return
-    hvd.init()
-    yield
-    hvd.barrier()
+initialized = initialized_by("netreduce.torch")
 
 
 def _data(rank, dim, dtype, rows=None):

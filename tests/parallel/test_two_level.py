@@ -26,7 +26,7 @@ from netreduce.worker import dataplane
 from netreduce.protocol.client import ControlClient
 from netreduce.errors import NetReduceError
 from tests.parallel.ranks import rank_barrier, run_ranks
-from tests.procs import ROOT, collect
+from tests.procs import ROOT, collect_ok
 
 PAYLOAD = 65464
 F32_PER_PACKET = PAYLOAD // 4
@@ -315,19 +315,12 @@ def _rack_ranks(spine, racks, job, timeout, *args):
     return procs
 
 
-def _reported(result):
-    """Whether tests.procs.collect found the rank's JSON line (not only its exit)."""
-    return bool(set(result) - {"returncode", "stderr"})
-
-
 @pytest.mark.slow
 def test_public_api_negotiates_at_the_spine(tree):
     """netreduce.init/allreduce on every rank: negotiation at the spine, data through
     the racks; every dtype x op x size exact and identical on every rank."""
     spine, racks = tree()
-    results = collect(_rack_ranks(spine, racks, _job(), "20", "exact"), timeout=240)
-    for r in results:
-        assert r["returncode"] == 0 and _reported(r), r["stderr"]
+    results = collect_ok(_rack_ranks(spine, racks, _job(), "20", "exact"), timeout=240)
     for r in results:
         assert "failure" not in r and r["algorithm"] == "flat" and r["checked"] == 72, r
     assert len({r["digest"] for r in results}) == 1
@@ -416,9 +409,8 @@ def test_killed_rack_aggregator_is_named_on_every_rank(tree, tmp_path):
             p.kill()
             p.wait()
         raise
-    results = collect(procs, timeout=120)  # (kills whatever is left)
-    for r in results:
-        assert _reported(r), r["stderr"]
+    # every rank's report, whatever its exit after the error
+    results = collect_ok(procs, timeout=120, any_exit=True)
     dead = "%s:%d" % racks[1].address
     for r in results:
         assert "failure" not in r, r

@@ -1,8 +1,11 @@
 import ipaddress
 import os
 import subprocess
+import sys
 import time
+import uuid
 from pathlib import Path
+from typing import Dict, List, Optional, Tuple
 
 
 def scratch_testbed_name(tag: str) -> str:
@@ -49,3 +52,44 @@ def wait_for_capture_file(pcap: Path, timeout: float) -> None:
         time.sleep(0.1)
     assert pcap.exists(), f"no capture file {pcap} within {timeout:g} s"
     time.sleep(1.0)
+
+
+def listening_switch(tb, node, host: str, *extra: str, env: Optional[Dict[str, str]] = None
+                     ) -> Tuple[subprocess.Popen, str]:
+    """``netreduce-switch --host HOST --port 4791 --allow-open-jobs EXTRA`` in ``node``'s
+    namespace of testbed ``tb`` (its bridge: the ranks bring no secret, as
+    Testbed.spawn_switch), once it says it listens: the process and that line. Killed,
+    failing with what it printed, where it has not said so within 30 s."""
+    proc = tb.popen(node, [sys.executable, "-m", "netreduce.switch", "--host", host, "--port",
+                           "4791", "--allow-open-jobs", *extra],
+                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    deadline = time.monotonic() + 30
+    seen = []
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        seen.append(line)
+        if "listening on" in line:
+            return proc, line
+        if not line:
+            break
+    proc.kill()
+    raise AssertionError(f"netreduce-switch in {node.netns} did not start: {''.join(seen)}")
+
+
+LOSS_WORKER = str(Path(__file__).resolve().parents[2] / "benchmarks" / "loss.py")
+
+
+def loss_worker_reports(tb, switch, hosts: int, n: int, max_elems: int, seed: int,
+                        env: Dict[str, str]) -> List[dict]:
+    """benchmarks/loss.py's worker on testbed hosts 0..hosts-1, one rank each, in a job
+    of its own at ``switch``: N all-reduces of up to MAX_ELEMS elements (SEED's), 60 s
+    per call; each rank's report (tests.procs.collect_ok)."""
+    from tests.procs import collect_ok
+    host, port = switch.address
+    job = "loss-" + uuid.uuid4().hex[:6]
+    procs = [tb.popen(r, [sys.executable, LOSS_WORKER, "worker", host, str(port), job, str(r),
+                          str(hosts), "--n", str(n), "--max-elems", str(max_elems),
+                          "--seed", str(seed), "--timeout", "60"],
+                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+             for r in range(hosts)]
+    return collect_ok(procs, timeout=300)

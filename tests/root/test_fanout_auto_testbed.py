@@ -6,7 +6,6 @@ chunk by its timeouts. Needs root and the built native module; skipped with the
 reason otherwise."""
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -16,6 +15,7 @@ import pytest
 
 from netreduce.protocol.client import ControlClient
 from netreduce.testbed import Testbed, sh, why_unusable
+from tests.procs import collect_ok
 from tests.root import scratch_subnet, scratch_testbed_name
 
 REASON = why_unusable()
@@ -56,11 +56,7 @@ def test_auto_fanout_keeps_a_host_whose_multicast_stops_mid_job():
             for p in procs:
                 p.stdin.write("go\n")
                 p.stdin.flush()
-            results = []
-            for r, p in enumerate(procs):
-                out, err = p.communicate(timeout=120)
-                assert p.returncode == 0, f"rank {r} exited {p.returncode}: {err[-2000:]}"
-                results.append(json.loads(out.strip().splitlines()[-1]))
+            results = collect_ok(procs, timeout=120)
             with ControlClient(switch.address) as c:
                 after = c.call("counters")["global"]
             dropped = tb.run(tb.hosts[1], ["nft", "list", "table", "inet", "nrmcblock"],

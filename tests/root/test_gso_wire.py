@@ -25,7 +25,7 @@ import pytest
 
 from netreduce.testbed import Testbed, why_unusable
 from tests.procs import collect_ok
-from tests.root import scratch_subnet, scratch_testbed_name, wait_for_capture_file
+from tests.root import listening_switch, scratch_subnet, scratch_testbed_name, wait_for_capture_file
 from tests.unit.test_wire import reference_icrc
 
 REASON = why_unusable()
@@ -57,23 +57,10 @@ FIELDS = ["infiniband.bth.opcode", "ip.src", "ip.dst", "ip.id", "ip.flags", "ip.
 
 
 def _switch(tb: Testbed) -> subprocess.Popen:
-    proc = tb.popen(tb.aggregator, [sys.executable, "-m", "netreduce.switch", "--host",
-                                    tb.aggregator.address, "--port", "4791",
-                                    # the testbed bridge: ranks bring no secret (as Testbed.spawn_switch)
-                                    "--allow-open-jobs", "--fanout", "unicast"],
-                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV)
-    deadline = time.monotonic() + 30
-    seen = []
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        seen.append(line)
-        if "listening on" in line:
-            assert "data path udp gso+gro" in line, line
-            return proc
-        if not line:
-            break
-    proc.kill()
-    raise AssertionError(f"netreduce-switch did not start: {''.join(seen)}")
+    proc, line = listening_switch(tb, tb.aggregator, tb.aggregator.address, "--fanout", "unicast",
+                                  env=ENV)
+    assert "data path udp gso+gro" in line, line
+    return proc
 
 
 @pytest.mark.parametrize("mtu, payload, tag", [(1500, 1432, "g"), (9000, 8936, "j")])

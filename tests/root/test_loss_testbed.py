@@ -14,21 +14,16 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
-import sys
-import uuid
 
 import pytest
 
 from netreduce.testbed import Testbed, why_unusable
-from tests.procs import collect_ok
-from tests.root import scratch_subnet, scratch_testbed_name
+from tests.root import loss_worker_reports, scratch_subnet, scratch_testbed_name
 
 REASON = why_unusable()
 pytestmark = [pytest.mark.root, pytest.mark.skipif(REASON is not None, reason=REASON or "")]
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-WORKER = os.path.join(REPO, "benchmarks", "loss.py")
 
 
 @pytest.mark.parametrize("loss, mtu, offload, per_segment", [
@@ -56,14 +51,8 @@ def test_thousand_allreduces_exact_under_nftables_loss(loss, mtu, offload, per_s
         # The daemon's own default payload (the path's): 1432 or 8936 B.
         switch = tb.spawn_switch(env=env, args=["--payload-bytes", "65464"])
         try:
-            host, port = switch.address
-            job = "tbloss-" + uuid.uuid4().hex[:6]
-            procs = [tb.popen(r, [sys.executable, WORKER, "worker", host, str(port), job, str(r),
-                                  str(hosts), "--n", "1000", "--max-elems", "8192",
-                                  "--seed", str(int(loss * 100)), "--timeout", "60"],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-                     for r in range(hosts)]
-            results = collect_ok(procs, timeout=300)
+            results = loss_worker_reports(tb, switch, hosts, n=1000, max_elems=8192,
+                                          seed=int(loss * 100), env=env)
             drops = tb.loss_drops()
         finally:
             switch.stop()

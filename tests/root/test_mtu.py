@@ -13,7 +13,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 import uuid
 
 import pytest
@@ -21,7 +20,7 @@ import pytest
 from netreduce.testbed import Testbed, why_unusable
 from tests.conftest import require_root
 from tests.procs import collect_ok
-from tests.root import scratch_subnet, scratch_testbed_name
+from tests.root import listening_switch, scratch_subnet, scratch_testbed_name
 
 REASON = why_unusable()
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -56,22 +55,10 @@ conn.close()
 
 def _start_switch(tb: Testbed, host: str) -> subprocess.Popen:
     """netreduce-switch in the aggregator's namespace with no payload flag at all."""
-    proc = tb.popen(tb.aggregator, [sys.executable, "-m", "netreduce.switch", "--host", host,
-                                    "--port", "4791", "--allow-open-jobs"],
-                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV)
-    deadline = time.monotonic() + 30
-    seen = []
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        seen.append(line)
-        if "listening on" in line:
-            shown = f"[{host}]:4791" if ":" in host else f"{host}:4791"
-            assert shown in line and "path-MTU payload" in line, line
-            return proc
-        if not line:
-            break
-    proc.kill()
-    raise AssertionError(f"netreduce-switch did not start: {''.join(seen)}")
+    proc, line = listening_switch(tb, tb.aggregator, host, env=ENV)
+    shown = f"[{host}]:4791" if ":" in host else f"{host}:4791"
+    assert shown in line and "path-MTU payload" in line, line
+    return proc
 
 
 def _run_job(tb: Testbed, size: int, host: str) -> list:

@@ -5,17 +5,16 @@ numpy on every rank, identical bytes on every rank, and every aggregator's link
 carried its share. Needs root; skipped with the reason otherwise."""
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
-import time
 import uuid
 
 import pytest
 
 from netreduce.testbed import Testbed, why_unusable
-from tests.root import scratch_subnet, scratch_testbed_name
+from tests.procs import collect_ok
+from tests.root import listening_switch, scratch_subnet, scratch_testbed_name
 
 REASON = why_unusable()
 pytestmark = [pytest.mark.root, pytest.mark.skipif(REASON is not None, reason=REASON or "")]
@@ -34,17 +33,7 @@ def test_exact_over_aggregators_in_their_own_hosts(k):
         try:
             for i in range(k):
                 node = tb.hosts[RANKS + i]
-                proc = tb.popen(node, [sys.executable, "-m", "netreduce.switch", "--host",
-                                       node.address, "--port", "4791", "--allow-open-jobs"],
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-                deadline = time.monotonic() + 30
-                line = ""
-                while time.monotonic() < deadline and "listening on" not in line:
-                    line = proc.stdout.readline()
-                    if not line:
-                        break
-                assert "listening on" in line, f"aggregator in {node.netns} did not start"
-                daemons.append(proc)
+                daemons.append(listening_switch(tb, node, node.address)[0])
             switch = ",".join(f"{tb.hosts[RANKS + i].address}:4791" for i in range(k))
             before = tb.counters()
             job = "tbm-" + uuid.uuid4().hex[:6]
@@ -56,12 +45,7 @@ def test_exact_over_aggregators_in_their_own_hosts(k):
                            PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]))
                 procs.append(tb.popen(r, [sys.executable, WORKER, "exact"], env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-            results = []
-            for p in procs:
-                out, err = p.communicate(timeout=300)
-                lines = [ln for ln in out.splitlines() if ln.startswith("{")]
-                assert p.returncode == 0 and lines, err[-3000:]
-                results.append(json.loads(lines[-1]))
+            results = collect_ok(procs, timeout=300)
             after = tb.counters()
         finally:
             for proc in daemons:

@@ -4,7 +4,6 @@ the asked fraction, and nothing is left behind afterwards. Needs root; skipped w
 the reason otherwise."""
 from __future__ import annotations
 
-import json
 import os
 import socket
 import subprocess
@@ -13,6 +12,7 @@ import sys
 import pytest
 
 from netreduce.testbed import Testbed, TestbedError, leftovers, parse_rate, why_unusable
+from tests.procs import collect_ok
 from tests.root import scratch_subnet, scratch_testbed_name
 
 REASON = why_unusable()
@@ -40,9 +40,7 @@ def start_sink(tb: Testbed, node, argv) -> subprocess.Popen:
 
 
 def result(proc: subprocess.Popen, timeout: float = 30.0) -> dict:
-    out, _ = proc.communicate(timeout=timeout)
-    assert proc.returncode == 0, out
-    return json.loads(out.strip().splitlines()[-1])
+    return collect_ok([proc], timeout)[0]
 
 
 def tcp_rate(tb: Testbed, src, dst, seconds: float = 1.5, port: int = 5301) -> float:

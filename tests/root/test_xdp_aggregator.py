@@ -10,7 +10,6 @@ kernel sockets, or exits with the reason under --no-xdp-fallback. Needs root, th
 transport built and (for the capture) tshark."""
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -19,14 +18,13 @@ import struct
 import subprocess
 import sys
 import time
-import uuid
 
 import pytest
 
 from netreduce.protocol.client import ControlClient
 from netreduce.testbed import Testbed, why_unusable
-from tests.procs import collect_ok
-from tests.root import scratch_subnet, wait_for_capture_file
+from tests.procs import last_json
+from tests.root import loss_worker_reports, scratch_subnet, wait_for_capture_file
 from tests.root.test_xdp_transport import native, xdp_name  # noqa: F401  (fixture)
 
 REASON = why_unusable()
@@ -34,7 +32,6 @@ pytestmark = [pytest.mark.root, pytest.mark.skipif(REASON is not None, reason=RE
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
-LOSS_WORKER = os.path.join(REPO, "benchmarks", "loss.py")
 XDP_WORKER = os.path.join(HERE, "xdp_worker.py")
 
 
@@ -43,14 +40,7 @@ def env():
 
 
 def run_stream(tb, switch, hosts: int, n: int, max_elems: int, seed: int):
-    host, port = switch.address
-    job = "xdp-" + uuid.uuid4().hex[:6]
-    procs = [tb.popen(r, [sys.executable, LOSS_WORKER, "worker", host, str(port), job, str(r),
-                          str(hosts), "--n", str(n), "--max-elems", str(max_elems),
-                          "--seed", str(seed), "--timeout", "60"],
-                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env())
-             for r in range(hosts)]
-    return collect_ok(procs, timeout=300)
+    return loss_worker_reports(tb, switch, hosts, n, max_elems, seed, env())
 
 
 def transport_of(switch) -> dict:
@@ -252,7 +242,7 @@ def test_xdp_path_checks_every_icrc_whatever_the_sender_says(native):
                          cwd=REPO)
         finally:
             switch.stop()
-    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    seen = last_json(out.stdout)
     counters, transport = seen["counters"], seen["transport"]
     assert transport["port_stats"][0]["rx_xsk"] > 0, transport  # it came through AF_XDP
     assert counters["drop_bad_icrc"] == 1 and counters["slots_completed"] == 0, counters

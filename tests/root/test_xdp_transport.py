@@ -8,7 +8,6 @@ the MTU; a queue without a socket, an unresolved neighbour, and the refusals (no
 privilege, another program attached) named. Needs root and the transport built."""
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -16,6 +15,7 @@ import sys
 import pytest
 
 from netreduce.testbed import Testbed, why_unusable
+from tests.procs import collect_ok, last_json
 from tests.root import scratch_subnet
 
 REASON = why_unusable()
@@ -43,10 +43,6 @@ def native():
     return _native
 
 
-def last_json(out: str) -> dict:
-    return json.loads([ln for ln in out.splitlines() if ln.startswith("{")][-1])
-
-
 def start_echo(tb, host: str, count: int, threads: int = 1) -> subprocess.Popen:
     p = tb.popen("agg", [sys.executable, WORKER, "echo", host, str(PORT), str(count),
                          "--threads", str(threads)],
@@ -65,9 +61,7 @@ def run_probe(tb, host: str, sizes, ports: int = 1, sources: int = 1) -> dict:
 
 
 def finish(p: subprocess.Popen) -> dict:
-    out, err = p.communicate(timeout=60)
-    assert p.returncode == 0, err[-2000:]
-    return last_json(out)
+    return collect_ok([p], timeout=60)[0]
 
 
 @pytest.fixture(scope="module", params=[1500, 9000], ids=["mtu1500", "mtu9000"])

@@ -142,15 +142,17 @@ def _read(ran: dict, work: Path) -> dict:
 
 
 def _record(output: str, work: Path) -> Optional[dict]:
-    """The background run's record (its RECORD line names its folder), moved into
-    ``work``; None where there is none or its guest never reported a status (254: it
-    hung past its limit, 255: it ended without one)."""
-    lines = [line for line in output.splitlines() if line.startswith("RECORD ")]
-    if not lines:
+    """The background run's record (its folder named by prebuild.files_line), moved
+    into ``work``; None where there is none or its guest never reported a status
+    (254: it hung past its limit, 255: it ended without one)."""
+    from tests import prebuild
+    folders = prebuild.files(output)
+    if not folders:
         return None
-    folder = Path(lines[-1][len("RECORD "):])
-    ran = json.loads((folder / "record.json").read_text())
-    if ran["rc"] in (254, 255):  # the guest boots again in ``work``, left as it was
+    folder = Path(folders[-1])
+    record = folder / "record.json"
+    ran = json.loads(record.read_text()) if record.exists() else None
+    if ran is None or ran["rc"] in (254, 255):  # the guest boots again in ``work``
         shutil.rmtree(folder, ignore_errors=True)
         return None
     for entry in folder.iterdir():
@@ -257,18 +259,20 @@ def test_guest_rdma_stack_accepted_every_result(run):
 
 def _main() -> None:
     """tests/prebuild.py's background run: the fixture's bed and guest, run ahead of
-    the tests; the record and the guest's files in a folder the fixture moves into its
-    own. SIGTERM (the session ended first) takes the bed down as an error would."""
+    the tests; the record (record.json, written last) and the guest's files in a
+    folder the fixture moves into its own (or, where none does, stop_all removes).
+    SIGTERM (the session ended first) takes the bed down as an error would."""
+    from tests import prebuild
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     require_softroce()
     work = Path(tempfile.mkdtemp(prefix="netreduce-softroce-"))
+    print(prebuild.files_line(str(work)), flush=True)
     try:
         ran = _boot_and_run(work)
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         raise
     (work / "record.json").write_text(json.dumps(ran))
-    print(f"RECORD {work}", flush=True)
 
 
 if __name__ == "__main__":

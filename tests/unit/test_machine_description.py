@@ -3,10 +3,11 @@ the installed versions without importing the frameworks (a driver such as
 benchmarks/train.py never uses torch itself; importing it only for ``__version__``
 cost ~2.8 CPU-s of every run, the test suite's included)."""
 import importlib.metadata
-import json
 import os
 import subprocess
 import sys
+
+from tests.procs import last_json
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -24,7 +25,7 @@ def test_versions_come_from_the_metadata_without_importing_the_frameworks():
     proc = subprocess.run([sys.executable, "-c", PROBE], cwd=ROOT, capture_output=True,
                           text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    out = last_json(proc.stdout)
     assert out["imported"] == [], out
     for name in ("numpy", "torch", "horovod"):
         try:
