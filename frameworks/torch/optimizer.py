@@ -65,9 +65,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self.op = op
         self.gradient_predivide_factor = gradient_predivide_factor
         self._handles: Dict[torch.Tensor, Tuple[Optional[int], Any]] = {}
-        # the gradients zero_grad() let go of, held until the next backward's first
-        # gradient (zero_grad's note)
-        self._let_go: Optional[list] = None
         self._hook_handles = []
         self._requires_update = set()
         self._synchronized = False
@@ -124,7 +121,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _make_hook(self, p: torch.Tensor):
         def hook(*ignore):
-            self._let_go = None  # backward has begun: the last step's gradients go now
             # (each dict lookup keyed by p hashes it in Python: read each once)
             handles, delay = self._handles, self._allreduce_delay
             entry, left = handles.get(p), delay[p]
@@ -197,13 +193,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             raise AssertionError("optimizer.zero_grad() was called after loss.backward() but "
                                  "before optimizer.step() or optimizer.synchronize(). This is "
                                  "prohibited as it can cause a race condition.")
-        # The gradients torch's zero_grad drops (set to None, its default) are freed
-        # when the next backward makes its first one, not now: freed all at once before
-        # the forward, their memory was given back to the kernel by glibc and faulted in
-        # again every step (~5 µs a page on the Zen 3 testbed; BENCHMARKS.md, "The hvd
-        # path's CPU on a Zen 3 boot"). p.grad is None as torch leaves it; only the
-        # memory lives through the forward, as with zero_grad(set_to_none=False).
-        self._let_go = [p.grad for p in self._requires_update]
         return super(self.__class__, self).zero_grad(*args, **kwargs)
 
 

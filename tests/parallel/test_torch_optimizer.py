@@ -1,7 +1,6 @@
 """DistributedOptimizer, broadcast_parameters and broadcast_optimizer_state, on every
 rank at once (started by tests/parallel/test_torch_launch.py with 2 and 3 ranks)."""
 import copy
-import weakref
 
 import pytest
 
@@ -121,41 +120,6 @@ def test_backward_passes_per_step():
     with pytest.raises(AssertionError, match="backward_passes_per_step"):
         _loss(model, batches[rank][0]).backward()
     opt.synchronize()  # complete the outstanding all-reduces on every rank
-
-
-def test_zero_grad_frees_the_gradients_when_the_next_backward_starts():
-    """optimizer.zero_grad() (set to None, torch's default) leaves p.grad None, and
-    the gradients it dropped are freed when the next backward makes its first
-    gradient, not before the forward (glibc then keeps their memory warm for
-    backward's new ones instead of giving it back to the kernel every step); the
-    averages are the same, and set_to_none=False still zeroes in place."""
-    rank, size = hvd.rank(), hvd.size()
-    model = _model()
-    params = list(model.parameters())
-    opt = hvd.DistributedOptimizer(torch.optim.SGD(params, lr=0.1),
-                                   named_parameters=model.named_parameters())
-    last = None
-    for step in range(4):
-        expected = _reference_grads(model, [[_batch(r, step)] for r in range(size)])
-        opt.zero_grad(set_to_none=step < 3)
-        if step in (1, 2):
-            assert all(p.grad is None for p in params)
-            assert all(w() is not None for w in last), step  # held through the forward
-        loss = _loss(model, _batch(rank, step))
-        if step in (1, 2):
-            assert all(w() is not None for w in last), step
-        loss.backward()
-        opt.synchronize()
-        if step in (1, 2):
-            assert all(w() is None for w in last), step  # freed by this backward
-        for p, e in zip(params, expected):
-            assert torch.allclose(p.grad, e, atol=1e-6), step
-        if step == 3:  # zeroed in place: the same tensors
-            assert all(w() is p.grad for w, p in zip(last, params))
-        last = [weakref.ref(p.grad) for p in params]
-        with opt.skip_synchronize():
-            opt.step()
-    _same_on_all_ranks(params)
 
 
 def test_gradient_predivide_factor():
