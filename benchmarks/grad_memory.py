@@ -8,7 +8,7 @@ faults per step by how long the gradients' memory lives (issue 33, the hvd path'
     copy   a post-accumulate hook copies each gradient into a buffer kept from step to
            step and drops autograd's (DDP's buckets' way)
     delay  zero_grad()'s gradients held until the next backward's first gradient hook
-           (the DistributedOptimizer's zero_grad since hvd57)
+           (DistributedOptimizer.zero_grad in 0ec2bfd, reverted: BENCHMARKS.md, hvd57)
 
 Run several at once (the testbed's 4 ranks share 2 cores), modes alternated; the
 MALLOC_* tunables of BENCHMARKS.md's malloc section in the environment give the
