@@ -1,6 +1,7 @@
 """The soak benchmark's short mode (benchmarks/soak.py): 3 ranks, 1 % loss by the
-engine knob, one worker SIGKILLed and restarted mid-run; the job re-forms and every
-result checked against numpy is exact. The 10-minute figure is in BENCHMARKS.md."""
+engine knob, one worker SIGKILLed and restarted mid-run (a second one at the end, when
+no new run starts); the job re-forms and every result checked against numpy is exact.
+The 10-minute figure is in BENCHMARKS.md."""
 from __future__ import annotations
 
 import json
@@ -17,7 +18,10 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def test_soak_short_mode_has_no_wrong_result(tmp_path):
     out = tmp_path / "soak.json"
     proc = subprocess.run([sys.executable, os.path.join(REPO, "benchmarks", "soak.py"),
-                           "--seconds", "20", "--restart-every", "8", "-n", "3",
+                           # the driver looks every 5 s: the kill at ~5 s, the last new
+                           # run 5 s after it (END_MARGIN_S), as at 10 s of the 20 it ran
+                           # before; a second kill at ~10 s is one more the job survives
+                           "--seconds", "15", "--restart-every", "5", "-n", "3",
                            "--max-elems", "200000", "--out", str(out)],
                           capture_output=True, text=True, timeout=180,
                           env=dict(os.environ, PYTHONPATH=REPO))
