@@ -121,6 +121,18 @@ def phases(steps: List[List[float]]) -> Dict[str, float]:
     return {k: round(statistics.median(v), 5) for k, v in parts.items() if v}
 
 
+def run_order(modes: List[str], i: int, alternate: bool) -> List[str]:
+    """Run ``i``'s order of the modes: rotated by one each run; with ``alternate``,
+    each rotation runs twice, forwards then backwards, so that any two modes run in
+    either order equally often (with two modes a rotation backwards is the next
+    run's order, which would put the same mode first every time)."""
+    k = (i // 2 if alternate else i) % len(modes)
+    order = modes[k:] + modes[:k]
+    if alternate and i % 2:
+        order.reverse()
+    return order
+
+
 def parse_variants(items: List[str]) -> Dict[str, Dict[str, str]]:
     """--env-variant NAME:K=V[,K=V] (repeatable) -> {NAME: {K: V}}."""
     out: Dict[str, Dict[str, str]] = {}
@@ -344,9 +356,7 @@ def torch_target(args: argparse.Namespace) -> str:
     with Testbed(hosts=args.np, rate=args.rate, mtu=args.mtu, name=args.testbed_name,
                  subnet=args.subnet, replace=True) as tb:
         for i in range(args.runs):
-            order = modes[i % len(modes):] + modes[:i % len(modes)]
-            if args.alternate and i % 2:  # adjacent pairs (MODE, MODE%V) swap each run
-                order.reverse()
+            order = run_order(modes, i, args.alternate)
             results: Dict[str, Any] = {}
             for mode in order:
                 with tempfile.TemporaryDirectory(prefix=f"nroverlap-{mode}-") as tmp:
@@ -465,8 +475,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                     help="an environment that modes written MODE%%NAME run with in every "
                     "rank, whatever the mode (repeatable)")
     ap.add_argument("--alternate", action="store_true",
-                    help="odd runs take the rotated order backwards: modes listed next to "
-                    "each other (MODE,MODE%%V) run in either order alike")
+                    help="each rotation runs twice, forwards then backwards: any two modes "
+                    "(MODE,MODE%%V or MODE,MODE@NAME) run in either order alike")
     ap.add_argument("--timeout", type=float, default=900)
     ap.add_argument("--testbed-name", default="nrov")
     ap.add_argument("--subnet", default="10.77.33.0/24")

@@ -88,3 +88,25 @@ def test_ranks_minor_faults_are_sampled_beside_their_cpu():
     # 16384 pages of 4 KiB; 32 of 2 MiB where transparent huge pages are always on
     assert w is not None and w["ranks_minflt"] >= 32
     del pages
+
+
+@pytest.mark.parametrize("modes", [["a", "b"], ["a", "b", "c"], ["a", "b", "c", "d"]])
+def test_alternate_runs_every_pair_of_modes_in_either_order_alike(modes):
+    """--alternate: over 2 x len(modes) runs, each mode runs first as often as any
+    other, and for any two modes each runs before the other in half the runs (with
+    two modes the old order, a rotation taken backwards, put the same mode first in
+    every run)."""
+    runs = [overlap_step.run_order(modes, i, True) for i in range(2 * len(modes))]
+    assert all(sorted(r) == sorted(modes) for r in runs)
+    firsts = [r[0] for r in runs]
+    assert all(firsts.count(m) == 2 for m in modes), firsts
+    for a in modes:
+        for b in modes:
+            if a != b:
+                ahead = sum(r.index(a) < r.index(b) for r in runs)
+                assert ahead == len(modes), (a, b, runs)
+
+
+def test_without_alternate_each_run_rotates_by_one():
+    assert [overlap_step.run_order(["a", "b", "c"], i, False) for i in range(4)] == [
+        ["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"], ["a", "b", "c"]]
