@@ -365,20 +365,22 @@ class Testbed:
         return subprocess.run(self.exec_argv(which, argv), **kw)
 
     def spawn_switch(self, port: int = 4791, args: Sequence[str] = (), env: Optional[dict] = None,
-                     timeout: float = 30.0) -> SwitchHandle:
-        """Start `python -m netreduce.switch` in the aggregator namespace, bound to its
-        address, and wait until it says it listens. The daemon runs with its own
+                     timeout: float = 30.0, node: Optional[Node] = None,
+                     host: Optional[str] = None) -> SwitchHandle:
+        """Start `python -m netreduce.switch` in the aggregator namespace (or `node`'s),
+        bound to its address (or `host`), and wait until it says it listens (the
+        handle's log ends with that line). The daemon runs with its own
         defaults (each job's payload follows its path's MTU, with the slots to keep
         the same bytes in flight: 1462 x 1432 B at MTU 1500) unless `args` says
         otherwise, and admits jobs without a secret (--allow-open-jobs;
         --require-secret in `args` instead)."""
-        agg = self.aggregator
+        agg = node or self.aggregator
         args = list(args)
         # The testbed's bridge joins namespaces of this host only: a trusted network,
         # whose ranks bring no secret unless a test gives them one (and says so here).
         if "--require-secret" not in args:
             args.append("--allow-open-jobs")
-        argv = [sys.executable, "-m", "netreduce.switch", "--host", agg.address,
+        argv = [sys.executable, "-m", "netreduce.switch", "--host", host or agg.address,
                 "--port", str(port), *args]
         proc = self.popen(agg, argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True, env=env)
@@ -396,7 +398,7 @@ class Testbed:
                 return handle
         proc.kill()
         proc.wait()
-        raise TestbedError(f"netreduce-switch in {agg.netns} ({agg.address}:{port}) did not report "
+        raise TestbedError(f"netreduce-switch in {agg.netns} ({host or agg.address}:{port}) did not report "
                            f"'listening on' within {timeout:.0f} s; it printed: {' | '.join(seen[-10:])}")
 
     def counters(self) -> Dict[str, Dict[str, int]]:

@@ -5,7 +5,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List
 
 
 def scratch_testbed_name(tag: str) -> str:
@@ -52,28 +52,6 @@ def wait_for_capture_file(pcap: Path, timeout: float) -> None:
         time.sleep(0.1)
     assert pcap.exists(), f"no capture file {pcap} within {timeout:g} s"
     time.sleep(1.0)
-
-
-def listening_switch(tb, node, host: str, *extra: str, env: Optional[Dict[str, str]] = None
-                     ) -> Tuple[subprocess.Popen, str]:
-    """``netreduce-switch --host HOST --port 4791 --allow-open-jobs EXTRA`` in ``node``'s
-    namespace of testbed ``tb`` (its bridge: the ranks bring no secret, as
-    Testbed.spawn_switch), once it says it listens: the process and that line. Killed,
-    failing with what it printed, where it has not said so within 30 s."""
-    proc = tb.popen(node, [sys.executable, "-m", "netreduce.switch", "--host", host, "--port",
-                           "4791", "--allow-open-jobs", *extra],
-                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-    deadline = time.monotonic() + 30
-    seen = []
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        seen.append(line)
-        if "listening on" in line:
-            return proc, line
-        if not line:
-            break
-    proc.kill()
-    raise AssertionError(f"netreduce-switch in {node.netns} did not start: {''.join(seen)}")
 
 
 LOSS_WORKER = str(Path(__file__).resolve().parents[2] / "benchmarks" / "loss.py")

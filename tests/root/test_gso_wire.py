@@ -25,7 +25,7 @@ import pytest
 
 from netreduce.testbed import Testbed, why_unusable
 from tests.procs import collect_ok
-from tests.root import listening_switch, scratch_subnet, scratch_testbed_name, wait_for_capture_file
+from tests.root import scratch_subnet, scratch_testbed_name, wait_for_capture_file
 from tests.unit.test_wire import reference_icrc
 
 REASON = why_unusable()
@@ -57,10 +57,10 @@ FIELDS = ["infiniband.bth.opcode", "ip.src", "ip.dst", "ip.id", "ip.flags", "ip.
 
 
 def _switch(tb: Testbed) -> subprocess.Popen:
-    proc, line = listening_switch(tb, tb.aggregator, tb.aggregator.address, "--fanout", "unicast",
-                                  env=ENV)
+    switch = tb.spawn_switch(args=["--fanout", "unicast"], env=ENV)
+    line = switch.log[-1]
     assert "data path udp gso+gro" in line, line
-    return proc
+    return switch.proc
 
 
 @pytest.mark.parametrize("mtu, payload, tag", [(1500, 1432, "g"), (9000, 8936, "j")])

@@ -20,7 +20,7 @@ import pytest
 from netreduce.testbed import Testbed, why_unusable
 from tests.conftest import require_root
 from tests.procs import collect_ok
-from tests.root import listening_switch, scratch_subnet, scratch_testbed_name
+from tests.root import scratch_subnet, scratch_testbed_name
 
 REASON = why_unusable()
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -55,10 +55,11 @@ conn.close()
 
 def _start_switch(tb: Testbed, host: str) -> subprocess.Popen:
     """netreduce-switch in the aggregator's namespace with no payload flag at all."""
-    proc, line = listening_switch(tb, tb.aggregator, host, env=ENV)
+    switch = tb.spawn_switch(env=ENV, host=host)
+    line = switch.log[-1]
     shown = f"[{host}]:4791" if ":" in host else f"{host}:4791"
     assert shown in line and "path-MTU payload" in line, line
-    return proc
+    return switch.proc
 
 
 def _run_job(tb: Testbed, size: int, host: str) -> list:

@@ -14,7 +14,7 @@ import pytest
 
 from netreduce.testbed import Testbed, why_unusable
 from tests.procs import collect_ok
-from tests.root import listening_switch, scratch_subnet, scratch_testbed_name
+from tests.root import scratch_subnet, scratch_testbed_name
 
 REASON = why_unusable()
 pytestmark = [pytest.mark.root, pytest.mark.skipif(REASON is not None, reason=REASON or "")]
@@ -33,7 +33,7 @@ def test_exact_over_aggregators_in_their_own_hosts(k):
         try:
             for i in range(k):
                 node = tb.hosts[RANKS + i]
-                daemons.append(listening_switch(tb, node, node.address)[0])
+                daemons.append(tb.spawn_switch(node=node).proc)
             switch = ",".join(f"{tb.hosts[RANKS + i].address}:4791" for i in range(k))
             before = tb.counters()
             job = "tbm-" + uuid.uuid4().hex[:6]
