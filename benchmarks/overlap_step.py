@@ -44,7 +44,10 @@ keeps every run, its load average and each mode's phases; the summary is medians
 with (min, max) of the per-run ratios. The ranks' minor page faults per step
 (``ranks_minflt_per_step``, from /proc/PID/stat) sit beside their CPU-seconds; a
 MODE%VARIANT also gets its step and ranks' CPU over the same mode's without the
-variant in the same run (``_step_vs_plain``, ``_cpu_vs_plain``).
+variant in the same run (``_step_vs_plain``, ``_cpu_vs_plain``). With ``--thread-cpu``
+every rank's CPU per step is split by thread (``threads_cpu_s_per_step``: the main
+thread, which runs torch and the gradient hooks, netreduce's executor, landing and
+negotiation threads, the engine), each thread's minor faults beside it.
 """
 from __future__ import annotations
 
@@ -194,6 +197,9 @@ def run_mode(tb, label: str, args: argparse.Namespace, tmp: str) -> Dict[str, An
             env0[key] = value
     if variant:  # every mode's ranks alike (not the aggregator: it is not a rank)
         env0.update(args.variants[variant])
+    threads_path = os.path.join(tmp, "threads.{rank}.json")
+    if args.thread_cpu:  # every rank's threads, named, at every zero_grad (sitecustomize)
+        env0.update(NRBENCH_THREAD_NAMES="1", NRBENCH_THREAD_CPU=threads_path)
     if mode != "nr-hvd":
         env0.update(MASTER_ADDR=tb.hosts[0].address, MASTER_PORT=str(launch.free_port()),
                     WORLD_SIZE=str(n), LOCAL_WORLD_SIZE="1")
@@ -248,6 +254,9 @@ def run_mode(tb, label: str, args: argparse.Namespace, tmp: str) -> Dict[str, An
     if timed:
         record["phases"] = phases(timed)
         record["machine_cpu"] = machine_cpu(sampler, timed, os.cpu_count() or 1)
+    if args.thread_cpu and timed:
+        record["threads_cpu_s_per_step"] = thread_cpu(
+            [threads_path.replace("{rank}", str(r)) for r in range(n)], len(timed))
     if (args.timeline or ranks_tl) and os.path.exists(timeline_path) and timed:
         record["timeline"] = overlap_timeline.analyse(timeline_path, timed)
     if ranks_tl and os.path.exists(timeline_path) and timed:
@@ -278,6 +287,32 @@ def machine_cpu(sampler: Any, timed: List[List[float]], cores: int) -> Optional[
         if group + "_minflt" in w:  # every rank's minor page faults, the daemon's
             out[group + "_minflt_per_step"] = round(w[group + "_minflt"] * scale, 1)
     return out
+
+
+def thread_cpu(paths: List[str], count: int) -> Optional[Dict[str, float]]:
+    """CPU-seconds per step of the ranks' threads by name (every rank's summed: the
+    main thread, netreduce's executor, landing and negotiation threads, the engine),
+    and their minor faults (``NAME_minflt``), over the timed steps: each rank's last
+    ``count`` zero_grad snapshots (sitecustomize's NRBENCH_THREAD_CPU, one per step;
+    every rank runs as many steps as rank 0). None when a rank's file is missing."""
+    cpu: Dict[str, float] = {}
+    for path in paths:
+        try:
+            with open(path) as f:
+                snaps = json.load(f)[-count:]
+        except (OSError, ValueError):
+            return None
+        if len(snaps) < 2:
+            return None
+        first, last = snaps[0][1], snaps[-1][1]
+        for name, (seconds, faults) in last.items():
+            was = first.get(name, [0.0, 0])
+            cpu[name] = cpu.get(name, 0.0) + (seconds - was[0]) / (len(snaps) - 1)
+            key = name + "_minflt"
+            cpu[key] = cpu.get(key, 0.0) + (faults - was[1]) / (len(snaps) - 1)
+    # the CPU first, most first, then the faults
+    order = sorted(cpu.items(), key=lambda kv: (kv[0].endswith("_minflt"), -kv[1]))
+    return {k: round(v, 1 if k.endswith("_minflt") else 4) for k, v in order if v}
 
 
 def _tail(rank_paths: List[Any], count: int, keep: str, label: str) -> Dict[str, Any]:
@@ -328,6 +363,11 @@ def write_record(path: str, args: argparse.Namespace, modes: List[str], runs: Li
                      "aggregator_cpu_s_per_step", "ranks_minflt_per_step"):
             summary[mode]["machine_" + part] = common.spread(
                 [(x.get("machine_cpu") or {}).get(part) for x in recs])
+        threads = [x["threads_cpu_s_per_step"] for x in recs if x.get("threads_cpu_s_per_step")]
+        if threads:  # --thread-cpu: each thread's CPU-s per step, every rank's summed
+            summary[mode]["threads_cpu_s_per_step"] = {
+                k: common.spread([t.get(k) for t in threads])
+                for k in sorted({k for t in threads for k in t}) if not k.endswith("_minflt")}
         tails = [x["tail"]["median"] for x in recs if x.get("tail")]
         if tails:  # --timeline-ranks: the wait after backward, part by part (ms)
             summary[mode]["tail_ms"] = {k: common.spread([t.get(k) for t in tails], 1) for k in (
@@ -372,6 +412,9 @@ def torch_target(args: argparse.Namespace) -> str:
                       f"aggregator {mc.get('aggregator_cpu_s_per_step')}; ranks' minflt "
                       f"{mc.get('ranks_minflt_per_step')}); load "
                       f"{os.getloadavg()[0]:.1f}", flush=True)
+                if r.get("threads_cpu_s_per_step"):
+                    print("      threads' CPU-s per step (every rank's): " + json.dumps(
+                        r["threads_cpu_s_per_step"]), flush=True)
                 if "timeline" in r:
                     print(overlap_timeline.describe(r["timeline"], indent="      "), flush=True)
                 if "tail" in r:
@@ -464,6 +507,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--timeline-ranks", action="store_true",
                     help="netreduce modes: every rank's timeline and step stamps; the record's "
                     "'tail' says where the wait after backward went (overlap_timeline.tail)")
+    ap.add_argument("--thread-cpu", action="store_true",
+                    help="every rank's CPU per step thread by thread (sitecustomize's "
+                    "NRBENCH_THREAD_CPU; ~0.2 ms a step): the record's threads_cpu_s_per_step")
     ap.add_argument("--keep", default="", help="folder to keep the timelines and phases in")
     ap.add_argument("--switch-args", default="")
     ap.add_argument("--code", action="append", default=[], metavar="NAME=DIR",

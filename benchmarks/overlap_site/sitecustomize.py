@@ -16,6 +16,8 @@ PYTHONPATH).
    the gradients in place (``set_to_none=False``) instead of dropping them (torch's
    default): the gradients' memory then lives from step to step (with
    ``--env-variant``, each mode against itself with torch's default).
+4. NRBENCH_THREAD_NAMES=1: Python threads named at the kernel too;
+   NRBENCH_THREAD_CPU=PATH: every rank's threads' CPU at every zero_grad (_thread_cpu).
 """
 import os
 
@@ -106,6 +108,83 @@ def _zero_in_place() -> None:
 
 if os.environ.get("NRBENCH_SET_TO_NONE") == "0":
     _zero_in_place()
+
+
+def _name_threads() -> None:
+    """Each Python thread started from here on carries its name (15 bytes) as the
+    kernel's thread name, so /proc/PID/task/TID/comm and ``perf report --sort comm``
+    tell netreduce's executor, landing and negotiation threads apart (Python 3.11
+    leaves every thread named after the process)."""
+    import ctypes
+    import threading
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    start = threading.Thread._bootstrap_inner
+
+    def named(self):
+        try:
+            libc.prctl(15, self.name.encode()[:15], 0, 0, 0)  # PR_SET_NAME
+        except Exception:
+            pass
+        return start(self)
+
+    threading.Thread._bootstrap_inner = named
+    libc.prctl(15, b"MainThread", 0, 0, 0)  # (this one runs the training loop)
+
+
+def _thread_cpu(path: str) -> None:
+    """NRBENCH_THREAD_CPU=PATH: at every ``optimizer.zero_grad()`` this process's
+    threads' CPU-seconds and minor faults by kernel thread name (the Python threads
+    named, _name_threads), written at exit to PATH ({rank}, {who} = NRBENCH_HVD and
+    {pid} filled in) as [[time_us, {name: [cpu_s, minflt]}], ...]: a step's CPU
+    thread by thread, from one snapshot to the next (~0.2 ms a snapshot)."""
+    import atexit
+    import functools
+    import json
+    import re
+    import time
+
+    import torch
+
+    tick = os.sysconf("SC_CLK_TCK")
+    snaps = []
+
+    def snapshot():
+        threads = {}
+        for tid in os.listdir("/proc/self/task"):
+            try:
+                with open(f"/proc/self/task/{tid}/stat") as f:
+                    stat = f.read()
+            except OSError:
+                continue
+            name = re.sub(r"\d+$", "#", stat[stat.index("(") + 1:stat.rindex(")")])
+            fields = stat[stat.rindex(")") + 2:].split()
+            cpu, flt = (int(fields[11]) + int(fields[12])) / tick, int(fields[7])
+            old = threads.get(name, [0.0, 0])
+            threads[name] = [old[0] + cpu, old[1] + flt]
+        snaps.append([time.time_ns() / 1000.0, threads])
+
+    zero_grad = torch.optim.Optimizer.zero_grad
+
+    @functools.wraps(zero_grad)
+    def zero_grad_snapshot(self, *a, **k):
+        snapshot()
+        return zero_grad(self, *a, **k)
+
+    torch.optim.Optimizer.zero_grad = zero_grad_snapshot
+    out = path.format(rank=_RANK, who=os.environ.get("NRBENCH_HVD", "").replace(":", "_"),
+                      pid=os.getpid())
+
+    def write():
+        with open(out, "w") as f:
+            json.dump(snaps, f)
+    atexit.register(write)
+
+
+if os.environ.get("NRBENCH_THREAD_NAMES") == "1":
+    _name_threads()
+if os.environ.get("NRBENCH_THREAD_CPU"):
+    _thread_cpu(os.environ["NRBENCH_THREAD_CPU"])
 
 
 def _frameworks_from_tree() -> None:
