@@ -174,6 +174,8 @@ uint32_t IcrcIpIdDelta(size_t datagram_bytes, uint32_t id) {
   return id < kMaxGsoSegments ? DeltasFor(datagram_bytes).delta[id] : 0;
 }
 
+const uint32_t* IcrcIpIdDeltas(size_t datagram_bytes) { return DeltasFor(datagram_bytes).delta; }
+
 void Encode(const Header& h, uint8_t* out) {
   out[0] = h.opcode;
   out[1] = uint8_t((h.pad & 3) << 4);  // SE=0 M=0 PadCnt TVer=0
