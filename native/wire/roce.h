@@ -193,6 +193,9 @@ inline bool IcrcCheckNeeded(const Header& h, bool kernel_checked, bool trust_udp
 // header, padded payload, ICRC) of `datagram_bytes`. IPv6 has no ID.
 constexpr uint32_t kMaxGsoSegments = 64;
 uint32_t IcrcIpIdDelta(size_t datagram_bytes, uint32_t id);
+// The same for every ID 0..kMaxGsoSegments-1 of one datagram length: a table the
+// calling thread may read until its next IcrcIpIdDelta(s) call for another length.
+const uint32_t* IcrcIpIdDeltas(size_t datagram_bytes);
 
 // The same over IPv4 addresses in network byte order.
 inline uint32_t ComputeIcrc(uint32_t src_ip_be, uint32_t dst_ip_be, uint16_t src_port_be,

@@ -36,6 +36,8 @@ void GsoRuns::Plan(const OutPacket* pkts, size_t n, uint32_t max_segments, uint3
   while (cap < 2 * n) cap <<= 1;
   table_.assign(cap, -1);
   const size_t mask = cap - 1;
+  constexpr size_t kNone = ~size_t(0);
+  size_t last_at = kNone;  // the table entry of the last segmentable packet's flow
   for (uint32_t i = 0; i < n; ++i) {
     const OutPacket& p = pkts[i];
     const uint32_t len = uint32_t(PacketBytes(p));
@@ -48,10 +50,16 @@ void GsoRuns::Plan(const OutPacket* pkts, size_t n, uint32_t max_segments, uint3
       runs_.push_back(r);
       continue;
     }
-    size_t at = KeyHash(p) & mask;
-    while (table_[at] >= 0 && !SameFlow(pkts[runs_[size_t(table_[at])].first], p)) {
-      at = (at + 1) & mask;
+    // The flow of the packet before is the likeliest (with one aggregator thread every
+    // packet of a batch has one): its table entry is tried before the hash.
+    size_t at = last_at;
+    if (last_at == kNone || !SameFlow(pkts[runs_[size_t(table_[at])].first], p)) {
+      at = KeyHash(p) & mask;
+      while (table_[at] >= 0 && !SameFlow(pkts[runs_[size_t(table_[at])].first], p)) {
+        at = (at + 1) & mask;
+      }
     }
+    last_at = at;
     if (table_[at] >= 0) {
       GsoRun& r = runs_[size_t(table_[at])];
       if (!r.closed && len <= r.seg && r.count < max_segments && r.bytes + len <= max_bytes) {
