@@ -42,8 +42,8 @@ class ReceiveState {
   // `pkt` passed the lookup and the key, rank and source checks: `job` from the
   // snapshot of `jobs_version`, its thread's counter shard, the rank's binding as read
   // at `bound_seq`.
-  void Admitted(Job* job, Counters* counters, uint64_t jobs_version, uint32_t dest_qp,
-                uint32_t key, const InPacket& pkt, const BoundSource* bound, uint32_t bound_seq) {
+  void Admitted(Job* job, Counters* counters, uint64_t jobs_version, uint32_t dest_qp, uint32_t key,
+                const InPacket& pkt, const BoundSource* bound, uint32_t bound_seq) {
     job_ = job;
     counters_ = counters;
     version_ = jobs_version;
