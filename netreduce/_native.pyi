@@ -76,6 +76,10 @@ class Aggregator:
     def attach_verbs_peer(self, index: int, rank: int, ip: str, qpn: int, ring_va: int,
                           rkey: int, entries: int, stride: int, rc: bool = ...,
                           worker_psn: int = ...) -> int: ...
+    # The per-packet path by hand, for tests: steps ("datagram", receive, thread, packet,
+    # from_host, from_port, local_host), ("bind", index, rank, host, port, span),
+    # ("remove", index); each step's queued results' destinations, "host:port".
+    def receive_script(self, steps: List[Tuple[Any, ...]]) -> List[List[str]]: ...
 
 
 def path_mtu(host: str, port: int = ...) -> Tuple[int, bool]: ...  # (mtu, is IPv6)

@@ -20,6 +20,13 @@
 // comes, goes or changes) and adds to its own counter shards, so the threads share no
 // lock and no written cache line per packet; what is left shared is read-mostly (the
 // job's configuration, each rank's address, which is stored only when it changes).
+//
+// Per receive: with UDP GRO a receive batch holds runs of ~44 datagrams, each run one
+// rank's from one address. The job lookup, the key, rank and source checks and the
+// rank's address are the same for every datagram of a run, so they are done for its
+// first and taken from the receive's state for the rest (receive_state.h: 12 % of the
+// path's instructions per contribution at MTU 1500, BENCHMARKS.md, agg58); everything
+// the datagram itself says (slot, round, dtype, length, ICRC) is still checked each time.
 // Job table, admission and counters: jobs.cc.
 #include "aggregator/aggregator.h"
 
@@ -164,7 +171,7 @@ void Aggregator::Loop(uint32_t thread_index) {
       for (size_t i = 0; i < got; ++i) largest = std::max(largest, in[i].len);
       batch = batch_for(largest);
     }
-    for (size_t i = 0; i < got; ++i) HandleDatagram(thread_index, my_port, in[i], out);
+    HandleReceive(thread_index, my_port, in.data(), got, out);
     UplinkTimers(thread_index, my_port, out);
     VerbsTimers(my_port, out);
     out.Flush();
@@ -302,8 +309,14 @@ void Aggregator::QueueResultPacket(Job& job, const wire::Header& round, uint32_t
   global_.Add(out.thread, &Counters::bytes_out, bytes);
 }
 
+void Aggregator::HandleReceive(uint32_t thread_index, uint16_t my_port, const InPacket* pkts,
+                               size_t n, ResultBatch& out) {
+  ReceiveState receive;
+  for (size_t i = 0; i < n; ++i) HandleDatagram(thread_index, my_port, pkts[i], out, &receive);
+}
+
 void Aggregator::HandleDatagram(uint32_t thread_index, uint16_t my_port, const InPacket& pkt,
-                                ResultBatch& out) {
+                                ResultBatch& out, ReceiveState* receive) {
   out.thread = thread_index;
   Counters& gc = global_.at(thread_index);
   gc.Add(gc.packets_in);
@@ -323,25 +336,39 @@ void Aggregator::HandleDatagram(uint32_t thread_index, uint16_t my_port, const I
     case wire::DecodeError::kBadLength: gc.AddDrop(Drop::kBadLength); return;
   }
   if (h.result && HandleUplinkResult(my_port, pkt, h, out)) return;  // a spine's answer
-  Job* jp = JobFor(thread_index, wire::QpnJob(h.dest_qp));
+  const uint32_t rank = wire::QpnRank(h.dest_qp);
+  // The job, key, rank and source as the receive's last admitted datagram had them
+  // (receive_state.h), or looked up and checked.
+  Job* jp = receive != nullptr
+                ? receive->Match(h.dest_qp, h.key, pkt, jobs_version_.load(std::memory_order_acquire))
+                : nullptr;
+  const bool known = jp != nullptr;
+  uint64_t version = 0;
+  if (!known) jp = JobFor(thread_index, wire::QpnJob(h.dest_qp), &version);
   if (jp == nullptr) {
     gc.AddDrop(Drop::kUnknownJob);
     return;
   }
   Job& job = *jp;
-  Counters& jc = job.counters.at(thread_index);
+  Counters& jc = known ? *receive->counters() : job.counters.at(thread_index);
   jc.Add(jc.packets_in);
   jc.Add(jc.bytes_in, pkt.len);
   auto drop = [&](Drop d) {
     jc.AddDrop(d);
     gc.AddDrop(d);
   };
-  const uint32_t rank = wire::QpnRank(h.dest_qp);
-  if (h.key != job.key) return drop(Drop::kBadKey);
-  if (rank >= job.size || !job.member[rank]) return drop(Drop::kBadRank);
-  // Only from the data address the rank registered: a replay of its packets from
-  // anywhere else reaches no slot and, above all, is never answered.
-  if (!job.ranks[rank].bound.Admits(pkt.from)) return drop(Drop::kBadSource);
+  if (!known) {
+    if (h.key != job.key) return drop(Drop::kBadKey);
+    if (rank >= job.size || !job.member[rank]) return drop(Drop::kBadRank);
+    // Only from the data address the rank registered: a replay of its packets from
+    // anywhere else reaches no slot and, above all, is never answered.
+    const BoundSource& bound = job.ranks[rank].bound;
+    uint32_t bound_seq = 0;
+    if (!bound.Admits(pkt.from, false, &bound_seq)) return drop(Drop::kBadSource);
+    if (receive != nullptr) {
+      receive->Admitted(jp, &jc, version, h.dest_qp, h.key, pkt, &bound, bound_seq);
+    }
+  }
   if (h.result) return drop(Drop::kResultFlag);
   if (!ValidDType(h.dtype)) return drop(Drop::kBadDtype);
   if (!ValidOp(h.op)) return drop(Drop::kBadOp);
@@ -371,13 +398,18 @@ void Aggregator::HandleDatagram(uint32_t thread_index, uint16_t my_port, const I
   }
   // Stored only when they change: every data thread sees this rank's packets, and an
   // unconditional store would move the line between their cores on every packet.
+  // Looked at once per receive (the rest of its datagrams come from the same address:
+  // receive_state.h), where another thread's store is repaired.
   Job::RankAddr& ra = job.ranks[rank];
-  const uint64_t peer = PackPeer(pkt.from);
-  if (ra.peer.load(std::memory_order_relaxed) != peer) ra.peer.store(peer, std::memory_order_relaxed);
-  if (ra.local_ip.load(std::memory_order_relaxed) != pkt.local_ip) {
-    ra.local_ip.store(pkt.local_ip, std::memory_order_relaxed);
+  if (receive == nullptr || !receive->addressed()) {
+    const uint64_t peer = PackPeer(pkt.from);
+    if (ra.peer.load(std::memory_order_relaxed) != peer) ra.peer.store(peer, std::memory_order_relaxed);
+    if (ra.local_ip.load(std::memory_order_relaxed) != pkt.local_ip) {
+      ra.local_ip.store(pkt.local_ip, std::memory_order_relaxed);
+    }
+    ra.full.Store(pkt.from, pkt.local_ip, pkt.local_ip6);
+    if (receive != nullptr) receive->Addressed();
   }
-  ra.full.Store(pkt.from, pkt.local_ip, pkt.local_ip6);
   if (VerifiesGroup(cfg_.fanout) && ra.group_seen.load(std::memory_order_relaxed) != h.group_seen) {
     ra.group_seen.store(h.group_seen, std::memory_order_relaxed);
   }

@@ -16,6 +16,7 @@
 #include "aggregator/counters.h"
 #include "aggregator/rank_address.h"
 #include "aggregator/ordered_slot.h"
+#include "aggregator/receive_state.h"
 #include "aggregator/slot_pool.h"
 #include "aggregator/verbs_peer.h"
 #include "aggregator/uplink.h"
@@ -211,8 +212,14 @@ class Aggregator {
   // The per-packet path, the data loop's body: decode and check one datagram that
   // arrived on data port `my_port` (thread `thread_index`'s), apply the slot state
   // machine, queue any results in `out`. Needs no Start(): fuzz/ calls it directly.
+  // `receive`: the state of the receive the datagram belongs to (receive_state.h),
+  // whose datagrams this thread handles in order; null = a receive of its own.
   void HandleDatagram(uint32_t thread_index, uint16_t my_port, const InPacket& pkt,
-                      ResultBatch& out);
+                      ResultBatch& out, ReceiveState* receive = nullptr);
+  // The `n` datagrams of one receive batch, in order: HandleDatagram with one
+  // ReceiveState for them all.
+  void HandleReceive(uint32_t thread_index, uint16_t my_port, const InPacket* pkts, size_t n,
+                     ResultBatch& out);
 
  private:
   void Loop(uint32_t thread_index);
@@ -250,8 +257,9 @@ class Aggregator {
   std::shared_ptr<Job> Lookup(uint32_t index) const;  // control paths: under mu_
   // The data threads' lookup: job `index` in thread `thread`'s snapshot of jobs_, taken
   // again (under mu_) only when jobs_version_ says the table changed; no lock and no
-  // shared reference count per packet.
-  Job* JobFor(uint32_t thread, uint32_t index);
+  // shared reference count per packet. `version`: the table's version the snapshot is
+  // of (the job stays in it while jobs_version_ still says so).
+  Job* JobFor(uint32_t thread, uint32_t index, uint64_t* version = nullptr);
   void JobsChanged() { jobs_version_.fetch_add(1, std::memory_order_release); }  // under mu_
   // Two levels (uplink.cc): the partial sum to the spine, its resends, the spine's
   // result (true when the packet was one), fan-out to the members.

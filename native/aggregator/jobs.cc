@@ -242,13 +242,14 @@ std::shared_ptr<Job> Aggregator::Lookup(uint32_t index) const {
   return jobs_[index];
 }
 
-Job* Aggregator::JobFor(uint32_t thread, uint32_t index) {
+Job* Aggregator::JobFor(uint32_t thread, uint32_t index, uint64_t* version) {
   JobSnapshot& snap = snapshots_[thread < snapshots_.size() ? thread : 0];
   if (snap.version != jobs_version_.load(std::memory_order_acquire)) {
     std::lock_guard<std::mutex> lock(mu_);
     snap.jobs = jobs_;
     snap.version = jobs_version_.load(std::memory_order_relaxed);
   }
+  if (version != nullptr) *version = snap.version;
   return index < snap.jobs.size() ? snap.jobs[index].get() : nullptr;
 }
 

@@ -147,8 +147,9 @@ class BoundSource {
     Write(n);
   }
   // Whether a packet from `from` is the rank's (`any_port`: from its address). Two loads of the sequence and one to
-  // three words: the per-packet cost.
-  bool Admits(const Endpoint& from, bool any_port = false) const {
+  // three words: the per-packet cost. `seq`, when given: the sequence the answer was
+  // read at, which stands for as long as Sequence() still returns it.
+  bool Admits(const Endpoint& from, bool any_port = false, uint32_t* seq = nullptr) const {
     uint64_t w0, w1 = 0, w2 = 0;
     for (;;) {
       const uint32_t s1 = seq_.load(std::memory_order_acquire);
@@ -159,7 +160,10 @@ class BoundSource {
         w2 = words_[2].load(std::memory_order_relaxed);
       }
       std::atomic_thread_fence(std::memory_order_acquire);
-      if (seq_.load(std::memory_order_relaxed) == s1) break;
+      if (seq_.load(std::memory_order_relaxed) == s1) {
+        if (seq != nullptr) *seq = s1;
+        break;
+      }
     }
     if (!(w0 & kBound) || bool(w0 & kV6) != from.v6) return false;
     if (from.v6) {
@@ -173,6 +177,9 @@ class BoundSource {
     const uint16_t first = uint16_t(w0 >> 32);
     return any_port || span == 0 || uint16_t(ntohs(from.port) - first) < span;
   }
+  // Moves on with every Store or Clear (odd while one is under way): an answer of
+  // Admits read at sequence s holds while this returns s (receive_state.h).
+  uint32_t Sequence() const { return seq_.load(std::memory_order_acquire); }
   // "10.0.0.5:40001", "[fd00::5]:40001", "10.0.0.5:4791-4794", "10.0.0.5 (any port)".
   std::string Describe() const {
     if (!bound()) return "no address";

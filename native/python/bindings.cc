@@ -146,6 +146,7 @@ Status VoteStepCall(py::buffer src, py::buffer buf, py::buffer out, double facto
                     const std::function<Status(void*, size_t, DType)>& allreduce,
                     int* outcome);  // vote_step_bindings.cc
 void BindVerbs(py::module_& m);         // verbs_bindings.cc
+void BindReceiveScript(py::module_& m);  // receive_script_bindings.cc
 void BindXdp(py::module_& m, PyObject* error, PyObject* refused);  // xdp_bindings.cc
 std::shared_ptr<Transport> TransportFromPy(const py::object& obj);  // verbs_bindings.cc
 
@@ -580,5 +581,6 @@ PYBIND11_MODULE(_native, m) {
   }, py::arg("src"), py::arg("dst"), py::arg("src_port"), py::arg("dst_port"), py::arg("header"),
      py::arg("payload"), py::arg("pad"), py::arg("shared_payload_crc") = false);
   BindVerbs(m);  // after Aggregator: it adds attach_verbs_peer to it
+  BindReceiveScript(m);  // and receive_script
   BindXdp(m, g_error, g_refused);
 }
