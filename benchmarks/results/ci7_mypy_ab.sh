@@ -7,7 +7,7 @@ pairs=$1; out=$2; py=$3
 one() {
   local arm=$1 i=$2 C=/tmp/ci7_ab/mypy_clone_$1_$2
   rm -rf "$C"; git clone -q /work/wt/ci7 "$C"
-  [ "$arm" = ci7 ] && cp /work/wt/ci7/scripts/lint.py "$C/scripts/lint.py"
+  if [ "$arm" = ci7 ]; then cp /work/wt/ci7/scripts/lint.py "$C/scripts/lint.py"; else git -C "$C" checkout -q e50beaf; fi  # main = e50beaf
   local l1; l1=$(cut -d' ' -f1 /proc/loadavg)
   ( cd "$C" && PATH="$(dirname "$py"):$PATH" /usr/bin/time -f "%e %U %S" -o /tmp/ci7_ab/mt "$py" scripts/lint.py mypy > /tmp/ci7_ab/mo 2>&1 )
   local rc=$? l2; l2=$(cut -d' ' -f1 /proc/loadavg); read -r w u s < /tmp/ci7_ab/mt

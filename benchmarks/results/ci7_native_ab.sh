@@ -7,7 +7,7 @@
 set -uo pipefail
 pairs=$1; out=$2
 one() {  # arm i
-  local arm=$1 i=$2 V=/tmp/ci7_ab/venv_${1}_$2 src=/tmp/ci7_ab/$1
+  local arm=$1 i=$2 V=/tmp/ci7_ab/venv_${1}_$2_$(date +%s) src=/tmp/ci7_ab/$1  # a path never used before
   rm -rf "$V"; python3 -m venv "$V"
   "$V/bin/python" -m pip install -q pybind11==3.1.0 setuptools==84.2.1 wheel==0.48.0 2>/dev/null  # as install.sh's first step leaves them (torch needs setuptools>=77)
   # the fragment: from the ccache block to the pip -e line, --no-deps added
