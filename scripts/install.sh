@@ -75,12 +75,34 @@ extras=torch
 # lookup miss, so each of the ~40 sources was preprocessed again (~5 s of CPU) to find
 # its hit. Left out of the hash, 40 of 41 hit directly; the one source that includes the
 # header still gets the header's content hashed (its path is in the manifest).
+build_env=()
 if command -v ccache >/dev/null 2>&1 && [ -z "${CC:-}${CXX:-}" ]; then
   export CC="ccache gcc" CXX="ccache g++" CCACHE_BASEDIR="$PWD"
   export CCACHE_IGNOREOPTIONS="${CCACHE_IGNOREOPTIONS:+$CCACHE_IGNOREOPTIONS }-I/tmp/tmp*"
+  # ccache hashes the path of every header outside CCACHE_BASEDIR, and pybind11's lie in
+  # the environment's site-packages: every new virtualenv (CI's) missed the five binding
+  # sources (native/python/, ~100 CPU-s of pybind11 templates) and looked up the other 36
+  # by preprocessing them. So they compile against a copy of those headers under the
+  # cache, keyed by their content (the same copy for every environment with the same
+  # pybind11), found first (-I in CPPFLAGS comes before setup.py's); the environment's
+  # own pybind11 and include folders, which then supply no header, stay out of the hash.
+  pybind11_inc=$($py -c 'import pybind11; print(pybind11.get_include())')
+  key=$(cd "$pybind11_inc" && find . -type f | LC_ALL=C sort | xargs -d '\n' sha256sum | sha256sum)
+  stable=${NETREDUCE_CACHE:-$HOME/.cache/netreduce}/pybind11-include/${key:0:16}
+  if [ ! -d "$stable" ]; then
+    mkdir -p "$(dirname "$stable")"
+    tmp=$(mktemp -d "$stable.XXXXXX")
+    # published whole or not at all (mv -T of a folder is one rename; it fails, and the
+    # copy goes, where another install has just published the same one)
+    { cp -R "$pybind11_inc/." "$tmp/" && mv -T "$tmp" "$stable" 2>/dev/null; } || rm -rf "$tmp"
+  fi
+  if [[ "$stable$pybind11_inc$into" != *" "* ]]; then  # (ccache's option list is space-separated)
+    export CCACHE_IGNOREOPTIONS="$CCACHE_IGNOREOPTIONS -I$pybind11_inc -I$into/include"
+    build_env=(CPPFLAGS="-I$stable${CPPFLAGS:+ $CPPFLAGS}")
+  fi
 fi
 say "pip install -e .[$extras]: netreduce's dependencies, then its native module (about a minute to compile on 2 cores)"
-$py -m pip install -q --no-build-isolation -e ".[$extras]"
+env "${build_env[@]}" $py -m pip install -q --no-build-isolation -e ".[$extras]"
 
 if [ "$what" = test ]; then
   # Every test is time-bounded (pyproject.toml) and the TLS tests make their own CA:
