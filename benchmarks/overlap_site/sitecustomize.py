@@ -140,28 +140,33 @@ def _thread_cpu(path: str) -> None:
     thread by thread, from one snapshot to the next (~0.2 ms a snapshot)."""
     import atexit
     import functools
+    import importlib.util
     import json
     import re
     import time
 
     import torch
 
-    tick = os.sysconf("SC_CLK_TCK")
+    # The project's one /proc/PID/stat reader, as the benchmarks have it (common.py loads
+    # it from this checkout's file: the ranks' netreduce may be another checkout's).
+    spec = importlib.util.spec_from_file_location(
+        "_overlap_site_common", os.path.join(os.path.dirname(os.path.dirname(
+            os.path.abspath(__file__))), "common.py"))
+    common = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(common)
+    proc_stat = common.proc_stat
     snaps = []
 
     def snapshot():
         threads = {}
         for tid in os.listdir("/proc/self/task"):
             try:
-                with open(f"/proc/self/task/{tid}/stat") as f:
-                    stat = f.read()
+                st = proc_stat.read("self", tid)
             except OSError:
                 continue
-            name = re.sub(r"\d+$", "#", stat[stat.index("(") + 1:stat.rindex(")")])
-            fields = stat[stat.rindex(")") + 2:].split()
-            cpu, flt = (int(fields[11]) + int(fields[12])) / tick, int(fields[7])
+            name = re.sub(r"\d+$", "#", st.comm)
             old = threads.get(name, [0.0, 0])
-            threads[name] = [old[0] + cpu, old[1] + flt]
+            threads[name] = [old[0] + st.cpu_seconds, old[1] + st.minflt]
         snaps.append([time.time_ns() / 1000.0, threads])
 
     zero_grad = torch.optim.Optimizer.zero_grad

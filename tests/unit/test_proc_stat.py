@@ -87,7 +87,8 @@ def _readers_besides_proc_stat(pattern: "re.Pattern[str]") -> list:
     """The project's Python files, proc_stat.py and this test aside, that match ``pattern``."""
     places = [ROOT / "netreduce", ROOT / "frameworks", ROOT / "tests", ROOT / "scripts"]
     files = [p for top in places for p in top.rglob("*.py")]
-    files += list((ROOT / "benchmarks").glob("*.py"))  # not its results' one-off probes
+    files += [p for p in (ROOT / "benchmarks").rglob("*.py")  # not its results' one-off probes
+              if "results" not in p.relative_to(ROOT / "benchmarks").parts]
     home = ROOT / "netreduce" / "testbed" / "proc_stat.py"
     return [str(p.relative_to(ROOT)) for p in files
             if p != home and p != pathlib.Path(__file__).resolve()
