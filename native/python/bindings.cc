@@ -30,6 +30,10 @@ PyObject* g_timeout = nullptr;        // TimeoutError(EngineError)
 PyObject* g_aborted = nullptr;        // AbortedError(EngineError)
 PyObject* g_refused = nullptr;        // RefusedError(EngineError)
 
+}  // namespace
+
+// A Status as the module's exception (ValueError for bad arguments); also called by
+// receive_script_bindings.cc.
 void Throw(const Status& st) {
   switch (st.code()) {
     case Code::kOk: return;
@@ -41,6 +45,8 @@ void Throw(const Status& st) {
   }
   throw py::error_already_set();
 }
+
+namespace {
 
 // NETREDUCE_ICRC_CHECK: "auto" trusts a kernel-verified UDP checksum (wire::IcrcCheckNeeded),
 // "always" computes every received ICRC.

@@ -19,15 +19,13 @@
 namespace py = pybind11;
 using namespace netreduce;
 
-namespace {
+void Throw(const Status& st);  // bindings.cc: the module's exceptions
 
-void ThrowStatus(const Status& st) {
-  if (!st.ok()) throw py::value_error(st.message());
-}
+namespace {
 
 IpAddr Host(const std::string& host) {
   IpAddr ip;
-  ThrowStatus(ResolveHost(host, &ip));
+  Throw(ResolveHost(host, &ip));
   return ip;
 }
 
@@ -39,11 +37,11 @@ std::vector<std::string> Step(Aggregator& a, std::map<int, ReceiveState>& receiv
   const std::string kind = step[0].cast<std::string>();
   std::vector<std::string> sent;
   if (kind == "bind") {
-    ThrowStatus(a.BindRank(step[1].cast<uint32_t>(), step[2].cast<uint32_t>(),
-                           Host(step[3].cast<std::string>()), step[4].cast<uint16_t>(),
-                           step[5].cast<uint16_t>()));
+    Throw(a.BindRank(step[1].cast<uint32_t>(), step[2].cast<uint32_t>(),
+                     Host(step[3].cast<std::string>()), step[4].cast<uint16_t>(),
+                     step[5].cast<uint16_t>()));
   } else if (kind == "remove") {
-    ThrowStatus(a.RemoveJob(step[1].cast<uint32_t>()));
+    Throw(a.RemoveJob(step[1].cast<uint32_t>()));
   } else if (kind == "datagram") {
     const uint32_t thread = step[2].cast<uint32_t>();
     const std::string bytes = step[3].cast<std::string>();
